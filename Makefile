@@ -1,0 +1,41 @@
+# Two commands do everything on a fresh clone: `make demo` and `make test`.
+VENV    := .venv
+PY      := $(VENV)/bin/python
+STAMP   := $(VENV)/.installed
+
+.PHONY: install test demo fuzz bench schema clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	python3 -m venv $(VENV)
+	# torch first, pinned: on these machines 2.13.0 is a local CPU wheel; other specs download gigabytes
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[dev]'
+	@command -v dot >/dev/null 2>&1 || $(MAKE) --no-print-directory graphviz
+	touch $(STAMP)
+
+# The Graphviz renderer (`dot`). Debian/Ubuntu as root; elsewhere see README.
+graphviz:
+	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+		(apt-get install -y -qq graphviz >/dev/null 2>&1 || (apt-get update -qq >/dev/null && apt-get install -y -qq graphviz >/dev/null)) \
+		&& echo "installed graphviz"; \
+	else echo "note: Graphviz 'dot' not found; install it (see README) to render SVG/PNG/PDF. DOT output works without it."; fi
+
+test: install
+	$(PY) -m pytest -q
+
+demo: install
+	$(PY) -m tracer.gallery pipelines docs/gallery
+
+fuzz: install
+	$(PY) -m tests.fuzz 10000
+
+bench: install
+	$(PY) benchmarks/run.py
+
+schema: install
+	$(PY) -m tracer schema > docs/pipeline.schema.json
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache

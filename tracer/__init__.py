@@ -1,0 +1,14 @@
+"""tracer: declare attention pipelines in YAML, run them on torch, see and pin every shape.
+
+>>> import tracer
+>>> t = tracer.run("pipelines/causal_mha.yaml")           # doctest: +SKIP
+>>> t["scores"].symbolic, t["scores"].shape                # doctest: +SKIP
+('(B, H, T, T)', (2, 2, 6, 6))
+"""
+
+from .api import Pipeline, load, loads, run
+from .errors import Diagnostic, ExpectationError, TracerError
+from .trace import TensorRecord, Trace
+
+__all__ = ["Diagnostic", "ExpectationError", "Pipeline", "TensorRecord", "Trace", "TracerError", "load", "loads", "run"]
+__version__ = "0.1.0"

@@ -1,0 +1,100 @@
+"""The Python API: ``tracer.load(path).run(...)`` and ``tracer.run(path, ...)``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Mapping
+
+from .shapes.check import Analysis, analyze
+from .spec.load import load_spec, load_spec_text
+from .spec.pipeline import PipelineSpec
+from .spec.source import SourceMap
+from .trace import Trace
+
+_CACHE_SIZE = 4
+
+
+class Pipeline:
+    """A validated pipeline file. Analyses, compiled plans and created tensors are cached, so
+    repeated runs with the same dims and seed pay only for the kernels and the records."""
+
+    def __init__(self, spec: PipelineSpec, source: SourceMap):
+        self.spec, self.source = spec, source
+        self._analyses: dict[tuple, Analysis] = {}
+        self._plans: dict[tuple, Any] = {}
+        self._tensors: dict[tuple, tuple[dict, Any]] = {}
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def path(self) -> str:
+        return self.source.file
+
+    def check(self, dims: Mapping[str, int] | None = None) -> Analysis:
+        """Static analysis at these dims (errors and warnings in ``.diagnostics``; nothing raised)."""
+        key = _dims_key(dims)
+        if key not in self._analyses:
+            _remember(self._analyses, key, analyze(self.spec, self.source, dims))
+        return self._analyses[key]
+
+    def run(self, dims: Mapping[str, int] | None = None, seed: int | None = None, keep_values: bool = False,
+            device: str = "cpu", tensors: Mapping[str, Any] | None = None) -> Trace:
+        """Execute on torch and record every tensor. ``tensors`` replaces inputs or params by name."""
+        from .interpreter import Plan, create_tensors, run_plan, torch_module
+
+        analysis = self.check(dims)
+        analysis.raise_errors()
+        seed = self.spec.seed if seed is None else seed
+        plan_key = (_dims_key(dims), str(device))
+        if plan_key not in self._plans:
+            _remember(self._plans, plan_key, Plan(analysis, device))
+        plan = self._plans[plan_key]
+        torch = torch_module()
+        if tensors:
+            created = create_tensors(analysis, device, seed, tensors)
+        else:
+            tensor_key = plan_key + (seed,)
+            if tensor_key not in self._tensors:
+                created = create_tensors(analysis, device, seed)
+                _remember(self._tensors, tensor_key, (created, torch.get_rng_state() if seed is not None else None))
+            created, rng_state = self._tensors[tensor_key]
+            if rng_state is not None:
+                torch.set_rng_state(rng_state)  # training dropout sees the same RNG as a fresh run
+        return run_plan(plan, created, self, seed, keep_values)
+
+    def __repr__(self) -> str:
+        return f"<Pipeline {self.name!r} from {self.path}: {len(self.spec.steps)} steps>"
+
+
+def _dims_key(dims: Mapping[str, int] | None) -> tuple:
+    return tuple(sorted((dims or {}).items()))
+
+
+def _remember(cache: dict, key: tuple, value: Any) -> None:
+    if len(cache) >= _CACHE_SIZE:
+        cache.pop(next(iter(cache)))
+    cache[key] = value
+
+
+def load(path: str | Path) -> Pipeline:
+    """Read and validate a pipeline file; static errors at its declared dims raise ``TracerError``."""
+    spec, source = load_spec(path)
+    pipeline = Pipeline(spec, source)
+    pipeline.check().raise_errors()
+    return pipeline
+
+
+def loads(text: str, name: str = "<string>") -> Pipeline:
+    """Like ``load``, from YAML text."""
+    spec, source = load_spec_text(text, name)
+    pipeline = Pipeline(spec, source)
+    pipeline.check().raise_errors()
+    return pipeline
+
+
+def run(path: str | Path, dims: Mapping[str, int] | None = None, seed: int | None = None,
+        keep_values: bool = False, device: str = "cpu", tensors: Mapping[str, Any] | None = None) -> Trace:
+    """``load(path).run(...)`` in one call."""
+    return load(path).run(dims=dims, seed=seed, keep_values=keep_values, device=device, tensors=tensors)

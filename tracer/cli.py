@@ -1,0 +1,147 @@
+"""The ``tracer`` command: check, run, render, schema."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from .errors import Diagnostic, InternalError, TracerError
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.handler(args)
+    except TracerError as exc:
+        print(exc, file=sys.stderr)
+        return 1
+    except InternalError as exc:
+        if args.debug:
+            raise
+        print(f"tracer: internal error (please report it): {exc}", file=sys.stderr)
+        return 3
+    except BrokenPipeError:  # `tracer run ... | head` closed the pipe: not an error
+        sys.stderr.close()
+        return 0
+    except KeyboardInterrupt:
+        print("tracer: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:  # a bug in tracer, never the user's fault: say so without a traceback
+        if args.debug:
+            raise
+        print(f"tracer: internal error (please report it, rerun with --debug for details): {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 3
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tracer", description="Declare attention pipelines in YAML, trace every tensor's shape, render and check them.")
+    parser.add_argument("--debug", action="store_true", help="show Python tracebacks for internal errors")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    check = commands.add_parser("check", help="validate pipelines and infer every shape without running them")
+    check.add_argument("files", nargs="+", metavar="FILE")
+    check.add_argument("--strict", action="store_true", help="treat warnings (lints) as errors")
+    _dims_option(check)
+    check.set_defaults(handler=_check)
+
+    run = commands.add_parser("run", help="run a pipeline on torch and print every tensor's record")
+    run.add_argument("file", metavar="FILE")
+    _dims_option(run)
+    run.add_argument("--seed", type=int, help="override the pipeline's seed")
+    run.add_argument("--values", action="store_true", help="keep and print tensor values")
+    run.add_argument("--json", action="store_true", help="print the trace as JSON")
+    run.add_argument("--device", default="cpu", help="torch device: cpu, cuda, meta (default: cpu)")
+    run.set_defaults(handler=_run)
+
+    render = commands.add_parser("render", help="draw the dataflow with shapes on every edge (svg, png, pdf or dot)")
+    render.add_argument("file", metavar="FILE")
+    render.add_argument("-o", "--output", help="output file; the format comes from its suffix (default: NAME.svg)")
+    _dims_option(render)
+    render.add_argument("--collapse", action="append", default=[], metavar="GROUP", help="draw a group as one node (repeatable)")
+    render.add_argument("--device", default="cpu", help="torch device for the run (meta: no memory)")
+    render.set_defaults(handler=_render)
+
+    schema = commands.add_parser("schema", help="print the JSON Schema of the pipeline format")
+    schema.set_defaults(handler=_schema)
+    return parser
+
+
+def _dims_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--dim", action="append", default=[], metavar="NAME=VALUE", type=_dim_pair, help="override a dim (repeatable)")
+
+
+def _dim_pair(text: str) -> tuple[str, int]:
+    name, sep, value = text.partition("=")
+    if not sep or not name.strip():
+        raise argparse.ArgumentTypeError(f"expected NAME=VALUE, got '{text}'")
+    try:
+        return name.strip(), int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"the value of {name.strip()} must be an integer, got '{value}'") from None
+
+
+def _check(args) -> int:
+    from .shapes.check import analyze
+    from .spec.load import load_spec
+
+    failed = False
+    for name in args.files:
+        try:
+            spec, source = load_spec(name)
+            diagnostics = analyze(spec, source, dict(args.dim)).diagnostics
+        except TracerError as exc:
+            diagnostics = exc.diagnostics
+        for d in diagnostics:
+            if args.strict and d.severity == "warning":
+                d = Diagnostic(d.file, d.position, d.code, d.message, d.step, "error")
+            print(d, file=sys.stderr)
+            failed = failed or d.severity == "error"
+    return 1 if failed else 0
+
+
+def _run(args) -> int:
+    from .api import load
+
+    pipeline = load(args.file) if not args.dim else _load_unchecked(args.file)
+    trace = pipeline.run(dims=dict(args.dim), seed=args.seed, keep_values=args.values or args.json and args.values, device=args.device)
+    for warning in trace.analysis.warnings:
+        print(warning, file=sys.stderr)
+    if args.json:
+        print(trace.to_json(values=args.values))
+        return 0
+    print(trace)
+    if args.values:
+        for record in trace.records:
+            print(f"\n{record.id} {record.symbolic}:\n{record.tensor}")
+    return 0
+
+
+def _load_unchecked(path: str):
+    """Load without checking the declared dims: overridden dims are what will run."""
+    from .api import Pipeline
+    from .spec.load import load_spec
+
+    return Pipeline(*load_spec(path))
+
+
+def _render(args) -> int:
+    from .render import render_file
+
+    output = args.output or f"{Path(args.file).stem}.svg"
+    written = render_file(_load_unchecked(args.file), output, dims=dict(args.dim), collapse=args.collapse, device=args.device)
+    print(f"wrote {written}")
+    return 0
+
+
+def _schema(args) -> int:
+    from .spec.pipeline import json_schema
+
+    print(json.dumps(json_schema(), indent=2, sort_keys=True))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

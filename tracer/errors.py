@@ -1,0 +1,54 @@
+"""One exception type for everything a user can get wrong, with source positions.
+
+Every diagnostic prints as ``FILE:LINE:COL: error[CODE]: step 'ID': message`` so editors and CI
+logs can jump straight to the offending YAML.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Position:
+    """A 1-based line and column inside a pipeline file."""
+
+    line: int
+    col: int
+
+
+@dataclass(frozen=True)
+class Diagnostic:
+    """One located problem (an error or a lint warning)."""
+
+    file: str
+    position: Position | None
+    code: str
+    message: str
+    step: str | None = None
+    severity: str = "error"
+
+    def __str__(self) -> str:
+        where = self.file if self.position is None else f"{self.file}:{self.position.line}:{self.position.col}"
+        step = f"step '{self.step}': " if self.step else ""
+        return f"{where}: {self.severity}[{self.code}]: {step}{self.message}"
+
+
+class TracerError(Exception):
+    """The only exception tracer raises for bad input; its message starts ``FILE:LINE:COL:``."""
+
+    def __init__(self, diagnostics: list[Diagnostic] | Diagnostic):
+        self.diagnostics = [diagnostics] if isinstance(diagnostics, Diagnostic) else list(diagnostics)
+        super().__init__("\n".join(str(d) for d in self.diagnostics))
+
+    @property
+    def code(self) -> str:
+        return self.diagnostics[0].code
+
+
+class ExpectationError(TracerError, AssertionError):
+    """An ``expect:`` entry or a ``tracer.testing`` assertion that did not hold."""
+
+
+class InternalError(RuntimeError):
+    """A bug in tracer itself (for example a shape rule that disagrees with torch)."""

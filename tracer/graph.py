@@ -1,0 +1,99 @@
+"""The step graph: a networkx DiGraph over tensor ids, its order, and its structural errors."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import networkx as nx
+
+from .errors import Diagnostic
+from .spec.pipeline import PipelineSpec
+from .spec.source import SourceMap
+
+
+@dataclass
+class StepGraph:
+    graph: nx.DiGraph
+    order: list[str]  # step ids in execution order
+    refs: dict[str, list[str]]  # step id -> every tensor it reads (data inputs, then params)
+    data_inputs: dict[str, list[str]]
+    index: dict[str, int]  # step id -> position in the file's step list
+    diagnostics: list[Diagnostic]
+
+
+def build_graph(pipeline: PipelineSpec, source: SourceMap) -> StepGraph:
+    graph = nx.DiGraph()
+    problems: list[Diagnostic] = []
+    declared: dict[str, tuple] = {}
+    for section in ("inputs", "params"):
+        for name in getattr(pipeline, section):
+            if name in declared:
+                problems.append(source.error((section, name), "duplicate-id", f"'{name}' is declared twice (also in {declared[name][0]})", prefer_key=True))
+            declared[name] = (section, name)
+            graph.add_node(name, kind=section[:-1])
+    index, refs, data_inputs = {}, {}, {}
+    previous = None
+    for i, step in enumerate(pipeline.steps):
+        if step.id in declared:
+            where = declared[step.id]
+            line = source.locate(where, prefer_key=True)
+            problems.append(source.error(("steps", i, "id"), "duplicate-id",
+                                         f"id '{step.id}' is already used (line {line.line if line else '?'}); every tensor needs its own name", step.id))
+            previous = step.id
+            continue
+        declared[step.id] = ("steps", i)
+        index[step.id] = i
+        data_inputs[step.id] = step.data_inputs(previous)
+        refs[step.id] = data_inputs[step.id] + step.param_refs()
+        graph.add_node(step.id, kind="step", op=step.op)
+        previous = step.id
+    for step_id, i in index.items():
+        step = pipeline.steps[i]
+        if not data_inputs[step_id]:
+            problems.append(source.error(("steps", i), "missing-input", "the first step needs 'input' or 'inputs'", step_id, prefer_key=True))
+        for ref, field in _ref_fields(step, data_inputs[step_id]):
+            if ref not in declared:
+                problems.append(source.error(("steps", i) + field, "unknown-ref", _unknown(ref, declared), step_id))
+            else:
+                graph.add_edge(ref, step_id)
+    problems += _cycle_errors(graph, index, pipeline, source)
+    order = [] if problems else _order(graph, index)
+    return StepGraph(graph, order, refs, data_inputs, index, problems)
+
+
+def _ref_fields(step, data_inputs: list[str]):
+    if step.inputs is not None:
+        yield from ((ref, ("inputs", j)) for j, ref in enumerate(step.inputs))
+    elif step.input is not None:
+        yield step.input, ("input",)
+    else:
+        yield from ((ref, ()) for ref in data_inputs)  # the previous step, by default
+    for field in step.param_fields:
+        ref = getattr(step, field)
+        if ref is not None:
+            yield ref, (field,)
+
+
+def _unknown(ref: str, declared: dict) -> str:
+    import difflib
+
+    close = difflib.get_close_matches(ref, declared, n=1)
+    return f"unknown tensor '{ref}'" + (f"; did you mean '{close[0]}'?" if close else " (not an input, a param or an earlier step)")
+
+
+def _cycle_errors(graph: nx.DiGraph, index: dict, pipeline: PipelineSpec, source: SourceMap) -> list[Diagnostic]:
+    problems = []
+    for component in nx.strongly_connected_components(graph):
+        if len(component) == 1 and not graph.has_edge(next(iter(component)), next(iter(component))):
+            continue
+        cycle = sorted(component, key=lambda s: index.get(s, -1))
+        first = cycle[0]
+        path = " -> ".join(cycle + [first])
+        problems.append(source.error(("steps", index[first]), "cycle", f"steps form a cycle: {path}", first, prefer_key=True))
+    return problems
+
+
+def _order(graph: nx.DiGraph, index: dict) -> list[str]:
+    """Topological order, ties broken by the file's order so runs are deterministic."""
+    rank = {node: (index.get(node, -1), node) for node in graph}
+    return [n for n in nx.lexicographical_topological_sort(graph, key=rank.__getitem__) if n in index]

@@ -1,0 +1,262 @@
+"""Static analysis: every tensor's symbolic shape, strides and storage before anything runs.
+
+``analyze`` walks the step graph in order, calling each step kind's shape rule. A failing step
+poisons only what depends on it, so every independent error in a file is reported. No torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping
+
+from ..errors import Diagnostic, TracerError
+from ..graph import StepGraph, build_graph
+from ..spec import dims as dimexpr
+from ..spec.pipeline import Expect, PipelineSpec, TensorDecl
+from ..spec.source import SourceMap
+from ..steps._rules import StepError, show
+from .layout import Meta, fresh, with_root
+from .symbolic import DimAlgebra, resolve
+
+
+@dataclass
+class Analysis:
+    """Everything known about a pipeline at fixed dims, before running it."""
+
+    pipeline: PipelineSpec
+    source: SourceMap
+    alg: DimAlgebra
+    graph: StepGraph
+    metas: dict[str, Meta] = field(default_factory=dict)
+    inner: dict[str, list[tuple[str, str]]] = field(default_factory=dict)  # step -> [(record id, op)]
+    outputs: list[str] = field(default_factory=list)
+    diagnostics: list[Diagnostic] = field(default_factory=list)
+
+    @property
+    def dims(self) -> dict[str, int]:
+        return self.alg.values
+
+    @property
+    def errors(self) -> list[Diagnostic]:
+        return [d for d in self.diagnostics if d.severity == "error"]
+
+    @property
+    def warnings(self) -> list[Diagnostic]:
+        return [d for d in self.diagnostics if d.severity == "warning"]
+
+    def step(self, step_id: str):
+        return self.pipeline.steps[self.graph.index[step_id]]
+
+    def output_of(self, step_id: str) -> str:
+        """The record id holding a step's result (a composite's last inner tensor)."""
+        inner = self.inner.get(step_id)
+        return inner[-1][0] if inner else step_id
+
+    def bindings(self) -> str:
+        return "[" + ", ".join(f"{k}={v}" for k, v in self.dims.items()) + "]"
+
+    def raise_errors(self) -> None:
+        if self.errors:
+            raise TracerError(self.errors)
+
+
+class RuleContext:
+    """What a shape rule may use: the dim algebra and the names of its inputs."""
+
+    def __init__(self, alg: DimAlgebra, input_ids: list[str], dtype: str):
+        self.alg, self.input_ids, self.dtype = alg, input_ids, dtype
+
+    def dim(self, text, field: str):
+        try:
+            return self.alg.dim(text)
+        except dimexpr.DimError as exc:
+            raise StepError(exc.code, str(exc), field) from None
+
+
+def analyze(pipeline: PipelineSpec, source: SourceMap, dims: Mapping[str, int] | None = None) -> Analysis:
+    alg = _algebra(pipeline, source, dims or {})
+    graph = build_graph(pipeline, source)
+    analysis = Analysis(pipeline, source, alg, graph, diagnostics=list(graph.diagnostics))
+    for section in ("inputs", "params"):
+        for name, decl in getattr(pipeline, section).items():
+            meta = _declared_meta(name, decl, (section, name), analysis)
+            if meta is not None:
+                analysis.metas[name] = meta
+    if not graph.diagnostics:
+        for step_id in graph.order:
+            _infer_step(step_id, analysis)
+    analysis.outputs = _outputs(analysis)
+    _check_expectations(analysis)
+    from .. import lints  # lints read a finished analysis
+
+    analysis.diagnostics += lints.run_lints(analysis)
+    return analysis
+
+
+def _algebra(pipeline: PipelineSpec, source: SourceMap, overrides: Mapping[str, int]) -> DimAlgebra:
+    exprs = {name: dimexpr.parse(text) for name, text in pipeline.dims.items()}
+    for name, value in overrides.items():
+        if name not in exprs:
+            raise TracerError(source.error(("dims",), "unknown-dim", f"--dim {name}={value}: the pipeline has no dim '{name}' (dims: {', '.join(exprs) or 'none'})", prefer_key=True))
+        if not isinstance(exprs[name], dimexpr.Num):
+            raise TracerError(source.error(("dims", name), "derived-dim",
+                                           f"--dim {name}={value}: '{name}' is derived ({exprs[name]}); override the dims it is computed from", prefer_key=True))
+        if isinstance(value, bool) or not isinstance(value, int) or abs(value) > dimexpr.MAX_VALUE:
+            raise TracerError(source.error(("dims", name), "dim-value", f"--dim {name}: expected an integer up to 2**62, got {value!r}", prefer_key=True))
+    try:
+        values = resolve(exprs, overrides)
+    except dimexpr.DimError as exc:
+        raise TracerError(_dim_error(exc, exprs, source)) from None
+    for name, value in values.items():
+        if value < 0:
+            raise TracerError(source.error(("dims", name), "dim-negative", f"dim {name} = {exprs[name]} is {value}; dims must not be negative", prefer_key=True))
+    return DimAlgebra(pipeline.dims, values)
+
+
+def _dim_error(exc: dimexpr.DimError, exprs: dict, source: SourceMap) -> Diagnostic:
+    name = getattr(exc, "dim", None)
+    if name in exprs:
+        return source.error(("dims", name), exc.code, f"dim {name} = {exprs[name]}: {exc}")
+    return source.error(("dims",), exc.code, str(exc), prefer_key=True)
+
+
+def _declared_meta(name: str, decl: TensorDecl, path: tuple, analysis: Analysis) -> Meta | None:
+    shape = []
+    for j, text in enumerate(decl.shape):
+        try:
+            dim = analysis.alg.dim(text)
+        except dimexpr.DimError as exc:
+            analysis.diagnostics.append(analysis.source.error(path + ("shape", j), exc.code, f"'{name}': {exc}"))
+            return None
+        if dim.value < 0:
+            analysis.diagnostics.append(analysis.source.error(path + ("shape", j), "dim-negative", f"'{name}': dim {dim} is {dim.value}; sizes must not be negative"))
+            return None
+        shape.append(dim)
+    problem = _source_problem(name, decl, tuple(d.value for d in shape), path[0])
+    if problem:
+        analysis.diagnostics.append(analysis.source.error(path + (problem[0],), "tensor-source", problem[1]))
+        return None
+    return with_root(fresh(tuple(shape), tensor_dtype(decl, analysis.pipeline.dtype)), name)
+
+
+def tensor_dtype(decl: TensorDecl, default: str) -> str:
+    if decl.dtype:
+        return decl.dtype
+    if decl.tokens is not None:
+        return "int64"
+    if decl.values is not None and _all_bool(decl.values):
+        return "bool"
+    return default
+
+
+def _all_bool(values) -> bool:
+    return isinstance(values, bool) or (isinstance(values, list) and bool(values) and all(_all_bool(v) for v in values))
+
+
+def _source_problem(name: str, decl: TensorDecl, sizes: tuple[int, ...], section: str) -> tuple[str, str] | None:
+    if decl.init in ("linear", "embedding") and section != "params":
+        return "init", f"'{name}': init: {decl.init} is a parameter init; declare '{name}' under params"
+    if decl.init == "linear" and decl.fan_in is None and len(sizes) < 2:
+        return "init", f"'{name}': a 1-d init: linear tensor (a bias) needs 'fan_in' (the in-features of its layer)"
+    if decl.init in ("triu", "tril") and len(sizes) != 2:
+        return "init", f"'{name}': init: {decl.init} builds a 2-d (T, T) pattern, the shape has {len(sizes)} dims"
+    if decl.tokens is not None:
+        count = len(decl.tokens.words())
+        if sizes != (count,):
+            return "tokens", f"'{name}': the sentence has {count} tokens, so the shape must be [{count}], not {list(sizes)}"
+    if decl.values is not None:
+        found = _literal_shape(decl.values)
+        if found is None:
+            return "values", f"'{name}': 'values' is ragged (rows of different lengths)"
+        if found != sizes:
+            return "values", f"'{name}': 'values' has shape {list(found)}, but the declared shape is {list(sizes)}"
+    return None
+
+
+def _literal_shape(values) -> tuple[int, ...] | None:
+    if not isinstance(values, list):
+        return ()
+    shapes = {_literal_shape(v) for v in values}
+    if len(shapes) > 1 or None in shapes:
+        return None
+    return (len(values),) + (shapes.pop() if shapes else ())
+
+
+def _infer_step(step_id: str, analysis: Analysis) -> None:
+    step = analysis.step(step_id)
+    i = analysis.graph.index[step_id]
+    refs = analysis.graph.refs[step_id]
+    if any(ref not in analysis.metas for ref in refs):
+        return  # an upstream error already explains this
+    n_data = len(analysis.graph.data_inputs[step_id])
+    if step.arity is not None and n_data != step.arity:
+        field = "inputs" if step.inputs is not None else "input"
+        analysis.diagnostics.append(analysis.source.error(("steps", i, field), "arity",
+                                                          f"{step.op} takes {step.arity} input{'s' if step.arity > 1 else ''}, got {n_data}", step_id, prefer_key=True))
+        return
+    ins = [analysis.metas[r] for r in refs]
+    ctx = RuleContext(analysis.alg, refs, analysis.pipeline.dtype)
+    try:
+        result = step.infer(ins, ctx)
+    except StepError as exc:
+        message = f"{exc.message} {analysis.bindings()}" + (f" — {exc.hint}" if exc.hint else "")
+        analysis.diagnostics.append(analysis.source.error(("steps", i) + ((exc.field,) if exc.field else ()), exc.code, message, step_id))
+        return
+    if isinstance(result, list):
+        inner = []
+        for suffix, op, meta in result:
+            record = f"{step_id}/{suffix}"
+            analysis.metas[record] = with_root(meta, record)
+            inner.append((record, op))
+        analysis.inner[step_id] = inner
+        analysis.metas[step_id] = analysis.metas[inner[-1][0]]
+    else:
+        analysis.metas[step_id] = with_root(result, step_id)
+
+
+def _outputs(analysis: Analysis) -> list[str]:
+    pipeline = analysis.pipeline
+    if pipeline.outputs is None:
+        return [pipeline.steps[-1].id]
+    known = set(analysis.graph.graph.nodes)
+    for j, name in enumerate(pipeline.outputs):
+        if name not in known:
+            analysis.diagnostics.append(analysis.source.error(("outputs", j), "unknown-ref", f"output '{name}' is not a step, an input or a param"))
+    return [name for name in pipeline.outputs if name in known]
+
+
+def _check_expectations(analysis: Analysis) -> None:
+    for name, expected in analysis.pipeline.expect.items():
+        path = ("expect", name)
+        if name not in analysis.graph.graph.nodes:
+            analysis.diagnostics.append(analysis.source.error(path, "unknown-ref", f"expect: '{name}' is not a tensor of this pipeline", prefer_key=True))
+            continue
+        meta = analysis.metas.get(name)
+        if meta is None:
+            continue
+        problem = expectation_problem(analysis.alg, name, meta, expected)
+        if problem:
+            analysis.diagnostics.append(analysis.source.error(path, "expect", f"{problem} {analysis.bindings()}", name if name in analysis.graph.index else None, prefer_key=True))
+
+
+def expectation_problem(alg: DimAlgebra, name: str, meta: Meta, expected) -> str | None:
+    """Why ``meta`` does not meet an ``expect:`` entry (a shape list or ``{shape, contiguous}``), else None."""
+    shape = expected if isinstance(expected, list) else expected.shape
+    contiguous = expected.contiguous if isinstance(expected, Expect) else None
+    if shape is not None:
+        try:
+            want = tuple(alg.dim(t) for t in shape)
+        except dimexpr.DimError as exc:
+            return f"expect '{name}': {exc}"
+        if tuple(d.value for d in want) != meta.sizes:
+            wanted = "(" + ", ".join(map(str, want)) + ") [" + ", ".join(str(d.value) for d in want) + "]"
+            return f"expected '{name}' to be {wanted}, found {show(meta)}"
+    if contiguous is not None and contiguous != meta.contiguous:
+        return f"expected '{name}' to be {'contiguous' if contiguous else 'non-contiguous'}, found stride {meta.stride} for {show(meta)}"
+    return None
+
+
+def symbolic_shape(meta: Meta) -> list[str]:
+    return [str(d) for d in meta.shape]
+
+

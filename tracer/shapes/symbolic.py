@@ -1,0 +1,221 @@
+"""Symbolic dims: exact algebra over the pipeline's dim names, with concrete values alongside.
+
+A ``Dim`` pairs a canonical Laurent polynomial over the *base* dims (those declared as plain
+ints) with its concrete value. Because ``//`` in a dim expression must divide exactly, it is
+exact division, so ``d_model // H * H`` equals ``d_model`` and ``H * Dh`` prints as ``d_model``.
+``%`` and division by a sum stay opaque atoms. No sympy, so ``tracer check`` starts fast.
+
+>>> alg = DimAlgebra({"d_model": "8", "H": "2", "Dh": "d_model // H"})
+>>> str(alg.mul(alg.dim("H"), alg.dim("Dh")))
+'d_model'
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Mapping
+
+from ..spec import dims as dimexpr
+
+Monomial = tuple  # ((name, exponent), ...) sorted by name
+
+
+@dataclass(frozen=True)
+class Poly:
+    """An immutable sum of monomials with rational coefficients, in canonical order."""
+
+    terms: tuple  # ((Monomial, Fraction), ...) sorted, no zero coefficients
+
+    @staticmethod
+    def const(value: int) -> "Poly":
+        return Poly(((((), Fraction(value)),) if value else ()))
+
+    @staticmethod
+    def symbol(name: str) -> "Poly":
+        return Poly(((((name, 1),), Fraction(1)),))
+
+    def __add__(self, other: "Poly") -> "Poly":
+        return _collect(list(self.terms) + list(other.terms))
+
+    def __neg__(self) -> "Poly":
+        return Poly(tuple((m, -c) for m, c in self.terms))
+
+    def __mul__(self, other: "Poly") -> "Poly":
+        return _collect([(_mono_mul(m1, m2), c1 * c2) for m1, c1 in self.terms for m2, c2 in other.terms])
+
+    def divide(self, other: "Poly") -> "Poly | None":
+        """Exact division by a single monomial; ``None`` when ``other`` is a sum."""
+        if len(other.terms) != 1:
+            return None
+        mono, coeff = other.terms[0]
+        inverse = tuple((name, -exp) for name, exp in mono)
+        return _collect([(_mono_mul(m, inverse), c / coeff) for m, c in self.terms])
+
+    @property
+    def constant(self) -> Fraction | None:
+        if not self.terms:
+            return Fraction(0)
+        if len(self.terms) == 1 and self.terms[0][0] == ():
+            return self.terms[0][1]
+        return None
+
+    def __str__(self) -> str:
+        if not self.terms:
+            return "0"
+        parts = [_format_term(m, c) for m, c in self.terms]
+        text = parts[0]
+        for part in parts[1:]:
+            text += f" - {part[1:]}" if part.startswith("-") else f" + {part}"
+        return text
+
+
+def _mono_mul(a: Monomial, b: Monomial) -> Monomial:
+    exps: dict[str, int] = dict(a)
+    for name, exp in b:
+        exps[name] = exps.get(name, 0) + exp
+    return tuple(sorted((n, e) for n, e in exps.items() if e))
+
+
+def _collect(terms: list) -> Poly:
+    sums: dict[Monomial, Fraction] = {}
+    for mono, coeff in terms:
+        sums[mono] = sums.get(mono, Fraction(0)) + coeff
+    return Poly(tuple(sorted(((m, c) for m, c in sums.items() if c), key=lambda t: (-len(t[0]), t[0]))))
+
+
+def _format_term(mono: Monomial, coeff: Fraction) -> str:
+    num = [n if e == 1 else "*".join([n] * e) for n, e in mono if e > 0]
+    den = [n if e == -1 else "*".join([n] * -e) for n, e in mono if e < 0]
+    sign = "-" if coeff < 0 else ""
+    coeff = abs(coeff)
+    if coeff.numerator != 1 or not num:
+        num.insert(0, str(coeff.numerator))
+    if coeff.denominator != 1:
+        den.insert(0, str(coeff.denominator))
+    text = "*".join(num)
+    if den:
+        text += " // " + ("*".join(den) if len(den) == 1 else "(" + "*".join(den) + ")")
+    return sign + text
+
+
+@dataclass(frozen=True)
+class Dim:
+    """One symbolic dimension with its concrete value; prints nanoGPT-style (``T``, ``Dh``)."""
+
+    poly: Poly
+    value: int
+    label: str
+
+    def __str__(self) -> str:
+        return self.label
+
+    def same_symbol(self, other: "Dim") -> bool:
+        return self.poly == other.poly
+
+
+class DimAlgebra:
+    """The dims of one pipeline: parses, evaluates and combines them, and names the results."""
+
+    def __init__(self, declared: Mapping[str, str | int], values: Mapping[str, int] | None = None):
+        self.exprs = {name: dimexpr.parse(text) for name, text in declared.items()}
+        self.values = dict(values) if values is not None else resolve(self.exprs)
+        self.polys: dict[str, Poly] = {}
+        for name in self.exprs:
+            self._poly_of_name(name)
+        self.names = {}
+        for name, poly in self.polys.items():
+            self.names.setdefault(poly, name)
+
+    def _poly_of_name(self, name: str) -> Poly:
+        if name not in self.polys:
+            expr = self.exprs[name]
+            self.polys[name] = Poly.symbol(name) if isinstance(expr, dimexpr.Num) else self._poly(expr)
+        return self.polys[name]
+
+    def _poly(self, expr: dimexpr.Expr) -> Poly:
+        if isinstance(expr, dimexpr.Num):
+            return Poly.const(expr.value)
+        if isinstance(expr, dimexpr.Name):
+            return self._poly_of_name(expr.name) if expr.name in self.exprs else Poly.symbol(expr.name)
+        if isinstance(expr, dimexpr.Neg):
+            return -self._poly(expr.operand)
+        left, right = self._poly(expr.left), self._poly(expr.right)
+        if expr.op == "+":
+            return left + right
+        if expr.op == "-":
+            return left + -right
+        if expr.op == "*":
+            return left * right
+        if expr.op == "//":
+            quotient = left.divide(right)
+            if quotient is not None:
+                return quotient
+        return Poly.symbol(f"({expr})")  # % and division by a sum stay opaque
+
+    def make(self, poly: Poly, value: int) -> Dim:
+        label = self.names.get(poly)
+        if label is None:
+            const = poly.constant
+            label = str(const.numerator) if const is not None and const.denominator == 1 else str(poly)
+        return Dim(poly, value, label)
+
+    def dim(self, expr: "dimexpr.Expr | str | int") -> Dim:
+        """A Dim from a spec expression; raises ``DimError`` (not divisible, unknown name...)."""
+        if not isinstance(expr, (dimexpr.Num, dimexpr.Name, dimexpr.Neg, dimexpr.BinOp)):
+            expr = dimexpr.parse(expr)
+        return self.make(self._poly(expr), expr.evaluate(self.values))
+
+    def const(self, value: int) -> Dim:
+        return self.make(Poly.const(value), value)
+
+    def mul(self, a: Dim, b: Dim) -> Dim:
+        return self.make(a.poly * b.poly, a.value * b.value)
+
+    def add(self, a: Dim, b: Dim) -> Dim:
+        return self.make(a.poly + b.poly, a.value + b.value)
+
+    def floordiv(self, a: Dim, b: Dim) -> Dim:
+        quotient = a.poly.divide(b.poly)
+        poly = quotient if quotient is not None and a.value % max(b.value, 1) == 0 else Poly.symbol(f"({a} // {b})")
+        return self.make(poly, a.value // b.value if b.value else 0)
+
+    def product(self, dims: "list[Dim]") -> Dim:
+        result = self.const(1)
+        for d in dims:
+            result = self.mul(result, d)
+        return result
+
+
+def resolve(exprs: Mapping[str, "dimexpr.Expr"], overrides: Mapping[str, int] | None = None) -> dict[str, int]:
+    """Evaluate every dim in dependency order; cycles and unknown names raise ``DimError``."""
+    overrides = dict(overrides or {})
+    values: dict[str, int] = {}
+    visiting: list[str] = []
+
+    def visit(name: str) -> int:
+        if name in values:
+            return values[name]
+        if name in visiting:
+            cycle = " -> ".join(visiting[visiting.index(name):] + [name])
+            raise dimexpr.DimError(f"dims depend on each other in a cycle: {cycle}", "dim-cycle")
+        if name not in exprs:
+            raise dimexpr.DimError(f"unknown dim '{name}'", "unknown-dim")
+        visiting.append(name)
+        expr = exprs[name]
+        if name in overrides:
+            values[name] = overrides[name]
+        else:
+            try:
+                for dep in sorted(expr.names()):
+                    visit(dep)
+                values[name] = expr.evaluate(values)
+            except dimexpr.DimError as exc:
+                exc.dim = getattr(exc, "dim", name)
+                raise
+        visiting.pop()
+        return values[name]
+
+    for name in exprs:
+        visit(name)
+    return values

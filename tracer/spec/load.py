@@ -1,0 +1,119 @@
+"""Load a pipeline file: safe YAML → pydantic validation → located diagnostics."""
+
+from __future__ import annotations
+
+import difflib
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from ..errors import Diagnostic, TracerError
+from .base import STEP_KINDS
+from .pipeline import Expect, PipelineSpec, TensorDecl
+from .source import SourceMap, parse_document, read_document
+
+
+def load_spec(path: str | Path) -> tuple[PipelineSpec, SourceMap]:
+    data, source = read_document(path)
+    return validate(data, source), source
+
+
+def load_spec_text(text: str, name: str = "<string>") -> tuple[PipelineSpec, SourceMap]:
+    data, source = parse_document(text, name)
+    return validate(data, source), source
+
+
+def validate(data: Any, source: SourceMap) -> PipelineSpec:
+    if not isinstance(data, dict):
+        raise TracerError(source.error((), "not-a-pipeline", f"a pipeline file is a mapping with 'name' and 'steps', found {_kind(data)}"))
+    try:
+        return PipelineSpec.model_validate(data)
+    except ValidationError as exc:
+        diagnostics = [_diagnostic(err, data, source) for err in exc.errors(include_url=False)]
+        raise TracerError(_dedupe(diagnostics)) from None
+
+
+def _diagnostic(err: dict, data: Any, source: SourceMap) -> Diagnostic:
+    path = _doc_path(err["loc"], data)
+    step = _step_id(path, data)
+    kind = err["type"]
+    if kind == "extra_forbidden":
+        key = path[-1]
+        allowed = _allowed_keys(path[:-1], data)
+        hint = difflib.get_close_matches(str(key), allowed, n=1)
+        message = f"unknown key '{key}'" + (f"; did you mean '{hint[0]}'?" if hint else f" (allowed: {', '.join(allowed)})" if allowed else "")
+        return source.error(path, "unknown-key", message, step, prefer_key=True)
+    if kind == "missing":
+        return source.error(path[:-1], "missing-key", f"missing required key '{err['loc'][-1]}'", step, prefer_key=True)
+    if kind == "union_tag_invalid":
+        op = err["ctx"]["tag"]
+        hint = difflib.get_close_matches(str(op), STEP_KINDS, n=1)
+        suggestion = f"; did you mean '{hint[0]}'?" if hint else f" (known ops: {', '.join(sorted(STEP_KINDS))})"
+        return source.error(path + ("op",), "unknown-op", f"unknown op '{op}'{suggestion}", step)
+    if kind == "union_tag_not_found":
+        return source.error(path, "missing-key", f"a step needs an 'op' (one of: {', '.join(sorted(STEP_KINDS))})", step, prefer_key=True)
+    message = err["msg"].removeprefix("Value error, ").removeprefix("Assertion failed, ")
+    found = err.get("input")
+    if kind not in ("value_error", "assertion_error") and not isinstance(found, (dict, list)):
+        message += f", found {found!r}"[:120]
+    field = path[-1] if path and isinstance(path[-1], str) else None
+    prefix = f"'{field}': " if field and field not in message else ""
+    return source.error(path, "invalid-value", prefix + message, step)
+
+
+def _doc_path(loc: tuple, data: Any) -> tuple:
+    """Follow pydantic's location through the document, skipping union tags it inserts."""
+    path, node = [], data
+    for part in loc:
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+            path.append(part)
+        elif isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node):
+            node = node[part]
+            path.append(part)
+        elif isinstance(node, dict) and not isinstance(part, int) and part not in STEP_KINDS and not _is_type_tag(part):
+            path.append(part)  # a missing or extra key: keep it so the message can name it
+            node = None
+    return tuple(path)
+
+
+def _is_type_tag(part: Any) -> bool:
+    return isinstance(part, str) and (part in ("int", "str", "float", "bool", "list", "Sqrt", "Expect", "function-after")
+                                      or part.startswith(("list[", "function-", "constrained-", "lax-", "strict-")))
+
+
+def _step_id(path: tuple, data: Any) -> str | None:
+    if len(path) >= 2 and path[0] == "steps" and isinstance(data.get("steps"), list):
+        step = data["steps"][path[1]]
+        if isinstance(step, dict) and isinstance(step.get("id"), str):
+            return step["id"]
+    return None
+
+
+def _allowed_keys(path: tuple, data: Any) -> list[str]:
+    if not path:
+        return list(PipelineSpec.model_fields)
+    if path[0] == "steps" and len(path) == 2:
+        step = data["steps"][path[1]]
+        kind = STEP_KINDS.get(step.get("op")) if isinstance(step, dict) else None
+        return list(kind.model_fields) if kind else []
+    if path[0] in ("inputs", "params") and len(path) == 2:
+        return list(TensorDecl.model_fields)
+    if path[0] == "expect" and len(path) == 2:
+        return list(Expect.model_fields)
+    return []
+
+
+def _dedupe(diagnostics: list[Diagnostic]) -> list[Diagnostic]:
+    seen, result = set(), []
+    for d in diagnostics:
+        key = (d.position, d.message)
+        if key not in seen:
+            seen.add(key)
+            result.append(d)
+    return result
+
+
+def _kind(value: Any) -> str:
+    return {list: "a list", str: "a string", int: "a number", float: "a number", bool: "a boolean"}.get(type(value), type(value).__name__)

@@ -1,0 +1,115 @@
+"""The pipeline file format as pydantic v2 models (unknown keys are errors)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import Field, StrictBool, StrictFloat, StrictInt, field_validator, model_validator
+
+from .. import steps  # noqa: F401  (registers every step kind)
+from .base import STEP_KINDS, DimText, Strict, TensorId
+
+DType = Literal["float32", "float64", "float16", "bfloat16", "int64", "int32", "bool"]
+FloatDType = Literal["float32", "float64", "float16", "bfloat16"]
+Init = Literal["randn", "rand", "zeros", "ones", "arange", "linear", "embedding", "triu", "tril"]
+Scalar = StrictBool | StrictInt | StrictFloat
+MAX_VALUES = 1_000_000
+
+
+class Tokens(Strict):
+    """Token ids of a sentence, built as tutorial 000 builds its dictionary."""
+
+    text: str = Field(max_length=100_000, description="the sentence")
+    remove: list[str] = Field(default_factory=list, description="characters deleted before splitting, e.g. [',']")
+
+    def words(self) -> list[str]:
+        text = self.text
+        for chars in self.remove:
+            text = text.replace(chars, "")
+        return text.split()
+
+    def ids(self) -> list[int]:
+        words = self.words()
+        vocab = {w: i for i, w in enumerate(sorted(words))}
+        return [vocab[w] for w in words]
+
+
+class TensorDecl(Strict):
+    """An input or a parameter: a shape and exactly one source."""
+
+    shape: list[DimText] = Field(max_length=16)
+    init: Init | None = Field(None, description="how to create it (torch.randn, torch.rand, ... ; 'linear'/'embedding' are nn.Linear's/nn.Embedding's own init)")
+    values: Any = Field(None, description="a literal nested list")
+    tokens: Tokens | None = None
+    seed: StrictInt | None = Field(None, description="torch.manual_seed(seed) right before creating this tensor")
+    dtype: DType | None = None
+    fan_in: DimText | None = Field(None, description="fan-in for init: linear (default: the last dim of a 2-D weight)")
+    note: str | None = Field(None, max_length=500)
+
+    @model_validator(mode="after")
+    def _one_source(self) -> "TensorDecl":
+        given = [k for k in ("init", "values", "tokens") if getattr(self, k) is not None]
+        if len(given) != 1:
+            found = " and ".join(given) if given else "none"
+            raise ValueError(f"needs exactly one of 'init', 'values' or 'tokens'; found {found}")
+        if self.fan_in is not None and self.init != "linear":
+            raise ValueError("'fan_in' only applies to init: linear")
+        return self
+
+    @field_validator("values")
+    @classmethod
+    def _nested_numbers(cls, value: Any) -> Any:
+        if value is None:
+            return value
+        count = _count_scalars(value, 0)
+        if count > MAX_VALUES:
+            raise ValueError(f"holds {count} numbers; literal values are limited to {MAX_VALUES}")
+        return value
+
+
+def _count_scalars(value: Any, depth: int) -> int:
+    if isinstance(value, (bool, int, float)):
+        return 1
+    if isinstance(value, list) and depth < 16:
+        total = 0
+        for item in value:
+            total += _count_scalars(item, depth + 1)
+            if total > MAX_VALUES:
+                break
+        return total
+    raise ValueError(f"'values' must be a nested list of numbers, found {type(value).__name__}")
+
+
+class Expect(Strict):
+    shape: list[DimText] | None = None
+    contiguous: StrictBool | None = None
+
+
+def _step_union() -> Any:
+    kinds = tuple(STEP_KINDS.values())
+    return Annotated[Union[kinds], Field(discriminator="op")]  # type: ignore[valid-type]
+
+
+Step = _step_union()
+
+
+class PipelineSpec(Strict):
+    """A declared attention pipeline (the file format)."""
+
+    name: str = Field(max_length=120)
+    description: str = Field("", max_length=20_000)
+    dims: dict[Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")], DimText] = Field(default_factory=dict)
+    seed: StrictInt | None = Field(None, description="torch.manual_seed before creating any tensor")
+    dtype: FloatDType = "float32"
+    inputs: dict[TensorId, TensorDecl] = Field(default_factory=dict)
+    params: dict[TensorId, TensorDecl] = Field(default_factory=dict)
+    steps: list[Step] = Field(min_length=1, max_length=10_000)  # type: ignore[valid-type]
+    outputs: list[TensorId] | None = None
+    expect: dict[TensorId, list[DimText] | Expect] = Field(default_factory=dict)
+
+
+def json_schema() -> dict:
+    schema = PipelineSpec.model_json_schema()
+    schema["$schema"] = "http://json-schema.org/draft-07/schema#"
+    schema["title"] = "tracer pipeline"
+    return schema

@@ -1,0 +1,164 @@
+"""Safe YAML loading that remembers where every key and item came from.
+
+We compose the YAML node graph with PyYAML's safe composer (never its constructor for anything
+but plain scalars), then walk it ourselves. That walk is where the file format's safety lives:
+only the standard YAML tags are accepted (``!!python/...`` is refused), duplicate keys are
+errors, and the number of nodes produced is capped so alias bombs cannot expand.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ..errors import Diagnostic, Position, TracerError
+
+MAX_BYTES = 4 * 1024 * 1024
+MAX_NODES = 200_000
+MAX_DEPTH = 64
+
+_SCALAR_TAGS = {
+    "tag:yaml.org,2002:str", "tag:yaml.org,2002:int", "tag:yaml.org,2002:float",
+    "tag:yaml.org,2002:bool", "tag:yaml.org,2002:null",
+}
+_MAP_TAG = "tag:yaml.org,2002:map"
+_SEQ_TAG = "tag:yaml.org,2002:seq"
+_Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+Path_ = tuple  # a path into the document: keys and list indexes
+
+
+@dataclass
+class SourceMap:
+    """Positions of the keys and values of one loaded document, addressed by path."""
+
+    file: str
+    values: dict[tuple, Position] = field(default_factory=dict)
+    keys: dict[tuple, Position] = field(default_factory=dict)
+
+    def locate(self, path: tuple, prefer_key: bool = False) -> Position | None:
+        """The position of ``path``, or of its nearest ancestor that has one."""
+        path = tuple(path)
+        while True:
+            first, second = (self.keys, self.values) if prefer_key else (self.values, self.keys)
+            if path in first:
+                return first[path]
+            if path in second:
+                return second[path]
+            if not path:
+                return None
+            path = path[:-1]
+
+    def error(self, path: tuple, code: str, message: str, step: str | None = None,
+              prefer_key: bool = False, severity: str = "error") -> Diagnostic:
+        return Diagnostic(self.file, self.locate(path, prefer_key), code, message, step, severity)
+
+
+def read_document(path: str | Path) -> tuple[Any, SourceMap]:
+    """Read and safely parse one pipeline file; every failure is a located ``TracerError``."""
+    name = str(path)
+    text = _read_text(Path(path), name)
+    return parse_document(text, name)
+
+
+def parse_document(text: str, name: str = "<string>") -> tuple[Any, SourceMap]:
+    source = SourceMap(name)
+    if not text.strip():
+        raise TracerError(Diagnostic(name, Position(1, 1), "empty-file", "the file is empty; a pipeline needs at least 'name' and 'steps'"))
+    try:
+        nodes = list(yaml.compose_all(text, Loader=_Loader))
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        pos = Position(mark.line + 1, mark.column + 1) if mark else None
+        problem = " ".join(str(p) for p in (exc.context, exc.problem) if p)
+        raise TracerError(Diagnostic(name, pos, "yaml-syntax", f"invalid YAML: {problem}")) from None
+    except yaml.YAMLError as exc:
+        raise TracerError(Diagnostic(name, Position(1, 1), "yaml-syntax", f"invalid YAML: {exc}")) from None
+    except RecursionError:
+        raise TracerError(Diagnostic(name, Position(1, 1), "yaml-too-deep", "the document is nested too deeply")) from None
+    nodes = [n for n in nodes if n is not None]
+    if not nodes:
+        raise TracerError(Diagnostic(name, Position(1, 1), "empty-file", "the file holds no YAML document"))
+    if len(nodes) > 1:
+        raise TracerError(Diagnostic(name, _pos(nodes[1]), "yaml-multi-doc", "expected one YAML document, found several (remove the '---' separators)"))
+    walker = _Walker(source)
+    return walker.convert(nodes[0], (), 0), source
+
+
+def _read_text(path: Path, name: str) -> str:
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise TracerError(Diagnostic(name, None, "file-missing", "no such file")) from None
+    except IsADirectoryError:
+        raise TracerError(Diagnostic(name, None, "file-unreadable", "is a directory, not a pipeline file")) from None
+    except OSError as exc:
+        raise TracerError(Diagnostic(name, None, "file-unreadable", f"cannot read the file: {exc.strerror}")) from None
+    if len(data) > MAX_BYTES:
+        raise TracerError(Diagnostic(name, None, "file-too-large", f"the file is {len(data)} bytes; pipeline files are limited to {MAX_BYTES} bytes"))
+    if b"\x00" in data:
+        raise TracerError(Diagnostic(name, Position(1, 1), "file-binary", "the file is binary, not YAML text"))
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = data[: exc.start].count(b"\n") + 1
+        raise TracerError(Diagnostic(name, Position(line, 1), "file-binary", "the file is not UTF-8 text")) from None
+
+
+def _pos(node: yaml.Node) -> Position:
+    return Position(node.start_mark.line + 1, node.start_mark.column + 1)
+
+
+class _Walker:
+    """Turns a composed node graph into plain dicts, lists and scalars, recording positions."""
+
+    def __init__(self, source: SourceMap):
+        self.source = source
+        self.count = 0
+        self.scalars = yaml.constructor.SafeConstructor()
+
+    def convert(self, node: yaml.Node, path: tuple, depth: int) -> Any:
+        self.count += 1
+        if self.count > MAX_NODES:
+            self._fail(node, "yaml-too-large", f"the document expands to more than {MAX_NODES} values (an alias bomb?)")
+        if depth > MAX_DEPTH:
+            self._fail(node, "yaml-too-deep", f"the document is nested more than {MAX_DEPTH} levels deep")
+        self.source.values.setdefault(path, _pos(node))
+        if isinstance(node, yaml.MappingNode):
+            return self._mapping(node, path, depth)
+        if isinstance(node, yaml.SequenceNode):
+            self._check_tag(node, _SEQ_TAG)
+            return [self.convert(item, path + (i,), depth + 1) for i, item in enumerate(node.value)]
+        self._check_tag(node, *_SCALAR_TAGS)
+        try:
+            return self.scalars.construct_object(node, deep=False)
+        except (yaml.YAMLError, ValueError, OverflowError) as exc:
+            self._fail(node, "yaml-value", f"cannot read the value '{node.value[:40]}': {exc}")
+
+    def _mapping(self, node: yaml.MappingNode, path: tuple, depth: int) -> dict:
+        self._check_tag(node, _MAP_TAG)
+        result: dict = {}
+        for key_node, value_node in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                self._fail(key_node, "yaml-merge-key", "YAML merge keys ('<<') are not supported; write the keys out")
+            if not isinstance(key_node, yaml.ScalarNode):
+                self._fail(key_node, "yaml-key", "mapping keys must be plain names")
+            key = self.scalars.construct_object(key_node, deep=False) if key_node.tag in _SCALAR_TAGS else None
+            if not isinstance(key, (str, int)) or isinstance(key, bool):
+                self._fail(key_node, "yaml-key", f"mapping keys must be names, found {key!r}")
+            if key in result:
+                first = self.source.keys[path + (key,)]
+                self._fail(key_node, "duplicate-key", f"duplicate key '{key}' (first defined at line {first.line})")
+            self.source.keys[path + (key,)] = _pos(key_node)
+            result[key] = self.convert(value_node, path + (key,), depth + 1)
+        return result
+
+    def _check_tag(self, node: yaml.Node, *allowed: str) -> None:
+        if node.tag not in allowed:
+            self._fail(node, "yaml-tag", f"the tag '{node.tag}' is not allowed: pipeline files hold plain data only")
+
+    def _fail(self, node: yaml.Node, code: str, message: str) -> None:
+        raise TracerError(Diagnostic(self.source.file, _pos(node), code, message))

@@ -1,0 +1,3 @@
+"""Every step kind: one class each (fields, shape rule, kernel), registered by ``@register``."""
+
+from . import attention, elementwise, layout, products, projection  # noqa: F401

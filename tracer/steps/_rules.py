@@ -1,0 +1,45 @@
+"""Helpers shared by shape rules: dim normalisation, broadcasting, shape formatting, errors."""
+
+from __future__ import annotations
+
+from ..shapes.layout import Meta
+
+
+class StepError(Exception):
+    """A shape rule's complaint; the checker adds file, line, column, step and bindings."""
+
+    def __init__(self, code: str, message: str, field: str | None = None, hint: str | None = None):
+        super().__init__(message)
+        self.code, self.message, self.field, self.hint = code, message, field, hint
+
+
+def show(meta: Meta) -> str:
+    """``(B, H, T, Dh) [1, 2, 6, 2]`` — symbolic and concrete together."""
+    return f"{meta.symbolic} {meta.concrete}"
+
+
+def norm_dim(dim: int, ndim: int, field: str = "dim") -> int:
+    if not -ndim <= dim < ndim:
+        raise StepError("dim-range", f"dim {dim} is out of range for a {ndim}-d tensor (valid: {-ndim}..{ndim - 1})", field)
+    return dim % ndim
+
+
+def broadcast(a: Meta, b: Meta, what: str, field: str | None = None):
+    """The broadcast shape of two tensors (numpy rules), keeping ``a``'s dim names."""
+    sa, sb = list(a.shape), list(b.shape)
+    n = max(len(sa), len(sb))
+    sa, sb = [None] * (n - len(sa)) + sa, [None] * (n - len(sb)) + sb
+    out = []
+    for da, db in zip(sa, sb):
+        if da is None or (db is not None and da.value == 1 and db.value != 1):
+            out.append(db)
+        elif db is None or db.value == 1 or db.value == da.value:
+            out.append(da)
+        else:
+            raise StepError("broadcast", f"{what}: {show(a)} and {show(b)} do not broadcast ({da}={da.value} vs {db}={db.value})", field)
+    return tuple(out)
+
+
+def require_float(meta: Meta, name: str, what: str) -> None:
+    if meta.dtype in ("int64", "int32", "bool"):
+        raise StepError("dtype", f"{what} needs a floating-point tensor, '{name}' is {meta.dtype}")

@@ -1,0 +1,187 @@
+"""The attention core: scaling, masking, softmax and dropout."""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+from pydantic import Field, StrictBool, StrictFloat, StrictInt, field_validator, model_validator
+
+from ..shapes.layout import fresh, same_layout
+from ..spec.base import DimText, StepBase, Strict, TensorId, register
+from ._rules import StepError, broadcast, norm_dim, require_float, show
+
+
+class Sqrt(Strict):
+    sqrt: DimText = Field(description="a dim expression, e.g. Dh")
+
+
+@register
+class Scale(StepBase):
+    """Multiply or divide by a number or by ``sqrt`` of a dim: ``scores / sqrt(Dh)``."""
+
+    op: Literal["scale"] = "scale"
+    divide: StrictFloat | StrictInt | Sqrt | None = Field(None, description="divide by a number or by {sqrt: DIM}")
+    multiply: StrictFloat | StrictInt | Sqrt | None = Field(None, description="multiply by a number or by {sqrt: DIM}")
+    example = """\
+- id: scaled
+  op: scale
+  input: scores            # (B, H, T, T)
+  divide: {sqrt: Dh}       # scores / sqrt(Dh)"""
+
+    @model_validator(mode="after")
+    def _one_factor(self):
+        if (self.divide is None) == (self.multiply is None):
+            raise ValueError("give exactly one of 'divide' or 'multiply'")
+        return self
+
+    def args(self):
+        mode, by = ("/", self.divide) if self.divide is not None else ("*", self.multiply)
+        return [f"{mode} √{by.sqrt}" if isinstance(by, Sqrt) else f"{mode} {by:g}"]
+
+    def factor(self, value) -> float:
+        """The number to multiply by; ``value`` evaluates dim expressions."""
+        by = self.divide if self.divide is not None else self.multiply
+        number = math.sqrt(value(by.sqrt)) if isinstance(by, Sqrt) else float(by)
+        return number
+
+    def infer(self, ins, ctx):
+        x = ins[0]
+        require_float(x, ctx.input_ids[0], "scale")
+        number = self.factor(lambda t: ctx.dim(t, "divide" if self.divide is not None else "multiply").value)
+        if self.divide is not None and number == 0:
+            raise StepError("scale-zero", "division by zero", "divide")
+        return same_layout(x)
+
+    def kernel(self, k):
+        number = self.factor(k.value)
+        if self.divide is not None:
+            return lambda x: x / number
+        return lambda x: x * number
+
+
+def _fill_value(value):
+    if isinstance(value, str):
+        try:
+            value = float(value.strip())
+        except ValueError:
+            raise ValueError(f"fill must be a number, -inf or -1e9; found '{value[:40]}'") from None
+    if value != value:
+        raise ValueError("fill must not be NaN")
+    return float(value)
+
+
+@register
+class Mask(StepBase):
+    """``masked_fill``: a built-in causal mask, or a boolean mask input with an explicit polarity.
+
+    ``polarity: block`` fills where the mask is True (tutorial 002: ``masked_fill(mask.bool(), -inf)``);
+    ``polarity: keep`` fills where it is False (tutorial 003: ``masked_fill(mask == False, -1e9)``).
+    """
+
+    op: Literal["mask"] = "mask"
+    causal: StrictBool = Field(False, description="block every key after its query (no mask input needed)")
+    mask: TensorId | None = Field(None, description="a mask tensor broadcastable to the scores")
+    polarity: Literal["keep", "block"] | None = Field(None, description="with 'mask': True means keep, or True means block")
+    fill: float = Field(float("-inf"), description="value written at blocked positions: -inf, -1e9 or any number")
+    param_fields = ("mask",)
+    example = """\
+- id: masked
+  op: mask
+  input: scores            # (B, H, T, T)
+  causal: true             # future positions -> -inf
+  fill: -inf"""
+
+    _fill = field_validator("fill", mode="before")(classmethod(lambda cls, v: _fill_value(v)))
+
+    @model_validator(mode="after")
+    def _one_pattern(self):
+        if self.causal == (self.mask is not None):
+            raise ValueError("give either 'causal: true' or a 'mask' tensor")
+        if self.mask is not None and self.polarity is None:
+            raise ValueError("a mask tensor needs 'polarity: keep' (True = attend) or 'polarity: block' (True = hide); the tutorials disagree, so tracer asks")
+        if self.causal and self.polarity is not None:
+            raise ValueError("'polarity' only applies to a mask tensor")
+        return self
+
+    def args(self):
+        fill = "-inf" if self.fill == float("-inf") else f"{self.fill:g}"
+        return (["causal"] if self.causal else [f"{self.polarity}"]) + [f"fill={fill}"]
+
+    def infer(self, ins, ctx):
+        scores = ins[0]
+        require_float(scores, ctx.input_ids[0], "mask")
+        if len(scores.shape) < 2:
+            raise StepError("mask-shape", f"masking needs (…, T_q, T_k) scores, got {show(scores)}", "input")
+        if self.mask is not None:
+            out = broadcast(scores, ins[1], f"mask '{self.mask}' against scores", "mask")
+            if tuple(d.value for d in out) != scores.sizes:
+                raise StepError("broadcast", f"mask '{self.mask}' {show(ins[1])} would enlarge the scores {show(scores)}", "mask")
+        return fresh(scores.shape, scores.dtype)
+
+    def kernel(self, k):
+        fill = self.fill
+        if self.causal:
+            t_q, t_k = k.ins[0].sizes[-2:]
+            future = k.torch.ones(t_q, t_k, dtype=k.torch.bool, device=k.device).triu(1)
+            return lambda scores: scores.masked_fill(future, fill)
+        to_bool = k.ins[1].dtype != "bool"
+        keep = self.polarity == "keep"
+
+        def masked(scores, mask):
+            if to_bool:
+                mask = mask.bool()
+            return scores.masked_fill(~mask if keep else mask, fill)
+        return masked
+
+
+@register
+class Softmax(StepBase):
+    """``torch.softmax(x, dim)``."""
+
+    op: Literal["softmax"] = "softmax"
+    dim: StrictInt = -1
+    example = """\
+- id: weights
+  op: softmax
+  input: scaled            # (B, H, T, T)
+  dim: -1"""
+
+    def args(self):
+        return [f"dim={self.dim}"]
+
+    def infer(self, ins, ctx):
+        x = ins[0]
+        require_float(x, ctx.input_ids[0], "softmax")
+        norm_dim(self.dim, len(x.shape))
+        return fresh(x.shape, x.dtype)
+
+    def kernel(self, k):
+        softmax, d = k.torch.softmax, self.dim
+        return lambda x: softmax(x, d)
+
+
+@register
+class Dropout(StepBase):
+    """``F.dropout(x, p, training)``; in eval mode (the default) it returns ``x`` itself."""
+
+    op: Literal["dropout"] = "dropout"
+    p: float = Field(0.1, ge=0.0, le=1.0)
+    training: StrictBool = Field(False, description="apply dropout (uses the RNG); false returns the input unchanged")
+    example = """\
+- id: weights_d
+  op: dropout
+  input: weights
+  p: 0.2"""
+
+    def args(self):
+        return [f"p={self.p:g}"] + (["training"] if self.training else [])
+
+    def infer(self, ins, ctx):
+        x = ins[0]
+        require_float(x, ctx.input_ids[0], "dropout")
+        return same_layout(x) if self.training else x
+
+    def kernel(self, k):
+        dropout, p, training = k.F.dropout, self.p, self.training
+        return lambda x: dropout(x, p, training)

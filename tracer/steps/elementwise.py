@@ -1,0 +1,111 @@
+"""Elementwise steps and normalisation: add (residuals), layernorm, relu, gelu."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from ..shapes.layout import fresh, same_layout
+from ..spec.base import StepBase, TensorId, register
+from ._rules import StepError, broadcast, require_float, show
+
+
+@register
+class Add(StepBase):
+    """``a + b`` with broadcasting (residual connections, biases)."""
+
+    op: Literal["add"] = "add"
+    arity = 2
+    example = """\
+- id: residual_1
+  op: add
+  inputs: [x_in, mha_out]  # (B, T, d) + (B, T, d)"""
+
+    def infer(self, ins, ctx):
+        a, b = ins
+        if a.dtype != b.dtype:
+            raise StepError("dtype", f"add of {a.dtype} and {b.dtype}", "inputs")
+        shape = broadcast(a, b, f"add '{ctx.input_ids[0]}' + '{ctx.input_ids[1]}'", "inputs")
+        return same_layout(a, shape)
+
+    def kernel(self, k):
+        return lambda a, b: a + b
+
+
+@register
+class LayerNorm(StepBase):
+    """``F.layer_norm`` over the last dim, with optional weight and bias params (nn.LayerNorm)."""
+
+    op: Literal["layernorm"] = "layernorm"
+    weight: TensorId | None = Field(None, description="(D,) scale param (default: ones, as nn.LayerNorm starts)")
+    bias: TensorId | None = Field(None, description="(D,) shift param (default: zeros)")
+    eps: float = Field(1e-5, gt=0)
+    param_fields = ("weight", "bias")
+    example = """\
+- id: normed_1
+  op: layernorm
+  input: residual_1        # (B, T, d), normalised over d"""
+
+    def infer(self, ins, ctx):
+        x = ins[0]
+        require_float(x, ctx.input_ids[0], "layernorm")
+        if not x.shape:
+            raise StepError("shape", "layernorm needs at least one dim", "input")
+        for name, p in zip(self.param_refs(), ins[1:]):
+            if p.sizes != (x.sizes[-1],):
+                raise StepError("shape", f"'{name}' must be ({x.shape[-1]}) [{x.sizes[-1]}], got {show(p)}", "weight")
+        return fresh(x.shape, x.dtype)
+
+    def kernel(self, k):
+        layer_norm, eps = k.F.layer_norm, self.eps
+        last = (k.ins[0].sizes[-1],)
+        has_weight, has_bias = self.weight is not None, self.bias is not None
+
+        def norm(x, *params):
+            params = list(params)
+            weight = params.pop(0) if has_weight else None
+            bias = params.pop(0) if has_bias else None
+            return layer_norm(x, last, weight, bias, eps)
+        return norm
+
+
+@register
+class Relu(StepBase):
+    """``torch.relu(x)``."""
+
+    op: Literal["relu"] = "relu"
+    example = """\
+- id: hidden_act
+  op: relu
+  input: hidden"""
+
+    def infer(self, ins, ctx):
+        return same_layout(ins[0])
+
+    def kernel(self, k):
+        return k.torch.relu
+
+
+@register
+class Gelu(StepBase):
+    """``F.gelu(x)`` (exact, or ``approximate: tanh`` as GPT-2 uses)."""
+
+    op: Literal["gelu"] = "gelu"
+    approximate: Literal["none", "tanh"] = "none"
+    example = """\
+- id: hidden_act
+  op: gelu
+  input: hidden
+  approximate: tanh"""
+
+    def args(self):
+        return [] if self.approximate == "none" else ["tanh"]
+
+    def infer(self, ins, ctx):
+        require_float(ins[0], ctx.input_ids[0], "gelu")
+        return same_layout(ins[0])
+
+    def kernel(self, k):
+        gelu, approximate = k.F.gelu, self.approximate
+        return lambda x: gelu(x, approximate=approximate)

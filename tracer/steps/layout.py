@@ -1,0 +1,397 @@
+"""Layout steps: reshaping, reordering, slicing and joining tensors — and whether they copy."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, StrictInt, model_validator
+
+from ..shapes.layout import fresh, view, view_strides
+from ..spec.base import DimText, StepBase, register
+from ._rules import StepError, norm_dim, show
+
+
+def _target_shape(step, x, ctx):
+    """Resolve a view/reshape target (at most one -1) and check it multiplies out."""
+    dims, infer_at = [], None
+    for i, text in enumerate(step.shape):
+        if text == -1:
+            if infer_at is not None:
+                raise StepError("view-shape", "only one dim can be -1", "shape")
+            infer_at = i
+            dims.append(None)
+        else:
+            dims.append(ctx.dim(text, "shape"))
+    total = ctx.alg.product(list(x.shape))
+    known = ctx.alg.product([d for d in dims if d is not None])
+    if infer_at is not None:
+        if known.value == 0 or total.value % known.value:
+            raise StepError("view-shape", f"cannot infer -1: input {show(x)} has {total.value} elements, not a multiple of {known.value}", "shape")
+        dims[infer_at] = ctx.alg.floordiv(total, known)
+    elif known.value != total.value:
+        target = "(" + ", ".join(str(d) for d in dims) + ")"
+        concrete = "[" + ", ".join(str(d.value) for d in dims) + "]"
+        raise StepError("view-shape", f"{step.op} to {target} {concrete} needs {known.value} elements, "
+                        f"'{ctx.input_ids[0]}' {show(x)} has {total.value}", "shape")
+    return tuple(dims)
+
+
+@register
+class View(StepBase):
+    """``x.view(*shape)``: same storage, new shape; fails on layouts a view cannot express."""
+
+    op: Literal["view"] = "view"
+    shape: list[DimText] = Field(max_length=16, description="target shape; one entry may be -1")
+    example = """\
+- id: q_heads
+  op: view
+  input: q                 # (B, T, d_model)
+  shape: [B, T, H, Dh]     # -> (B, T, H, Dh), shares q's storage"""
+
+    def args(self):
+        return ["(" + ", ".join(str(s) for s in self.shape) + ")"]
+
+    def infer(self, ins, ctx):
+        x = ins[0]
+        shape = _target_shape(self, x, ctx)
+        strides = view_strides(x.sizes, x.stride, tuple(d.value for d in shape))
+        if strides is None:
+            raise StepError("view-non-contiguous",
+                            f"view to {'(' + ', '.join(map(str, shape)) + ')'} is impossible: '{ctx.input_ids[0]}' {show(x)} is not contiguous "
+                            f"(stride {x.stride}), so its elements cannot be regrouped without a copy", "op",
+                            "add `op: contiguous` before it (as tutorial 002 does), or use `op: reshape`, which copies when it must")
+        return view(x, shape, strides)
+
+    def kernel(self, k):
+        sizes = k.out.sizes
+        return lambda x: x.view(sizes)
+
+
+@register
+class Reshape(StepBase):
+    """``x.reshape(*shape)``: a view when the layout allows it, otherwise a contiguous copy."""
+
+    op: Literal["reshape"] = "reshape"
+    shape: list[DimText] = Field(max_length=16, description="target shape; one entry may be -1")
+    example = """\
+- id: attention_heads
+  op: reshape
+  input: heads_t           # (B, T, H, d_k), not contiguous
+  shape: [B, T, d_model]   # copies, because a view is impossible here"""
+
+    def args(self):
+        return ["(" + ", ".join(str(s) for s in self.shape) + ")"]
+
+    def infer(self, ins, ctx):
+        x = ins[0]
+        shape = _target_shape(self, x, ctx)
+        strides = view_strides(x.sizes, x.stride, tuple(d.value for d in shape))
+        return fresh(shape, x.dtype) if strides is None else view(x, shape, strides)
+
+    def kernel(self, k):
+        sizes = k.out.sizes
+        return lambda x: x.reshape(sizes)
+
+
+@register
+class Transpose(StepBase):
+    """``x.transpose(a, b)``: swaps two dims; a view, usually not contiguous."""
+
+    op: Literal["transpose"] = "transpose"
+    dims: list[StrictInt] = Field(min_length=2, max_length=2, description="the two dims to swap, e.g. [1, 2] or [-2, -1]")
+    example = """\
+- id: k_t
+  op: transpose
+  input: k                 # (B, H, T, Dh)
+  dims: [-2, -1]           # -> (B, H, Dh, T), a non-contiguous view"""
+
+    def args(self):
+        return [f"{self.dims[0]}, {self.dims[1]}"]
+
+    def infer(self, ins, ctx):
+        x = ins[0]
+        a, b = (norm_dim(d, len(x.shape), "dims") for d in self.dims)
+        shape, stride = list(x.shape), list(x.stride)
+        shape[a], shape[b] = shape[b], shape[a]
+        stride[a], stride[b] = stride[b], stride[a]
+        return view(x, tuple(shape), tuple(stride))
+
+    def kernel(self, k):
+        a, b = self.dims
+        return lambda x: x.transpose(a, b)
+
+
+@register
+class Permute(StepBase):
+    """``x.permute(*dims)``: reorders all dims; a view."""
+
+    op: Literal["permute"] = "permute"
+    dims: list[StrictInt] = Field(max_length=16, description="a permutation of the input's dims")
+    example = """\
+- id: multihead_keys_p
+  op: permute
+  input: multihead_keys    # (h, d_k, T)
+  dims: [0, 2, 1]          # -> (h, T, d_k)"""
+
+    def args(self):
+        return [", ".join(map(str, self.dims))]
+
+    def infer(self, ins, ctx):
+        x = ins[0]
+        dims = [norm_dim(d, len(x.shape), "dims") for d in self.dims]
+        if sorted(dims) != list(range(len(x.shape))):
+            raise StepError("permute-dims", f"dims {self.dims} are not a permutation of the {len(x.shape)} dims of {show(x)}", "dims")
+        return view(x, tuple(x.shape[d] for d in dims), tuple(x.stride[d] for d in dims))
+
+    def kernel(self, k):
+        dims = tuple(self.dims)
+        return lambda x: x.permute(dims)
+
+
+@register
+class Contiguous(StepBase):
+    """``x.contiguous()``: copies into row-major order, or returns ``x`` itself if it already is."""
+
+    op: Literal["contiguous"] = "contiguous"
+    example = """\
+- id: ctx_c
+  op: contiguous
+  input: ctx_t             # (B, T, H, Dh) non-contiguous -> contiguous copy"""
+
+    def infer(self, ins, ctx):
+        x = ins[0]
+        return x if x.contiguous else fresh(x.shape, x.dtype)
+
+    def kernel(self, k):
+        return lambda x: x.contiguous()
+
+
+@register
+class Unsqueeze(StepBase):
+    """``x.unsqueeze(dim)``: inserts a size-1 dim; a view."""
+
+    op: Literal["unsqueeze"] = "unsqueeze"
+    dim: StrictInt
+    example = """\
+- id: x_in
+  op: unsqueeze
+  input: embedded_sentence # (T, d)
+  dim: 0                   # -> (1, T, d)"""
+
+    def args(self):
+        return [f"dim={self.dim}"]
+
+    def infer(self, ins, ctx):
+        x = ins[0]
+        n = len(x.shape) + 1
+        d = norm_dim(self.dim, n)
+        sizes, strides = list(x.sizes), list(x.stride)
+        new_stride = 1 if d >= len(sizes) else sizes[d] * strides[d]
+        shape = x.shape[:d] + (ctx.alg.const(1),) + x.shape[d:]
+        return view(x, shape, tuple(strides[:d] + [new_stride] + strides[d:]))
+
+    def kernel(self, k):
+        d = self.dim
+        return lambda x: x.unsqueeze(d)
+
+
+@register
+class Repeat(StepBase):
+    """``x.repeat(*repeats)``: tiles the tensor (a copy); extra leading repeats add dims."""
+
+    op: Literal["repeat"] = "repeat"
+    repeats: list[DimText] = Field(max_length=16)
+    example = """\
+- id: stacked_inputs
+  op: repeat
+  input: x_t               # (d, T)
+  repeats: [h, 1, 1]       # -> (h, d, T)"""
+
+    def args(self):
+        return [", ".join(map(str, self.repeats))]
+
+    def infer(self, ins, ctx):
+        x = ins[0]
+        reps = [ctx.dim(r, "repeats") for r in self.repeats]
+        if len(reps) < len(x.shape):
+            raise StepError("repeat-dims", f"repeat needs at least {len(x.shape)} repeats for {show(x)}, got {len(reps)}", "repeats")
+        if any(r.value < 0 for r in reps):
+            raise StepError("repeat-dims", "repeats must not be negative", "repeats")
+        one = ctx.alg.const(1)
+        padded = (one,) * (len(reps) - len(x.shape)) + x.shape
+        shape = tuple(d if r.value == 1 else (r if d.value == 1 else ctx.alg.mul(r, d)) for r, d in zip(reps, padded))
+        return fresh(shape, x.dtype)
+
+    def kernel(self, k):
+        reps = tuple(k.value(r) for r in self.repeats)
+        return lambda x: x.repeat(reps)
+
+
+@register
+class Index(StepBase):
+    """``x.select(dim, index)`` (drops the dim) or ``x[..., start:stop:step]`` along ``dim``; a view."""
+
+    op: Literal["index"] = "index"
+    dim: StrictInt = 0
+    index: DimText | None = Field(None, description="select one position (the dim disappears)")
+    start: DimText | None = Field(None, description="slice start (default 0)")
+    stop: DimText | None = Field(None, description="slice stop (default the dim's size)")
+    step: DimText | None = Field(None, description="slice step (default 1)")
+    example = """\
+- id: x_2
+  op: index
+  input: embedded_sentence # (T, d)
+  dim: 0
+  index: 1                 # -> (d,), the second token"""
+
+    @model_validator(mode="after")
+    def _select_or_slice(self):
+        if self.index is not None and any(v is not None for v in (self.start, self.stop, self.step)):
+            raise ValueError("give 'index' (select) or 'start'/'stop'/'step' (slice), not both")
+        return self
+
+    def args(self):
+        if self.index is not None:
+            return [f"dim={self.dim}", f"[{self.index}]"]
+        return [f"dim={self.dim}", f"[{'' if self.start is None else self.start}:{'' if self.stop is None else self.stop}"
+                + ("" if self.step is None else f":{self.step}") + "]"]
+
+    def infer(self, ins, ctx):
+        x = ins[0]
+        d = norm_dim(self.dim, len(x.shape))
+        size, stride = x.shape[d], x.stride[d]
+        if self.index is not None:
+            i = ctx.dim(self.index, "index").value
+            if not -size.value <= i < size.value:
+                raise StepError("index-range", f"index {i} is out of range for dim {self.dim} of size {size}={size.value}", "index")
+            i %= size.value
+            return view(x, x.shape[:d] + x.shape[d + 1:], x.stride[:d] + x.stride[d + 1:], x.offset + i * stride)
+        start = ctx.dim(self.start, "start") if self.start is not None else ctx.alg.const(0)
+        stop = ctx.dim(self.stop, "stop") if self.stop is not None else size
+        step = ctx.dim(self.step, "step") if self.step is not None else ctx.alg.const(1)
+        if step.value <= 0:
+            raise StepError("index-range", "slice step must be positive", "step")
+        lo, hi = _clamp(start.value, size.value), _clamp(stop.value, size.value)
+        if not 0 <= start.value <= size.value or not 0 <= stop.value <= size.value or lo > hi:
+            raise StepError("index-range", f"slice {start.value}:{stop.value} does not fit dim {self.dim} of size {size}={size.value}", "start")
+        if step.value == 1:
+            length = ctx.alg.add(stop, ctx.alg.mul(start, ctx.alg.const(-1)))
+        else:
+            length = ctx.alg.const(-(-(hi - lo) // step.value))
+        shape = x.shape[:d] + (length,) + x.shape[d + 1:]
+        strides = x.stride[:d] + (stride * step.value,) + x.stride[d + 1:]
+        return view(x, shape, strides, x.offset + lo * stride)
+
+    def kernel(self, k):
+        d = self.dim
+        if self.index is not None:
+            i = k.value(self.index)
+            return lambda x: x.select(d, i)
+        start = k.value(self.start) if self.start is not None else None
+        stop = k.value(self.stop) if self.stop is not None else None
+        step = k.value(self.step) if self.step is not None else None
+        where = (slice(None),) * (d % len(k.ins[0].shape)) + (slice(start, stop, step),)
+        return lambda x: x[where]
+
+
+def _clamp(i: int, size: int) -> int:
+    return max(0, min(i, size))
+
+
+@register
+class Cat(StepBase):
+    """``torch.cat(inputs, dim)``: joins tensors along an existing dim (a copy)."""
+
+    op: Literal["cat"] = "cat"
+    arity = None
+    dim: StrictInt = 0
+    example = """\
+- id: combined_context
+  op: cat
+  inputs: [context_h0, context_h1, context_h2]   # 3 x (1, 1) -> (1, 3)
+  dim: 1"""
+
+    def args(self):
+        return [f"dim={self.dim}"]
+
+    def infer(self, ins, ctx):
+        first = ins[0]
+        d = norm_dim(self.dim, len(first.shape))
+        for name, other in zip(ctx.input_ids[1:], ins[1:]):
+            same_rank = len(other.shape) == len(first.shape)
+            if not same_rank or any(a.value != b.value for i, (a, b) in enumerate(zip(first.shape, other.shape)) if i != d):
+                raise StepError("cat-shape", f"cat along dim {self.dim} needs equal shapes elsewhere: '{ctx.input_ids[0]}' {show(first)} vs '{name}' {show(other)}", "inputs")
+        total = first.shape[d]
+        for other in ins[1:]:
+            total = ctx.alg.add(total, other.shape[d])
+        return fresh(first.shape[:d] + (total,) + first.shape[d + 1:], first.dtype)
+
+    def kernel(self, k):
+        cat, d = k.torch.cat, self.dim
+        return lambda *xs: cat(xs, d)
+
+
+@register
+class Stack(StepBase):
+    """``torch.stack(inputs, dim)``: joins equal-shaped tensors along a new dim (a copy)."""
+
+    op: Literal["stack"] = "stack"
+    arity = None
+    dim: StrictInt = 0
+    example = """\
+- id: attn_weights
+  op: stack
+  inputs: [weights_h0, weights_h1]   # 2 x (B, T, T) -> (2, B, T, T)
+  dim: 0"""
+
+    def args(self):
+        return [f"dim={self.dim}"]
+
+    def infer(self, ins, ctx):
+        first = ins[0]
+        for name, other in zip(ctx.input_ids[1:], ins[1:]):
+            if other.sizes != first.sizes:
+                raise StepError("stack-shape", f"stack needs equal shapes: '{ctx.input_ids[0]}' {show(first)} vs '{name}' {show(other)}", "inputs")
+        d = norm_dim(self.dim, len(first.shape) + 1)
+        return fresh(first.shape[:d] + (ctx.alg.const(len(ins)),) + first.shape[d:], first.dtype)
+
+    def kernel(self, k):
+        stack, d = k.torch.stack, self.dim
+        return lambda *xs: stack(xs, d)
+
+
+@register
+class Merge(StepBase):
+    """Heads back to the model dim: (…, H, T, Dh) → transpose → contiguous → view (…, T, H·Dh).
+
+    Records its inner tensors as ``ID/transpose``, ``ID/contiguous`` and ``ID/view`` so the copy
+    that ``contiguous`` makes is visible.
+    """
+
+    op: Literal["merge"] = "merge"
+    example = """\
+- id: context
+  op: merge
+  input: ctx               # (B, H, T, Dh) -> (B, T, d_model)"""
+
+    def infer(self, ins, ctx):
+        x = ins[0]
+        if len(x.shape) < 3:
+            raise StepError("merge-shape", f"merge needs (…, H, T, Dh), got {show(x)}", "input")
+        shape, stride = list(x.shape), list(x.stride)
+        shape[-3], shape[-2] = shape[-2], shape[-3]
+        stride[-3], stride[-2] = stride[-2], stride[-3]
+        transposed = view(x, tuple(shape), tuple(stride))
+        copied = transposed if transposed.contiguous else fresh(transposed.shape, x.dtype)
+        merged_shape = copied.shape[:-2] + (ctx.alg.mul(copied.shape[-2], copied.shape[-1]),)
+        merged = view(copied, merged_shape, view_strides(copied.sizes, copied.stride, tuple(d.value for d in merged_shape)))
+        return [("transpose", "transpose", transposed), ("contiguous", "contiguous", copied), ("view", "view", merged)]
+
+    def kernel(self, k):
+        sizes = k.out.sizes
+
+        def merge(x):
+            t = x.transpose(-3, -2)
+            c = t.contiguous()
+            return t, c, c.view(sizes)
+        return merge

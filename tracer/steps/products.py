@@ -1,0 +1,83 @@
+"""Matrix products: ``matmul`` (torch.matmul, with broadcasting) and ``bmm``."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from ..shapes.layout import fresh
+from ..spec.base import StepBase, register
+from ._rules import StepError, show
+
+
+def _batch(a, b, ctx):
+    """Broadcast the batch dims of a matmul, keeping the first operand's names."""
+    la, lb = list(a), list(b)
+    n = max(len(la), len(lb))
+    la, lb = [None] * (n - len(la)) + la, [None] * (n - len(lb)) + lb
+    out = []
+    for da, db in zip(la, lb):
+        if da is None or (db is not None and da.value == 1):
+            out.append(db)
+        elif db is None or db.value in (1, da.value):
+            out.append(da)
+        else:
+            raise StepError("matmul-batch", f"batch dims {da}={da.value} and {db}={db.value} do not broadcast", "inputs")
+    return tuple(out)
+
+
+@register
+class Matmul(StepBase):
+    """``a @ b`` with torch.matmul's rules: (…, n, k) @ (…, k, m) → (…, n, m); 1-d operands allowed."""
+
+    op: Literal["matmul"] = "matmul"
+    arity = 2
+    example = """\
+- id: scores
+  op: matmul
+  inputs: [q, k_t]         # (B, H, T, Dh) @ (B, H, Dh, T) -> (B, H, T, T)"""
+
+    def infer(self, ins, ctx):
+        a, b = ins
+        if not a.shape or not b.shape:
+            raise StepError("matmul-shape", "matmul needs tensors with at least one dim", "inputs")
+        if a.dtype != b.dtype:
+            raise StepError("dtype", f"matmul of {a.dtype} and {b.dtype}", "inputs")
+        ka = a.shape[-1]
+        kb = b.shape[-2] if len(b.shape) > 1 else b.shape[0]
+        if ka.value != kb.value:
+            names = ctx.input_ids
+            hint = None
+            if len(b.shape) > 1 and b.shape[-1].value == ka.value:
+                hint = f"transpose '{names[1]}' over dims -2, -1?"
+            raise StepError("matmul-shape", f"matmul needs (…, n, {ka}) @ (…, {ka}, m), got '{names[0]}' {show(a)} @ '{names[1]}' {show(b)}",
+                            "inputs", hint)
+        rows = a.shape[-2:-1] if len(a.shape) > 1 else ()
+        cols = b.shape[-1:] if len(b.shape) > 1 else ()
+        batch = _batch(a.shape[:-2], b.shape[:-2], ctx)
+        return fresh(batch + rows + cols, a.dtype)
+
+    def kernel(self, k):
+        return k.torch.matmul
+
+
+@register
+class Bmm(StepBase):
+    """Batched matrix product of two 3-d tensors: (N, n, k) @ (N, k, m) → (N, n, m)."""
+
+    op: Literal["bmm"] = "bmm"
+    arity = 2
+    example = """\
+- id: multihead_keys
+  op: bmm
+  inputs: [multihead_W_key, stacked_inputs]   # (h, d_k, d) @ (h, d, T) -> (h, d_k, T)"""
+
+    def infer(self, ins, ctx):
+        a, b = ins
+        if len(a.shape) != 3 or len(b.shape) != 3:
+            raise StepError("bmm-shape", f"bmm needs two 3-d tensors, got {show(a)} and {show(b)}", "inputs")
+        if a.shape[0].value != b.shape[0].value or a.shape[2].value != b.shape[1].value:
+            raise StepError("bmm-shape", f"bmm needs (N, n, k) @ (N, k, m), got {show(a)} @ {show(b)}", "inputs")
+        return fresh((a.shape[0], a.shape[1], b.shape[2]), a.dtype)
+
+    def kernel(self, k):
+        return k.torch.bmm

@@ -1,0 +1,81 @@
+"""Projections: token embedding and linear layers."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from ..shapes.layout import fresh
+from ..spec.base import StepBase, TensorId, register
+from ._rules import StepError, require_float, show
+
+
+@register
+class Embed(StepBase):
+    """Look up rows of an embedding table: ids (…) → (…, D), like ``nn.Embedding``."""
+
+    op: Literal["embed"] = "embed"
+    weight: TensorId = Field(description="the (V, D) table, a param")
+    param_fields = ("weight",)
+    example = """\
+- id: embedded_sentence
+  op: embed
+  input: sentence_int      # (T,) int64 token ids
+  weight: embedding        # (V, d) param, init: embedding"""
+
+    def infer(self, ins, ctx):
+        ids, table = ins
+        if ids.dtype not in ("int64", "int32"):
+            raise StepError("dtype", f"embed needs integer token ids, '{ctx.input_ids[0]}' is {ids.dtype}", "input")
+        if len(table.shape) != 2:
+            raise StepError("shape", f"the embedding table '{self.weight}' must be 2-d (V, D), got {show(table)}", "weight")
+        return fresh(ids.shape + (table.shape[1],), table.dtype)
+
+    def kernel(self, k):
+        embedding = k.F.embedding
+        return lambda ids, table: embedding(ids, table)
+
+
+@register
+class Linear(StepBase):
+    """``x @ W.T + b`` (``layout: out_in``, as nn.Linear stores W) or ``x @ W + b`` (``in_out``)."""
+
+    op: Literal["linear"] = "linear"
+    weight: TensorId = Field(description="the weight param")
+    bias: TensorId | None = Field(None, description="optional (out,) bias param")
+    layout: Literal["out_in", "in_out"] = Field("out_in", description="out_in: W is (out, in) like nn.Linear; in_out: W is (in, out), computing x @ W")
+    param_fields = ("weight", "bias")
+    example = """\
+- id: q
+  op: linear
+  input: x                 # (B, T, d_model)
+  weight: W_q              # (d_model, d_model) as nn.Linear stores it
+  bias: b_q                # optional"""
+
+    def args(self):
+        return [] if self.layout == "out_in" else ["x @ W"]
+
+    def infer(self, ins, ctx):
+        x, w = ins[0], ins[1]
+        require_float(x, ctx.input_ids[0], "linear")
+        if len(w.shape) != 2:
+            raise StepError("shape", f"weight '{self.weight}' must be 2-d, got {show(w)}", "weight")
+        d_in, d_out = (w.shape[1], w.shape[0]) if self.layout == "out_in" else (w.shape[0], w.shape[1])
+        if not x.shape or x.shape[-1].value != d_in.value:
+            form = "(out, in)" if self.layout == "out_in" else "(in, out)"
+            raise StepError("linear-width", f"weight '{self.weight}' {show(w)} read as {form} expects inputs (…, {d_in}), "
+                            f"got '{ctx.input_ids[0]}' {show(x)}", "weight",
+                            hint=None if self.layout == "in_out" or x.shape[-1].value != d_out.value else "the weight looks (in, out): set layout: in_out?")
+        if len(ins) > 2:
+            b = ins[2]
+            if [d.value for d in b.shape] != [d_out.value]:
+                raise StepError("linear-width", f"bias '{self.bias}' must be ({d_out}) [{d_out.value}], got {show(b)}", "bias")
+        return fresh(x.shape[:-1] + (d_out,), x.dtype)
+
+    def kernel(self, k):
+        if self.layout == "out_in":
+            linear = k.F.linear
+            return lambda x, w, b=None: linear(x, w, b)
+        matmul = k.torch.matmul
+        return lambda x, w, b=None: matmul(x, w) if b is None else matmul(x, w) + b

@@ -1,0 +1,131 @@
+"""What a run leaves behind: one immutable record per tensor, queries, a table and JSON."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+
+@dataclass(frozen=True, slots=True)
+class TensorRecord:
+    """Metadata of one tensor of a run (the tensor itself only when values were kept)."""
+
+    id: str
+    op: str
+    inputs: tuple[str, ...]
+    shape: tuple[int, ...]
+    symbolic_shape: tuple[str, ...]
+    dtype: str
+    device: str
+    stride: tuple[int, ...]
+    storage_offset: int
+    contiguous: bool
+    view_of: str | None
+    nbytes: int
+    tensor: Any = field(default=None, repr=False, compare=False)
+
+    @property
+    def symbolic(self) -> str:
+        return "(" + ", ".join(self.symbolic_shape) + ")"
+
+    def to_dict(self, values: bool = False) -> dict:
+        data = {
+            "id": self.id, "op": self.op, "inputs": list(self.inputs), "shape": list(self.shape),
+            "symbolic_shape": list(self.symbolic_shape), "dtype": self.dtype, "device": self.device,
+            "stride": list(self.stride), "storage_offset": self.storage_offset, "contiguous": self.contiguous,
+            "view_of": self.view_of, "nbytes": self.nbytes,
+        }
+        if values and self.tensor is not None and self.tensor.device.type != "meta":
+            data["values"] = _finite(self.tensor.detach().cpu().tolist())
+        return data
+
+
+def _finite(value: Any) -> Any:
+    """JSON has no inf/nan: write them as strings so every parser accepts the file."""
+    if isinstance(value, list):
+        return [_finite(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
+    return value
+
+
+class Trace:
+    """The records of one run, in execution order; ``trace["scores"]`` looks one up."""
+
+    def __init__(self, pipeline: Any, analysis: Any, records: list[TensorRecord], outputs: dict, seed: int | None, keep_values: bool):
+        self.pipeline, self.analysis = pipeline, analysis
+        self.records = records
+        self.outputs = outputs
+        self.seed = seed
+        self.keep_values = keep_values
+        self._by_id = {r.id: r for r in records}
+
+    @property
+    def name(self) -> str:
+        return self.analysis.pipeline.name
+
+    @property
+    def dims(self) -> dict[str, int]:
+        return dict(self.analysis.dims)
+
+    def __getitem__(self, tensor_id: str) -> TensorRecord:
+        record = self._by_id.get(tensor_id) or self._by_id.get(self.analysis.output_of(tensor_id))
+        if record is None:
+            raise KeyError(f"no tensor '{tensor_id}' in this trace (tensors: {', '.join(self._by_id)})")
+        return record
+
+    def __contains__(self, tensor_id: str) -> bool:
+        return tensor_id in self._by_id or self.analysis.output_of(tensor_id) in self._by_id
+
+    def __iter__(self) -> Iterator[TensorRecord]:
+        return iter(self.records)
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def to_dict(self, values: bool = False) -> dict:
+        return {"pipeline": self.name, "dims": self.dims, "seed": self.seed,
+                "tensors": [r.to_dict(values) for r in self.records]}
+
+    def to_json(self, values: bool = False, indent: int | None = 2) -> str:
+        return json.dumps(self.to_dict(values), indent=indent, allow_nan=False)
+
+    def __str__(self) -> str:
+        return format_table(self)
+
+    def __repr__(self) -> str:
+        return f"<Trace {self.name!r}: {len(self.records)} tensors, dims {self.dims}>"
+
+    def _repr_html_(self) -> str:  # notebooks show the diagram
+        return self.diagram()._repr_image_svg_xml()
+
+    def diagram(self, collapse: list[str] | tuple[str, ...] = ()):
+        """The dataflow as a ``graphviz.Digraph`` (displays inline in Jupyter)."""
+        from .render import diagram
+
+        return diagram(self, collapse=collapse)
+
+
+def format_table(trace: Trace) -> str:
+    header = ("tensor", "op", "shape", "concrete", "stride", "contiguous", "view_of", "size")
+    rows = [header]
+    for r in trace.records:
+        rows.append((r.id, r.op, r.symbolic, "[" + ", ".join(map(str, r.shape)) + "]", str(tuple(r.stride)) if len(r.stride) != 1 else f"({r.stride[0]},)",
+                     "yes" if r.contiguous else "NO", r.view_of or "-", human_bytes(r.nbytes)))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    lines = [f"{trace.name}  dims: " + ", ".join(f"{k}={v}" for k, v in trace.dims.items())]
+    for n, row in enumerate(rows):
+        lines.append("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
+        if n == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
+        if n < 1024 or unit == "PiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} EiB"
