@@ -32,7 +32,8 @@ def build_graph(pipeline: PipelineSpec, source: SourceMap) -> StepGraph:
             declared[name] = (section, name)
             graph.add_node(name, kind=section[:-1])
     index, refs, data_inputs = {}, {}, {}
-    previous = None
+    # the first step reads the pipeline's only input unless it says otherwise
+    previous = next(iter(pipeline.inputs)) if len(pipeline.inputs) == 1 else None
     for i, step in enumerate(pipeline.steps):
         if step.id in declared:
             where = declared[step.id]
@@ -50,7 +51,7 @@ def build_graph(pipeline: PipelineSpec, source: SourceMap) -> StepGraph:
     for step_id, i in index.items():
         step = pipeline.steps[i]
         if not data_inputs[step_id]:
-            problems.append(source.error(("steps", i), "missing-input", "the first step needs 'input' or 'inputs'", step_id, prefer_key=True))
+            problems.append(source.error(("steps", i), "missing-input", "the first step needs 'input' or 'inputs' (it defaults to the pipeline's input only when there is exactly one)", step_id, prefer_key=True))
         for ref, field in _ref_fields(step, data_inputs[step_id]):
             if ref not in declared:
                 problems.append(source.error(("steps", i) + field, "unknown-ref", _unknown(ref, declared), step_id))

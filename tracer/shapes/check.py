@@ -53,6 +53,8 @@ class Analysis:
         return inner[-1][0] if inner else step_id
 
     def bindings(self) -> str:
+        if not self.dims:
+            return ""
         return "[" + ", ".join(f"{k}={v}" for k, v in self.dims.items()) + "]"
 
     def raise_errors(self) -> None:
@@ -199,7 +201,7 @@ def _infer_step(step_id: str, analysis: Analysis) -> None:
     try:
         result = step.infer(ins, ctx)
     except StepError as exc:
-        message = f"{exc.message} {analysis.bindings()}" + (f" — {exc.hint}" if exc.hint else "")
+        message = " ".join(filter(None, (exc.message, analysis.bindings()))) + (f" — {exc.hint}" if exc.hint else "")
         analysis.diagnostics.append(analysis.source.error(("steps", i) + ((exc.field,) if exc.field else ()), exc.code, message, step_id))
         return
     if isinstance(result, list):
@@ -236,7 +238,7 @@ def _check_expectations(analysis: Analysis) -> None:
             continue
         problem = expectation_problem(analysis.alg, name, meta, expected)
         if problem:
-            analysis.diagnostics.append(analysis.source.error(path, "expect", f"{problem} {analysis.bindings()}", name if name in analysis.graph.index else None, prefer_key=True))
+            analysis.diagnostics.append(analysis.source.error(path, "expect", " ".join(filter(None, (problem, analysis.bindings()))), name if name in analysis.graph.index else None, prefer_key=True))
 
 
 def expectation_problem(alg: DimAlgebra, name: str, meta: Meta, expected) -> str | None:

@@ -27,7 +27,8 @@ class Embed(StepBase):
     def infer(self, ins, ctx):
         ids, table = ins
         if ids.dtype not in ("int64", "int32"):
-            raise StepError("dtype", f"embed needs integer token ids, '{ctx.input_ids[0]}' is {ids.dtype}", "input")
+            raise StepError("dtype", f"embed needs integer token ids, '{ctx.input_ids[0]}' is {ids.dtype}", "input",
+                            hint=f"declare '{ctx.input_ids[0]}' with dtype: int64, or build it from tokens:")
         if len(table.shape) != 2:
             raise StepError("shape", f"the embedding table '{self.weight}' must be 2-d (V, D), got {show(table)}", "weight")
         return fresh(ids.shape + (table.shape[1],), table.dtype)
