@@ -62,10 +62,30 @@ class Pipeline:
             created, rng_state = self._tensors[tensor_key]
             if rng_state is not None:
                 torch.set_rng_state(rng_state)  # training dropout sees the same RNG as a fresh run
-        return run_plan(plan, created, self, seed, keep_values)
+        trace = run_plan(plan, created, self, seed, keep_values)
+        _enforce_expectations(trace)
+        return trace
 
     def __repr__(self) -> str:
         return f"<Pipeline {self.name!r} from {self.path}: {len(self.spec.steps)} steps>"
+
+
+def _enforce_expectations(trace: Trace) -> None:
+    """``expect:`` is checked statically, and again here against what torch actually produced."""
+    from .errors import ExpectationError
+
+    analysis = trace.analysis
+    problems = []
+    for name, expected in analysis.pipeline.expect.items():
+        record = trace[name]
+        shape = expected if isinstance(expected, list) else expected.shape
+        if shape is not None and tuple(analysis.alg.dim(t).value for t in shape) != record.shape:
+            problems.append(f"'{name}' ran with shape {list(record.shape)}, expected ({', '.join(map(str, shape))})")
+        contiguous = getattr(expected, "contiguous", None)
+        if contiguous is not None and contiguous != record.contiguous:
+            problems.append(f"'{name}' ran {'non-' if contiguous else ''}contiguous (stride {record.stride}), expected {'contiguous' if contiguous else 'non-contiguous'}")
+    if problems:
+        raise ExpectationError([analysis.source.error(("expect", p.split("'")[1]), "expect", p, prefer_key=True) for p in problems])
 
 
 def _dims_key(dims: Mapping[str, int] | None) -> tuple:

@@ -65,8 +65,12 @@ class Analysis:
 class RuleContext:
     """What a shape rule may use: the dim algebra and the names of its inputs."""
 
-    def __init__(self, alg: DimAlgebra, input_ids: list[str], dtype: str):
-        self.alg, self.input_ids, self.dtype = alg, input_ids, dtype
+    def __init__(self, alg: DimAlgebra, input_ids: list[str], dtype: str, step_id: str = ""):
+        self.alg, self.input_ids, self.dtype, self.step_id = alg, input_ids, dtype, step_id
+
+    def record(self, suffix: str) -> str:
+        """The id of a composite step's inner tensor, e.g. ``merged/contiguous``."""
+        return f"{self.step_id}/{suffix}"
 
     def dim(self, text, field: str):
         try:
@@ -197,7 +201,7 @@ def _infer_step(step_id: str, analysis: Analysis) -> None:
                                                           f"{step.op} takes {step.arity} input{'s' if step.arity > 1 else ''}, got {n_data}", step_id, prefer_key=True))
         return
     ins = [analysis.metas[r] for r in refs]
-    ctx = RuleContext(analysis.alg, refs, analysis.pipeline.dtype)
+    ctx = RuleContext(analysis.alg, refs, analysis.pipeline.dtype, step_id)
     try:
         result = step.infer(ins, ctx)
     except StepError as exc:

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field, StrictInt, model_validator
 
-from ..shapes.layout import fresh, view, view_strides
+from ..shapes.layout import fresh, view, view_strides, with_root
 from ..spec.base import DimText, StepBase, register
 from ._rules import StepError, norm_dim, show
 
@@ -382,7 +382,7 @@ class Merge(StepBase):
         shape[-3], shape[-2] = shape[-2], shape[-3]
         stride[-3], stride[-2] = stride[-2], stride[-3]
         transposed = view(x, tuple(shape), tuple(stride))
-        copied = transposed if transposed.contiguous else fresh(transposed.shape, x.dtype)
+        copied = transposed if transposed.contiguous else with_root(fresh(transposed.shape, x.dtype), ctx.record("contiguous"))
         merged_shape = copied.shape[:-2] + (ctx.alg.mul(copied.shape[-2], copied.shape[-1]),)
         merged = view(copied, merged_shape, view_strides(copied.sizes, copied.stride, tuple(d.value for d in merged_shape)))
         return [("transpose", "transpose", transposed), ("contiguous", "contiguous", copied), ("view", "view", merged)]

@@ -1,0 +1,107 @@
+"""tracer.testing helpers, the pytest plugin, and static shapes agreeing with torch."""
+
+import subprocess
+import sys
+
+import pytest
+
+import tracer
+from tracer.errors import ExpectationError
+from tracer.testing import assert_contiguous, assert_shape, assert_view_of
+
+from conftest import PIPELINES, ROOT
+
+CAUSAL = PIPELINES / "causal_mha.yaml"
+
+
+@pytest.fixture(scope="module")
+def mha():
+    return tracer.run(CAUSAL, dims={"T": 5})
+
+
+def test_assert_shape_symbolic_and_concrete(mha):
+    assert_shape(mha, "scores", "B H T T")
+    assert_shape(mha, "q_h", "(B, H, T, d_model // H)")
+    assert_shape(mha, "scores", (2, 2, 5, 5))
+    with pytest.raises(ExpectationError) as info:
+        assert_shape(mha, "scores", "B H T Dh")
+    message = str(info.value)
+    assert message.startswith(f"{CAUSAL}:") and "expected (B, H, T, Dh) [2, 2, 5, 2], found (B, H, T, T) [2, 2, 5, 5]" in message
+    assert "T=5" in message
+
+
+def test_assert_contiguous_and_view_of(mha):
+    assert_contiguous(mha, "q_h", False)
+    assert_contiguous(mha, "merged/contiguous", True)
+    assert_view_of(mha, "q_h", "q")
+    assert_view_of(mha, "merged/contiguous", None)
+    with pytest.raises(ExpectationError, match="expected a view of 'k', found its own storage"):
+        assert_view_of(mha, "scores", "k")
+    with pytest.raises(ExpectationError, match=r"expected a contiguous tensor, found \(B, H, T, Dh\)"):
+        assert_contiguous(mha, "k_h", True)
+
+
+def test_trace_pipeline_fixture(trace_pipeline):
+    t = trace_pipeline(CAUSAL, dims={"B": 1})
+    assert t["out"].shape == (1, 6, 4) and t["out"].tensor is not None
+
+
+def test_run_json_carries_symbolic_shape():
+    proc = subprocess.run([sys.executable, "-m", "tracer", "run", str(CAUSAL), "--json"], capture_output=True, text=True, check=True)
+    import json
+
+    tensors = {t["id"]: t for t in json.loads(proc.stdout)["tensors"]}
+    assert tensors["scores"]["symbolic_shape"] == ["B", "H", "T", "T"] and tensors["scores"]["op"] == "matmul"
+    assert not tensors["k_t"]["contiguous"] and tensors["q_heads"]["view_of"] == "q"
+    assert tensors["merged/contiguous"]["contiguous"] and tensors["merged/contiguous"]["view_of"] is None
+
+
+def test_wrong_expect_fails_check_and_pytest_plugin_with_file_and_line(tmp_path):
+    bad = tmp_path / "bad_mha.yaml"
+    text = CAUSAL.read_text().replace("scores: [B, H, T, T]", "scores: [B, T, H, T]")
+    bad.write_text(text)
+    line = next(i for i, l in enumerate(text.splitlines(), 1) if l.strip().startswith("scores: [B, T, H, T]"))
+    check = subprocess.run([sys.executable, "-m", "tracer", "check", str(bad)], capture_output=True, text=True)
+    assert check.returncode == 1 and f"{bad}:{line}:3: error[expect]" in check.stderr
+    (tmp_path / "good.yaml").write_text(CAUSAL.read_text())
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--tracer-pipelines=*.yaml", "-q"],
+                          capture_output=True, text=True, cwd=tmp_path)
+    assert proc.returncode == 1, proc.stdout
+    assert "1 failed, 1 passed" in proc.stdout and f"{bad}:{line}:3: error[expect]" in proc.stdout
+
+
+def test_plugin_collects_nothing_unless_asked(tmp_path):
+    (tmp_path / "good.yaml").write_text(CAUSAL.read_text())
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q"], capture_output=True, text=True, cwd=tmp_path)
+    assert proc.returncode == 5  # "no tests collected"
+
+
+def bundled():
+    return sorted(p for p in PIPELINES.rglob("*.yaml"))
+
+
+def dims_variants(pipeline):
+    declared = pipeline.check().dims
+    base = [name for name, text in pipeline.spec.dims.items() if isinstance(text, int)]
+    yield {}
+    yield {name: 1 for name in base}
+    yield {name: declared[name] * 2 for name in base}
+
+
+@pytest.mark.parametrize("path", bundled(), ids=lambda p: str(p.relative_to(PIPELINES)))
+def test_static_analysis_agrees_with_torch(path):
+    """Shape rules are exact: shapes, strides, contiguity and storage sharing predicted before
+    running equal what torch produces, over every bundled pipeline and several dims."""
+    pipeline = tracer.load(path)
+    checked = 0
+    for dims in dims_variants(pipeline):
+        analysis = pipeline.check(dims)
+        if analysis.errors or analysis.pipeline.inputs and any(d.values is not None or d.tokens is not None for d in analysis.pipeline.inputs.values()) and dims:
+            continue
+        trace = pipeline.run(dims=dims)
+        for record in trace.records:
+            meta = analysis.metas[record.id]
+            predicted = (meta.sizes, meta.stride, meta.contiguous, None if meta.root == record.id else meta.root)
+            assert predicted == (record.shape, record.stride, record.contiguous, record.view_of), (record.id, dims)
+        checked += 1
+    assert checked >= 1

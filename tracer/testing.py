@@ -1,0 +1,79 @@
+"""Assertions for ordinary pytest tests, in symbolic or concrete terms.
+
+>>> t = tracer.run("pipelines/causal_mha.yaml")      # doctest: +SKIP
+>>> assert_shape(t, "scores", "B H T T")              # doctest: +SKIP
+>>> assert_shape(t, "scores", (2, 2, 6, 6))           # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Mapping, Sequence
+
+import pytest
+
+from .api import load
+from .errors import Diagnostic, ExpectationError
+from .spec import dims as dimexpr
+from .trace import Trace
+
+
+def assert_shape(trace: Trace, tensor_id: str, expected: str | Sequence[int | str]) -> None:
+    """``expected`` is symbolic (``"B H T T"``, ``"B, T, d_model // H"``) bound against the run's
+    dims, or a tuple of ints."""
+    record = trace[tensor_id]
+    parts = _parts(expected)
+    try:
+        want = tuple(dimexpr.parse(p).evaluate(trace.dims) for p in parts)
+    except dimexpr.DimError as exc:
+        raise _failure(trace, tensor_id, f"cannot read the expected shape {expected!r}: {exc}") from None
+    if want != record.shape:
+        symbolic = "(" + ", ".join(map(str, parts)) + ")"
+        raise _failure(trace, tensor_id, f"expected {symbolic} {list(want)}, found {record.symbolic} {list(record.shape)} {_bindings(trace)}")
+
+
+def assert_contiguous(trace: Trace, tensor_id: str, contiguous: bool = True) -> None:
+    record = trace[tensor_id]
+    if record.contiguous != contiguous:
+        state = "contiguous" if contiguous else "non-contiguous"
+        raise _failure(trace, tensor_id, f"expected a {state} tensor, found {record.symbolic} {list(record.shape)} with stride {record.stride}")
+
+
+def assert_view_of(trace: Trace, tensor_id: str, source_id: str | None) -> None:
+    """``source_id`` is the tensor whose storage it must share; ``None`` asserts a fresh copy."""
+    record = trace[tensor_id]
+    if record.view_of != source_id:
+        want = f"a view of '{source_id}'" if source_id else "its own storage (a copy)"
+        found = f"a view of '{record.view_of}'" if record.view_of else "its own storage"
+        raise _failure(trace, tensor_id, f"expected {want}, found {found}")
+
+
+def _parts(expected) -> list:
+    """``"B H T T"`` splits on spaces, ``"(B, T, d_model // H)"`` on commas; tuples pass through."""
+    if not isinstance(expected, str):
+        return list(expected)
+    text = expected.strip("()[] ")
+    return [p.strip() for p in text.split(",")] if "," in text else text.split()
+
+
+def _bindings(trace: Trace) -> str:
+    return "[" + ", ".join(f"{k}={v}" for k, v in trace.dims.items()) + "]"
+
+
+def _failure(trace: Trace, tensor_id: str, message: str) -> ExpectationError:
+    analysis = trace.analysis
+    step = tensor_id.split("/")[0]
+    path = ("steps", analysis.graph.index[step]) if step in analysis.graph.index else (("inputs", step) if step in analysis.pipeline.inputs else ("params", step))
+    return ExpectationError(analysis.source.error(path, "assert", f"'{tensor_id}': {message}", step if step in analysis.graph.index else None, prefer_key=True))
+
+
+@pytest.fixture
+def trace_pipeline():
+    """``trace_pipeline("pipelines/causal_mha.yaml", dims={"T": 8})`` → a Trace (values kept)."""
+    def _trace(path: str | Path, dims: Mapping[str, int] | None = None, **kwargs) -> Trace:
+        kwargs.setdefault("keep_values", True)
+        return load(path).run(dims=dims, **kwargs)
+    return _trace
+
+
+__all__ = ["Diagnostic", "assert_contiguous", "assert_shape", "assert_view_of", "trace_pipeline"]
