@@ -11,7 +11,7 @@ $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
 	# torch first, pinned: on these machines 2.13.0 is a local CPU wheel; other specs download gigabytes
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m pip install -q -e '.[dev]' --config-settings editable_mode=compat  # a plain .pth: no import-hook cost at startup
 	@command -v dot >/dev/null 2>&1 || $(MAKE) --no-print-directory graphviz
 	touch $(STAMP)
 

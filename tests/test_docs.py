@@ -4,6 +4,8 @@ import re
 import subprocess
 import sys
 
+import yaml
+
 import tracer
 from tracer.docgen import format_reference, schema_text
 from tracer.spec.base import STEP_KINDS
@@ -26,6 +28,8 @@ def test_every_step_kind_has_docs_and_a_valid_example():
     for op, cls in STEP_KINDS.items():
         assert f"### `{op}`" in text and cls.__doc__ and cls.example, op
         assert re.search(rf"op: {op}\b", cls.example), op
+        for item in yaml.safe_load(cls.example):
+            cls.model_validate(item)  # the documented example is a valid step
 
 
 def test_quickstart_pipeline_runs_as_documented(tmp_path):

@@ -105,3 +105,23 @@ def test_static_analysis_agrees_with_torch(path):
             assert predicted == (record.shape, record.stride, record.contiguous, record.view_of), (record.id, dims)
         checked += 1
     assert checked >= 1
+
+
+def test_dims_that_are_only_coincidentally_equal_are_flagged(write):
+    """d_in == d_out == 3 today: x @ W_k.T would run, but is wrong as soon as d_out changes."""
+    path = write("""
+        name: coincidence
+        dims: {T: 4, d_in: 3, d_out: 3}
+        inputs:
+          x: {shape: [T, d_in], init: randn}
+        params:
+          W_q: {shape: [d_in, d_out], init: rand}
+        steps:
+          - {id: q, op: linear, input: x, weight: W_q, layout: in_out}
+          - {id: scores, op: matmul, inputs: [q, x_t]}
+          - {id: x_t, op: transpose, input: x, dims: [0, 1]}
+        outputs: [scores]
+    """)
+    warnings = [d for d in tracer.load(path).check().warnings if d.code == "dim-mismatch"]
+    assert len(warnings) == 1 and warnings[0].step == "scores"
+    assert "d_out and d_in are equal only because d_out=3 and d_in=3" in warnings[0].message

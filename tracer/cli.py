@@ -106,7 +106,7 @@ def _run(args) -> int:
     from .api import load
 
     pipeline = load(args.file) if not args.dim else _load_unchecked(args.file)
-    trace = pipeline.run(dims=dict(args.dim), seed=args.seed, keep_values=args.values or args.json and args.values, device=args.device)
+    trace = pipeline.run(dims=dict(args.dim), seed=args.seed, keep_values=args.values, device=args.device)
     for warning in trace.analysis.warnings:
         print(warning, file=sys.stderr)
     if args.json:

@@ -67,6 +67,15 @@ class RuleContext:
 
     def __init__(self, alg: DimAlgebra, input_ids: list[str], dtype: str, step_id: str = ""):
         self.alg, self.input_ids, self.dtype, self.step_id = alg, input_ids, dtype, step_id
+        self.warnings = []
+
+    warnings: list
+
+    def warn_if_different(self, a, b, what: str, field: str) -> None:
+        """jaxtyping's rule: two dims that must match should be the *same* dim, not just equal
+        today (``d_in`` and ``d_out`` both 3 hides a bug that ``--dim d_out=4`` would expose)."""
+        if a.value == b.value and not a.same_symbol(b) and a.poly.constant is None and b.poly.constant is None:
+            self.warnings.append((f"{what}: {a} and {b} are equal only because {a}={a.value} and {b}={b.value} today", field))
 
     def record(self, suffix: str) -> str:
         """The id of a composite step's inner tensor, e.g. ``merged/contiguous``."""
@@ -208,6 +217,8 @@ def _infer_step(step_id: str, analysis: Analysis) -> None:
         message = " ".join(filter(None, (exc.message, analysis.bindings()))) + (f" — {exc.hint}" if exc.hint else "")
         analysis.diagnostics.append(analysis.source.error(("steps", i) + ((exc.field,) if exc.field else ()), exc.code, message, step_id))
         return
+    for message, field in ctx.warnings:
+        analysis.diagnostics.append(analysis.source.error(("steps", i, field), "dim-mismatch", message, step_id, severity="warning"))
     if isinstance(result, list):
         inner = []
         for suffix, op, meta in result:

@@ -68,6 +68,7 @@ class Linear(StepBase):
             raise StepError("linear-width", f"weight '{self.weight}' {show(w)} read as {form} expects inputs (…, {d_in}), "
                             f"got '{ctx.input_ids[0]}' {show(x)}", "weight",
                             hint=None if self.layout == "in_out" or x.shape[-1].value != d_out.value else "the weight looks (in, out): set layout: in_out?")
+        ctx.warn_if_different(x.shape[-1], d_in, f"linear feeds '{ctx.input_ids[0]}' (…, {x.shape[-1]}) into weight '{self.weight}' expecting (…, {d_in})", "weight")
         if len(ins) > 2:
             b = ins[2]
             if [d.value for d in b.shape] != [d_out.value]:
