@@ -1,0 +1,252 @@
+"""Diagrams: what the DOT says, what Graphviz draws, how files are written, the gallery."""
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import graphviz
+import pytest
+
+import tracer
+from conftest import PIPELINES, ROOT, pipeline_text
+from tracer.errors import TracerError
+from tracer.gallery import build, gallery_name, pipeline_files
+from tracer.render import dot_source, render_file
+
+CAUSAL = PIPELINES / "causal_mha.yaml"
+SNAPSHOTS = Path(__file__).parent / "snapshots"
+needs_dot = pytest.mark.skipif(shutil.which("dot") is None, reason="Graphviz `dot` is not installed")
+EDGE = re.compile(r'^\s*("[^"]+"|\S+) -> ("[^"]+"|\S+) \[(.*)\]$')
+
+
+def causal_trace():
+    return tracer.load(CAUSAL).run(device="meta")
+
+
+def edges(dot: str) -> list[tuple[str, str, str]]:
+    return [(m[1].strip('"'), m[2].strip('"'), m[3]) for m in map(EDGE.match, dot.splitlines()) if m]
+
+
+def node_line(dot: str, node: str) -> str:
+    quoted = node if re.fullmatch(r"\w+", node) else f'"{node}"'
+    return next(line for line in dot.splitlines() if line.strip().startswith(quoted + " ["))
+
+
+def svg_texts(path: Path) -> list[str]:
+    root = ET.parse(path).getroot()  # raises on invalid XML
+    assert root.tag.endswith("svg")
+    return ["".join(t.itertext()) for t in root.iter() if t.tag.endswith("text")]
+
+
+# ------------------------------------------------------------------ DOT content
+
+
+def test_every_edge_carries_symbolic_and_concrete_shape_and_dashes_mark_non_contiguous():
+    trace = causal_trace()
+    found = edges(dot_source(trace))
+    assert found
+    for tail, head, attrs in found:
+        record = trace[re.search(r'tooltip="([^:]+):', attrs)[1]]
+        assert record.symbolic in attrs and "[" + ", ".join(map(str, record.shape)) + "]" in attrs
+        assert ("style=dashed" in attrs) == (not record.contiguous), (tail, head)
+    strided = {t for t, _, a in found if "style=dashed" in a}
+    assert {"q_h", "k_h", "v_h", "k_t", "merged/transpose"} <= strided
+
+
+def test_step_nodes_show_op_arguments_notes_sizes_and_view_or_copy():
+    dot = dot_source(causal_trace())
+    assert "mask causal, fill=-inf" in node_line(dot, "masked") and "no token may look at a later one" in node_line(dot, "masked")
+    assert "softmax dim=-1" in node_line(dot, "weights") and "576 B" in node_line(dot, "weights")
+    assert "view of q" in node_line(dot, "q_h")
+    assert "copy" in node_line(dot, "merged/contiguous") and "#fbd9a6" in node_line(dot, "merged/contiguous")
+    param = node_line(dot, "W_q")
+    assert "(d_model, d_model)" in param and "[4, 4]" in param and "init: linear" in param
+    assert "output" in node_line(dot, "output@out")
+
+
+def test_groups_are_clusters_and_the_composite_merge_shows_its_copy():
+    dot = dot_source(causal_trace())
+    for group in ("Q projection", "attention core", "merge heads"):
+        assert f"<B>{group}</B>" in dot
+    composite = dot[dot.index("subgraph cluster_step_"):]
+    assert composite.index('"merged/transpose"') < composite.index('"merged/contiguous"') < composite.index('"merged/view"')
+    assert ("merged/transpose", "merged/contiguous") in {(t, h) for t, h, _ in edges(dot)}
+
+
+def test_collapse_draws_one_node_per_group_with_input_to_output_shapes():
+    dot = dot_source(causal_trace(), collapse=["attention core", "Q projection"])
+    collapsed = [line for line in dot.splitlines() if "steps collapsed" in line]
+    assert len(collapsed) == 2
+    core = next(line for line in collapsed if "attention core" in line)
+    assert "(B, H, T, Dh), (B, H, T, Dh), (B, H, T, Dh) → (B, H, T, Dh)" in core
+    assert "[2, 2, 6, 2], [2, 2, 6, 2], [2, 2, 6, 2] → [2, 2, 6, 2]" in core
+    names = {n for t, h, _ in edges(dot) for n in (t, h)}
+    assert not names & {"scores", "masked", "weights", "q", "q_heads"}
+    assert ("x", "group@0") in {(t, h) for t, h, _ in edges(dot)}  # the Q projection reads x once
+
+
+def test_collapse_of_an_unknown_group_names_the_groups():
+    with pytest.raises(TracerError) as info:
+        dot_source(causal_trace(), collapse=["attention"])
+    assert info.value.code == "unknown-group" and "'attention core'" in str(info.value)
+
+
+def legend(dot: str) -> str:
+    return node_line(dot, "legend")
+
+
+def test_legend_lists_only_marks_the_diagram_uses():
+    full = legend(dot_source(causal_trace()))
+    for text in ("non-contiguous", "view: shares storage", "copy:", "composite step", "group of steps", "input tensor"):
+        assert text in full
+    assert "dtype" not in full and "collapsed group" not in full
+    plain = tracer.loads(pipeline_text("- {id: y, op: softmax, input: x, dim: -1}", inputs="x: {shape: [2, 3], init: randn}"))
+    small = legend(dot_source(plain.run(device="meta")))
+    assert "step: id" in small and "contiguous tensor" in small
+    for text in ("non-contiguous", "view:", "copy:", "composite", "group", "parameter", "dtype"):
+        assert text not in small
+    ints = tracer.loads(pipeline_text("- {id: y, op: transpose, input: x, dims: [0, 1]}", inputs="x: {shape: [2, 3], values: [[1, 2, 3], [4, 5, 6]], dtype: int64}"))
+    dot = dot_source(ints.run(device="meta"))
+    assert "dtype, when not float32" in legend(dot) and "<B>int64</B>" in dot
+
+
+def test_labels_are_escaped_and_odd_ids_stay_valid_dot(tmp_path):
+    text = pipeline_text('- {id: node, op: softmax, input: x, dim: -1, group: "a:b \\"c\\" <d>", note: "<b>&amp; \\\\l"}',
+                         inputs="x: {shape: [2], init: randn}")
+    trace = tracer.loads(text).run(device="meta")
+    dot = dot_source(trace)
+    assert "&lt;b&gt;&amp;amp;" in dot and "&quot;c&quot; &lt;d&gt;" in dot
+    if shutil.which("dot"):
+        subprocess.run(["dot", "-Tsvg"], input=dot, text=True, check=True, capture_output=True)
+        collapsed = dot_source(trace, collapse=['a:b "c" <d>'])
+        subprocess.run(["dot", "-Tsvg"], input=collapsed, text=True, check=True, capture_output=True)
+
+
+def test_dot_is_deterministic_and_independent_of_device():
+    first = dot_source(tracer.load(CAUSAL).run(device="meta"))
+    assert dot_source(tracer.load(CAUSAL).run(device="meta")) == first
+    assert dot_source(tracer.load(CAUSAL).run(device="cpu", seed=1)) == first
+
+
+def test_diagram_is_a_digraph_for_notebooks():
+    graph = causal_trace().diagram()
+    assert isinstance(graph, graphviz.Digraph) and hasattr(graph, "_repr_mimebundle_")
+
+
+def bundled() -> list[Path]:
+    return pipeline_files(PIPELINES)
+
+
+@pytest.mark.parametrize("path", bundled(), ids=lambda p: gallery_name(p, PIPELINES))
+def test_dot_snapshot(path):
+    """TRACER_UPDATE_SNAPSHOTS=1 rewrites tests/snapshots/ after an intended change."""
+    try:
+        pipeline = tracer.load(path)
+    except TracerError as exc:
+        pytest.skip(f"does not load (an error example?): {exc.code}")
+    dot = dot_source(pipeline.run(device="meta"))
+    snapshot = SNAPSHOTS / f"{gallery_name(path, PIPELINES)}.dot"
+    if os.environ.get("TRACER_UPDATE_SNAPSHOTS") == "1":
+        SNAPSHOTS.mkdir(exist_ok=True)
+        snapshot.write_text(dot)
+    assert snapshot.exists(), f"no snapshot {snapshot}; create it with TRACER_UPDATE_SNAPSHOTS=1 pytest {__file__}"
+    assert dot == snapshot.read_text(), f"{snapshot} is out of date; if the change is intended, rerun with TRACER_UPDATE_SNAPSHOTS=1"
+
+
+# ------------------------------------------------------------------ files and the CLI
+
+
+@needs_dot
+def test_cli_render_svg_is_valid_and_shows_both_shapes_and_dashes(tmp_path, capsys):
+    from tracer.cli import main
+
+    out = tmp_path / "m.svg"
+    assert main(["render", str(CAUSAL), "-o", str(out)]) == 0
+    assert f"wrote {out}" in capsys.readouterr().out
+    texts = svg_texts(out)
+    assert "(B, H, T, T)" in texts
+    assert any(re.fullmatch(r"\[\d+, \d+, \d+, \d+\]", t) for t in texts)
+    root = ET.parse(out).getroot()
+    dashed = [g for g in root.iter() if g.get("class") == "edge" and any(p.get("stroke-dasharray") for p in g.iter())]
+    assert len(dashed) == 5
+    assert (tmp_path / "m.dot").exists()  # the DOT is always written too
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.dot", "m.svg"]
+
+
+@needs_dot
+@pytest.mark.parametrize("suffix, magic", [(".png", b"\x89PNG"), (".pdf", b"%PDF")])
+def test_format_comes_from_the_suffix(tmp_path, suffix, magic):
+    out = render_file(str(CAUSAL), tmp_path / f"m{suffix}", dims={"T": 3}, collapse=["attention core"])
+    assert out.read_bytes().startswith(magic)
+
+
+def test_unknown_suffix_is_a_clear_error(tmp_path):
+    with pytest.raises(TracerError) as info:
+        render_file(str(CAUSAL), tmp_path / "m.jpeg")
+    assert info.value.code == "output-format" and ".svg" in str(info.value)
+    assert list(tmp_path.iterdir()) == []
+
+
+def cli(args, path_env, cwd):
+    env = dict(os.environ, PATH=path_env)
+    return subprocess.run([sys.executable, "-m", "tracer", *args], env=env, cwd=cwd, capture_output=True, text=True)
+
+
+def test_without_graphviz_dot_works_and_svg_fails_cleanly(tmp_path):
+    no_dot = os.pathsep.join(p for p in os.environ.get("PATH", "").split(os.pathsep) if p and not (Path(p) / "dot").exists())
+    done = cli(["render", str(CAUSAL), "-o", "m.dot"], no_dot, tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "m.dot").read_text().startswith("digraph causal_mha {")
+    done = cli(["render", str(CAUSAL), "-o", "g.svg"], no_dot, tmp_path)
+    assert done.returncode == 1
+    assert "no-renderer" in done.stderr and "g.dot" in done.stderr and "install graphviz" in done.stderr.lower()
+    assert "Traceback" not in done.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["g.dot", "m.dot"]
+
+
+def test_a_failing_renderer_leaves_no_partial_or_temporary_file(tmp_path, monkeypatch):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "dot"  # writes half a file to -o, then fails
+    fake.write_text('#!/bin/sh\nfor a; do out="$a"; done\necho "<svg" > "$out"\necho "Error: syntax error" >&2\nexit 1\n')
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", str(bin_dir))
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    (out_dir / "m.svg").write_text("old picture")
+    with pytest.raises(TracerError) as info:
+        render_file(str(CAUSAL), out_dir / "m.svg")
+    assert info.value.code == "render-failed" and "syntax error" in str(info.value)
+    assert sorted(p.name for p in out_dir.iterdir()) == ["m.dot", "m.svg"]
+    assert (out_dir / "m.svg").read_text() == "old picture"
+
+
+# ------------------------------------------------------------------ gallery
+
+
+@needs_dot
+def test_gallery_renders_every_pipeline_skips_broken_ones_and_is_stable(tmp_path, capsys):
+    src = tmp_path / "pipelines"
+    (src / "seeds").mkdir(parents=True)
+    shutil.copy(CAUSAL, src / "seeds" / "mha.yaml")
+    (src / "broken.yaml").write_text("name: broken\nsteps: []\n")
+    out = tmp_path / "gallery"
+    assert build(src, out) == 1
+    assert "skipped" in capsys.readouterr().err
+    assert sorted(p.name for p in out.iterdir()) == ["README.md", "seeds__mha.svg"]
+    assert "(seeds__mha.svg)" in (out / "README.md").read_text()
+    assert "(B, H, T, T)" in svg_texts(out / "seeds__mha.svg")
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    build(src, out)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+
+
+def test_committed_gallery_links_only_existing_pictures():
+    gallery = ROOT / "docs" / "gallery"
+    links = re.findall(r"\]\(([^)]+\.svg)\)", (gallery / "README.md").read_text())
+    assert "causal_mha.svg" in links
+    assert all((gallery / link).exists() for link in links)

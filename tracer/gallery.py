@@ -1,0 +1,91 @@
+"""``python -m tracer.gallery PIPELINES OUT``: every pipeline's diagram as SVG, plus a README.
+
+Output is deterministic (sorted files, DOT that depends only on the pipeline), so re-running it
+leaves committed files unchanged. A file that fails to load or run is reported and skipped.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from .errors import TracerError
+from .render import dot_source, render_dot, write_atomic
+
+HEADER = """# Gallery
+
+Every pipeline in `pipelines/`, drawn by `tracer render` (regenerate with `make demo`).
+How to read the marks: [reading a diagram](../reading-diagrams.md).
+
+"""
+
+
+def pipeline_files(root: Path) -> list[Path]:
+    return sorted(p for p in root.rglob("*") if p.suffix in (".yaml", ".yml") and p.is_file())
+
+
+def gallery_name(path: Path, root: Path) -> str:
+    """Subfolders become name prefixes: ``seeds/000_x.yaml`` -> ``seeds__000_x``."""
+    return "__".join(path.relative_to(root).with_suffix("").parts)
+
+
+def render_one(path: Path, svg: Path) -> str:
+    """Render one pipeline to ``svg``; returns its one-line description."""
+    from .api import Pipeline
+    from .spec.load import load_spec
+
+    pipeline = Pipeline(*load_spec(path))
+    pipeline.check().raise_errors()
+    trace = _run(pipeline)
+    dot = svg.with_suffix(".dot")
+    write_atomic(dot, dot_source(trace).encode())
+    try:
+        render_dot(dot, svg, "svg", pipeline.path)
+    finally:
+        dot.unlink(missing_ok=True)  # the gallery keeps only the pictures
+    return (pipeline.spec.description or pipeline.name).strip().splitlines()[0]
+
+
+def _run(pipeline):
+    # The meta device gives exact shapes, strides and views without memory; a step whose
+    # kernel the meta device cannot run falls back to the CPU.
+    try:
+        return pipeline.run(device="meta")
+    except TracerError:
+        raise
+    except Exception:
+        return pipeline.run(device="cpu")
+
+
+def build(root: Path, out: Path) -> int:
+    out.mkdir(parents=True, exist_ok=True)
+    lines, failed = [], 0
+    for path in pipeline_files(root):
+        name = gallery_name(path, root)
+        try:
+            about = render_one(path, out / f"{name}.svg")
+        except TracerError as exc:
+            print(f"skipped {path}:\n{exc}", file=sys.stderr)
+            failed += 1
+            continue
+        print(f"wrote {out / name}.svg")
+        lines.append(f"- **{path.relative_to(root).as_posix()}** — {about}\n\n  ![{name}]({name}.svg)\n")
+    write_atomic(out / "README.md", (HEADER + "\n".join(lines)).encode())
+    drawn = {f"{gallery_name(p, root)}.svg" for p in pipeline_files(root)}
+    for stale in out.glob("*.svg"):  # pictures of pipelines that were removed or renamed
+        if stale.name not in drawn:
+            stale.unlink()
+    return failed
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 2:
+        print("usage: python -m tracer.gallery PIPELINES_DIR OUT_DIR", file=sys.stderr)
+        return 2
+    build(Path(args[0]), Path(args[1]))
+    return 0  # skipped files are reported, not fatal: others may be mid-edit
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,463 @@
+"""Graphviz dataflow diagrams: both shapes on every edge, memory-layout marks, groups, a legend.
+
+``diagram(trace)`` builds a ``graphviz.Digraph`` from a finished trace; ``render_file`` writes it
+as DOT and, unless DOT was asked for, runs the system ``dot`` on it. The DOT text is a pure
+function of the trace's records and the pipeline spec (no paths, devices or times), so it can
+be snapshot-tested.
+"""
+
+from __future__ import annotations
+
+import html
+import os
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+from .errors import Diagnostic, TracerError
+from .trace import TensorRecord, Trace, human_bytes
+
+FORMATS = ("svg", "png", "pdf", "dot")
+FONT = "Helvetica"
+# Layout ops whose freshly allocated output is a copy of their input's data (the memory cost
+# users look for), as opposed to compute ops whose output is new data anyway.
+COPY_OPS = frozenset({"contiguous", "reshape", "repeat", "cat", "stack"})
+
+INK = "#333333"
+MUTED = "#666666"
+STRIDED = "#c0392b"  # non-contiguous edges: the second colour
+STYLES = {  # node kind -> Graphviz attributes
+    "input": {"shape": "box", "style": "rounded,filled,bold", "fillcolor": "#d5ecd4", "color": "#3b7d3a"},
+    "param": {"shape": "box", "style": "filled", "fillcolor": "#eeeeee", "color": "#999999", "fontsize": "10"},
+    "output": {"shape": "box", "style": "rounded,filled,bold", "fillcolor": "#e6dcf2", "color": "#6a4c93", "peripheries": "2"},
+    "step": {"shape": "box", "style": "rounded,filled", "fillcolor": "#ffffff", "color": INK},
+    "view": {"shape": "box", "style": "rounded,filled", "fillcolor": "#dde9f7", "color": "#3f6fb5"},
+    "copy": {"shape": "box", "style": "rounded,filled,bold", "fillcolor": "#fbd9a6", "color": "#c77700"},
+    "collapsed": {"shape": "box3d", "style": "filled", "fillcolor": "#f4f1e0", "color": INK},
+}
+CLUSTER_GROUP = {"style": "rounded,filled", "fillcolor": "#f7f7f7", "color": "#bbbbbb", "fontcolor": MUTED}
+CLUSTER_COMPOSITE = {"style": "rounded,dashed", "color": "#c77700", "fillcolor": "#fff6e8", "fontcolor": "#c77700"}
+LEGEND = (  # mark -> (sample shown in the legend, explanation); only used marks are listed
+    ("input", "x", "input tensor"),
+    ("param", "W", "parameter (shape, init)"),
+    ("step", "id", "step: id, op and key arguments, new tensor's size"),
+    ("view", "id", "view: shares storage with its source, no new memory"),
+    ("copy", "id", "copy: layout op that allocates and copies data"),
+    ("composite", "merge", "composite step: its inner ops"),
+    ("collapsed", "group", "collapsed group: input → output shapes"),
+    ("output", "out", "pipeline output"),
+    ("group", "group", "group of steps"),
+    ("contiguous", "(B, T)  [2, 6]", "contiguous tensor: symbolic and concrete shape"),
+    ("strided", "(B, T)  [2, 6]", "non-contiguous tensor (strided view)"),
+    ("dtype", "int64", "dtype, when not float32"),
+)
+
+
+def diagram(trace: Trace, collapse: Iterable[str] = ()):
+    """The trace's dataflow as a ``graphviz.Digraph`` (displays inline in Jupyter)."""
+    return _Builder(trace, tuple(collapse)).build()
+
+
+def dot_source(trace: Trace, collapse: Iterable[str] = ()) -> str:
+    return diagram(trace, collapse).source
+
+
+# ---------------------------------------------------------------- building the graph
+
+
+@dataclass
+class _Edge:
+    tail: str
+    head: str
+    record: TensorRecord
+    extra: dict = field(default_factory=dict)
+
+
+class _Builder:
+    def __init__(self, trace: Trace, collapse: tuple[str, ...]):
+        self.trace, self.analysis = trace, trace.analysis
+        self.records = {r.id: r for r in trace.records}
+        self.steps = {s.id: s for s in self.analysis.pipeline.steps}
+        self.group_of = {s: self.steps[s].group for s in self.analysis.graph.order if self.steps[s].group}
+        self.collapsed = self._checked_collapse(collapse)
+        self.marks: set[str] = set()
+
+    def _checked_collapse(self, collapse: tuple[str, ...]) -> list[str]:
+        self.groups = groups = list(dict.fromkeys(self.group_of.values()))
+        unknown = [g for g in collapse if g not in groups]
+        if unknown:
+            known = ", ".join(f"'{g}'" for g in groups) or "none"
+            raise TracerError(Diagnostic(self.analysis.source.file, None, "unknown-group",
+                                         f"--collapse {unknown[0]!r}: no step has that group (groups: {known})"))
+        return list(dict.fromkeys(collapse))
+
+    def build(self):
+        import graphviz
+
+        graph = graphviz.Digraph(self.trace.name, graph_attr=_graph_attrs(self.trace),
+                                 node_attr={"fontname": FONT, "fontsize": "11", "margin": "0.12,0.06"},
+                                 edge_attr={"fontname": FONT, "fontsize": "9", "color": INK, "arrowsize": "0.7"})
+        edges = self._edges()
+        self._declared_nodes(graph)
+        self._step_nodes(graph)
+        self._output_nodes(graph)
+        for edge in edges:
+            self._draw_edge(graph, edge)
+        self._legend(graph)
+        return graph
+
+    # where a tensor's arrows start and end, given composites and collapsed groups
+
+    def _collapsed_group(self, tensor_id: str) -> str | None:
+        group = self.group_of.get(tensor_id)
+        return group if group in self.collapsed else None
+
+    def _group_node(self, group: str) -> str:
+        return f"group@{self.groups.index(group)}"  # group names are free text: index them
+
+    def _tail(self, tensor_id: str) -> str:
+        group = self._collapsed_group(tensor_id)
+        return self._group_node(group) if group else self.analysis.output_of(tensor_id)
+
+    def _head(self, step_id: str) -> str:
+        group = self._collapsed_group(step_id)
+        if group:
+            return self._group_node(group)
+        inner = self.analysis.inner.get(step_id)
+        return inner[0][0] if inner else step_id
+
+    def _edges(self) -> list[_Edge]:
+        edges, seen = [], set()
+        for step_id in self.analysis.graph.order:
+            for ref in self.analysis.graph.refs[step_id]:
+                edge = _Edge(self._tail(ref), self._head(step_id), self.records[self.analysis.output_of(ref)])
+                key = (edge.tail, edge.head, edge.record.id)
+                if edge.tail == edge.head:
+                    continue  # both ends inside one collapsed group
+                if key in seen and "group@" in edge.tail + edge.head:
+                    continue  # a collapsed group reads each outside tensor once
+                seen.add(key)
+                edges.append(edge)
+            edges += self._inner_edges(step_id)
+        for name in self.analysis.outputs:
+            edges.append(_Edge(self._tail(name), _output_node(name), self.records[self.analysis.output_of(name)]))
+        return edges
+
+    def _inner_edges(self, step_id: str) -> list[_Edge]:
+        inner = self.analysis.inner.get(step_id) or []
+        if self._collapsed_group(step_id):
+            return []
+        return [_Edge(a, b, self.records[a]) for (a, _), (b, _) in zip(inner, inner[1:])]
+
+    # nodes
+
+    def _declared_nodes(self, graph) -> None:
+        """Inputs at the top; a param used by one group only sits inside that group's cluster."""
+        pipeline = self.analysis.pipeline
+        for record in self.trace.records:
+            if record.op == "input":
+                self.marks.add("input")
+                graph.node(record.id, _declared_label(record, pipeline.inputs[record.id], "input"), tooltip=_tooltip(record), **STYLES["input"])
+
+    def _param_home(self, name: str) -> str | None:
+        users = [s for s in self.analysis.graph.graph.successors(name) if s in self.steps]
+        groups = {self.group_of.get(s) for s in users}
+        return groups.pop() if len(groups) == 1 else None
+
+    def _param_node(self, graph, name: str) -> None:
+        self.marks.add("param")
+        record = self.records[name]
+        graph.node(name, _declared_label(record, self.analysis.pipeline.params[name], "param"), tooltip=_tooltip(record), **STYLES["param"])
+
+    def _step_nodes(self, graph) -> None:
+        params = [r.id for r in self.trace.records if r.op == "param"]
+        homes = {p: self._param_home(p) for p in params}
+        for p in params:
+            if homes[p] is None or homes[p] in self.collapsed:
+                self._param_node(graph, p)
+        clusters: dict[str, list[str]] = {}
+        for step_id in self.analysis.graph.order:
+            clusters.setdefault(self.group_of.get(step_id), []).append(step_id)
+        for n, (group, step_ids) in enumerate(clusters.items()):
+            if group is None:
+                for step_id in step_ids:
+                    self._step_node(graph, step_id)
+            elif group in self.collapsed:
+                self._collapsed_node(graph, group, step_ids)
+            else:
+                self.marks.add("group")
+                with graph.subgraph(name=f"cluster_group_{n}") as sub:
+                    sub.attr(label=_html(f"<B>{_esc(group)}</B>"), fontname=FONT, fontsize="12", labeljust="l", **CLUSTER_GROUP)
+                    for p in params:
+                        if homes[p] == group:
+                            self._param_node(sub, p)
+                    for step_id in step_ids:
+                        self._step_node(sub, step_id)
+
+    def _step_node(self, graph, step_id: str) -> None:
+        step = self.steps[step_id]
+        inner = self.analysis.inner.get(step_id)
+        if not inner:
+            record = self.records[step_id]
+            kind = _storage_kind(record)
+            self.marks.add(kind)
+            graph.node(step_id, _step_label(step_id, step.op, step.args(), record, kind, step.note), tooltip=_tooltip(record), **STYLES[kind])
+            return
+        self.marks.add("composite")
+        with graph.subgraph(name=f"cluster_step_{self.analysis.graph.index[step_id]}") as sub:
+            title = f"<B>{_esc(step_id)}</B> · {_esc(_op_text(step.op, step.args()))}"
+            if step.note:
+                title += f'<BR/><FONT POINT-SIZE="9"><I>{_esc(step.note)}</I></FONT>'
+            sub.attr(label=_html(title), fontname=FONT, fontsize="11", labeljust="l", **CLUSTER_COMPOSITE)
+            for rid, op in inner:
+                record = self.records[rid]
+                kind = _storage_kind(record)
+                self.marks.add(kind)
+                sub.node(rid, _step_label(rid.split("/", 1)[1], op, [], record, kind, None, small=True), tooltip=_tooltip(record), **STYLES[kind])
+
+    def _collapsed_node(self, graph, group: str, step_ids: list[str]) -> None:
+        self.marks.add("collapsed")
+        inside = set(step_ids)
+        ins = [self.records[self.analysis.output_of(ref)] for s in step_ids for ref in self.analysis.graph.data_inputs[s] if ref not in inside]
+        outs = [self.records[self.analysis.output_of(s)] for s in step_ids if self._used_outside(s, inside)]
+        lines = [f"<B>{_esc(group)}</B>",
+                 f'<FONT COLOR="{MUTED}">{len(step_ids)} step{"s" if len(step_ids) != 1 else ""} collapsed</FONT>',
+                 _esc(_shapes(_unique(ins), "symbolic") + " → " + _shapes(_unique(outs), "symbolic")),
+                 f'<FONT POINT-SIZE="9" COLOR="{MUTED}">{_esc(_shapes(_unique(ins), "concrete") + " → " + _shapes(_unique(outs), "concrete"))}</FONT>']
+        graph.node(self._group_node(group), _rows(lines), **STYLES["collapsed"])
+
+    def _used_outside(self, step_id: str, inside: set[str]) -> bool:
+        users = set(self.analysis.graph.graph.successors(step_id))
+        return bool(users - inside) or step_id in self.analysis.outputs
+
+    def _output_nodes(self, graph) -> None:
+        for name in self.analysis.outputs:
+            self.marks.add("output")
+            graph.node(_output_node(name), _rows([f"<B>{_esc(name)}</B>", f'<FONT POINT-SIZE="9" COLOR="{MUTED}">output</FONT>']), **STYLES["output"])
+
+    # edges
+
+    def _draw_edge(self, graph, edge: _Edge) -> None:
+        record = edge.record
+        attrs = {"label": _shape_label(record), "tooltip": _tooltip(record)}
+        if not record.contiguous:
+            self.marks.add("strided")
+            attrs.update(style="dashed", color=STRIDED, fontcolor=STRIDED, penwidth="1.4")
+        else:
+            self.marks.add("contiguous")
+            if record.op == "param":  # the param's node shows this shape already: recede
+                attrs.update(color="#999999", fontcolor="#777777")
+        if record.dtype != "float32":
+            self.marks.add("dtype")
+        graph.edge(edge.tail, edge.head, **attrs)
+
+    def _legend(self, graph) -> None:
+        rows = [_legend_row(mark, sample, text) for mark, sample, text in LEGEND if mark in self.marks]
+        table = ('<TABLE BORDER="0" CELLBORDER="0" CELLSPACING="2" CELLPADDING="3">'
+                 '<TR><TD COLSPAN="2" ALIGN="LEFT"><B>legend</B></TD></TR>' + "".join(rows) + "</TABLE>")
+        with graph.subgraph(name="legend_rank") as sub:
+            sub.attr(rank="sink")
+            sub.node("legend", _html(table), shape="box", style="rounded", color="#bbbbbb", fontsize="9", margin="0.05")
+
+
+def _graph_attrs(trace: Trace) -> dict[str, str]:
+    dims = ", ".join(f"{k}={v}" for k, v in trace.dims.items())
+    title = f'<FONT POINT-SIZE="15"><B>{_esc(trace.name)}</B></FONT>' + (f'<BR/><FONT POINT-SIZE="10" COLOR="{MUTED}">{_esc(dims)}</FONT>' if dims else "")
+    return {"rankdir": "TB", "label": _html(title), "labelloc": "t", "fontname": FONT, "nodesep": "0.35", "ranksep": "0.45",
+            "newrank": "true", "bgcolor": "white", "pad": "0.2"}
+
+
+# '@' cannot occur in a tensor id, and unlike ':' DOT does not read it as a port separator.
+def _output_node(name: str) -> str:
+    return f"output@{name}"
+
+
+def _storage_kind(record: TensorRecord) -> str:
+    if record.view_of is not None:
+        return "view"
+    return "copy" if record.op in COPY_OPS else "step"
+
+
+# ---------------------------------------------------------------- labels
+
+
+def _esc(text: Any) -> str:
+    # HTML labels: escape markup, and keep newlines of notes as line breaks
+    return html.escape(str(text), quote=True).replace("\n", "<BR/>")
+
+
+def _html(body: str) -> str:
+    return f"<{body}>"
+
+
+def _rows(lines: list[str], padding: int = 1) -> str:
+    # One table row per line: <BR/> spacing lets an underscore ('d_model') touch the line below,
+    # and the padding keeps edge lines off a label's first character.
+    cells = "".join(f"<TR><TD>{line}</TD></TR>" for line in lines)
+    return _html(f'<TABLE BORDER="0" CELLBORDER="0" CELLSPACING="0" CELLPADDING="{padding}">{cells}</TABLE>')
+
+
+def _op_text(op: str, args: list[str]) -> str:
+    return op + (" " + ", ".join(args) if args else "")
+
+
+def _step_label(name: str, op: str, args: list[str], record: TensorRecord, kind: str, note: str | None, small: bool = False) -> str:
+    size = "10" if small else "12"
+    lines = [f'<FONT POINT-SIZE="{size}"><B>{_esc(name)}</B></FONT>']
+    if _op_text(op, args) != name:  # a composite's inner tensors are named after their op
+        lines.append(f'<FONT COLOR="{MUTED}">{_esc(_op_text(op, args))}</FONT>')
+    if kind == "view":
+        lines.append(f'<FONT POINT-SIZE="9" COLOR="#3f6fb5">view of {_esc(record.view_of)}</FONT>')
+    elif kind == "copy":
+        lines.append(f'<FONT POINT-SIZE="9" COLOR="#a05f00"><B>copy</B> · {human_bytes(record.nbytes)}</FONT>')
+    else:
+        lines.append(f'<FONT POINT-SIZE="9" COLOR="{MUTED}">{human_bytes(record.nbytes)}</FONT>')
+    if note:
+        lines.append(f'<FONT POINT-SIZE="9" COLOR="#555555"><I>{_esc(note)}</I></FONT>')
+    return _rows(lines)
+
+
+def _declared_label(record: TensorRecord, decl, kind: str) -> str:
+    source = f"init: {decl.init}" if decl.init else ("tokens" if decl.tokens is not None else "values")
+    lines = [f"<B>{_esc(record.id)}</B>"]
+    if kind == "param":
+        lines.append(f"{_esc(record.symbolic)}  {_concrete(record)}")
+    lines.append(f'<FONT POINT-SIZE="9" COLOR="{MUTED}">{_esc(kind + " · " + source)} · {human_bytes(record.nbytes)}</FONT>')
+    if decl.note:
+        lines.append(f'<FONT POINT-SIZE="9" COLOR="#555555"><I>{_esc(decl.note)}</I></FONT>')
+    return _rows(lines)
+
+
+def _concrete(record: TensorRecord) -> str:
+    return "[" + ", ".join(map(str, record.shape)) + "]"
+
+
+def _shape_label(record: TensorRecord) -> str:
+    lines = [_esc(record.symbolic), f'<FONT POINT-SIZE="8">{_concrete(record)}</FONT>']
+    if record.dtype != "float32":
+        lines.append(f'<FONT POINT-SIZE="8"><B>{_esc(record.dtype)}</B></FONT>')
+    return _rows(lines, padding=2)
+
+
+def _tooltip(record: TensorRecord) -> str:
+    layout = "contiguous" if record.contiguous else "non-contiguous"
+    parts = [f"{record.id}: {record.symbolic} {_concrete(record)} {record.dtype}", f"stride {tuple(record.stride)}, offset {record.storage_offset}, {layout}"]
+    if record.view_of:
+        parts.append(f"view of {record.view_of}")
+    return "; ".join(parts)
+
+
+def _unique(records: list[TensorRecord]) -> list[TensorRecord]:
+    return list({r.id: r for r in records}.values())
+
+
+def _shapes(records: list[TensorRecord], which: str) -> str:
+    texts = [r.symbolic if which == "symbolic" else _concrete(r) for r in records]
+    return ", ".join(texts) or "∅"
+
+
+def _legend_row(mark: str, sample: str, text: str) -> str:
+    if mark in STYLES:
+        style = STYLES[mark]
+        cell = f'<TD BGCOLOR="{style["fillcolor"]}" BORDER="1" COLOR="{style["color"]}" STYLE="rounded">{_esc(sample)}</TD>'
+    elif mark == "group":
+        cell = f'<TD BGCOLOR="{CLUSTER_GROUP["fillcolor"]}" BORDER="1" COLOR="{CLUSTER_GROUP["color"]}" STYLE="rounded">{_esc(sample)}</TD>'
+    elif mark == "composite":
+        cell = f'<TD BGCOLOR="{CLUSTER_COMPOSITE["fillcolor"]}" BORDER="1" COLOR="{CLUSTER_COMPOSITE["color"]}" STYLE="rounded">{_esc(sample)}</TD>'
+    elif mark == "strided":
+        cell = f'<TD><FONT COLOR="{STRIDED}">- - -▶ {_esc(sample)}</FONT></TD>'
+    elif mark == "contiguous":
+        cell = f"<TD>───▶ {_esc(sample)}</TD>"
+    else:
+        cell = f"<TD><B>{_esc(sample)}</B></TD>"
+    return f'<TR>{cell}<TD ALIGN="LEFT">{_esc(text)}</TD></TR>'
+
+
+# ---------------------------------------------------------------- files
+
+
+def render_file(pipeline: Any, output: str | Path, dims: Mapping[str, int] | None = None, collapse: Iterable[str] = (),
+                device: str = "meta", seed: int | None = None) -> Path:
+    """Run ``pipeline`` and write its diagram to ``output`` (format from the suffix); returns the path written.
+
+    The DOT file is written first, next to ``output``; a missing Graphviz then fails with a
+    message naming it. Every file appears atomically: a failure leaves no partial output.
+    """
+    pipeline = _as_pipeline(pipeline)
+    output = Path(output)
+    if not output.suffix:
+        output = output.with_suffix(".svg")
+    fmt = output.suffix[1:].lower()
+    if fmt not in FORMATS:
+        raise TracerError(Diagnostic(str(output), None, "output-format", f"cannot write '{output.suffix}': use one of " + ", ".join("." + f for f in FORMATS)))
+    trace = pipeline.run(dims=dims, device=device, seed=seed)
+    source = dot_source(trace, collapse)
+    dot_path = output if fmt == "dot" else output.with_suffix(".dot")
+    write_atomic(dot_path, source.encode())
+    if fmt != "dot":
+        render_dot(dot_path, output, fmt, pipeline.path)
+    return output
+
+
+def _as_pipeline(pipeline: Any):
+    if isinstance(pipeline, (str, Path)):
+        from .api import Pipeline
+        from .spec.load import load_spec
+
+        return Pipeline(*load_spec(pipeline))
+    return pipeline
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with _temporary(path) as tmp:
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+
+
+class _temporary:
+    """A temporary name beside ``path`` (same filesystem, so os.replace is atomic), removed on failure."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def __enter__(self) -> Path:
+        fd, name = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".tmp", dir=self.path.parent)
+        os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes 0600; the result should look like any new file
+        os.close(fd)
+        self.tmp = Path(name)
+        return self.tmp
+
+    def __exit__(self, *exc) -> None:
+        self.tmp.unlink(missing_ok=True)
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def render_dot(dot_path: Path, output: Path, fmt: str, pipeline_file: str) -> None:
+    """Run Graphviz's ``dot`` on a written DOT file; errors name the DOT file and how to get Graphviz."""
+    exe = shutil.which("dot")
+    if exe is None:
+        raise _no_renderer(pipeline_file, dot_path, output, fmt, "Graphviz's `dot` is not on PATH")
+    output.parent.mkdir(parents=True, exist_ok=True)
+    with _temporary(output) as tmp:
+        done = subprocess.run([exe, f"-T{fmt}", str(dot_path), "-o", str(tmp)], capture_output=True, text=True)
+        if done.returncode != 0 and "not recognized" in done.stderr:
+            raise _no_renderer(pipeline_file, dot_path, output, fmt, f"this Graphviz cannot write {fmt} ({done.stderr.strip().splitlines()[0]})")
+        if done.returncode != 0:
+            raise TracerError(Diagnostic(pipeline_file, None, "render-failed", f"wrote {dot_path}, but `dot -T{fmt}` failed: {done.stderr.strip()}"))
+        os.replace(tmp, output)
+
+
+def _no_renderer(pipeline_file: str, dot_path: Path, output: Path, fmt: str, why: str) -> TracerError:
+    message = (f"wrote {dot_path}, but cannot render {output}: {why}. Install Graphviz (Debian/Ubuntu: apt-get install graphviz; "
+               f"macOS: brew install graphviz; conda: conda install -c conda-forge graphviz), then run "
+               f"`dot -T{fmt} {dot_path} -o {output}`, or ask for `-o {dot_path.name}` to get DOT only")
+    return TracerError(Diagnostic(pipeline_file, None, "no-renderer", message))
