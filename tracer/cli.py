@@ -107,7 +107,9 @@ def _run(args) -> int:
 
     pipeline = load(args.file) if not args.dim else _load_unchecked(args.file)
     trace = pipeline.run(dims=dict(args.dim), seed=args.seed, keep_values=args.values, device=args.device)
-    for warning in trace.analysis.warnings:
+    from .lints import runtime_warnings
+
+    for warning in trace.analysis.warnings + runtime_warnings(trace):
         print(warning, file=sys.stderr)
     if args.json:
         print(trace.to_json(values=args.values))

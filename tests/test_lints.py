@@ -1,0 +1,185 @@
+"""Attention lints: each lint example reproduces its tutorial bug, the fix silences it, the
+canonical pipelines stay clean, and --strict turns warnings into errors."""
+
+import re
+
+import pytest
+
+import tracer
+from tracer.cli import main
+from tracer.lints import runtime_warnings
+
+from conftest import PIPELINES
+
+EXAMPLES = PIPELINES / "lint_examples"
+LINT_CODES = {"dead-step", "scale-mismatch", "lossy-head-split", "nan-risk-mask", "mask-polarity"}
+CANONICAL = ["self_attention", "causal_mha", "cross_attention"]
+
+
+def warnings_of(text: str) -> list:
+    return tracer.loads(text, "t.yaml").check().warnings
+
+
+def codes(text: str) -> set[str]:
+    return {d.code for d in warnings_of(text)}
+
+
+def example(name: str) -> str:
+    return (EXAMPLES / f"{name}.yaml").read_text()
+
+
+@pytest.mark.parametrize("code", sorted(LINT_CODES))
+def test_each_example_trips_exactly_its_lint(code):
+    analysis = tracer.load(EXAMPLES / f"{code.replace('-', '_')}.yaml").check()
+    assert not analysis.errors
+    assert [d.code for d in analysis.warnings] == [code]
+
+
+def test_strict_check_of_all_examples_shows_all_six_codes(capsys):
+    files = sorted(str(p) for p in EXAMPLES.glob("*.yaml"))
+    assert len(files) == 6
+    assert main(["check", "--strict", *files]) == 1
+    err = capsys.readouterr().err
+    found = set(re.findall(r"^\S+:\d+:\d+: error\[([a-z-]+)\]", err, re.M))
+    assert found == LINT_CODES | {"view-non-contiguous"}, err
+
+
+def test_without_strict_lints_are_warnings(capsys):
+    assert main(["check", str(EXAMPLES / "scale_mismatch.yaml")]) == 0
+    err = capsys.readouterr().err
+    assert re.search(r"scale_mismatch\.yaml:\d+:\d+: warning\[scale-mismatch\]: step 'matmul_scaled': ", err)
+
+
+@pytest.mark.parametrize("name", CANONICAL)
+def test_canonical_pipelines_are_clean_under_strict(name, capsys):
+    assert main(["check", "--strict", str(PIPELINES / f"{name}.yaml")]) == 0
+    assert capsys.readouterr().err == ""
+
+
+def line_of(text: str, needle: str) -> int:
+    return next(i for i, line in enumerate(text.splitlines(), 1) if needle in line)
+
+
+# --- dead-step ---------------------------------------------------------------------------------
+
+def test_dead_step_located_and_fixed():
+    text = example("dead_step")
+    [d] = warnings_of(text)
+    assert d.step == "attention_scores_dropout" and d.position.line == line_of(text, "id: attention_scores_dropout")
+    fixed = text.replace("inputs: [attention_weights, values]", "inputs: [attention_scores_dropout, values]")
+    assert codes(fixed) == set()
+
+
+# --- scale-mismatch ----------------------------------------------------------------------------
+
+def test_scale_mismatch_message_and_fix():
+    text = example("scale_mismatch")
+    [d] = warnings_of(text)
+    assert d.position.line == line_of(text, "id: matmul_scaled")
+    assert "d=3" in d.message and "1/√3 = 0.5774" in d.message and "0.5" in d.message and "{sqrt: d}" in d.message
+    assert codes(text.replace("divide: {sqrt: d_k}", "divide: {sqrt: d}")) == set()
+    assert codes(text.replace("divide: {sqrt: d_k}", "multiply: 0.5773502691896258")) == set()
+
+
+def test_scale_mismatch_sums_every_scale_and_ignores_unscaled_scores():
+    text = example("scale_mismatch")
+    # sqrt(3) split over two steps, around a mask-free chain: still correct
+    two = text.replace("- {id: matmul_scaled, op: scale, divide: {sqrt: d_k}}   # <- sqrt(4), keys are 3-dim",
+                       "- {id: half, op: scale, divide: {sqrt: d}}\n  - {id: matmul_scaled, op: scale, multiply: 1}")
+    assert codes(two) == set()
+    # no scale at all (tutorial 001's first part) is not this lint's business
+    none = text.replace("  - {id: matmul_scaled, op: scale, divide: {sqrt: d_k}}   # <- sqrt(4), keys are 3-dim\n", "")
+    assert codes(none) == set()
+
+
+def test_canonical_scale_change_is_caught():
+    text = (PIPELINES / "causal_mha.yaml").read_text().replace("divide: {sqrt: Dh}", "divide: {sqrt: d_model}")
+    [d] = warnings_of(text)
+    assert d.code == "scale-mismatch" and "Dh=2" in d.message
+
+
+# --- lossy-head-split --------------------------------------------------------------------------
+
+def test_lossy_head_split_message_and_fix():
+    text = example("lossy_head_split")
+    [d] = warnings_of(text)
+    assert d.step == "head_0" and "(T, d_v) [8, 4]" in d.message and "position 3" in d.message
+    two_heads = (text.replace("num_heads: 3", "num_heads: 2").replace("head_dim: 1 ", "head_dim: 2 ")
+                 .replace("  - {id: head_2, op: index, input: values, dim: 1, start: 2 * head_dim, stop: 3 * head_dim}\n", "")
+                 .replace("  - {id: context_vector_2, op: matmul, inputs: [attention_scores, head_2]}\n", "")
+                 .replace("inputs: [context_vector_0, context_vector_1, context_vector_2]", "inputs: [context_vector_0, context_vector_1]"))
+    assert codes(two_heads) == set()
+
+
+def test_unequal_or_single_slices_are_not_head_splits():
+    text = example("lossy_head_split").replace("start: 2 * head_dim, stop: 3 * head_dim", "start: 2, stop: 4")
+    assert "lossy-head-split" not in codes(text)  # widths 1, 1, 2: not equal heads
+
+
+# --- nan-risk-mask -----------------------------------------------------------------------------
+
+def test_nan_risk_mask_static_and_fix():
+    text = example("nan_risk_mask")
+    [d] = warnings_of(text)
+    assert d.position.line == line_of(text, "id: attention_scores_masked")
+    assert "mask[1, 0, 1, :]" in d.message and "-1e9" in d.message
+    assert codes(text.replace("fill: -inf", "fill: -1e9")) == set()
+    kept = text.replace("- [false, false, false]      # <- batch 1, query 1: every key hidden", "- [false, true, false]")
+    assert codes(kept) == set()
+
+
+def test_nan_risk_mask_at_run_time_counts_nan_rows():
+    pipeline = tracer.load(EXAMPLES / "nan_risk_mask.yaml")
+    trace = pipeline.run()  # no values kept: the softmax is the output, so it is available
+    [d] = runtime_warnings(trace)
+    assert d.code == "nan-risk-mask" and d.step == "attention_weights"
+    assert "2 NaN rows of 12" in d.message and "attention_scores_masked" in d.message
+    assert trace.outputs["attention_weights"][1, :, 1].isnan().all()
+
+
+def test_runtime_warnings_clean_and_with_given_tensors():
+    trace = tracer.load(PIPELINES / "causal_mha.yaml").run()
+    assert runtime_warnings(trace) == []
+    import torch
+
+    nan = torch.full((2, 2, 6, 6), float("nan"))
+    [d] = runtime_warnings(trace, tensors={"weights": nan})
+    assert "24 NaN rows of 24" in d.message
+
+
+def test_causal_flag_never_risks_nan():
+    assert codes((PIPELINES / "causal_mha.yaml").read_text()) == set()  # causal: true with fill -inf
+
+
+# --- mask-polarity -----------------------------------------------------------------------------
+
+def test_mask_polarity_triu_keep_and_fix():
+    text = example("mask_polarity")
+    [d] = warnings_of(text)
+    assert d.position.line == line_of(text, "id: masked") and "(T, T) [4, 4]" in d.message
+    assert codes(text.replace("polarity: keep", "polarity: block")) == set()
+
+
+def test_mask_polarity_tril_block():
+    text = example("mask_polarity").replace("init: triu", "init: tril")
+    assert codes(text) == set()  # tril = what each query may see: keep is right
+    assert codes(text.replace("polarity: keep", "polarity: block")) == {"mask-polarity"}
+
+
+def test_mask_polarity_on_literal_masks_and_seeds():
+    text = example("mask_polarity").replace(
+        'mask: {shape: [T, T], init: triu, note: "torch.triu(torch.ones(T, T), diagonal=1): 1 = future"}',
+        "mask: {shape: [T, T], values: [[1, 0, 0, 0], [1, 1, 0, 0], [1, 1, 1, 0], [1, 1, 1, 1]]}")
+    assert codes(text) == set()  # tril as a literal, keep polarity: right
+    assert codes(text.replace("polarity: keep", "polarity: block")) == {"mask-polarity"}
+    # with -inf the flipped mask also hides every key of the last row
+    assert codes(text.replace("polarity: keep", "polarity: block").replace("fill: -1e9", "fill: -inf")) == {"mask-polarity", "nan-risk-mask"}
+    # tutorial 002 (triu + block) and 003 (random keep-mask) are right
+    for name in ("002_weight_split_step_by_step", "003_mha_step_by_step"):
+        assert not tracer.load(PIPELINES / "seeds" / f"{name}.yaml").check().warnings
+
+
+def test_view_non_contiguous_is_an_error():
+    with pytest.raises(tracer.TracerError) as info:
+        tracer.load(EXAMPLES / "view_non_contiguous.yaml")
+    assert [d.code for d in info.value.diagnostics] == ["view-non-contiguous"]

@@ -1,0 +1,309 @@
+"""Check a pipeline against PyTorch's own attention, on the same inputs and weights.
+
+Two references, both run in eval mode (no dropout) and compared in the pipeline's dtype:
+
+* :func:`against_sdpa` — the attention core, ``softmax(q @ k^T * scale [masked]) @ v``, against
+  ``torch.nn.functional.scaled_dot_product_attention`` (``is_causal`` for ``causal: true``,
+  a boolean ``attn_mask`` for a mask tensor, ``scale`` from the pipeline's scale steps).
+* :func:`against_mha` — the whole block (projections, heads, core, merge, output projection)
+  against ``torch.nn.MultiheadAttention(d_model, H, batch_first=True)`` whose packed
+  ``in_proj_weight`` is ``cat([W_q, W_k, W_v])`` and whose ``out_proj`` is ``W_o``.
+
+Both find what to compare on their own: the attention core is the softmax step, the matmul
+that makes its scores, and the matmul that applies its weights to the values; the MHA block is
+read off the ``linear`` steps that use ``W_q``, ``W_k``, ``W_v`` and ``W_o``. Each returns the
+largest absolute difference and raises :class:`VerificationError` (an ``AssertionError``) when
+it is above ``atol``.
+
+>>> import tracer.verify as verify
+>>> verify.against_sdpa("pipelines/causal_mha.yaml")     # doctest: +SKIP
+2.384185791015625e-07
+>>> verify.against_mha("pipelines/cross_attention.yaml") # doctest: +SKIP
+4.76837158203125e-07
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+from . import lints
+
+__all__ = ["AttentionCore", "VerificationError", "against_mha", "against_sdpa", "attention_core"]
+
+#: a finite fill at or below this counts as "minus infinity" (-1e9 in tutorial 003)
+MASK_FILL_LIMIT = -1e4
+
+
+class VerificationError(AssertionError):
+    """The pipeline and the PyTorch reference disagree (or cannot be compared)."""
+
+
+@dataclass
+class AttentionCore:
+    """Where a pipeline's attention core lives, as tensor ids.
+
+    ``query`` is (…, L, E), ``keys_t`` is (…, E, S) (the scores matmul's second operand),
+    ``value`` is (…, S, Ev), ``weights`` the softmax output (…, L, S) and ``context`` (…, L, Ev).
+    """
+
+    softmax: str
+    scores: str
+    query: str
+    keys_t: str
+    value: str
+    context: str
+    scale: float = 1.0
+    causal: bool = False
+    mask: str | None = None          # a mask tensor id (None: no mask or causal)
+    polarity: str | None = None      # 'keep' or 'block' for ``mask``
+    fill: float = float("-inf")      # the masked score as softmax sees it (the fill times later scales)
+    steps: list[str] = field(default_factory=list)  # mask/scale/dropout steps between scores and softmax
+
+
+def attention_core(analysis, softmax: str | None = None) -> AttentionCore:
+    """Locate the attention core of an analysed pipeline (``tracer.load(p).check()``).
+
+    ``softmax`` names the softmax step when there are several (one per head, say).
+    """
+    steps = analysis.pipeline.steps
+    candidates = [s.id for s in steps if s.op == "softmax"]
+    if softmax is None:
+        if len(candidates) != 1:
+            raise VerificationError(f"'{analysis.pipeline.name}' has {len(candidates)} softmax steps ({', '.join(candidates) or 'none'}); "
+                                    "name the one to check with softmax=...")
+        softmax = candidates[0]
+    if softmax not in candidates:
+        raise VerificationError(f"'{softmax}' is not a softmax step (softmax steps: {', '.join(candidates) or 'none'})")
+    step = analysis.step(softmax)
+    chain, scores = lints._score_chain(analysis, step)
+    if scores is None:
+        raise VerificationError(f"softmax '{softmax}' is not fed by a matmul of queries and keys (through mask/scale/dropout steps)")
+    query, keys_t = analysis.graph.data_inputs[scores.id]
+    core = AttentionCore(softmax, scores.id, query, keys_t, value="", context="", steps=[s.id for s in reversed(chain)])
+    after_mask = 1.0  # scales between the mask and the softmax also scale the fill
+    for s in chain:  # nearest the softmax first
+        if s.op == "scale":
+            core.scale *= lints._multiplier(analysis, s)[0]
+            if core.mask is None and not core.causal:
+                after_mask *= lints._multiplier(analysis, s)[0]
+        elif s.op == "dropout" and s.training:
+            raise VerificationError(f"dropout step '{s.id}' runs in training mode; the references are compared in eval mode")
+        elif s.op == "mask":
+            if core.causal or core.mask is not None:
+                raise VerificationError(f"more than one mask between '{scores.id}' and '{softmax}'")
+            if s.fill > MASK_FILL_LIMIT:
+                raise VerificationError(f"mask step '{s.id}' fills {s.fill:g}: only -inf or a large negative fill (<= {MASK_FILL_LIMIT:g}) "
+                                        "is a mask that scaled_dot_product_attention can express")
+            core.causal, core.mask, core.polarity = s.causal, s.mask, s.polarity
+            core.fill = s.fill * after_mask if math.isfinite(s.fill) else s.fill
+    current = softmax
+    while True:
+        users = [s for s in steps if s.id in analysis.graph.data_inputs and analysis.graph.data_inputs[s.id][:1] == [current]]
+        product = next((s for s in users if s.op == "matmul"), None)
+        if product is not None:
+            core.value, core.context = analysis.graph.data_inputs[product.id][1], product.id
+            return core
+        dropout = next((s for s in users if s.op == "dropout"), None)
+        if dropout is None:
+            raise VerificationError(f"no matmul applies the weights of '{softmax}' to values")
+        if dropout.training:
+            raise VerificationError(f"dropout step '{dropout.id}' runs in training mode; the references are compared in eval mode")
+        current = dropout.id
+
+
+def against_sdpa(pipeline: Any, *, softmax: str | None = None, dims: Mapping[str, int] | None = None,
+                 seed: int | None = None, tensors: Mapping[str, Any] | None = None, atol: float = 1e-5) -> float:
+    """Compare the attention core with ``F.scaled_dot_product_attention``; return the max abs difference.
+
+    ``pipeline`` is a path, a :class:`tracer.Pipeline`, or a :class:`tracer.Trace` (run with
+    ``keep_values=True``, else it is re-run at its dims and seed). Shapes, e.g. causal_mha::
+
+        q = trace[core.query]          (B, H, T, Dh)
+        k = trace[core.keys_t].mT      (B, H, T, Dh)
+        v = trace[core.value]          (B, H, T, Dh)
+        F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=1/sqrt(Dh))
+                                       (B, H, T, Dh)  vs  trace[core.context]
+
+    A mask tensor becomes a boolean ``attn_mask`` (True = attend): the mask itself for
+    ``polarity: keep``, its negation for ``polarity: block``.
+    """
+    import torch
+    import torch.nn.functional as F
+
+    trace = _values(pipeline, dims, seed, tensors)
+    core = attention_core(trace.analysis, softmax)
+    q, k_t, v = (_tensor(trace, name) for name in (core.query, core.keys_t, core.value))
+    if q.dim() < 2 or k_t.dim() < 2:
+        raise VerificationError(f"queries '{core.query}' and keys '{core.keys_t}' must have at least 2 dims for scaled_dot_product_attention")
+    attn_mask = None
+    if core.mask is not None:
+        mask = _tensor(trace, core.mask).bool()
+        attn_mask = _additive(~mask if core.polarity == "keep" else mask, core, q.dtype)
+        if attn_mask.dtype == torch.bool:
+            attn_mask = ~attn_mask  # SDPA's boolean mask means "attend"
+    with torch.no_grad():
+        expected = F.scaled_dot_product_attention(q, k_t.transpose(-2, -1), v, attn_mask=attn_mask, dropout_p=0.0,
+                                                  is_causal=core.causal, scale=core.scale)
+    return _compare(f"'{trace.name}': context '{core.context}' vs F.scaled_dot_product_attention", _tensor(trace, core.context), expected, atol)
+
+
+def against_mha(pipeline: Any, *, weights: tuple[str, str, str, str] = ("W_q", "W_k", "W_v", "W_o"), num_heads: int | None = None,
+                output: str | None = None, softmax: str | None = None, dims: Mapping[str, int] | None = None,
+                seed: int | None = None, tensors: Mapping[str, Any] | None = None, atol: float = 1e-5,
+                check_weights: bool = True) -> float:
+    """Compare the whole block with ``torch.nn.MultiheadAttention``; return the max abs difference.
+
+    ``weights`` names the query, key, value and output projection weights; the ``linear`` steps
+    that use them give the inputs, the biases (their ``bias`` fields) and the output. Heads come
+    from ``num_heads`` or the dim ``H``. Shapes, e.g. cross_attention::
+
+        mha = nn.MultiheadAttention(d_model, H, batch_first=True)   # eval mode, dropout 0
+        mha.in_proj_weight = cat([W_q, W_k, W_v])                    (3*d_model, d_model)
+        mha.in_proj_bias   = cat([b_q, b_k, b_v])                    (3*d_model,)
+        mha.out_proj       = W_o, b_o                                (d_model, d_model), (d_model,)
+        out, w = mha(x_q, x_kv, x_kv, key_padding_mask=~pad_mask.view(B, T_kv))
+                 (B, T_q, d_model), (B, H, T_q, T_kv)
+
+    The mask follows the pipeline's: ``causal: true`` becomes a (L, S) ``attn_mask``, a keep/
+    block mask of shape (B, 1, 1, S) a ``key_padding_mask``, any other mask a (B*H, L, S)
+    ``attn_mask``. With ``check_weights`` the per-head attention weights are compared with the
+    softmax output as well.
+    """
+    import torch
+
+    trace = _values(pipeline, dims, seed, tensors)
+    analysis = trace.analysis
+    linears = {}
+    for role, name in zip("qkvo", weights):
+        found = [s for s in analysis.pipeline.steps if s.op == "linear" and s.weight == name]
+        if len(found) != 1:
+            raise VerificationError(f"'{trace.name}': expected one linear step with weight '{name}', found {len(found)}")
+        linears[role] = found[0]
+
+    def weight(role: str):
+        w = _tensor(trace, linears[role].weight)
+        return w if linears[role].layout == "out_in" else w.T
+
+    def bias(role: str, width: int):
+        step = linears[role]
+        return _tensor(trace, step.bias) if step.bias is not None else torch.zeros(width, dtype=w_q.dtype)
+
+    w_q, w_k, w_v, w_o = (weight(r) for r in "qkvo")
+    d_model = w_q.shape[0]
+    heads = num_heads if num_heads is not None else analysis.dims.get("H")
+    if heads is None:
+        raise VerificationError(f"'{trace.name}' has no dim H; pass num_heads=")
+    query, key, value = (_tensor(trace, analysis.graph.data_inputs[linears[r].id][0]) for r in "qkv")
+    kdim, vdim = w_k.shape[1], w_v.shape[1]
+    has_bias = any(linears[r].bias is not None for r in "qkvo")
+    mha = torch.nn.MultiheadAttention(d_model, heads, dropout=0.0, bias=has_bias, batch_first=True,
+                                      kdim=kdim, vdim=vdim, dtype=w_q.dtype)
+    mha.eval()
+    with torch.no_grad():
+        if mha._qkv_same_embed_dim:
+            mha.in_proj_weight.copy_(torch.cat([w_q, w_k, w_v]))
+        else:
+            mha.q_proj_weight.copy_(w_q)
+            mha.k_proj_weight.copy_(w_k)
+            mha.v_proj_weight.copy_(w_v)
+        mha.out_proj.weight.copy_(w_o)
+        if has_bias:
+            mha.in_proj_bias.copy_(torch.cat([bias("q", d_model), bias("k", d_model), bias("v", d_model)]))
+            mha.out_proj.bias.copy_(bias("o", w_o.shape[0]))
+        core = attention_core(analysis, softmax)
+        attn_mask, key_padding_mask = _mha_masks(trace, core, query, key, heads)
+        out, attn = mha(query, key, value, key_padding_mask=key_padding_mask, attn_mask=attn_mask,
+                        need_weights=check_weights, average_attn_weights=False)
+    out_id = output or linears["o"].id
+    diff = _compare(f"'{trace.name}': output '{out_id}' vs nn.MultiheadAttention", _tensor(trace, out_id), out, atol)
+    if check_weights:
+        mine = _tensor(trace, core.softmax)
+        if tuple(mine.shape) == tuple(attn.shape):
+            diff = max(diff, _compare(f"'{trace.name}': weights '{core.softmax}' vs nn.MultiheadAttention's", mine, attn, atol))
+    return diff
+
+
+def _mha_masks(trace, core: AttentionCore, query, key, heads: int):
+    """(attn_mask, key_padding_mask) for nn.MultiheadAttention: True there means *do not attend*."""
+    import torch
+
+    batched = query.dim() == 3
+    length, source = query.shape[-2], key.shape[-2]
+    if core.causal:
+        return torch.ones(length, source, dtype=torch.bool, device=query.device).triu(1), None
+    if core.mask is None:
+        return None, None
+    mask = _tensor(trace, core.mask).bool()
+    hide = ~mask if core.polarity == "keep" else mask
+    if batched and hide.dim() == 4 and hide.shape[1] == 1 and hide.shape[2] == 1 and hide.shape[0] == query.shape[0]:
+        return None, _additive(hide.reshape(hide.shape[0], hide.shape[3]), core, query.dtype)  # key_padding_mask (B, S)
+    if not batched:
+        while hide.dim() > 3 and hide.shape[0] == 1:
+            hide = hide[0]
+        return _additive(torch.broadcast_to(hide, (heads, length, source)), core, query.dtype), None
+    full = torch.broadcast_to(hide, (query.shape[0], heads, length, source))
+    return _additive(full.reshape(query.shape[0] * heads, length, source), core, query.dtype), None
+
+
+def _additive(hide, core: AttentionCore, dtype):
+    """A boolean "hide" mask as the references take it: as is for a -inf fill; for a finite fill
+    (tutorial 003's -1e9) a float mask added to the scaled scores, so that a row with every key
+    hidden gets the same uniform weights as in the pipeline instead of NaN."""
+    import torch
+
+    if not math.isfinite(core.fill):
+        return hide
+    return torch.zeros(hide.shape, dtype=dtype, device=hide.device).masked_fill(hide, core.fill)
+
+
+def _values(pipeline: Any, dims, seed, tensors):
+    """A trace with every tensor kept, from a path, a Pipeline or a Trace."""
+    from .api import Pipeline, load
+    from .trace import Trace
+
+    if isinstance(pipeline, Trace):
+        if pipeline.keep_values and dims is None and seed is None and tensors is None:
+            return pipeline
+        declared = pipeline.analysis.pipeline.dims
+        dims = dims if dims is not None else {k: v for k, v in pipeline.dims.items() if isinstance(declared.get(k), int)}
+        seed = seed if seed is not None else pipeline.seed
+        pipeline = pipeline.pipeline
+    if isinstance(pipeline, (str, Path)):
+        pipeline = load(pipeline)
+    if not isinstance(pipeline, Pipeline):
+        raise TypeError(f"expected a path, a tracer.Pipeline or a tracer.Trace, got {type(pipeline).__name__}")
+    return pipeline.run(dims=dims, seed=seed, keep_values=True, tensors=tensors)
+
+
+def _tensor(trace, name: str):
+    tensor = trace[name].tensor
+    if tensor is None:
+        raise VerificationError(f"no value for '{name}' (run with keep_values=True)")
+    return tensor
+
+
+def _compare(what: str, actual, expected, atol: float) -> float:
+    if tuple(actual.shape) != tuple(expected.shape):
+        raise VerificationError(f"{what}: shapes differ, {list(actual.shape)} vs {list(expected.shape)}")
+    nan_a, nan_e = actual.isnan(), expected.isnan()
+    if not bool((nan_a == nan_e).all()):
+        raise VerificationError(f"{what}: NaN in {int(nan_a.sum())} entries of the pipeline's result and {int(nan_e.sum())} of the reference's")
+    diff = (actual.double() - expected.double()).abs()
+    diff = diff[~nan_a] if bool(nan_a.any()) else diff
+    worst = float(diff.max()) if diff.numel() else 0.0
+    if not worst <= atol:  # also catches NaN
+        where = tuple(int(i) for i in divmod_index(int(diff.argmax()), tuple(actual.shape))) if diff.numel() and not bool(nan_a.any()) else ()
+        raise VerificationError(f"{what}: max abs difference {worst:.3g} > atol {atol:g}" + (f" at index {list(where)}" if where else ""))
+    return worst if math.isfinite(worst) else math.inf
+
+
+def divmod_index(flat: int, shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The multi-index of a flat (row-major) position: ``divmod_index(5, (2, 3)) == (1, 2)``."""
+    index = []
+    for size in reversed(shape):
+        flat, rest = divmod(flat, size) if size else (flat, 0)
+        index.append(rest)
+    return tuple(reversed(index))
