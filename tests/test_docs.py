@@ -10,7 +10,7 @@ import tracer
 from tracer.docgen import format_reference, schema_text
 from tracer.spec.base import STEP_KINDS
 
-from conftest import ROOT
+from tests.conftest import ROOT
 
 
 def test_format_reference_is_current():

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from conftest import PIPELINES
+from tests.conftest import PIPELINES
 
 GOOD = (PIPELINES / "causal_mha.yaml").read_text()
 

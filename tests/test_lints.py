@@ -9,7 +9,7 @@ import tracer
 from tracer.cli import main
 from tracer.lints import runtime_warnings
 
-from conftest import PIPELINES
+from tests.conftest import PIPELINES
 
 EXAMPLES = PIPELINES / "lint_examples"
 LINT_CODES = {"dead-step", "scale-mismatch", "lossy-head-split", "nan-risk-mask", "mask-polarity"}

@@ -12,7 +12,7 @@ import graphviz
 import pytest
 
 import tracer
-from conftest import PIPELINES, ROOT, pipeline_text
+from tests.conftest import PIPELINES, ROOT, pipeline_text
 from tracer.errors import TracerError
 from tracer.gallery import build, gallery_name, pipeline_files
 from tracer.render import dot_source, render_file

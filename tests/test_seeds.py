@@ -10,7 +10,7 @@ import torch
 import tracer
 from tracer.cli import main
 
-from conftest import PIPELINES
+from tests.conftest import PIPELINES
 
 SEEDS = PIPELINES / "seeds"
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import pipeline_text, run_text
+from tests.conftest import pipeline_text, run_text
 
 X = "x: {shape: [2, 3, 4], init: randn}"
 

@@ -7,7 +7,7 @@ import torch
 import tracer
 from tracer import verify
 
-from conftest import PIPELINES
+from tests.conftest import PIPELINES
 
 SEEDS = PIPELINES / "seeds"
 

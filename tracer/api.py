@@ -5,9 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Mapping
 
+from .errors import Diagnostic, TracerError
 from .shapes.check import Analysis, analyze
 from .spec.load import load_spec, load_spec_text
-from .spec.pipeline import PipelineSpec
+from .spec.pipeline import SEED_MAX, SEED_MIN, PipelineSpec
 from .spec.source import SourceMap
 from .trace import Trace
 
@@ -40,13 +41,22 @@ class Pipeline:
         return self._analyses[key]
 
     def run(self, dims: Mapping[str, int] | None = None, seed: int | None = None, keep_values: bool = False,
-            device: str = "cpu", tensors: Mapping[str, Any] | None = None) -> Trace:
-        """Execute on torch and record every tensor. ``tensors`` replaces inputs or params by name."""
+            device: str = "cpu", tensors: Mapping[str, Any] | None = None, max_memory: int | str | None = None) -> Trace:
+        """Execute on torch and record every tensor. ``tensors`` replaces inputs or params by name.
+
+        A real run whose estimated peak (``analysis.peak_bytes``) exceeds ``max_memory`` (bytes or
+        ``'8GiB'``; default: half of the available RAM) raises ``TracerError`` before anything is
+        allocated; ``device='meta'`` traces every shape and stride without allocating at all.
+        """
         from .interpreter import Plan, create_tensors, run_plan, torch_module
+        from .memory import check_budget
 
         analysis = self.check(dims)
         analysis.raise_errors()
+        check_budget(analysis, device, max_memory)
         seed = self.spec.seed if seed is None else seed
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not SEED_MIN <= seed <= SEED_MAX):
+            raise TracerError(Diagnostic(self.path, None, "seed-range", f"seed {seed!r} is not an integer from -2**63 to 2**64 - 1 (what torch.manual_seed accepts)"))
         plan_key = (_dims_key(dims), str(device))
         if plan_key not in self._plans:
             _remember(self._plans, plan_key, Plan(analysis, device))
@@ -60,10 +70,11 @@ class Pipeline:
                 created = create_tensors(analysis, device, seed)
                 _remember(self._tensors, tensor_key, (created, torch.get_rng_state() if seed is not None else None))
             created, rng_state = self._tensors[tensor_key]
-            if rng_state is not None:
+            if rng_state is not None and plan.random:
                 torch.set_rng_state(rng_state)  # training dropout sees the same RNG as a fresh run
         trace = run_plan(plan, created, self, seed, keep_values)
-        _enforce_expectations(trace)
+        if not trace.as_predicted:  # otherwise the static check of expect: already covers this run
+            _enforce_expectations(trace)
         return trace
 
     def __repr__(self) -> str:
@@ -75,11 +86,18 @@ def _enforce_expectations(trace: Trace) -> None:
     from .errors import ExpectationError
 
     analysis = trace.analysis
+    if not analysis.pipeline.expect:
+        return
+    sizes = analysis.__dict__.get("_expected_sizes")
+    if sizes is None:  # evaluated once per analysis: a run pays only the comparisons
+        sizes = analysis.__dict__["_expected_sizes"] = {
+            name: None if (shape := expected if isinstance(expected, list) else expected.shape) is None
+            else tuple(analysis.alg.dim(t).value for t in shape) for name, expected in analysis.pipeline.expect.items()}
     problems = []
     for name, expected in analysis.pipeline.expect.items():
         record = trace[name]
         shape = expected if isinstance(expected, list) else expected.shape
-        if shape is not None and tuple(analysis.alg.dim(t).value for t in shape) != record.shape:
+        if shape is not None and sizes[name] != record.shape:
             problems.append(f"'{name}' ran with shape {list(record.shape)}, expected ({', '.join(map(str, shape))})")
         contiguous = getattr(expected, "contiguous", None)
         if contiguous is not None and contiguous != record.contiguous:
@@ -115,6 +133,7 @@ def loads(text: str, name: str = "<string>") -> Pipeline:
 
 
 def run(path: str | Path, dims: Mapping[str, int] | None = None, seed: int | None = None,
-        keep_values: bool = False, device: str = "cpu", tensors: Mapping[str, Any] | None = None) -> Trace:
+        keep_values: bool = False, device: str = "cpu", tensors: Mapping[str, Any] | None = None,
+        max_memory: int | str | None = None) -> Trace:
     """``load(path).run(...)`` in one call."""
-    return load(path).run(dims=dims, seed=seed, keep_values=keep_values, device=device, tensors=tensors)
+    return load(path).run(dims=dims, seed=seed, keep_values=keep_values, device=device, tensors=tensors, max_memory=max_memory)

@@ -54,6 +54,8 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--values", action="store_true", help="keep and print tensor values")
     run.add_argument("--json", action="store_true", help="print the trace as JSON")
     run.add_argument("--device", default="cpu", help="torch device: cpu, cuda, meta (default: cpu)")
+    run.add_argument("--max-memory", type=_size, metavar="SIZE", help="refuse a real run whose estimated peak exceeds SIZE, e.g. 8GiB or 500MB "
+                     "(default: half of the available RAM; --device meta allocates nothing)")
     run.set_defaults(handler=_run)
 
     render = commands.add_parser("render", help="draw the dataflow with shapes on every edge (svg, png, pdf or dot)")
@@ -106,7 +108,7 @@ def _run(args) -> int:
     from .api import load
 
     pipeline = load(args.file) if not args.dim else _load_unchecked(args.file)
-    trace = pipeline.run(dims=dict(args.dim), seed=args.seed, keep_values=args.values, device=args.device)
+    trace = pipeline.run(dims=dict(args.dim), seed=args.seed, keep_values=args.values, device=args.device, max_memory=args.max_memory)
     from .lints import runtime_warnings
 
     for warning in trace.analysis.warnings + runtime_warnings(trace):
@@ -115,10 +117,29 @@ def _run(args) -> int:
         print(trace.to_json(values=args.values))
         return 0
     print(trace)
+    print(_peak_line(trace))
     if args.values:
         for record in trace.records:
             print(f"\n{record.id} {record.symbolic}:\n{record.tensor}")
     return 0
+
+
+def _size(text: str) -> int:
+    from .memory import parse_bytes
+
+    try:
+        return parse_bytes(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _peak_line(trace) -> str:
+    from .trace import human_bytes
+
+    memory = trace.analysis.memory
+    where = f" (while '{memory.peak_step}' runs)" if memory.peak_step else ""
+    note = "; this meta run allocated none of it" if trace.records and trace.records[0].device == "meta" else ""
+    return f"estimated peak: {human_bytes(memory.peak_bytes)}{where}{note}"
 
 
 def _load_unchecked(path: str):

@@ -17,6 +17,10 @@ class Position:
     col: int
 
 
+# a message quoting the user's text stays on its line (every line of output starts FILE:LINE:COL:)
+_LINE_BREAKS = {c: repr(chr(c))[1:-1] for c in (0x0A, 0x0D, 0x0B, 0x0C, 0x1C, 0x1D, 0x1E, 0x85, 0x2028, 0x2029)}
+
+
 @dataclass(frozen=True)
 class Diagnostic:
     """One located problem (an error or a lint warning)."""
@@ -31,7 +35,7 @@ class Diagnostic:
     def __str__(self) -> str:
         where = self.file if self.position is None else f"{self.file}:{self.position.line}:{self.position.col}"
         step = f"step '{self.step}': " if self.step else ""
-        return f"{where}: {self.severity}[{self.code}]: {step}{self.message}"
+        return f"{where}: {self.severity}[{self.code}]: {step}{self.message.translate(_LINE_BREAKS)}"
 
 
 class TracerError(Exception):

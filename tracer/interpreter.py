@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import math
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from operator import itemgetter
 from typing import Any, Callable
 
 from .errors import Diagnostic, InternalError, TracerError
@@ -30,16 +31,24 @@ def torch_module():
 class KernelContext:
     """What a step kind's ``kernel`` may use to build its function."""
 
-    def __init__(self, analysis: Analysis, refs: list[str], out: Meta, device: Any):
+    def __init__(self, analysis: Analysis, refs: list[str], out: Meta, device: Any, step_id: str | None = None):
         import torch.nn.functional as F
 
         self.torch, self.F, self.device = torch_module(), F, device
         self.ins = [analysis.metas[r] for r in refs]
         self.out = out
-        self._alg = analysis.alg
+        self._alg = analysis.alg if step_id is None else analysis.alg_of(step_id)
+        self._where = (analysis, step_id)
 
     def value(self, text) -> int:
         return self._alg.dim(text).value
+
+    def error(self, code: str, message: str, field: str | None = None) -> TracerError:
+        """A located error for what only a run can see (a token id outside its embedding table)."""
+        analysis, step_id = self._where
+        i = analysis.graph.index.get(step_id) if step_id is not None else None
+        path = () if i is None else ("steps", i) + ((field,) if field else ())
+        return TracerError(analysis.source.error(path, code, message, step_id))
 
 
 @dataclass
@@ -49,6 +58,9 @@ class PlannedStep:
     refs: tuple[str, ...]
     records: tuple[tuple[str, str, tuple[int, ...], tuple[str, ...], str | None], ...]  # id, op, sizes, symbolic, static view_of
     free: tuple[str, ...]
+    # per record: (id, sizes, stride, offset, torch dtype, static view_of, the record a run matching all of them makes)
+    expected: tuple = ()
+    getter: Callable | None = None  # env -> the kernel's argument (one ref) or arguments (several)
 
 
 class Plan:
@@ -64,45 +76,125 @@ class Plan:
         self.steps = self._compile(analysis)
 
     def _compile(self, analysis: Analysis) -> list[PlannedStep]:
-        keep = set(analysis.outputs)
-        last_use: dict[str, str] = {}
+        torch = torch_module()
+        keep = {analysis.output_of(name) for name in analysis.outputs}
+        declared = set(analysis.pipeline.inputs) | set(analysis.pipeline.params)
+        last_use: dict[str, str] = {}  # every record, inner ones too, dies after its last reader (or its own step)
         for step_id in analysis.graph.order:
+            for rid, _ in analysis.inner.get(step_id) or [(step_id, None)]:
+                last_use[rid] = step_id
             for ref in analysis.graph.refs[step_id]:
                 last_use[analysis.output_of(ref)] = step_id
+        self.random = False
+        self.output_ids = tuple((name, analysis.output_of(name)) for name in analysis.outputs)
+        self.inputs_expected = {name: self._expect(name, "input" if name in analysis.pipeline.inputs else "param", (), torch)
+                                for name in declared if name in analysis.metas}
+        dying: dict[str, list[str]] = {}
+        for rid, step_id in last_use.items():
+            if rid not in keep and rid not in declared:
+                dying.setdefault(step_id, []).append(rid)
         planned = []
         for step_id in analysis.graph.order:
             step = analysis.step(step_id)
+            self.random = self.random or bool(getattr(step, "training", False) or getattr(step, "random", False))
             refs = analysis.graph.refs[step_id]
             inner = analysis.inner.get(step_id) or [(step_id, step.op)]
             records = tuple((rid, op, analysis.metas[rid].sizes, tuple(str(d) for d in analysis.metas[rid].shape),
                              _static_view_of(analysis.metas[rid], rid)) for rid, op in inner)
-            fn = step.kernel(KernelContext(analysis, refs, analysis.metas[inner[-1][0]], self.device))
-            free = tuple(r for r, last in last_use.items() if last == step_id and r not in keep and r in analysis.graph.index)
-            planned.append(PlannedStep(step_id, fn, tuple(analysis.output_of(r) for r in refs), records, free))
+            fn = step.kernel(KernelContext(analysis, refs, analysis.metas[inner[-1][0]], self.device, step_id))
+            free = tuple(dying.get(step_id, ()))
+            ins = tuple(analysis.output_of(r) for r in refs)
+            expected = tuple(self._expect(rid, op, ins if j == 0 else (inner[j - 1][0],), torch) for j, (rid, op) in enumerate(inner))
+            planned.append(PlannedStep(step_id, fn, ins, records, free, expected, itemgetter(*ins) if ins else (lambda env: ())))
+        # the loop's view of the plan: flat tuples, so a run touches no attributes
+        self._loop = tuple((p.getter, p.fn, len(p.refs) == 1, p.expected[0] if len(p.expected) == 1 else None, p.expected, p.free, p.step_id)
+                           for p in planned)
+        self._inputs_cache: tuple | None = None  # (tensors dict, its values, input records, storage roots)
+        self.divergent = 0  # records whose layout differed from the static prediction, over all runs
         return planned
 
+    def _expect(self, rid: str, op: str, inputs: tuple, torch) -> tuple:
+        meta = self.analysis.metas[rid]
+        view_of = _static_view_of(meta, rid)
+        template = TensorRecord(rid, op, inputs, meta.sizes, tuple(str(d) for d in meta.shape), meta.dtype, self.device_name,
+                                meta.stride, meta.offset, meta.contiguous, view_of, meta.nbytes)
+        return rid, meta.sizes, meta.stride, meta.offset, getattr(torch, meta.dtype), view_of, template
+
     def run(self, tensors: dict[str, Any], keep_values: bool) -> tuple[list[TensorRecord], dict[str, Any]]:
+        """Run every kernel and record every tensor.
+
+        Each step's records were built at compile time from the static analysis; a record is reused
+        only after checking that torch's tensor has exactly the predicted shape, strides, offset,
+        dtype and storage owner, so the trace is still what torch did (any difference is recorded
+        as observed). That check is all a run adds to the kernels themselves.
+        """
         torch = torch_module()
         env = dict(tensors)
         storages = _StorageIndex()
-        records = [self._record(name, self.analysis.pipeline.inputs.get(name) and "input" or "param", (), t, storages, keep_values)
-                   for name, t in tensors.items()]
+        owner = storages.owner
+        cache = self._inputs_cache
+        if (not keep_values and cache is not None and cache[0] is tensors and len(tensors) == len(cache[1])
+                and all(a is b for a, b in zip(tensors.values(), cache[1]))):
+            records = list(cache[2])  # the same tensors as the last run: same records, same storages
+            storages.roots = dict(cache[3])
+        else:
+            records = []
+            for name, tensor in tensors.items():
+                expected = self.inputs_expected.get(name)
+                if expected is None:
+                    records.append(self._record(name, "input" if name in self.analysis.pipeline.inputs else "param", (), tensor, storages, keep_values))
+                else:
+                    self._append(records.append, expected, tensor, owner(tensor, name), keep_values, "")
+            if not keep_values:
+                self._inputs_cache = (tensors, tuple(tensors.values()), tuple(records), dict(storages.roots))
+        append = records.append
+        roots, ref = storages.roots, weakref.ref
         with torch.no_grad():
-            for planned in self.steps:
-                result = planned.fn(*[env[r] for r in planned.refs])
-                results = result if len(planned.records) > 1 else (result,)
-                refs = planned.refs
-                for (rid, op, sizes, symbolic, _), tensor in zip(planned.records, results):
-                    env[rid] = tensor
-                    if tuple(tensor.shape) != sizes:
-                        raise InternalError(f"step '{planned.step_id}': the shape rule for '{op}' predicted {list(sizes)}, torch produced {list(tensor.shape)}")
-                    records.append(self._record(rid, op, refs, tensor, storages, keep_values, symbolic))
-                    refs = (rid,)
-                if not keep_values:
-                    for name in planned.free:
-                        env.pop(name, None)
-        outputs = {name: env[self.analysis.output_of(name)] for name in self.analysis.outputs}
+            for getter, fn, single, expect, expected, free, step_id in self._loop:
+                result = fn(getter(env)) if single else fn(*getter(env))
+                if expect is not None:
+                    rid, sizes, stride, offset, dtype, static_view_of, template = expect
+                    env[rid] = result
+                    base = result._base  # _StorageIndex.owner, inlined
+                    if base is None:
+                        base = result
+                    entry = roots.get(id(base))
+                    if entry is not None and entry[0]() is base:
+                        view_of = entry[1]
+                    else:
+                        roots[id(base)] = (ref(base), rid)
+                        view_of = None
+                    if (view_of == static_view_of and not keep_values and result.shape == sizes and result.stride() == stride
+                            and result.storage_offset() == offset and result.dtype is dtype):
+                        append(template)
+                    else:
+                        self._append(append, expect, result, view_of, keep_values, step_id)
+                else:
+                    for expect, tensor in zip(expected, result):
+                        env[expect[0]] = tensor
+                        self._append(append, expect, tensor, owner(tensor, expect[0]), keep_values, step_id)
+                if free and not keep_values:
+                    for name in free:
+                        del env[name]
+        outputs = {name: env[rid] for name, rid in self.output_ids}
         return records, outputs
+
+    def _append(self, append, expect, tensor, view_of, keep_values: bool, step_id: str) -> None:
+        rid, sizes, stride, offset, dtype, static_view_of, template = expect
+        if tensor.shape != sizes:
+            raise InternalError(f"step '{step_id}': the shape rule for '{template.op}' predicted {list(sizes)}, torch produced {list(tensor.shape)}")
+        if tensor.stride() == stride and tensor.storage_offset() == offset and tensor.dtype is dtype and view_of == static_view_of:
+            append(replace(template, tensor=tensor) if keep_values else template)
+        else:
+            append(self._observed(template, tensor, view_of, keep_values))
+
+    def _observed(self, template: TensorRecord, tensor, view_of, keep_values: bool) -> TensorRecord:
+        """The record of a tensor whose layout differs from the static prediction: torch's own values."""
+        self.divergent += 1
+        return TensorRecord(template.id, template.op, template.inputs, tuple(tensor.shape), template.symbolic_shape,
+                            self.dtypes.get(tensor.dtype, str(tensor.dtype)), self.device_name, tuple(tensor.stride()),
+                            tensor.storage_offset(), tensor.is_contiguous(), view_of, tensor.numel() * tensor.element_size(),
+                            tensor if keep_values else None)
 
     def _record(self, rid, op, inputs, tensor, storages, keep_values, symbolic=None) -> TensorRecord:
         if symbolic is None:
@@ -127,11 +219,14 @@ class _StorageIndex:
         self.roots: dict[int, tuple[weakref.ref, str]] = {}
 
     def owner(self, tensor, record_id: str) -> str | None:
-        root = tensor._base if tensor._base is not None else tensor
-        entry = self.roots.get(id(root))
+        root = tensor._base
+        if root is None:
+            root = tensor
+        key = id(root)
+        entry = self.roots.get(key)
         if entry is not None and entry[0]() is root:
             return entry[1]
-        self.roots[id(root)] = (weakref.ref(root), record_id)
+        self.roots[key] = (weakref.ref(root), record_id)
         return None
 
 
@@ -149,7 +244,7 @@ def create_tensors(analysis: Analysis, device: str, seed: int | None, given: dic
             continue
         if decl.seed is not None:
             torch.manual_seed(decl.seed)
-        created[name] = _create(decl, meta, torch, torch.device(device), analysis.alg)
+        created[name] = _create(decl, meta, torch, torch.device(device), analysis.alg_of(name))
     if given:
         unknown = ", ".join(sorted(given))
         raise TracerError(Diagnostic(analysis.source.file, None, "unknown-tensor", f"tensors= names {unknown}, which are not inputs or params of this pipeline"))
@@ -216,5 +311,9 @@ def _linear_init(decl: TensorDecl, meta: Meta, torch, device, dtype, alg):
 
 
 def run_plan(plan: Plan, tensors: dict[str, Any], pipeline: Any, seed: int | None, keep_values: bool) -> Trace:
+    divergent = plan.divergent
     records, outputs = plan.run(tensors, keep_values)
-    return Trace(pipeline, plan.analysis, records, outputs, seed, keep_values)
+    trace = Trace(pipeline, plan.analysis, records, outputs, seed, keep_values)
+    trace.peak_bytes = plan.analysis.peak_bytes  # estimated peak of a real run (a meta run allocates none of it)
+    trace.as_predicted = plan.divergent == divergent  # every record matched the static analysis exactly
+    return trace

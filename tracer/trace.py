@@ -38,7 +38,8 @@ class TensorRecord:
             "view_of": self.view_of, "nbytes": self.nbytes,
         }
         if values and self.tensor is not None and self.tensor.device.type != "meta":
-            data["values"] = _finite(self.tensor.detach().cpu().tolist())
+            # an empty tensor is [] whatever its shape: tolist() of a (2**31, 3, 0) tensor builds 2**33 empty lists
+            data["values"] = _finite(self.tensor.detach().cpu().tolist()) if self.tensor.numel() else []
         return data
 
 

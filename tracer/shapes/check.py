@@ -7,6 +7,7 @@ poisons only what depends on it, so every independent error in a file is reporte
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Mapping
 
 from ..errors import Diagnostic, TracerError
@@ -15,8 +16,10 @@ from ..spec import dims as dimexpr
 from ..spec.pipeline import Expect, PipelineSpec, TensorDecl
 from ..spec.source import SourceMap
 from ..steps._rules import StepError, show
-from .layout import Meta, fresh, with_root
+from .layout import DTYPE_BYTES, Meta, fresh, with_root
 from .symbolic import DimAlgebra, resolve
+
+MAX_TENSOR_BYTES = 2**62  # torch computes sizes, strides and byte counts in int64
 
 
 @dataclass
@@ -31,6 +34,25 @@ class Analysis:
     inner: dict[str, list[tuple[str, str]]] = field(default_factory=dict)  # step -> [(record id, op)]
     outputs: list[str] = field(default_factory=list)
     diagnostics: list[Diagnostic] = field(default_factory=list)
+    algs: dict[str, DimAlgebra] = field(default_factory=dict)  # tensor id -> its block's dims (default: alg)
+    aliases: dict[str, str] = field(default_factory=dict)  # block step id -> the record holding its output
+    blocks: dict = field(default_factory=dict)  # block step id -> tracer.steps.block.BlockInfo
+
+    def alg_of(self, tensor_id: str) -> DimAlgebra:
+        """The dims a tensor's rule reads: its block's, for the steps and params of an ``op: block``."""
+        return self.algs.get(tensor_id, self.alg)
+
+    @cached_property
+    def memory(self):
+        """Static memory estimate of a real run (``tracer.memory.MemoryEstimate``)."""
+        from ..memory import estimate_peak
+
+        return estimate_peak(self)
+
+    @property
+    def peak_bytes(self) -> int:
+        """Estimated peak bytes of tensor storage of a real run at these dims."""
+        return self.memory.peak_bytes
 
     @property
     def dims(self) -> dict[str, int]:
@@ -49,6 +71,7 @@ class Analysis:
 
     def output_of(self, step_id: str) -> str:
         """The record id holding a step's result (a composite's last inner tensor)."""
+        step_id = self.aliases.get(step_id, step_id)
         inner = self.inner.get(step_id)
         return inner[-1][0] if inner else step_id
 
@@ -90,8 +113,16 @@ class RuleContext:
 
 def analyze(pipeline: PipelineSpec, source: SourceMap, dims: Mapping[str, int] | None = None) -> Analysis:
     alg = _algebra(pipeline, source, dims or {})
+    expanded = None
+    if any(step.op == "block" for step in pipeline.steps):
+        from ..steps.block import expand_blocks
+
+        expanded = expand_blocks(pipeline, source, alg)
+        pipeline, source, alg = expanded.pipeline, expanded.source, expanded.alg
     graph = build_graph(pipeline, source)
     analysis = Analysis(pipeline, source, alg, graph, diagnostics=list(graph.diagnostics))
+    if expanded is not None:
+        analysis.algs, analysis.aliases, analysis.blocks = expanded.algs, expanded.aliases, expanded.blocks
     for section in ("inputs", "params"):
         for name, decl in getattr(pipeline, section).items():
             meta = _declared_meta(name, decl, (section, name), analysis)
@@ -137,9 +168,10 @@ def _dim_error(exc: dimexpr.DimError, exprs: dict, source: SourceMap) -> Diagnos
 
 def _declared_meta(name: str, decl: TensorDecl, path: tuple, analysis: Analysis) -> Meta | None:
     shape = []
+    alg = analysis.alg_of(name)
     for j, text in enumerate(decl.shape):
         try:
-            dim = analysis.alg.dim(text)
+            dim = alg.dim(text)
         except dimexpr.DimError as exc:
             analysis.diagnostics.append(analysis.source.error(path + ("shape", j), exc.code, f"'{name}': {exc}"))
             return None
@@ -147,6 +179,10 @@ def _declared_meta(name: str, decl: TensorDecl, path: tuple, analysis: Analysis)
             analysis.diagnostics.append(analysis.source.error(path + ("shape", j), "dim-negative", f"'{name}': dim {dim} is {dim.value}; sizes must not be negative"))
             return None
         shape.append(dim)
+    too_large = _too_large(tuple(d.value for d in shape), tensor_dtype(decl, analysis.pipeline.dtype))
+    if too_large:
+        analysis.diagnostics.append(analysis.source.error(path + ("shape",), "tensor-too-large", f"'{name}': {too_large} {analysis.bindings()}"))
+        return None
     problem = _source_problem(name, decl, tuple(d.value for d in shape), path[0])
     if problem:
         analysis.diagnostics.append(analysis.source.error(path + (problem[0],), "tensor-source", problem[1]))
@@ -171,6 +207,8 @@ def _all_bool(values) -> bool:
 def _source_problem(name: str, decl: TensorDecl, sizes: tuple[int, ...], section: str) -> tuple[str, str] | None:
     if decl.init in ("linear", "embedding") and section != "params":
         return "init", f"'{name}': init: {decl.init} is a parameter init; declare '{name}' under params"
+    if decl.init in ("randn", "rand", "linear", "embedding") and decl.dtype in ("int64", "int32", "bool"):
+        return "dtype", f"'{name}': init: {decl.init} draws floating-point numbers, it cannot make {decl.dtype}; use values, tokens, arange, zeros or ones"
     if decl.init == "linear" and decl.fan_in is None and len(sizes) < 2:
         return "init", f"'{name}': a 1-d init: linear tensor (a bias) needs 'fan_in' (the in-features of its layer)"
     if decl.init in ("triu", "tril") and len(sizes) != 2:
@@ -185,6 +223,16 @@ def _source_problem(name: str, decl: TensorDecl, sizes: tuple[int, ...], section
             return "values", f"'{name}': 'values' is ragged (rows of different lengths)"
         if found != sizes:
             return "values", f"'{name}': 'values' has shape {list(found)}, but the declared shape is {list(sizes)}"
+    return None
+
+
+def _too_large(sizes: tuple[int, ...], dtype: str) -> str | None:
+    """Why torch could not even describe this tensor (its byte size or strides overflow int64), else None."""
+    n = DTYPE_BYTES.get(dtype, 8)
+    for size in sizes:
+        n *= max(size, 1)
+    if n > MAX_TENSOR_BYTES:
+        return f"a {dtype} tensor of shape {list(sizes)} would need more than 2**62 bytes, which overflows torch's sizes"
     return None
 
 
@@ -210,12 +258,16 @@ def _infer_step(step_id: str, analysis: Analysis) -> None:
                                                           f"{step.op} takes {step.arity} input{'s' if step.arity > 1 else ''}, got {n_data}", step_id, prefer_key=True))
         return
     ins = [analysis.metas[r] for r in refs]
-    ctx = RuleContext(analysis.alg, refs, analysis.pipeline.dtype, step_id)
+    ctx = RuleContext(analysis.alg_of(step_id), refs, analysis.pipeline.dtype, step_id)
     try:
         result = step.infer(ins, ctx)
     except StepError as exc:
         message = " ".join(filter(None, (exc.message, analysis.bindings()))) + (f" — {exc.hint}" if exc.hint else "")
         analysis.diagnostics.append(analysis.source.error(("steps", i) + ((exc.field,) if exc.field else ()), exc.code, message, step_id))
+        return
+    too_large = next(filter(None, (_too_large(m.sizes, m.dtype) for m in ([r[2] for r in result] if isinstance(result, list) else [result]))), None)
+    if too_large:
+        analysis.diagnostics.append(analysis.source.error(("steps", i), "tensor-too-large", f"{too_large} {analysis.bindings()}", step_id, prefer_key=True))
         return
     for message, field in ctx.warnings:
         analysis.diagnostics.append(analysis.source.error(("steps", i, field), "dim-mismatch", message, step_id, severity="warning"))

@@ -14,6 +14,7 @@ FloatDType = Literal["float32", "float64", "float16", "bfloat16"]
 Init = Literal["randn", "rand", "zeros", "ones", "arange", "linear", "embedding", "triu", "tril"]
 Scalar = StrictBool | StrictInt | StrictFloat
 MAX_VALUES = 1_000_000
+SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1  # what torch.manual_seed accepts
 
 
 class Tokens(Strict):
@@ -41,7 +42,7 @@ class TensorDecl(Strict):
     init: Init | None = Field(None, description="how to create it (torch.randn, torch.rand, ... ; 'linear'/'embedding' are nn.Linear's/nn.Embedding's own init)")
     values: Any = Field(None, description="a literal nested list")
     tokens: Tokens | None = Field(None, description="{text, remove}: token ids of a sentence (tutorial 000)")
-    seed: StrictInt | None = Field(None, description="torch.manual_seed(seed) right before creating this tensor")
+    seed: StrictInt | None = Field(None, ge=SEED_MIN, le=SEED_MAX, description="torch.manual_seed(seed) right before creating this tensor")
     dtype: DType | None = Field(None, description="float32, float64, float16, bfloat16, int64, int32 or bool (default: the pipeline's dtype; int64 for tokens, bool for all-boolean values)")
     fan_in: DimText | None = Field(None, description="fan-in for init: linear (default: the last dim of a 2-D weight)")
     note: str | None = Field(None, max_length=500, description="free text shown in diagrams")
@@ -99,7 +100,7 @@ class PipelineSpec(Strict):
     name: str = Field(max_length=120, description="the pipeline's name")
     description: str = Field("", max_length=20_000, description="what it computes, for people")
     dims: dict[Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")], DimText] = Field(default_factory=dict, description="name -> int or expression over other dims")
-    seed: StrictInt | None = Field(None, description="torch.manual_seed before creating any tensor")
+    seed: StrictInt | None = Field(None, ge=SEED_MIN, le=SEED_MAX, description="torch.manual_seed before creating any tensor")
     dtype: FloatDType = Field("float32", description="floating dtype of created tensors")
     inputs: dict[TensorId, TensorDecl] = Field(default_factory=dict, description="named input tensors")
     params: dict[TensorId, TensorDecl] = Field(default_factory=dict, description="named parameters (weights)")

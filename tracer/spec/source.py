@@ -24,6 +24,8 @@ _SCALAR_TAGS = {
     "tag:yaml.org,2002:str", "tag:yaml.org,2002:int", "tag:yaml.org,2002:float",
     "tag:yaml.org,2002:bool", "tag:yaml.org,2002:null",
 }
+_NUMBER_TAGS = {"tag:yaml.org,2002:int", "tag:yaml.org,2002:float"}
+MAX_NUMBER_TEXT = 400  # far longer than any int up to 2**62 or any float torch can hold
 _MAP_TAG = "tag:yaml.org,2002:map"
 _SEQ_TAG = "tag:yaml.org,2002:seq"
 _Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
@@ -66,8 +68,11 @@ def read_document(path: str | Path) -> tuple[Any, SourceMap]:
 
 def parse_document(text: str, name: str = "<string>") -> tuple[Any, SourceMap]:
     source = SourceMap(name)
+    if len(text) > MAX_BYTES:
+        raise TracerError(Diagnostic(name, None, "file-too-large", f"the text is {len(text)} characters; pipeline files are limited to {MAX_BYTES} bytes"))
     if not text.strip():
         raise TracerError(Diagnostic(name, Position(1, 1), "empty-file", "the file is empty; a pipeline needs at least 'name' and 'steps'"))
+    _check_depth(text, name)
     try:
         nodes = list(yaml.compose_all(text, Loader=_Loader))
     except yaml.MarkedYAMLError as exc:
@@ -75,8 +80,12 @@ def parse_document(text: str, name: str = "<string>") -> tuple[Any, SourceMap]:
         pos = Position(mark.line + 1, mark.column + 1) if mark else None
         problem = " ".join(str(p) for p in (exc.context, exc.problem) if p)
         raise TracerError(Diagnostic(name, pos, "yaml-syntax", f"invalid YAML: {problem}")) from None
+    except yaml.reader.ReaderError as exc:  # a control character: str(exc) spans lines, so say it ourselves
+        raise TracerError(Diagnostic(name, _reader_position(text, exc.position), "yaml-syntax",
+                                     f"invalid YAML: unacceptable character #x{exc.character:04x}: {exc.reason}")) from None
     except yaml.YAMLError as exc:
-        raise TracerError(Diagnostic(name, Position(1, 1), "yaml-syntax", f"invalid YAML: {exc}")) from None
+        message = " ".join(str(exc).split())
+        raise TracerError(Diagnostic(name, Position(1, 1), "yaml-syntax", f"invalid YAML: {message}")) from None
     except RecursionError:
         raise TracerError(Diagnostic(name, Position(1, 1), "yaml-too-deep", "the document is nested too deeply")) from None
     nodes = [n for n in nodes if n is not None]
@@ -86,6 +95,37 @@ def parse_document(text: str, name: str = "<string>") -> tuple[Any, SourceMap]:
         raise TracerError(Diagnostic(name, _pos(nodes[1]), "yaml-multi-doc", "expected one YAML document, found several (remove the '---' separators)"))
     walker = _Walker(source)
     return walker.convert(nodes[0], (), 0), source
+
+
+def _reader_position(text: str, offset: int) -> Position:
+    """Line and column of a reader error's offset (libyaml counts UTF-8 bytes, pure PyYAML characters)."""
+    before = text.encode("utf-8", "surrogatepass")[:offset].decode("utf-8", "ignore") if _Loader is not yaml.SafeLoader else text[:offset]
+    return Position(before.count("\n") + 1, len(before) - (before.rfind("\n") + 1) + 1)
+
+
+def _check_depth(text: str, name: str) -> None:
+    """Refuse deep nesting from the event stream, before composing: the C composer recurses once
+    per level and overflows the C stack (a segfault, not a RecursionError) near 10**5 levels, and
+    libyaml is quadratic on deep flow nesting. Streaming events stops at the first level too many,
+    and at the first value too many (composing a 4 MB list of numbers takes seconds)."""
+    depth = count = 0
+    try:
+        for event in yaml.parse(text, Loader=_Loader):
+            count += 1
+            if count > MAX_NODES:
+                mark = event.start_mark
+                raise TracerError(Diagnostic(name, Position(mark.line + 1, mark.column + 1), "yaml-too-large",
+                                             f"the document holds more than {MAX_NODES} values"))
+            if isinstance(event, yaml.CollectionStartEvent):
+                depth += 1
+                if depth > MAX_DEPTH + 1:
+                    mark = event.start_mark
+                    raise TracerError(Diagnostic(name, Position(mark.line + 1, mark.column + 1), "yaml-too-deep",
+                                                 f"the document is nested more than {MAX_DEPTH} levels deep"))
+            elif isinstance(event, yaml.CollectionEndEvent):
+                depth -= 1
+    except yaml.YAMLError:
+        return  # composing stops at the same place and reports it with its position
 
 
 def _read_text(path: Path, name: str) -> str:
@@ -133,9 +173,10 @@ class _Walker:
             self._check_tag(node, _SEQ_TAG)
             return [self.convert(item, path + (i,), depth + 1) for i, item in enumerate(node.value)]
         self._check_tag(node, *_SCALAR_TAGS)
+        self._check_number(node)
         try:
             return self.scalars.construct_object(node, deep=False)
-        except (yaml.YAMLError, ValueError, OverflowError) as exc:
+        except (yaml.YAMLError, ValueError, OverflowError, LookupError, TypeError) as exc:
             self._fail(node, "yaml-value", f"cannot read the value '{node.value[:40]}': {exc}")
 
     def _mapping(self, node: yaml.MappingNode, path: tuple, depth: int) -> dict:
@@ -146,7 +187,11 @@ class _Walker:
                 self._fail(key_node, "yaml-merge-key", "YAML merge keys ('<<') are not supported; write the keys out")
             if not isinstance(key_node, yaml.ScalarNode):
                 self._fail(key_node, "yaml-key", "mapping keys must be plain names")
-            key = self.scalars.construct_object(key_node, deep=False) if key_node.tag in _SCALAR_TAGS else None
+            self._check_number(key_node)
+            try:
+                key = self.scalars.construct_object(key_node, deep=False) if key_node.tag in _SCALAR_TAGS else None
+            except (yaml.YAMLError, ValueError, OverflowError, LookupError, TypeError) as exc:  # e.g. a key tagged '!!int name'
+                self._fail(key_node, "yaml-key", f"cannot read the key '{key_node.value[:40]}': {exc}")
             if not isinstance(key, (str, int)) or isinstance(key, bool):
                 self._fail(key_node, "yaml-key", f"mapping keys must be names, found {key!r}")
             if key in result:
@@ -155,6 +200,11 @@ class _Walker:
             self.source.keys[path + (key,)] = _pos(key_node)
             result[key] = self.convert(value_node, path + (key,), depth + 1)
         return result
+
+    def _check_number(self, node: yaml.Node) -> None:
+        """Refuse absurdly long numbers before converting them: YAML 1.1 base-60 ints ('59:59:...') cost quadratic time."""
+        if node.tag in _NUMBER_TAGS and len(node.value) > MAX_NUMBER_TEXT:
+            self._fail(node, "yaml-value", f"the number '{node.value[:20]}...' is {len(node.value)} characters long (the limit is {MAX_NUMBER_TEXT})")
 
     def _check_tag(self, node: yaml.Node, *allowed: str) -> None:
         if node.tag not in allowed:

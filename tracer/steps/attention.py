@@ -66,9 +66,14 @@ def _fill_value(value):
             value = float(value.strip())
         except ValueError:
             raise ValueError(f"fill must be a number, -inf or -1e9; found '{value[:40]}'") from None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"fill must be a number, -inf or -1e9; found {type(value).__name__}")
     if value != value:
         raise ValueError("fill must not be NaN")
-    return float(value)
+    try:
+        return float(value)
+    except OverflowError:  # an int beyond any float: that is what -inf means
+        return float("-inf") if value < 0 else float("inf")
 
 
 @register

@@ -34,8 +34,16 @@ class Embed(StepBase):
         return fresh(ids.shape + (table.shape[1],), table.dtype)
 
     def kernel(self, k):
-        embedding = k.F.embedding
-        return lambda ids, table: embedding(ids, table)
+        embedding, rows, error, weight = k.F.embedding, k.ins[1].sizes[0], k.error, self.weight
+
+        def embed(ids, table):  # torch would raise a bare IndexError for an id outside the table
+            if ids.numel() and ids.device.type != "meta":
+                low, high = int(ids.min()), int(ids.max())
+                if low < 0 or high >= rows:
+                    raise error("embed-range", f"token id {low if low < 0 else high} is outside the table '{weight}' "
+                                f"({rows} rows: ids 0..{rows - 1})", "input")
+            return embedding(ids, table)
+        return embed
 
 
 @register
@@ -67,7 +75,7 @@ class Linear(StepBase):
             form = "(out, in)" if self.layout == "out_in" else "(in, out)"
             raise StepError("linear-width", f"weight '{self.weight}' {show(w)} read as {form} expects inputs (…, {d_in}), "
                             f"got '{ctx.input_ids[0]}' {show(x)}", "weight",
-                            hint=None if self.layout == "in_out" or x.shape[-1].value != d_out.value else "the weight looks (in, out): set layout: in_out?")
+                            hint=None if self.layout == "in_out" or not x.shape or x.shape[-1].value != d_out.value else "the weight looks (in, out): set layout: in_out?")
         ctx.warn_if_different(x.shape[-1], d_in, f"linear feeds '{ctx.input_ids[0]}' (…, {x.shape[-1]}) into weight '{self.weight}' expecting (…, {d_in})", "weight")
         if len(ins) > 2:
             b = ins[2]

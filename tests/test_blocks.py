@@ -1,0 +1,189 @@
+"""``op: block``: sub-pipelines expanded into namespaced steps, ``repeat: N`` chains, include errors."""
+
+import math
+import textwrap
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import tracer
+from tracer.errors import TracerError
+
+from tests.conftest import PIPELINES
+
+SMALL = {"B": 2, "T": 5, "d_model": 8, "H": 2}
+
+
+def _layer(x, p, H):
+    """Tutorial 000's encoder layer in plain torch (MHA, add & norm, feed-forward, add & norm)."""
+    B, T, d = x.shape
+    Dh = d // H
+
+    def heads(t):
+        return t.reshape(B, T, H, Dh).transpose(1, 2)
+
+    q, k, v = (heads(F.linear(x, p[f"W_{n}"], p[f"b_{n}"])) for n in "QKV")
+    weights = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(Dh), dim=-1)
+    context = (weights @ v).transpose(1, 2).reshape(B, T, d)
+    normed = F.layer_norm(x + F.linear(context, p["W_O"], p["b_O"]), (d,), p["ln1_w"], p["ln1_b"])
+    ffn = F.linear(torch.relu(F.linear(normed, p["W_1"], p["b_1"])), p["W_2"], p["b_2"])
+    return F.layer_norm(normed + ffn, (d,), p["ln2_w"], p["ln2_b"])
+
+
+def _params(trace, prefix):
+    names = ("W_Q", "b_Q", "W_K", "b_K", "W_V", "b_V", "W_O", "b_O", "ln1_w", "ln1_b", "W_1", "b_1", "W_2", "b_2", "ln2_w", "ln2_b")
+    return {n: trace[f"{prefix}/{n}"].tensor for n in names}
+
+
+def test_stack_expanded_trace_equals_plain_torch():
+    trace = tracer.load(PIPELINES / "encoder_stack.yaml").run(dims=SMALL, keep_values=True)
+    x = trace["x"].tensor
+    for i in range(48):
+        x = _layer(x, _params(trace, f"layers/{i}"), SMALL["H"])
+        assert torch.allclose(trace[f"layers/{i}/out"].tensor, x, atol=1e-5), f"layer {i}"
+    assert torch.allclose(trace["layers"].tensor, x, atol=1e-5)
+    assert torch.equal(next(iter(trace.outputs.values())), trace["layers"].tensor)
+
+
+def test_stack_ids_are_namespaced_per_copy_and_chained():
+    pipeline = tracer.load(PIPELINES / "encoder_stack.yaml")
+    trace = pipeline.run(dims=SMALL)
+    ids = [r.id for r in trace.records]
+    assert ids[0] == "x"
+    steps = [r.id for r in trace.records if r.op not in ("input", "param")]
+    assert len(steps) == 48 * 25  # 24 steps and the bound input per layer
+    assert all(i.startswith("layers/") and i.split("/")[1].isdigit() for i in steps)
+    assert len({i.split("/")[1] for i in steps}) == 48
+    assert trace["layers"].id == "layers/47/out"
+    assert trace["layers/3"].id == "layers/3/out"
+    assert trace["layers/0/x"].view_of == "x"  # the bound input shares the outer tensor's storage
+    assert trace["layers/1/x"].view_of == "layers/0/out"  # copy 1 reads copy 0's output
+    assert trace["layers/7/scores"].symbolic_shape == ("B", "H", "T", "T")
+    assert trace["layers/7/hidden"].shape == (2, 5, 32)  # d_ff bound to 4 * d_model
+    assert len([r for r in trace.records if r.op == "param"]) == 48 * 16  # every copy has its own params
+    analysis = trace.analysis
+    assert analysis.step("layers/3/scores").group == analysis.step("layers/3/out").group == "layers/3"  # one cluster per copy
+    info = analysis.blocks["layers"]
+    assert info.copies[0] == "layers/0" and len(info.copies) == 48 and info.output == "layers/47/out"
+    assert info.dims["d_ff"] == 32
+
+
+def test_encoder_block_includes_the_layer_once():
+    trace = tracer.load(PIPELINES / "encoder_block.yaml").run()
+    assert trace["encoder"].id == "encoder/out"
+    assert trace["encoder/scores"].shape == (1, 2, 8, 8)
+    assert trace["encoder/hidden"].shape == (1, 8, 4)
+    standalone = tracer.load(PIPELINES / "blocks" / "encoder_layer.yaml").run()
+    assert standalone["scores"].shape == trace["encoder/scores"].shape
+
+
+def test_stack_meta_run_at_gpt2_size_keeps_strides():
+    trace = tracer.load(PIPELINES / "encoder_stack.yaml").run(dims={"B": 8, "T": 512, "d_model": 768, "H": 12}, device="meta")
+    record = trace["layers/47/K_t"]
+    assert record.shape == (8, 12, 64, 512) and not record.contiguous and record.view_of == "layers/47/K"
+    assert trace["layers/47/context_m"].view_of is None  # the reshape of a transposed tensor copies
+
+
+def _tree(tmp_path, files: dict):
+    for name, text in files.items():
+        path = tmp_path / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(textwrap.dedent(text))
+    return tmp_path
+
+
+BLOCK = """\
+name: blk
+dims: {B: 1, d: 3}
+inputs:
+  x: {shape: [B, d], init: randn}
+params:
+  W: {shape: [d, d], init: linear}
+steps:
+  - {id: y, op: linear, input: x, weight: W}
+"""
+
+
+def _outer(use: str, extra: str = "", dims: str = "{B: 2, d: 4}", inputs: str = "input: x") -> str:
+    return f"""\
+name: outer
+dims: {dims}
+inputs:
+  x: {{shape: [B, d], init: randn}}
+steps:
+  - id: b
+    op: block
+    use: {use}
+    {inputs}
+{extra}"""
+
+
+def _error(path) -> TracerError:
+    with pytest.raises(TracerError) as info:
+        tracer.load(path).run()
+    return info.value
+
+
+def test_block_binds_same_named_dims_and_runs(tmp_path):
+    root = _tree(tmp_path, {"blocks/blk.yaml": BLOCK, "outer.yaml": _outer("blocks/blk.yaml", "    repeat: 3")})
+    trace = tracer.load(root / "outer.yaml").run()
+    assert [r.id for r in trace.records if r.op == "linear"] == ["b/0/y", "b/1/y", "b/2/y"]
+    assert trace["b"].shape == (2, 4)
+
+
+@pytest.mark.parametrize("use, code", [
+    ("../escape.yaml", "block-use"),
+    ("/etc/passwd", "block-use"),
+    ("blocks/missing.yaml", "block-missing"),
+])
+def test_include_path_errors_are_located_at_use(tmp_path, use, code):
+    (tmp_path / "escape.yaml").write_text(BLOCK)
+    root = _tree(tmp_path / "sub", {"blocks/blk.yaml": BLOCK, "outer.yaml": _outer(use)})
+    error = _error(root / "outer.yaml")
+    d = error.diagnostics[0]
+    assert d.code == code and d.file.endswith("outer.yaml") and d.position.line == 8 and d.step == "b"
+
+
+def test_include_cycle_is_an_error(tmp_path):
+    a = _outer("b.yaml").replace("name: outer", "name: a")
+    b = _outer("a.yaml").replace("name: outer", "name: b")
+    root = _tree(tmp_path, {"a.yaml": a, "b.yaml": b})
+    error = _error(root / "a.yaml")
+    assert "block-cycle" in [d.code for d in error.diagnostics]
+    assert "a.yaml -> b.yaml -> a.yaml" in str(error)
+
+
+def test_wrong_number_of_inputs(tmp_path):
+    root = _tree(tmp_path, {"blocks/blk.yaml": BLOCK, "outer.yaml": _outer("blocks/blk.yaml", inputs="inputs: [x, x]")})
+    error = _error(root / "outer.yaml")
+    assert error.code == "block-inputs" and "takes 1 input (x), got 2" in str(error)
+
+
+def test_shape_mismatch_is_located_in_the_block_file(tmp_path):
+    root = _tree(tmp_path, {"blocks/blk.yaml": BLOCK, "outer.yaml": _outer("blocks/blk.yaml", "    dims: {d: 5}")})
+    error = _error(root / "outer.yaml")
+    d = error.diagnostics[0]
+    assert d.code == "block-input" and d.file.endswith("blk.yaml") and d.position.line == 4
+    assert "in block 'b' included at" in d.message and "outer.yaml:6" in d.message
+
+
+def test_error_inside_a_block_step_points_into_the_block(tmp_path):
+    broken = BLOCK.replace("weight: W}", "weight: W}\n  - {id: z, op: matmul, inputs: [y, x]}")
+    root = _tree(tmp_path, {"blocks/blk.yaml": broken.replace("dims: {B: 1, d: 3}", "dims: {B: 2, d: 3}"),
+                            "outer.yaml": _outer("blocks/blk.yaml", dims="{B: 1, d: 3}")})
+    error = _error(root / "outer.yaml")
+    d = error.diagnostics[0]
+    assert d.file.endswith("blk.yaml") and d.position.line == 9 and d.step == "b/z" and d.code == "matmul-shape"
+
+
+@pytest.mark.parametrize("dims, code", [("{nope: 3}", "unknown-dim"), ("{d: B + }", "invalid-value")])
+def test_bad_dim_bindings(tmp_path, dims, code):
+    root = _tree(tmp_path, {"blocks/blk.yaml": BLOCK, "outer.yaml": _outer("blocks/blk.yaml", f"    dims: {dims}")})
+    assert code in [d.code for d in _error(root / "outer.yaml").diagnostics]
+
+
+def test_binding_a_derived_dim_is_refused(tmp_path):
+    block = BLOCK.replace("dims: {B: 1, d: 3}", "dims: {B: 1, e: 3, d: e + 0}")
+    root = _tree(tmp_path, {"blocks/blk.yaml": block, "outer.yaml": _outer("blocks/blk.yaml", "    dims: {d: 4}")})
+    assert _error(root / "outer.yaml").code == "derived-dim"

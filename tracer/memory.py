@@ -1,0 +1,165 @@
+"""Memory estimates from the static analysis alone, and the guard that refuses runs that cannot fit.
+
+Every tensor that owns its storage (its ``Meta.root`` is its own id) costs its bytes from the step
+that creates it until the last step that reads it or any view of it; inputs and params live for
+the whole run; outputs live to the end. That is exactly the lifetime the interpreter gives them
+(it drops each tensor after its last use), so the peak below is what a real run holds in tensors,
+kernels' transient workspaces aside. No torch: ``tracer check`` and the guard stay cheap.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from dataclasses import dataclass, field
+
+from .errors import Diagnostic, TracerError
+from .trace import human_bytes
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """What a real run at these dims would hold in tensor storage."""
+
+    peak_bytes: int  # inputs + params + the largest set of storages alive at once
+    peak_step: str | None  # the step running when the peak is reached (None: no steps ran)
+    persistent_bytes: int  # inputs and params (alive for the whole run)
+    storages: dict[str, int] = field(default_factory=dict)  # root record id -> bytes it allocates
+    live: dict[str, int] = field(default_factory=dict)  # step id -> bytes alive while it runs
+
+    def largest(self, n: int = 3) -> list[tuple[str, int]]:
+        return sorted(self.storages.items(), key=lambda kv: -kv[1])[:n]
+
+
+def estimate_peak(analysis) -> MemoryEstimate:
+    """The peak bytes of tensor storage of a real run of ``analysis`` (see the module docstring)."""
+    metas, graph = analysis.metas, analysis.graph
+    order = graph.order
+    declared = [name for section in ("inputs", "params") for name in getattr(analysis.pipeline, section) if name in metas]
+    persistent = sum(metas[name].nbytes for name in declared)
+    storages = {name: metas[name].nbytes for name in declared}
+    created_at: dict[str, int] = {}  # record id -> step index creating it
+    for i, step_id in enumerate(order):
+        for rid, _ in analysis.inner.get(step_id) or [(step_id, None)]:
+            created_at[rid] = i
+    last = dict(created_at)  # a tensor nobody reads lives during its own step only
+    for i, step_id in enumerate(order):
+        for ref in graph.refs[step_id]:
+            rid = analysis.output_of(ref)
+            if rid in last:
+                last[rid] = max(last[rid], i)
+    end = len(order) - 1
+    for name in analysis.outputs:
+        rid = analysis.output_of(name)
+        if rid in last:
+            last[rid] = end
+    span: dict[str, list[int]] = {}  # root -> [first step, last step] its storage is alive
+    for rid, start in created_at.items():
+        meta = metas.get(rid)
+        if meta is None:
+            continue
+        root = meta.root or rid
+        if root in storages and root not in created_at:
+            continue  # a view of an input or param: no new storage
+        if root == rid:
+            storages[rid] = meta.nbytes
+        s = span.setdefault(root, [start, last[rid]])
+        s[0], s[1] = min(s[0], start), max(s[1], last[rid])
+    delta = [0] * (len(order) + 1)
+    for root, (first, final) in span.items():
+        nbytes = storages.get(root, 0)
+        delta[first] += nbytes
+        delta[final + 1] -= nbytes
+    live, running, peak, peak_step = {}, persistent, persistent, None
+    for i, step_id in enumerate(order):
+        running += delta[i]
+        live[step_id] = running
+        if running > peak or peak_step is None:
+            peak, peak_step = max(peak, running), step_id
+    return MemoryEstimate(peak, peak_step, persistent, storages, live)
+
+
+# ---------------------------------------------------------------- budgets
+
+_UNITS = {"": 1, "b": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4, "p": 1024**5,
+          "kb": 1000, "mb": 1000**2, "gb": 1000**3, "tb": 1000**4, "pb": 1000**5,
+          "kib": 1024, "mib": 1024**2, "gib": 1024**3, "tib": 1024**4, "pib": 1024**5}
+_SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*([A-Za-z]*)\s*$")
+
+
+def parse_bytes(text: str | int | float) -> int:
+    """``'8GiB'``, ``'500MB'``, ``'1.5G'`` (binary), ``'1048576'`` → bytes; ``ValueError`` otherwise."""
+    if isinstance(text, bool):
+        raise ValueError(f"expected a size such as 8GiB or 500MB, got {text!r}")
+    if isinstance(text, (int, float)):
+        if text < 0:
+            raise ValueError(f"a memory size must not be negative, got {text}")
+        return int(text)
+    match = _SIZE.match(str(text))
+    unit = match and match.group(2).lower()
+    if not match or unit not in _UNITS:
+        raise ValueError(f"expected a size such as 8GiB, 500MB or 1073741824, got '{text}'")
+    return int(float(match.group(1)) * _UNITS[unit])
+
+
+_AVAILABLE: list[float] = [0.0, -1.0]  # [bytes, when read]: re-read at most once a second
+
+
+def available_memory() -> int:
+    """Available RAM in bytes: MemAvailable from /proc/meminfo, else free pages from sysconf."""
+    now = time.monotonic()
+    if now - _AVAILABLE[1] < 1.0:
+        return int(_AVAILABLE[0])
+    value = None
+    try:
+        with open("/proc/meminfo", "rb") as f:
+            for line in f:
+                if line.startswith(b"MemAvailable:"):
+                    value = int(line.split()[1]) * 1024
+                    break
+    except (OSError, ValueError, IndexError):
+        value = None
+    if value is None:
+        try:
+            value = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (ValueError, OSError, AttributeError):
+            value = 1 << 62  # unknown: do not refuse
+    _AVAILABLE[0], _AVAILABLE[1] = value, now
+    return value
+
+
+def default_budget(device: str = "cpu") -> tuple[int, str]:
+    """Half of the memory the device has free, and how to say so."""
+    if str(device).startswith("cuda"):
+        try:
+            import torch
+
+            free, _ = torch.cuda.mem_get_info(torch.device(device))
+            return free // 2, "half of the free GPU memory"
+        except Exception:  # no CUDA build or driver: let torch report it when the run starts
+            return 1 << 62, "unknown"
+    return available_memory() // 2, "half of the available RAM"
+
+
+def check_budget(analysis, device: str = "cpu", max_memory: int | str | None = None) -> None:
+    """Refuse a real run whose estimated peak exceeds the budget; meta runs allocate nothing."""
+    if str(device) == "meta":
+        return
+    estimate = analysis.memory
+    if max_memory is not None:
+        budget, what = parse_bytes(max_memory), "max_memory"
+        if estimate.peak_bytes <= budget:
+            return
+    else:
+        if estimate.peak_bytes <= _AVAILABLE[0] // 2 and time.monotonic() - _AVAILABLE[1] < 1.0:
+            return  # fast path for repeated runs
+        budget, what = default_budget(device)
+        if estimate.peak_bytes <= budget:
+            return
+    largest = ", ".join(f"{rid} {human_bytes(n)}" for rid, n in estimate.largest())
+    message = (f"a real run at {analysis.bindings()} needs an estimated {human_bytes(estimate.peak_bytes)} of tensors "
+               f"(peak at step '{estimate.peak_step}'; largest: {largest}), over the budget of {human_bytes(budget)} ({what}); "
+               f"trace it without allocating anything with --device meta (device='meta'), "
+               f"or raise the budget with --max-memory (max_memory=)")
+    raise TracerError(Diagnostic(analysis.source.file, None, "memory-budget", message))
