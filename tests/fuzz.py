@@ -829,7 +829,8 @@ def limit_memory(limit: int = MEMORY_LIMIT) -> None:
         pass
 
 
-def campaign(n: int, seed: int | str = 0, start: int = 0, show: bool = False, report: int = 3, out=sys.stdout) -> int:
+def campaign(n: int, seed: int | str = 0, start: int = 0, show: bool = False, report: int = 3, out=None) -> int:
+    out = out or sys.stdout
     _ops()
     import tracer  # noqa: F401  (import torch and friends before the clock starts)
     import tracer.interpreter  # noqa: F401

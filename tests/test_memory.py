@@ -90,6 +90,7 @@ def test_guard_default_budget_is_half_the_available_memory(monkeypatch):
     pipeline = tracer.load(MHA)
     _no_allocation(monkeypatch)
     monkeypatch.setattr(memory, "_AVAILABLE", [0.0, -1.0])
+    monkeypatch.setattr(memory, "MIN_DEFAULT_BUDGET", 0)  # (by default runs under 64 MiB are never refused)
     monkeypatch.setattr(memory, "available_memory", lambda: 3000)  # half of it, 1500 B, is under the 1808 B peak
     with pytest.raises(TracerError) as info:
         pipeline.run()

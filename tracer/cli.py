@@ -53,6 +53,8 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--seed", type=int, help="override the pipeline's seed")
     run.add_argument("--values", action="store_true", help="keep and print tensor values")
     run.add_argument("--json", action="store_true", help="print the trace as JSON")
+    run.add_argument("-o", "--output", metavar="OUT", help="write the table (or with --json the JSON) to OUT instead of stdout; "
+                     "written atomically: a failed run leaves OUT as it was")
     run.add_argument("--device", default="cpu", help="torch device: cpu, cuda, meta (default: cpu)")
     run.add_argument("--max-memory", type=_size, metavar="SIZE", help="refuse a real run whose estimated peak exceeds SIZE, e.g. 8GiB or 500MB "
                      "(default: half of the available RAM; --device meta allocates nothing)")
@@ -113,6 +115,12 @@ def _run(args) -> int:
 
     for warning in trace.analysis.warnings + runtime_warnings(trace):
         print(warning, file=sys.stderr)
+    if args.output:
+        from .atomic import write_atomic
+
+        text = trace.to_json(values=args.values) if args.json else str(trace) + "\n" + _peak_line(trace)
+        print(f"wrote {write_atomic(args.output, text + chr(10), error_file=args.file)}", file=sys.stderr)
+        return 0
     if args.json:
         print(trace.to_json(values=args.values))
         return 0

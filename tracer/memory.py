@@ -129,17 +129,20 @@ def available_memory() -> int:
     return value
 
 
+MIN_DEFAULT_BUDGET = 64 << 20  # small runs are never refused because of a moment of memory pressure
+
+
 def default_budget(device: str = "cpu") -> tuple[int, str]:
-    """Half of the memory the device has free, and how to say so."""
+    """Half of the memory the device has free (at least 64 MiB), and how to say so."""
     if str(device).startswith("cuda"):
         try:
             import torch
 
             free, _ = torch.cuda.mem_get_info(torch.device(device))
-            return free // 2, "half of the free GPU memory"
+            return max(free // 2, MIN_DEFAULT_BUDGET), "half of the free GPU memory"
         except Exception:  # no CUDA build or driver: let torch report it when the run starts
             return 1 << 62, "unknown"
-    return available_memory() // 2, "half of the available RAM"
+    return max(available_memory() // 2, MIN_DEFAULT_BUDGET), "half of the available RAM"
 
 
 def check_budget(analysis, device: str = "cpu", max_memory: int | str | None = None) -> None:
@@ -152,7 +155,7 @@ def check_budget(analysis, device: str = "cpu", max_memory: int | str | None = N
         if estimate.peak_bytes <= budget:
             return
     else:
-        if estimate.peak_bytes <= _AVAILABLE[0] // 2 and time.monotonic() - _AVAILABLE[1] < 1.0:
+        if estimate.peak_bytes <= max(_AVAILABLE[0] // 2, MIN_DEFAULT_BUDGET) and time.monotonic() - _AVAILABLE[1] < 1.0:
             return  # fast path for repeated runs
         budget, what = default_budget(device)
         if estimate.peak_bytes <= budget:

@@ -169,6 +169,10 @@ def _dim_error(exc: dimexpr.DimError, exprs: dict, source: SourceMap) -> Diagnos
 def _declared_meta(name: str, decl: TensorDecl, path: tuple, analysis: Analysis) -> Meta | None:
     shape = []
     alg = analysis.alg_of(name)
+    cache = analysis.__dict__.setdefault("_declared_dims", {})  # every copy of a block shares its declarations
+    key = (id(alg), id(decl), path[0])
+    if key in cache:
+        return with_root(fresh(cache[key], tensor_dtype(decl, analysis.pipeline.dtype)), name)
     for j, text in enumerate(decl.shape):
         try:
             dim = alg.dim(text)
@@ -187,6 +191,7 @@ def _declared_meta(name: str, decl: TensorDecl, path: tuple, analysis: Analysis)
     if problem:
         analysis.diagnostics.append(analysis.source.error(path + (problem[0],), "tensor-source", problem[1]))
         return None
+    cache[key] = tuple(shape)
     return with_root(fresh(tuple(shape), tensor_dtype(decl, analysis.pipeline.dtype)), name)
 
 

@@ -17,7 +17,7 @@ import yaml
 from ..errors import Diagnostic, Position, TracerError
 
 MAX_BYTES = 4 * 1024 * 1024
-MAX_NODES = 200_000
+MAX_NODES = 100_000  # values (scalars and collections) after alias expansion; composing costs ~10 us each
 MAX_DEPTH = 64
 
 _SCALAR_TAGS = {

@@ -55,6 +55,8 @@ class LayerNorm(StepBase):
         for name, p in zip(self.param_refs(), ins[1:]):
             if p.sizes != (x.sizes[-1],):
                 raise StepError("shape", f"'{name}' must be ({x.shape[-1]}) [{x.sizes[-1]}], got {show(p)}", "weight")
+            if p.dtype != x.dtype:
+                raise StepError("dtype", f"layernorm of {x.dtype} '{ctx.input_ids[0]}' with {p.dtype} '{name}'", "weight")
         return fresh(x.shape, x.dtype)
 
     def kernel(self, k):

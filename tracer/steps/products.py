@@ -76,6 +76,8 @@ class Bmm(StepBase):
         a, b = ins
         if len(a.shape) != 3 or len(b.shape) != 3:
             raise StepError("bmm-shape", f"bmm needs two 3-d tensors, got {show(a)} and {show(b)}", "inputs")
+        if a.dtype != b.dtype:
+            raise StepError("dtype", f"bmm of {a.dtype} and {b.dtype}", "inputs")
         if a.shape[0].value != b.shape[0].value or a.shape[2].value != b.shape[1].value:
             raise StepError("bmm-shape", f"bmm needs (N, n, k) @ (N, k, m), got {show(a)} @ {show(b)}", "inputs")
         return fresh((a.shape[0], a.shape[1], b.shape[2]), a.dtype)

@@ -70,6 +70,9 @@ class Linear(StepBase):
         require_float(x, ctx.input_ids[0], "linear")
         if len(w.shape) != 2:
             raise StepError("shape", f"weight '{self.weight}' must be 2-d, got {show(w)}", "weight")
+        for name, p, field in ((self.weight, w, "weight"), (self.bias, ins[2] if len(ins) > 2 else None, "bias")):
+            if p is not None and p.dtype != x.dtype:  # torch refuses mixed dtypes here rather than promoting
+                raise StepError("dtype", f"linear of {x.dtype} '{ctx.input_ids[0]}' with {p.dtype} '{name}'", field)
         d_in, d_out = (w.shape[1], w.shape[0]) if self.layout == "out_in" else (w.shape[0], w.shape[1])
         if not x.shape or x.shape[-1].value != d_in.value:
             form = "(out, in)" if self.layout == "out_in" else "(in, out)"
