@@ -315,6 +315,7 @@ def _profile() -> int:
 
     import tracer
 
+    torch.set_num_threads(1)  # as the toy-size benchmark: an idle OpenMP worker otherwise dominates the profile
     pipeline = tracer.load(MHA)
     pipeline.run()
     profiler = Profiler(interval=0.00005)
@@ -420,10 +421,11 @@ tutorial 002's `MultiHeadAttention` (benchmarks/eager.py) in eval mode with the 
 
 Profiled with cProfile and pyinstrument (`benchmarks/run.py --profile`) on 3000 toy-size runs:
 
-- **Before:** a traced run cost ~2.5× eager. Per run: `_enforce_expectations` re-parsed every
-  `expect:` dim expression (~35 µs), each of the 26 `TensorRecord`s was built from ~8 torch
-  metadata calls plus a frozen-dataclass `__init__` (~3 µs each, ~75 µs), and `torch.set_rng_state`
-  ran on every run although nothing random was planned.
+- **Before:** a traced run cost ~2.5× eager (172 µs vs 68 µs). Per run: `_enforce_expectations`
+  re-parsed every `expect:` dim expression and `torch.set_rng_state` ran although nothing random
+  was planned (together ~70 µs); each of the 26 `TensorRecord`s was built from ~8 torch metadata
+  calls plus a frozen-dataclass `__init__` (~3 µs each, ~75 µs). The kernels themselves took
+  ~58 µs, less than the eager module (~66 µs, which also pays `nn.Module.__call__` and `mask.bool()`).
 - **After:** records are built once per plan from the static analysis; a run only checks that
   torch's tensor has the predicted shape, strides, offset, dtype and storage owner (one weakref per
   new storage) and reuses the record (any difference is recorded as observed); input and param
@@ -436,7 +438,12 @@ Profiled with cProfile and pyinstrument (`benchmarks/run.py --profile`) on 3000 
   per process; the meta timing above is taken after it). Elementwise meta kernels run through
   torch's Python reference implementations (~0.3 ms each), which is what a 1200-step meta run pays.
 
-Noise: the machine was shared with other engineers' test runs; see the min–max spreads.
+Noise: the machine was shared with other engineers' test runs (load average 2–3.5 on 2 cores while
+these numbers were taken); see the min–max spreads. Ratios are paired per round, so load hits both
+sides of a ratio alike; raw times move by up to 2× between runs.
+
+The `tracer check` row belongs to issue 4: a fresh process spends ~0.28 s importing tracer's
+modules (pydantic, networkx, yaml) before it checks anything; the 48-layer stack adds ~0.05 s.
 """
     path.write_text(text)
     print(f"wrote {path}")
