@@ -255,17 +255,12 @@ def create_tensors(analysis: Analysis, device: str, seed: int | None, given: dic
 
 def _declaration_order(analysis: Analysis):
     source, spec = analysis.source, analysis.pipeline
-    sections = sorted(("inputs", "params"), key=lambda s: (source.keys.get((s,)) or source.values.get(()) or _FAR).line)
+    # the section written first in the file is created first (an absent section is empty anyway)
+    sections = sorted(("inputs", "params"), key=lambda s: source.keys[(s,)].line if (s,) in source.keys else 0)
     for section in sections:
         for name, decl in getattr(spec, section).items():
             yield section, name, decl
 
-
-class _Far:
-    line = math.inf
-
-
-_FAR = _Far()
 
 
 def _checked_given(name, tensor, meta: Meta, analysis: Analysis, section: str, device: str):
@@ -315,7 +310,4 @@ def _linear_init(decl: TensorDecl, meta: Meta, torch, device, dtype, alg):
 def run_plan(plan: Plan, tensors: dict[str, Any], pipeline: Any, seed: int | None, keep_values: bool) -> Trace:
     divergent = plan.divergent
     records, outputs = plan.run(tensors, keep_values)
-    trace = Trace(pipeline, plan.analysis, records, outputs, seed, keep_values)
-    trace.peak_bytes = plan.analysis.peak_bytes  # estimated peak of a real run (a meta run allocates none of it)
-    trace.as_predicted = plan.divergent == divergent  # every record matched the static analysis exactly
-    return trace
+    return Trace(pipeline, plan.analysis, records, outputs, seed, keep_values, as_predicted=plan.divergent == divergent)

@@ -55,8 +55,10 @@ def _finite(value: Any) -> Any:
 class Trace:
     """The records of one run, in execution order; ``trace["scores"]`` looks one up."""
 
-    def __init__(self, pipeline: Any, analysis: Any, records: list[TensorRecord], outputs: dict, seed: int | None, keep_values: bool):
+    def __init__(self, pipeline: Any, analysis: Any, records: list[TensorRecord], outputs: dict, seed: int | None,
+                 keep_values: bool, as_predicted: bool = True):
         self.pipeline, self.analysis = pipeline, analysis
+        self.as_predicted = as_predicted  # every record matched the static analysis exactly
         self.records = records
         self.outputs = outputs
         self.seed = seed
@@ -66,6 +68,11 @@ class Trace:
     @property
     def name(self) -> str:
         return self.analysis.pipeline.name
+
+    @property
+    def peak_bytes(self) -> int:
+        """Estimated peak memory of a real run at these dims (a meta run allocates none of it)."""
+        return self.analysis.peak_bytes
 
     @property
     def dims(self) -> dict[str, int]:

@@ -30,9 +30,6 @@ _MAP_TAG = "tag:yaml.org,2002:map"
 _SEQ_TAG = "tag:yaml.org,2002:seq"
 _Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
-Path_ = tuple  # a path into the document: keys and list indexes
-
-
 @dataclass
 class SourceMap:
     """Positions of the keys and values of one loaded document, addressed by path."""
