@@ -187,3 +187,32 @@ def test_binding_a_derived_dim_is_refused(tmp_path):
     block = BLOCK.replace("dims: {B: 1, d: 3}", "dims: {B: 1, e: 3, d: e + 0}")
     root = _tree(tmp_path, {"blocks/blk.yaml": block, "outer.yaml": _outer("blocks/blk.yaml", "    dims: {d: 4}")})
     assert _error(root / "outer.yaml").code == "derived-dim"
+
+
+def test_a_blocks_own_expect_is_checked_on_every_copy_in_its_own_dims(tmp_path):
+    # the block's 'w' is bound to 2 * d, so its expectation must be read in the block's dims
+    block = BLOCK.replace("dims: {B: 1, d: 3}", "dims: {B: 1, d: 3, w: 6}").replace(
+        "W: {shape: [d, d], init: linear}", "W1: {shape: [w, d], init: linear}\n  W2: {shape: [d, w], init: linear}").replace(
+        "- {id: y, op: linear, input: x, weight: W}", "- {id: h, op: linear, input: x, weight: W1}\n  - {id: y, op: linear, weight: W2}")
+    outer = _outer("blocks/blk.yaml", "    dims: {w: 2 * d}\n    repeat: 3")
+    good = _tree(tmp_path / "good", {"blocks/blk.yaml": block + "expect:\n  h: [B, w]\n", "outer.yaml": outer})
+    pipeline = tracer.load(good / "outer.yaml")
+    assert pipeline.check().pipeline.expect == {f"b/{i}/h": ["B", "w"] for i in range(3)}
+    assert pipeline.run()["b/2/h"].shape == (2, 8)
+    wrong = block + "expect:\n  h: [B, d]\n"
+    bad = _tree(tmp_path / "bad", {"blocks/blk.yaml": wrong, "outer.yaml": outer})
+    [d] = _error(bad / "outer.yaml").diagnostics
+    assert d.code == "expect" and d.file.endswith("blk.yaml") and d.position.line == wrong.splitlines().index("  h: [B, d]") + 1
+    assert "expected 'b/0/h' to be (B, d) [2, 4], found (B, w) [2, 8]" in d.message
+    assert "copy 0 included at" in d.message and d.message.endswith("the same in 2 more copies")
+    # the including file's own entry for the same tensor wins
+    _tree(bad, {"outer.yaml": outer + "\nexpect:\n  b/0/h: [B, 2 * d]\n"})
+    with pytest.raises(TracerError) as info:
+        tracer.load(bad / "outer.yaml")
+    assert "'b/1/h'" in str(info.value) and "the same in 1 more copy" in str(info.value) and "'b/0/h'" not in str(info.value)
+
+
+def test_bundled_block_expectations_hold_on_all_48_copies():
+    analysis = tracer.load(PIPELINES / "encoder_stack.yaml").check()
+    # the file's own `layers: [B, T, d_model]` is the last copy's `out`
+    assert len(analysis.pipeline.expect) == 48 * 3 and not analysis.errors

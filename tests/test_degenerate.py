@@ -142,6 +142,8 @@ def test_overflowing_dims_are_clear_errors_not_torch_crashes(value, code):
             pipeline.run(dims={"T": value}, device=device)
         assert info.value.code == code, str(info.value)
         assert str(info.value).startswith("c.yaml:")
+        if value < 0:  # the value given, not the file's
+            assert "--dim T=-1; dims must not be negative" in str(info.value)
 
 
 @pytest.mark.parametrize("text, code", [

@@ -24,6 +24,7 @@ CASES = {
     "view-non-contiguous": (GOOD.replace("{id: merged, op: merge, input: context, group: merge heads}",
                                          "{id: ctx_t, op: transpose, input: context, dims: [1, 2]}\n  - {id: merged, op: view, shape: [B, T, d_model]}"),
                             "view-non-contiguous", None),
+    "invalid-id": (GOOD.replace("{id: scores, op: matmul", "{id: 'attention scores', op: matmul"), "invalid-id", None),
     "empty": ("", "empty-file", 1),
     "binary": (b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR", "file-binary", 1),
 }
@@ -41,6 +42,7 @@ EXPECTED_LINES = {
     "dim-expr-call": line_of(CASES["dim-expr-call"][0], "__import__"),
     "not-divisible": line_of(GOOD, "Dh: d_model // H"),
     "view-non-contiguous": line_of(CASES["view-non-contiguous"][0], "id: merged, op: view"),
+    "invalid-id": line_of(CASES["invalid-id"][0], "attention scores"),
 }
 
 

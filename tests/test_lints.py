@@ -183,3 +183,21 @@ def test_view_non_contiguous_is_an_error():
     with pytest.raises(tracer.TracerError) as info:
         tracer.load(EXAMPLES / "view_non_contiguous.yaml")
     assert [d.code for d in info.value.diagnostics] == ["view-non-contiguous"]
+
+
+def test_lints_read_a_block_step_with_its_own_dims(tmp_path):
+    """Two uses bind the block's d_k differently, so d_k is not a dim of the whole file."""
+    (tmp_path / "attn.yaml").write_text(
+        "name: attn\ndims: {T: 3, d: 4, d_k: 4}\ninputs:\n  x: {shape: [T, d], init: randn}\nsteps:\n"
+        "  - {id: kt, op: transpose, input: x, dims: [0, 1]}\n"
+        "  - {id: s, op: matmul, inputs: [x, kt]}\n"
+        "  - {id: scaled, op: scale, divide: {sqrt: d_k}}\n"
+        "  - {id: w, op: softmax, dim: -1}\n")
+    top = tmp_path / "top.yaml"
+    top.write_text("name: top\ndims: {T: 3}\ninputs:\n  a: {shape: [T, 4], init: randn}\n  b: {shape: [T, 8], init: randn}\n"
+                   "steps:\n"
+                   "  - {id: one, op: block, use: attn.yaml, input: a, dims: {d: 4, d_k: 4}}\n"
+                   "  - {id: two, op: block, use: attn.yaml, input: b, dims: {d: 8, d_k: 2}}\n"
+                   "outputs: [one, two]\n")
+    [d] = tracer.load(top).check().warnings
+    assert d.code == "scale-mismatch" and d.step == "two/scaled" and "d_k=2" in d.message and "d=8" in d.message

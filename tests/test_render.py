@@ -14,7 +14,7 @@ import pytest
 import tracer
 from tests.conftest import PIPELINES, ROOT, pipeline_text
 from tracer.errors import TracerError
-from tracer.gallery import build, gallery_name, pipeline_files
+from tracer.gallery import build, gallery_name, pipeline_files, repeated_blocks
 from tracer.render import dot_source, render_file
 
 CAUSAL = PIPELINES / "causal_mha.yaml"
@@ -79,7 +79,7 @@ def test_groups_are_clusters_and_the_composite_merge_shows_its_copy():
 
 def test_collapse_draws_one_node_per_group_with_input_to_output_shapes():
     dot = dot_source(causal_trace(), collapse=["attention core", "Q projection"])
-    collapsed = [line for line in dot.splitlines() if "steps collapsed" in line]
+    collapsed = [line for line in dot.splitlines() if " collapsed</FONT>" in line]
     assert len(collapsed) == 2
     core = next(line for line in collapsed if "attention core" in line)
     assert "(B, H, T, Dh), (B, H, T, Dh), (B, H, T, Dh) → (B, H, T, Dh)" in core
@@ -87,6 +87,36 @@ def test_collapse_draws_one_node_per_group_with_input_to_output_shapes():
     names = {n for t, h, _ in edges(dot) for n in (t, h)}
     assert not names & {"scores", "masked", "weights", "q", "q_heads"}
     assert ("x", "group@0") in {(t, h) for t, h, _ in edges(dot)}  # the Q projection reads x once
+    # a param only the collapsed group reads is folded into it, not left dangling outside
+    projection = next(line for line in collapsed if "Q projection" in line)
+    assert "3 steps and 1 param collapsed" in projection and "W_q" not in names and '"W_q" [' not in dot
+
+
+@pytest.fixture(scope="module")
+def stack_trace():
+    return tracer.load(PIPELINES / "encoder_stack.yaml").run(device="meta")
+
+
+def test_collapse_a_block_by_path_prefix_or_glob(stack_trace):
+    def collapsed(*patterns):
+        dot = dot_source(stack_trace, collapse=patterns)
+        return [line for line in dot.splitlines() if " collapsed</FONT>" in line], dot
+
+    steps_per_layer = sum(1 for s in stack_trace.analysis.pipeline.steps if s.group == "layers/0")
+    assert repeated_blocks(tracer.load(PIPELINES / "encoder_stack.yaml")) == ["layers/*"]  # how the gallery draws it
+    per_copy, dot = collapsed("layers/*")
+    assert len(per_copy) == 48 and all(f"{steps_per_layer} steps and" in line for line in per_copy)
+    assert "(B, T, d_model) → (B, T, d_model)" in per_copy[0] and "[2, 8, 16] → [2, 8, 16]" in per_copy[0]
+    chain = {(t, h) for t, h, _ in edges(dot)}
+    assert ("x", "group@0") in chain and ("group@0", "group@1") in chain and ("group@47", "output@layers/47/out") in chain
+    whole, dot = collapsed("layers")
+    assert len(whole) == 1 and f"{48 * steps_per_layer} steps" in whole[0]
+    assert {(t, h) for t, h, _ in edges(dot)} == {("x", "group@48"), ("group@48", "output@layers/47/out")}
+    one, _ = collapsed("layers/3")
+    assert len(one) == 1 and "layers/3" in one[0]
+    with pytest.raises(TracerError) as info:
+        dot_source(stack_trace, collapse=["layer/*"])
+    assert info.value.code == "unknown-group" and "'layers'" in str(info.value) and "'layers/*'" in str(info.value)
 
 
 def test_collapse_of_an_unknown_group_names_the_groups():

@@ -70,6 +70,17 @@ def test_wrong_expect_fails_check_and_pytest_plugin_with_file_and_line(tmp_path)
     assert "1 failed, 1 passed" in proc.stdout and f"{bad}:{line}:3: error[expect]" in proc.stdout
 
 
+def test_check_of_every_bundled_pipeline_never_imports_torch():
+    files = [str(p) for p in sorted(PIPELINES.rglob("*.yaml")) if "lint_examples" not in p.parts]
+    # torch is made unimportable; networkx is only needed for out-of-order steps, cycles and diagrams
+    code = ("import sys; sys.modules['torch'] = None; from tracer.cli import main; rc = main(sys.argv[1:]); "
+            "print(sorted(m for m in ('torch', 'networkx') if sys.modules.get(m))); sys.exit(rc)")
+    proc = subprocess.run([sys.executable, "-c", code, "check", *files], capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]"
+    assert len(files) > 15 and "error" not in proc.stderr
+
+
 def test_plugin_collects_nothing_unless_asked(tmp_path):
     (tmp_path / "good.yaml").write_text(CAUSAL.read_text())
     proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q"], capture_output=True, text=True, cwd=tmp_path)

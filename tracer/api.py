@@ -92,7 +92,7 @@ def _enforce_expectations(trace: Trace) -> None:
     if sizes is None:  # evaluated once per analysis: a run pays only the comparisons
         sizes = analysis.__dict__["_expected_sizes"] = {
             name: None if (shape := expected if isinstance(expected, list) else expected.shape) is None
-            else tuple(analysis.alg.dim(t).value for t in shape) for name, expected in analysis.pipeline.expect.items()}
+            else tuple(analysis.expect_alg_of(name).dim(t).value for t in shape) for name, expected in analysis.pipeline.expect.items()}
     problems = []
     for name, expected in analysis.pipeline.expect.items():
         record = trace[name]

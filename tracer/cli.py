@@ -64,7 +64,7 @@ def _parser() -> argparse.ArgumentParser:
     render.add_argument("file", metavar="FILE")
     render.add_argument("-o", "--output", help="output file; the format comes from its suffix (default: NAME.svg)")
     _dims_option(render)
-    render.add_argument("--collapse", action="append", default=[], metavar="GROUP", help="draw a group as one node (repeatable)")
+    render.add_argument("--collapse", action="append", default=[], metavar="GROUP", help="draw a group as one node: a group name, a group path ('layers' folds all copies of a block, 'layers/3' one) or a glob ('layers/*': one node per copy); repeatable")
     render.add_argument("--device", default="cpu", help="torch device for the run (meta: no memory)")
     render.set_defaults(handler=_render)
 

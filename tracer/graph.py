@@ -1,37 +1,68 @@
-"""The step graph: a networkx DiGraph over tensor ids, its order, and its structural errors."""
+"""The step graph: tensor ids and the edges between them, their order, and structural errors.
+
+The graph is a networkx DiGraph. Building it costs a networkx import (~60 ms), which
+``tracer check`` would pay on every call, so it is built on first use: in the common case every
+edge runs forward in the file, the file's order is the topological order and there is no cycle,
+and the plain adjacency maps below answer everything the checker and lints ask.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-import networkx as nx
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import TYPE_CHECKING
 
 from .errors import Diagnostic
 from .spec.pipeline import PipelineSpec
 from .spec.source import SourceMap
 
+if TYPE_CHECKING:
+    import networkx as nx
+
 
 @dataclass
 class StepGraph:
-    graph: nx.DiGraph
+    nodes: dict[str, str]  # tensor id -> kind: "input", "param" or "step" (first declaration wins)
+    edges: list[tuple[str, str]]  # (producer, consumer), one per reference
     order: list[str]  # step ids in execution order
     refs: dict[str, list[str]]  # step id -> every tensor it reads (data inputs, then params)
     data_inputs: dict[str, list[str]]
     index: dict[str, int]  # step id -> position in the file's step list
     diagnostics: list[Diagnostic]
+    users: dict[str, list[str]] = field(init=False)  # tensor id -> the steps that read it, in file order
+
+    def __post_init__(self) -> None:
+        self.users = {node: [] for node in self.nodes}
+        for producer, consumer in self.edges:
+            if consumer not in self.users[producer]:
+                self.users[producer].append(consumer)
+
+    @cached_property
+    def graph(self) -> "nx.DiGraph":
+        """The networkx DiGraph over tensor ids; each node carries its ``kind``."""
+        return _digraph(self.nodes, self.edges)
+
+
+def _digraph(nodes: dict[str, str], edges: list[tuple[str, str]]) -> "nx.DiGraph":
+    import networkx as nx
+
+    graph = nx.DiGraph()
+    graph.add_nodes_from((node, {"kind": kind}) for node, kind in nodes.items())
+    graph.add_edges_from(edges)
+    return graph
 
 
 def build_graph(pipeline: PipelineSpec, source: SourceMap) -> StepGraph:
-    graph = nx.DiGraph()
     problems: list[Diagnostic] = []
     declared: dict[str, tuple] = {}
+    nodes: dict[str, str] = {}
     for section in ("inputs", "params"):
         for name in getattr(pipeline, section):
             if name in declared:
                 problems.append(source.error((section, name), "duplicate-id", f"'{name}' is declared twice (also in {declared[name][0]})", prefer_key=True))
             declared[name] = (section, name)
-            graph.add_node(name, kind=section[:-1])
-    index, refs, data_inputs = {}, {}, {}
+            nodes.setdefault(name, section[:-1])
+    index, refs, data_inputs, edges = {}, {}, {}, []
     # the first step reads the pipeline's only input unless it says otherwise
     previous = next(iter(pipeline.inputs)) if len(pipeline.inputs) == 1 else None
     for i, step in enumerate(pipeline.steps):
@@ -46,24 +77,26 @@ def build_graph(pipeline: PipelineSpec, source: SourceMap) -> StepGraph:
         index[step.id] = i
         data_inputs[step.id] = step.data_inputs(previous)
         refs[step.id] = data_inputs[step.id] + step.param_refs()
-        graph.add_node(step.id, kind="step", op=step.op)
+        nodes[step.id] = "step"
         previous = step.id
     for step_id, i in index.items():
         step = pipeline.steps[i]
         if not data_inputs[step_id]:
             problems.append(source.error(("steps", i), "missing-input", "the first step needs 'input' or 'inputs' (it defaults to the pipeline's input only when there is exactly one)", step_id, prefer_key=True))
-        for ref, field in _ref_fields(step, data_inputs[step_id]):
+        for ref, field_path in _ref_fields(step, data_inputs[step_id]):
             if ref not in declared:
-                problems.append(source.error(("steps", i) + field, "unknown-ref", _unknown(ref, declared), step_id))
+                problems.append(source.error(("steps", i) + field_path, "unknown-ref", _unknown(ref, declared), step_id))
             else:
-                graph.add_edge(ref, step_id)
+                edges.append((ref, step_id))
+    result = StepGraph(nodes, edges, [], refs, data_inputs, index, problems)
     # the common case: every edge runs forward in the file, so there is no cycle and the file's
     # order is the topological order (this is what makes 48-layer stacks cheap to check)
-    forward = all(index.get(u, -1) < index.get(v, -1) for u, v in graph.edges)
+    forward = all(index.get(u, -1) < index.get(v, -1) for u, v in edges)
     if not forward:
-        problems += _cycle_errors(graph, index, pipeline, source)
-    order = [] if problems else sorted(index, key=index.__getitem__) if forward else _order(graph, index)
-    return StepGraph(graph, order, refs, data_inputs, index, problems)
+        problems += _cycle_errors(result.graph, index, source)
+    if not problems:
+        result.order = sorted(index, key=index.__getitem__) if forward else _order(result.graph, index)
+    return result
 
 
 def _ref_fields(step, data_inputs: list[str]):
@@ -86,7 +119,9 @@ def _unknown(ref: str, declared: dict) -> str:
     return f"unknown tensor '{ref}'" + (f"; did you mean '{close[0]}'?" if close else " (not an input, a param or an earlier step)")
 
 
-def _cycle_errors(graph: nx.DiGraph, index: dict, pipeline: PipelineSpec, source: SourceMap) -> list[Diagnostic]:
+def _cycle_errors(graph: "nx.DiGraph", index: dict, source: SourceMap) -> list[Diagnostic]:
+    import networkx as nx
+
     problems = []
     for component in nx.strongly_connected_components(graph):
         if len(component) == 1 and not graph.has_edge(next(iter(component)), next(iter(component))):
@@ -98,7 +133,9 @@ def _cycle_errors(graph: nx.DiGraph, index: dict, pipeline: PipelineSpec, source
     return problems
 
 
-def _order(graph: nx.DiGraph, index: dict) -> list[str]:
+def _order(graph: "nx.DiGraph", index: dict) -> list[str]:
     """Topological order, ties broken by the file's order so runs are deterministic."""
+    import networkx as nx
+
     rank = {node: (index.get(node, -1), node) for node in graph}
     return [n for n in nx.lexicographical_topological_sort(graph, key=rank.__getitem__) if n in index]

@@ -74,7 +74,7 @@ def _multiplier(analysis, scale_step) -> tuple[float, str]:
     by = scale_step.divide if scale_step.divide is not None else scale_step.multiply
     sqrt = getattr(by, "sqrt", None)
     if sqrt is not None:
-        value = analysis.alg.dim(sqrt).value
+        value = analysis.alg_of(scale_step.id).dim(sqrt).value
         text = f"√{sqrt}" + ("" if str(sqrt) == str(value) else f" ({sqrt}={value})")
         number = math.sqrt(value)
     else:
@@ -149,10 +149,10 @@ def dead_steps(analysis) -> list[Diagnostic]:
     Tutorial 003 calls ``dropout_layer(attention_scores)`` and throws the result away, so its
     model never applies dropout. Fix: use the result (``x = dropout(x)``) or delete the step.
     """
-    graph, outputs = analysis.graph.graph, set(analysis.outputs)
+    users, outputs = analysis.graph.users, set(analysis.outputs)
     found = []
     for step_id, i in analysis.graph.index.items():
-        if step_id in outputs or step_id not in graph or graph.out_degree(step_id):
+        if step_id in outputs or users.get(step_id):
             continue
         found.append(_warn(analysis, ("steps", i), "dead-step", "its output is never used and it is not an output; "
                            "was its result meant to replace its input (e.g. `x = dropout(x)`)?", step_id, prefer_key=True))
@@ -218,9 +218,10 @@ def lossy_head_split(analysis) -> list[Diagnostic]:
             continue  # the positions are counted one by one: no lint for absurd sizes (a run refuses them anyway)
         spans, covered = [], set()
         for _, step in members:
-            start = analysis.alg.dim(step.start).value if step.start is not None else 0
-            stop = analysis.alg.dim(step.stop).value if step.stop is not None else size_dim.value
-            stride = analysis.alg.dim(step.step).value if step.step is not None else 1
+            alg = analysis.alg_of(step.id)
+            start = alg.dim(step.start).value if step.start is not None else 0
+            stop = alg.dim(step.stop).value if step.stop is not None else size_dim.value
+            stride = alg.dim(step.step).value if step.step is not None else 1
             taken = set(range(max(start, 0), min(stop, size_dim.value), max(stride, 1)))
             spans.append((start, stop, stride, taken))
         widths = {len(t) for *_, t in spans}

@@ -8,6 +8,7 @@ be snapshot-tested.
 
 from __future__ import annotations
 
+import fnmatch
 import html
 import os
 import shutil
@@ -82,17 +83,44 @@ class _Builder:
         self.records = {r.id: r for r in trace.records}
         self.steps = {s.id: s for s in self.analysis.pipeline.steps}
         self.group_of = {s: self.steps[s].group for s in self.analysis.graph.order if self.steps[s].group}
-        self.collapsed = self._checked_collapse(collapse)
+        self.groups = list(dict.fromkeys(self.group_of.values()))
+        self.collapsed = self._collapse_keys(collapse)
+        self.fold = self._folds()
         self.marks: set[str] = set()
 
-    def _checked_collapse(self, collapse: tuple[str, ...]) -> list[str]:
-        self.groups = groups = list(dict.fromkeys(self.group_of.values()))
-        unknown = [g for g in collapse if g not in groups]
-        if unknown:
-            known = ", ".join(f"'{g}'" for g in groups) or "none"
-            raise TracerError(Diagnostic(self.analysis.source.file, None, "unknown-group",
-                                         f"--collapse {unknown[0]!r}: no step has that group (groups: {known})"))
-        return list(dict.fromkeys(collapse))
+    def _collapse_keys(self, collapse: tuple[str, ...]) -> list[str]:
+        """Each ``--collapse`` entry names the nodes it folds: a group, a group path prefix
+        ('layers' folds all 48 copies of a block into one node, 'layers/3' one copy with its
+        nested groups), or a glob over groups ('layers/*': one node per copy)."""
+        keys: list[str] = []
+        for pattern in collapse:
+            if any(c in pattern for c in "*?["):
+                matched = [g for g in self.groups if fnmatch.fnmatchcase(g, pattern)]
+            else:
+                matched = [pattern] if any(_within(g, pattern) for g in self.groups) else []
+            if not matched:
+                tops = list(dict.fromkeys(g.split("/")[0] for g in self.groups))
+                known = ", ".join(f"'{g}'" for g in tops) or "none"
+                raise TracerError(Diagnostic(self.analysis.source.file, None, "unknown-group",
+                                             f"--collapse {pattern!r}: no step has that group (groups: {known}; "
+                                             "a group path such as 'layers/3' or a glob such as 'layers/*' also works)"))
+            keys += matched
+        return list(dict.fromkeys(keys))
+
+    def _folds(self) -> dict[str, str]:
+        """Tensor id -> the collapse key whose node draws it: steps by their group (the outermost
+        key wins), params when every step that reads them folds into the same node."""
+        fold = {}
+        for step_id, group in self.group_of.items():
+            keys = [k for k in self.collapsed if _within(group, k)]
+            if keys:
+                fold[step_id] = min(keys, key=len)
+        for record in self.trace.records:
+            if record.op == "param":
+                homes = {fold.get(s) for s in self.analysis.graph.graph.successors(record.id) if s in self.steps}
+                if len(homes) == 1 and None not in homes:
+                    fold[record.id] = homes.pop()
+        return fold
 
     def build(self):
         import graphviz
@@ -112,11 +140,11 @@ class _Builder:
     # where a tensor's arrows start and end, given composites and collapsed groups
 
     def _collapsed_group(self, tensor_id: str) -> str | None:
-        group = self.group_of.get(tensor_id)
-        return group if group in self.collapsed else None
+        return self.fold.get(tensor_id)
 
-    def _group_node(self, group: str) -> str:
-        return f"group@{self.groups.index(group)}"  # group names are free text: index them
+    def _group_node(self, key: str) -> str:
+        # group names are free text (DOT reads ':' as a port): number them
+        return f"group@{self.groups.index(key) if key in self.groups else len(self.groups) + self.collapsed.index(key)}"
 
     def _tail(self, tensor_id: str) -> str:
         group = self._collapsed_group(tensor_id)
@@ -173,20 +201,21 @@ class _Builder:
         graph.node(name, _declared_label(record, self.analysis.pipeline.params[name], "param"), tooltip=_tooltip(record), **STYLES["param"])
 
     def _step_nodes(self, graph) -> None:
-        params = [r.id for r in self.trace.records if r.op == "param"]
+        params = [r.id for r in self.trace.records if r.op == "param" and r.id not in self.fold]
         homes = {p: self._param_home(p) for p in params}
         for p in params:
-            if homes[p] is None or homes[p] in self.collapsed:
+            if homes[p] is None:
                 self._param_node(graph, p)
-        clusters: dict[str, list[str]] = {}
+        clusters: dict[tuple, list[str]] = {}  # (folded?, group) -> steps, in order of first appearance
         for step_id in self.analysis.graph.order:
-            clusters.setdefault(self.group_of.get(step_id), []).append(step_id)
-        for n, (group, step_ids) in enumerate(clusters.items()):
-            if group is None:
+            key = self.fold.get(step_id)
+            clusters.setdefault((True, key) if key else (False, self.group_of.get(step_id)), []).append(step_id)
+        for n, ((folded, group), step_ids) in enumerate(clusters.items()):
+            if folded:
+                self._collapsed_node(graph, group, step_ids)
+            elif group is None:
                 for step_id in step_ids:
                     self._step_node(graph, step_id)
-            elif group in self.collapsed:
-                self._collapsed_node(graph, group, step_ids)
             else:
                 self.marks.add("group")
                 with graph.subgraph(name=f"cluster_group_{n}") as sub:
@@ -223,8 +252,10 @@ class _Builder:
         inside = set(step_ids)
         ins = [self.records[self.analysis.output_of(ref)] for s in step_ids for ref in self.analysis.graph.data_inputs[s] if ref not in inside]
         outs = [self.records[self.analysis.output_of(s)] for s in step_ids if self._used_outside(s, inside)]
+        params = sum(1 for t, key in self.fold.items() if key == group and self.records[t].op == "param")
+        folded = _count(len(step_ids), "step") + (" and " + _count(params, "param") if params else "")
         lines = [f"<B>{_esc(group)}</B>",
-                 f'<FONT COLOR="{MUTED}">{len(step_ids)} step{"s" if len(step_ids) != 1 else ""} collapsed</FONT>',
+                 f'<FONT COLOR="{MUTED}">{folded} collapsed</FONT>',
                  _esc(_shapes(_unique(ins), "symbolic") + " → " + _shapes(_unique(outs), "symbolic")),
                  f'<FONT POINT-SIZE="9" COLOR="{MUTED}">{_esc(_shapes(_unique(ins), "concrete") + " → " + _shapes(_unique(outs), "concrete"))}</FONT>']
         graph.node(self._group_node(group), _rows(lines), **STYLES["collapsed"])
@@ -268,6 +299,15 @@ def _graph_attrs(trace: Trace) -> dict[str, str]:
     title = f'<FONT POINT-SIZE="15"><B>{_esc(trace.name)}</B></FONT>' + (f'<BR/><FONT POINT-SIZE="10" COLOR="{MUTED}">{_esc(dims)}</FONT>' if dims else "")
     return {"rankdir": "TB", "label": _html(title), "labelloc": "t", "fontname": FONT, "nodesep": "0.35", "ranksep": "0.45",
             "newrank": "true", "bgcolor": "white", "pad": "0.2"}
+
+
+def _within(group: str, key: str) -> bool:
+    """``group`` is ``key`` or nested under it ('layers/3/attn' is within 'layers' and 'layers/3')."""
+    return group == key or group.startswith(key + "/")
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'s' if n != 1 else ''}"
 
 
 # '@' cannot occur in a tensor id, and unlike ':' DOT does not read it as a port separator.

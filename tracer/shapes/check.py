@@ -6,7 +6,7 @@ poisons only what depends on it, so every independent error in a file is reporte
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Mapping
 
@@ -37,10 +37,15 @@ class Analysis:
     algs: dict[str, DimAlgebra] = field(default_factory=dict)  # tensor id -> its block's dims (default: alg)
     aliases: dict[str, str] = field(default_factory=dict)  # block step id -> the record holding its output
     blocks: dict = field(default_factory=dict)  # block step id -> tracer.steps.block.BlockInfo
+    expect_algs: dict[str, DimAlgebra] = field(default_factory=dict)  # expect entry of a block file -> its dims
 
     def alg_of(self, tensor_id: str) -> DimAlgebra:
         """The dims a tensor's rule reads: its block's, for the steps and params of an ``op: block``."""
         return self.algs.get(tensor_id, self.alg)
+
+    def expect_alg_of(self, name: str) -> DimAlgebra:
+        """The dims an ``expect:`` entry is written in: its block file's, for a block's own entries."""
+        return self.expect_algs.get(name, self.alg)
 
     @cached_property
     def memory(self):
@@ -123,6 +128,7 @@ def analyze(pipeline: PipelineSpec, source: SourceMap, dims: Mapping[str, int] |
     analysis = Analysis(pipeline, source, alg, graph, diagnostics=list(graph.diagnostics))
     if expanded is not None:
         analysis.algs, analysis.aliases, analysis.blocks = expanded.algs, expanded.aliases, expanded.blocks
+        analysis.expect_algs = expanded.expect_algs
     for section in ("inputs", "params"):
         for name, decl in getattr(pipeline, section).items():
             meta = _declared_meta(name, decl, (section, name), analysis)
@@ -155,7 +161,8 @@ def _algebra(pipeline: PipelineSpec, source: SourceMap, overrides: Mapping[str, 
         raise TracerError(_dim_error(exc, exprs, source)) from None
     for name, value in values.items():
         if value < 0:
-            raise TracerError(source.error(("dims", name), "dim-negative", f"dim {name} = {exprs[name]} is {value}; dims must not be negative", prefer_key=True))
+            given = f"--dim {name}={value}" if name in overrides else f"dim {name} = {exprs[name]} is {value}"
+            raise TracerError(source.error(("dims", name), "dim-negative", f"{given}; dims must not be negative", prefer_key=True))
     return DimAlgebra(pipeline.dims, values)
 
 
@@ -292,7 +299,7 @@ def _outputs(analysis: Analysis) -> list[str]:
     pipeline = analysis.pipeline
     if pipeline.outputs is None:
         return [pipeline.steps[-1].id]
-    known = set(analysis.graph.graph.nodes)
+    known = analysis.graph.nodes
     for j, name in enumerate(pipeline.outputs):
         if name not in known:
             analysis.diagnostics.append(analysis.source.error(("outputs", j), "unknown-ref", f"output '{name}' is not a step, an input or a param"))
@@ -300,17 +307,30 @@ def _outputs(analysis: Analysis) -> list[str]:
 
 
 def _check_expectations(analysis: Analysis) -> None:
+    found: list[tuple[str, Diagnostic]] = []
     for name, expected in analysis.pipeline.expect.items():
         path = ("expect", name)
-        if name not in analysis.graph.graph.nodes:
-            analysis.diagnostics.append(analysis.source.error(path, "unknown-ref", f"expect: '{name}' is not a tensor of this pipeline", prefer_key=True))
+        if name not in analysis.graph.nodes:
+            found.append((name, analysis.source.error(path, "unknown-ref", f"expect: '{name}' is not a tensor of this pipeline", prefer_key=True)))
             continue
         meta = analysis.metas.get(name)
         if meta is None:
             continue
-        problem = expectation_problem(analysis.alg, name, meta, expected)
+        problem = expectation_problem(analysis.expect_alg_of(name), name, meta, expected)
         if problem:
-            analysis.diagnostics.append(analysis.source.error(path, "expect", " ".join(filter(None, (problem, analysis.bindings()))), name if name in analysis.graph.index else None, prefer_key=True))
+            found.append((name, analysis.source.error(path, "expect", " ".join(filter(None, (problem, analysis.bindings()))),
+                                                      name if name in analysis.graph.index else None, prefer_key=True)))
+    analysis.diagnostics += _once_per_block_line(found, analysis.expect_algs)
+
+
+def _once_per_block_line(found: list[tuple[str, Diagnostic]], block_entries: Mapping) -> list[Diagnostic]:
+    """A block file's expectation fails in every copy alike: report the first copy, count the rest."""
+    alike: dict[tuple, list[Diagnostic]] = {}
+    for name, d in found:
+        alike.setdefault((d.file, d.position, d.code) if name in block_entries else (name,), []).append(d)
+    return [same[0] if len(same) == 1 else
+            replace(same[0], message=f"{same[0].message}; the same in {len(same) - 1} more cop{'ies' if len(same) > 2 else 'y'}")
+            for same in alike.values()]
 
 
 def expectation_problem(alg: DimAlgebra, name: str, meta: Meta, expected) -> str | None:

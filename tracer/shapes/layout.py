@@ -8,7 +8,7 @@ storage it shares (``None`` while a rule builds it; the checker fills in the own
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from .symbolic import Dim
 
@@ -127,4 +127,6 @@ def view_strides(old_sizes: tuple[int, ...], old_strides: tuple[int, ...], new_s
 
 
 def with_root(meta: Meta, root: str) -> Meta:
-    return meta if meta.root is not None else replace(meta, root=root)
+    if meta.root is not None:
+        return meta
+    return Meta(meta.shape, meta.stride, meta.dtype, meta.offset, root)  # dataclasses.replace is ~4x slower

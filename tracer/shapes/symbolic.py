@@ -12,8 +12,9 @@ exact division, so ``d_model // H * H`` equals ``d_model`` and ``H * Dh`` prints
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from fractions import Fraction
+from functools import lru_cache
 from typing import Mapping
 
 from ..spec import dims as dimexpr
@@ -21,28 +22,43 @@ from ..spec import dims as dimexpr
 Monomial = tuple  # ((name, exponent), ...) sorted by name
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Poly:
     """An immutable sum of monomials with rational coefficients, in canonical order."""
 
     terms: tuple  # ((Monomial, Fraction), ...) sorted, no zero coefficients
+    _hash: int = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        # polys key the algebra's caches, and hashing nested Fractions is slow: hash once
+        object.__setattr__(self, "_hash", hash(self.terms))
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        if self is other:
+            return True
+        return isinstance(other, Poly) and self._hash == other._hash and self.terms == other.terms
 
     @staticmethod
+    @lru_cache(maxsize=1024)
     def const(value: int) -> "Poly":
         return Poly(((((), Fraction(value)),) if value else ()))
 
     @staticmethod
+    @lru_cache(maxsize=1024)
     def symbol(name: str) -> "Poly":
         return Poly(((((name, 1),), Fraction(1)),))
 
     def __add__(self, other: "Poly") -> "Poly":
-        return _collect(list(self.terms) + list(other.terms))
+        return _plus(self, other)
 
     def __neg__(self) -> "Poly":
         return Poly(tuple((m, -c) for m, c in self.terms))
 
     def __mul__(self, other: "Poly") -> "Poly":
-        return _collect([(_mono_mul(m1, m2), c1 * c2) for m1, c1 in self.terms for m2, c2 in other.terms])
+        return _times(self, other)
 
     def divide(self, other: "Poly") -> "Poly | None":
         """Exact division by a single monomial; ``None`` when ``other`` is a sum."""
@@ -61,13 +77,30 @@ class Poly:
         return None
 
     def __str__(self) -> str:
-        if not self.terms:
-            return "0"
-        parts = [_format_term(m, c) for m, c in self.terms]
-        text = parts[0]
-        for part in parts[1:]:
-            text += f" - {part[1:]}" if part.startswith("-") else f" + {part}"
-        return text
+        return _format(self)
+
+
+# A 48-layer stack repeats the same few products thousands of times; the polys are immutable,
+# so each distinct sum, product and text is computed once per process.
+@lru_cache(maxsize=8192)
+def _plus(a: Poly, b: Poly) -> Poly:
+    return _collect(list(a.terms) + list(b.terms))
+
+
+@lru_cache(maxsize=8192)
+def _times(a: Poly, b: Poly) -> Poly:
+    return _collect([(_mono_mul(m1, m2), c1 * c2) for m1, c1 in a.terms for m2, c2 in b.terms])
+
+
+@lru_cache(maxsize=8192)
+def _format(poly: Poly) -> str:
+    if not poly.terms:
+        return "0"
+    parts = [_format_term(m, c) for m, c in poly.terms]
+    text = parts[0]
+    for part in parts[1:]:
+        text += f" - {part[1:]}" if part.startswith("-") else f" + {part}"
+    return text
 
 
 def _mono_mul(a: Monomial, b: Monomial) -> Monomial:
@@ -126,6 +159,7 @@ class DimAlgebra:
         self.names = {}
         for name, poly in self.polys.items():
             self.names.setdefault(poly, name)
+        self._texts: dict[tuple, Dim] = {}  # every copy of a block reads the same dim texts
 
     def _poly_of_name(self, name: str) -> Poly:
         if name not in self.polys:
@@ -162,9 +196,13 @@ class DimAlgebra:
 
     def dim(self, expr: "dimexpr.Expr | str | int") -> Dim:
         """A Dim from a spec expression; raises ``DimError`` (not divisible, unknown name...)."""
-        if not isinstance(expr, (dimexpr.Num, dimexpr.Name, dimexpr.Neg, dimexpr.BinOp)):
-            expr = dimexpr.parse(expr)
-        return self.make(self._poly(expr), expr.evaluate(self.values))
+        if isinstance(expr, (dimexpr.Num, dimexpr.Name, dimexpr.Neg, dimexpr.BinOp)):
+            return self.make(self._poly(expr), expr.evaluate(self.values))
+        key = (type(expr), expr)  # (int, 1) and (bool, True) must not share an entry
+        if key not in self._texts:
+            parsed = dimexpr.parse(expr)
+            self._texts[key] = self.make(self._poly(parsed), parsed.evaluate(self.values))
+        return self._texts[key]
 
     def const(self, value: int) -> Dim:
         return self.make(Poly.const(value), value)

@@ -15,6 +15,7 @@ from . import dims as dimexpr
 STEP_KINDS: dict[str, type["StepBase"]] = {}
 
 ID_PATTERN = r"^[A-Za-z_][A-Za-z0-9_.\-]*$"
+RECORD_PATTERN = r"^[A-Za-z_][A-Za-z0-9_.\-]*(/[A-Za-z0-9_.\-]+)*$"  # also a block's tensors: layers/3/scores
 
 
 def _valid_dim(value: int | str) -> int | str:
@@ -27,6 +28,7 @@ def _valid_dim(value: int | str) -> int | str:
 
 DimText = Annotated[StrictInt | str, AfterValidator(_valid_dim), Field(description="a dim name, an int, or an expression such as 'd_model // H'")]
 TensorId = Annotated[str, Field(pattern=ID_PATTERN, max_length=64)]
+RecordId = Annotated[str, Field(pattern=RECORD_PATTERN, max_length=200)]
 
 
 class Strict(BaseModel):

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ast
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Mapping
 
 MAX_TEXT = 200
@@ -117,6 +118,12 @@ def parse(text: str | int) -> Expr:
         raise DimError(f"expected a dim name, an int or an expression, found {type(text).__name__}")
     if len(text) > MAX_TEXT:
         raise DimError(f"dim expression is {len(text)} characters long (the limit is {MAX_TEXT})")
+    return _parse_text(text)
+
+
+@lru_cache(maxsize=4096)
+def _parse_text(text: str) -> Expr:
+    """Parsing costs ~10 us and pipelines repeat the same few texts; the trees are immutable."""
     try:
         tree = ast.parse(text.strip(), mode="eval")
     except (SyntaxError, ValueError):

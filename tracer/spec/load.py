@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import difflib
+import re
 from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 
 from ..errors import Diagnostic, TracerError
-from .base import STEP_KINDS
-from .pipeline import Expect, PipelineSpec, TensorDecl
+from .base import ID_PATTERN, RECORD_PATTERN, STEP_KINDS
+from .pipeline import DIM_PATTERN, Expect, PipelineSpec, TensorDecl
 from .source import SourceMap, parse_document, read_document
 
 
@@ -53,6 +54,10 @@ def _diagnostic(err: dict, data: Any, source: SourceMap) -> Diagnostic:
         return source.error(path + ("op",), "unknown-op", f"unknown op '{op}'{suggestion}", step)
     if kind == "union_tag_not_found":
         return source.error(path, "missing-key", f"a step needs an 'op' (one of: {', '.join(sorted(STEP_KINDS))})", step, prefer_key=True)
+    if kind == "string_pattern_mismatch" and err["ctx"]["pattern"] in _ID_RULES:
+        what, rule = _ID_RULES[err["ctx"]["pattern"]]
+        return source.error(path, "invalid-id", f"{err['input']!r} is not a valid {what}: {rule}{_id_hint(err['input'], err['ctx']['pattern'])}",
+                            step, prefer_key=err["loc"][-1] == "[key]")
     message = err["msg"].removeprefix("Value error, ").removeprefix("Assertion failed, ")
     found = err.get("input")
     if kind not in ("value_error", "assertion_error") and not isinstance(found, (dict, list)):
@@ -60,6 +65,20 @@ def _diagnostic(err: dict, data: Any, source: SourceMap) -> Diagnostic:
     field = path[-1] if path and isinstance(path[-1], str) else None
     prefix = f"'{field}': " if field and field not in message else ""
     return source.error(path, "invalid-value", prefix + message, step)
+
+
+_ID_RULES = {  # pattern -> (what it names, the rule in words)
+    ID_PATTERN: ("id", "start with a letter or '_', then letters, digits, '_', '.' or '-'"),
+    RECORD_PATTERN: ("tensor id", "an id, or a block's tensor as BLOCK/ID or BLOCK/COPY/ID such as layers/3/scores"),
+    DIM_PATTERN: ("dim name", "start with a letter or '_', then letters, digits or '_' (it is used in expressions)"),
+}
+
+
+def _id_hint(text: str, pattern: str) -> str:
+    fixed = re.sub(r"[^\w/]" if pattern == RECORD_PATTERN else r"\W", "_", text, flags=re.ASCII)
+    fixed = re.sub(r"/+", "/", fixed).strip("/")
+    fixed = fixed if fixed[:1].isalpha() or fixed[:1] == "_" else "_" + fixed
+    return f" — e.g. '{fixed}'" if fixed != text and len(fixed) <= 64 else ""
 
 
 def _doc_path(loc: tuple, data: Any) -> tuple:

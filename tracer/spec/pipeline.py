@@ -7,13 +7,14 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import Field, StrictBool, StrictFloat, StrictInt, field_validator, model_validator
 
 from .. import steps  # noqa: F401  (registers every step kind)
-from .base import STEP_KINDS, DimText, Strict, TensorId
+from .base import STEP_KINDS, DimText, RecordId, Strict, TensorId
 
 DType = Literal["float32", "float64", "float16", "bfloat16", "int64", "int32", "bool"]
 FloatDType = Literal["float32", "float64", "float16", "bfloat16"]
 Init = Literal["randn", "rand", "zeros", "ones", "arange", "linear", "embedding", "triu", "tril"]
 Scalar = StrictBool | StrictInt | StrictFloat
 MAX_VALUES = 1_000_000
+DIM_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
 SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1  # what torch.manual_seed accepts
 
 
@@ -99,14 +100,14 @@ class PipelineSpec(Strict):
 
     name: str = Field(max_length=120, description="the pipeline's name")
     description: str = Field("", max_length=20_000, description="what it computes, for people")
-    dims: dict[Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")], DimText] = Field(default_factory=dict, description="name -> int or expression over other dims")
+    dims: dict[Annotated[str, Field(pattern=DIM_PATTERN)], DimText] = Field(default_factory=dict, description="name -> int or expression over other dims")
     seed: StrictInt | None = Field(None, ge=SEED_MIN, le=SEED_MAX, description="torch.manual_seed before creating any tensor")
     dtype: FloatDType = Field("float32", description="floating dtype of created tensors")
     inputs: dict[TensorId, TensorDecl] = Field(default_factory=dict, description="named input tensors")
     params: dict[TensorId, TensorDecl] = Field(default_factory=dict, description="named parameters (weights)")
     steps: list[Step] = Field(min_length=1, max_length=10_000, description="the computation, one op per step")  # type: ignore[valid-type]
     outputs: list[TensorId] | None = Field(None, description="tensor ids returned by a run (default: the last step)")
-    expect: dict[TensorId, list[DimText] | Expect] = Field(default_factory=dict, description="id -> shape, or {shape, contiguous}; checked before and after running")
+    expect: dict[RecordId, list[DimText] | Expect] = Field(default_factory=dict, description="id -> shape, or {shape, contiguous}; checked before and after running (a block's tensors as BLOCK/ID or BLOCK/COPY/ID)")
 
 
 def json_schema() -> dict:

@@ -9,6 +9,7 @@ errors, and the number of nodes produced is capped so alias bombs cannot expand.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +29,36 @@ _NUMBER_TAGS = {"tag:yaml.org,2002:int", "tag:yaml.org,2002:float"}
 MAX_NUMBER_TEXT = 400  # far longer than any int up to 2**62 or any float torch can hold
 _MAP_TAG = "tag:yaml.org,2002:map"
 _SEQ_TAG = "tag:yaml.org,2002:seq"
-_Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+_LIBYAML = hasattr(yaml, "CSafeLoader")
+_BaseLoader = yaml.CSafeLoader if _LIBYAML else yaml.SafeLoader
+_RESOLVER = yaml.resolver.Resolver()
+MAX_CACHED_SCALAR = 64
+
+
+class _Loader(_BaseLoader):  # type: ignore[misc,valid-type]
+    """The safe loader with scalar tag resolution memoized: resolving runs several regexes in
+    Python per scalar, and a pipeline repeats the same short scalars (B, T, -1) hundreds of times."""
+
+    def resolve(self, kind, value, implicit):
+        if kind is yaml.ScalarNode and len(value) <= MAX_CACHED_SCALAR:
+            return _resolve_scalar(value, implicit)
+        return super().resolve(kind, value, implicit)
+
+
+@lru_cache(maxsize=4096)
+def _resolve_scalar(value: str, implicit: tuple) -> str:
+    return _RESOLVER.resolve(yaml.ScalarNode, value, implicit)
+
+
+_CONSTRUCTOR = yaml.constructor.SafeConstructor()
+
+
+def _construct(tag: str, text: str) -> Any:
+    """The Python value of one scalar (str, int, float, bool or None: only those tags get here)."""
+    return _CONSTRUCTOR.yaml_constructors[tag](_CONSTRUCTOR, yaml.ScalarNode(tag, text))
+
+
+_scalar = lru_cache(maxsize=4096)(_construct)  # for short scalars: the values are immutable
 
 @dataclass
 class SourceMap:
@@ -96,7 +126,7 @@ def parse_document(text: str, name: str = "<string>") -> tuple[Any, SourceMap]:
 
 def _reader_position(text: str, offset: int) -> Position:
     """Line and column of a reader error's offset (libyaml counts UTF-8 bytes, pure PyYAML characters)."""
-    before = text.encode("utf-8", "surrogatepass")[:offset].decode("utf-8", "ignore") if _Loader is not yaml.SafeLoader else text[:offset]
+    before = text.encode("utf-8", "surrogatepass")[:offset].decode("utf-8", "ignore") if _LIBYAML else text[:offset]
     return Position(before.count("\n") + 1, len(before) - (before.rfind("\n") + 1) + 1)
 
 
@@ -155,7 +185,6 @@ class _Walker:
     def __init__(self, source: SourceMap):
         self.source = source
         self.count = 0
-        self.scalars = yaml.constructor.SafeConstructor()
 
     def convert(self, node: yaml.Node, path: tuple, depth: int) -> Any:
         self.count += 1
@@ -172,7 +201,7 @@ class _Walker:
         self._check_tag(node, *_SCALAR_TAGS)
         self._check_number(node)
         try:
-            return self.scalars.construct_object(node, deep=False)
+            return _scalar(node.tag, node.value) if len(node.value) <= MAX_CACHED_SCALAR else _construct(node.tag, node.value)
         except (yaml.YAMLError, ValueError, OverflowError, LookupError, TypeError) as exc:
             self._fail(node, "yaml-value", f"cannot read the value '{node.value[:40]}': {exc}")
 
@@ -186,7 +215,7 @@ class _Walker:
                 self._fail(key_node, "yaml-key", "mapping keys must be plain names")
             self._check_number(key_node)
             try:
-                key = self.scalars.construct_object(key_node, deep=False) if key_node.tag in _SCALAR_TAGS else None
+                key = _construct(key_node.tag, key_node.value) if key_node.tag in _SCALAR_TAGS else None
             except (yaml.YAMLError, ValueError, OverflowError, LookupError, TypeError) as exc:  # e.g. a key tagged '!!int name'
                 self._fail(key_node, "yaml-key", f"cannot read the key '{key_node.value[:40]}': {exc}")
             if not isinstance(key, (str, int)) or isinstance(key, bool):

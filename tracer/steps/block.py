@@ -26,12 +26,16 @@ from ..spec.base import DimText, StepBase, register
 from ..spec.source import SourceMap
 from ._rules import StepError, show
 
-MAX_EXPANDED_STEPS = 100_000
+MAX_EXPANDED_STEPS = 20_000  # ~0.75 s to check; a 96-layer GPT-3 is ~3,000 steps
 
 
 @register
 class Block(StepBase):
-    """Another pipeline file as a sub-graph: its inputs take this step's inputs, in order."""
+    """Another pipeline file as a sub-graph: its inputs take this step's inputs, in order.
+
+    The block file's own ``expect:`` is checked on every copy, in the block's dims; the including
+    file can pin any copy's tensor too (``expect: {layers/3/scores: [B, H, T, T]}``).
+    """
 
     op: Literal["block"] = "block"
     use: str = Field(max_length=300, description="the pipeline file to include, relative to this file and inside its folder")
@@ -117,6 +121,7 @@ class Expanded:
     algs: dict = field(default_factory=dict)
     aliases: dict = field(default_factory=dict)
     blocks: dict = field(default_factory=dict)
+    expect_algs: dict = field(default_factory=dict)  # a block file's expectations read its own dims
 
 
 class ExpandedSource(SourceMap):
@@ -161,6 +166,7 @@ class _Item:
 class _Flat:
     steps: list[_Item]
     params: dict[str, _Item]
+    expect: dict[str, _Item]  # a block file's own expectations, checked on every copy
     aliases: dict[str, str]
     blocks: dict[str, BlockInfo]
     inputs: list[str]  # declared inputs (of a block file)
@@ -189,9 +195,17 @@ def expand_blocks(pipeline, source: SourceMap, alg) -> Expanded:
         outputs = [_resolve(pipeline.steps[-1].id, aliases)]
     else:
         outputs = [_resolve(name, aliases) for name in outputs]
-    expect = {_resolve(name, aliases): value for name, value in pipeline.expect.items()}
+    expect, expect_algs = {}, {}
+    for name, item in flat.expect.items():  # the block files' own entries, on every copy
+        expect[name], expect_algs[name] = item.value, item.alg
+        routes[("expect", name)] = (item.source, item.path, item.where)
+    for name, value in pipeline.expect.items():  # the including file's entries win
+        name = _resolve(name, aliases)
+        expect[name] = value
+        expect_algs.pop(name, None)
+        routes.pop(("expect", name), None)
     expanded = pipeline.model_copy(update={"steps": steps, "params": params, "outputs": outputs, "expect": expect})
-    return Expanded(expanded, ExpandedSource(source, routes), _shared_algebra(pipeline, alg, algs), algs, aliases, flat.blocks)
+    return Expanded(expanded, ExpandedSource(source, routes), _shared_algebra(pipeline, alg, algs), algs, aliases, flat.blocks, expect_algs)
 
 
 def _shared_algebra(pipeline, alg, algs: dict):
@@ -238,6 +252,7 @@ def _flatten(spec, source: SourceMap, alg, stack: tuple, folder: Path, cache: di
     """Flatten one file's steps (recursively expanding its blocks), ids local to that file."""
     steps: list[_Item] = []
     params = {name: _Item(decl, source, ("params", name), None, alg) for name, decl in spec.params.items()}
+    expect: dict[str, _Item] = {}
     aliases: dict[str, str] = {}
     blocks: dict[str, BlockInfo] = {}
     previous = None
@@ -272,7 +287,7 @@ def _flatten(spec, source: SourceMap, alg, stack: tuple, folder: Path, cache: di
         first = data
         for c, prefix in enumerate(copies):
             where = f"in block '{step.id}'" + (f" copy {c}" if step.repeat else "") + f" included at {here}"
-            _inline(inner, prefix + "/", first, where, step.group, block_spec, block_source, block_alg, steps, params, blocks, alg)
+            _inline(inner, prefix + "/", first, where, step.group, block_spec, block_source, block_alg, steps, params, expect, blocks, alg)
             out = f"{prefix}/{inner.output}"
             aliases[prefix] = out
             first = [out] + data[1:]
@@ -281,7 +296,10 @@ def _flatten(spec, source: SourceMap, alg, stack: tuple, folder: Path, cache: di
         previous = step.id
     inputs = list(spec.inputs)
     last = spec.outputs[0] if spec.outputs else spec.steps[-1].id
-    return _Flat(steps, params, aliases, blocks, inputs, _resolve(last, aliases))
+    if not top:  # the top file's expectations stay where they are
+        for name, value in spec.expect.items():
+            expect[_resolve(name, aliases)] = _Item(value, source, ("expect", name), None, alg)
+    return _Flat(steps, params, expect, aliases, blocks, inputs, _resolve(last, aliases))
 
 
 def _explicit_inputs(step, data: list[str]) -> dict:
@@ -296,7 +314,7 @@ def _explicit_inputs(step, data: list[str]) -> dict:
 
 
 def _inline(inner: _Flat, prefix: str, bound: list[str], where: str, group: str | None, block_spec, block_source,
-            block_alg, steps: list, params: dict, blocks: dict, alg) -> None:
+            block_alg, steps: list, params: dict, expect: dict, blocks: dict, alg) -> None:
     from ..shapes.check import tensor_dtype
 
     cluster = prefix[:-1] if group is None else f"{group}/{prefix[:-1]}"
@@ -323,6 +341,8 @@ def _inline(inner: _Flat, prefix: str, bound: list[str], where: str, group: str 
         steps.append(_Item(step.model_copy(update=update), item.source, item.path, nested, item.alg, True))
     for name, item in inner.params.items():
         params[prefix + name] = _Item(item.value, item.source, item.path, _join(item.where, where), item.alg, True)
+    for name, item in inner.expect.items():
+        expect[prefix + name] = _Item(item.value, item.source, item.path, _join(item.where, where), item.alg, True)
     for block_id, info in inner.blocks.items():
         blocks[prefix + block_id] = BlockInfo(prefix + block_id, info.use, info.path, info.repeat,
                                               [prefix + c for c in info.copies], prefix + info.output, info.dims)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 from pydantic import Field, StrictInt, model_validator
@@ -22,17 +23,18 @@ def _target_shape(step, x, ctx):
             dims.append(None)
         else:
             dims.append(ctx.dim(text, "shape"))
-    total = ctx.alg.product(list(x.shape))
-    known = ctx.alg.product([d for d in dims if d is not None])
+    total = math.prod(x.sizes)
+    known = math.prod(d.value for d in dims if d is not None)
     if infer_at is not None:
-        if known.value == 0 or total.value % known.value:
-            raise StepError("view-shape", f"cannot infer -1: input {show(x)} has {total.value} elements, not a multiple of {known.value}", "shape")
-        dims[infer_at] = ctx.alg.floordiv(total, known)
-    elif known.value != total.value:
+        if known == 0 or total % known:
+            raise StepError("view-shape", f"cannot infer -1: input {show(x)} has {total} elements, not a multiple of {known}", "shape")
+        # only an inferred dim needs the symbolic products: (B*T*d_model) // (B*T) names itself d_model
+        dims[infer_at] = ctx.alg.floordiv(ctx.alg.product(list(x.shape)), ctx.alg.product([d for d in dims if d is not None]))
+    elif known != total:
         target = "(" + ", ".join(str(d) for d in dims) + ")"
         concrete = "[" + ", ".join(str(d.value) for d in dims) + "]"
-        raise StepError("view-shape", f"{step.op} to {target} {concrete} needs {known.value} elements, "
-                        f"'{ctx.input_ids[0]}' {show(x)} has {total.value}", "shape")
+        raise StepError("view-shape", f"{step.op} to {target} {concrete} needs {known} elements, "
+                        f"'{ctx.input_ids[0]}' {show(x)} has {total}", "shape")
     return tuple(dims)
 
 
