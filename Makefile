@@ -12,6 +12,7 @@ $(STAMP): pyproject.toml
 	# torch first, pinned: on these machines 2.13.0 is a local CPU wheel; other specs download gigabytes
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -e '.[dev]' --config-settings editable_mode=compat  # a plain .pth: no import-hook cost at startup
+	$(PY) -m compileall -q tracer  # bytecode, as a wheel install has: keeps `tracer check` fast where PYTHONDONTWRITEBYTECODE is set
 	@command -v dot >/dev/null 2>&1 || $(MAKE) --no-print-directory graphviz
 	touch $(STAMP)
 

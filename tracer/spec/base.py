@@ -38,6 +38,9 @@ class Strict(BaseModel):
 class StepBase(Strict):
     """Fields every step has."""
 
+    # a step kind is only ever validated inside PipelineSpec: skip building a validator per kind
+    model_config = ConfigDict(defer_build=True)
+
     id: TensorId = Field(description="unique name of the step's output tensor")
     input: TensorId | None = Field(None, description="the one input tensor (default: the previous step)")
     inputs: list[TensorId] | None = Field(None, description="several input tensors, in order")
