@@ -204,7 +204,7 @@ def test_a_blocks_own_expect_is_checked_on_every_copy_in_its_own_dims(tmp_path):
     [d] = _error(bad / "outer.yaml").diagnostics
     assert d.code == "expect" and d.file.endswith("blk.yaml") and d.position.line == wrong.splitlines().index("  h: [B, d]") + 1
     assert "expected 'b/0/h' to be (B, d) [2, 4], found (B, w) [2, 8]" in d.message
-    assert "copy 0 included at" in d.message and d.message.endswith("the same in 2 more copies")
+    assert "copy 0 included at" in d.message and d.message.endswith("the same in 2 more copies of this block")
     # the including file's own entry for the same tensor wins
     _tree(bad, {"outer.yaml": outer + "\nexpect:\n  b/0/h: [B, 2 * d]\n"})
     with pytest.raises(TracerError) as info:
@@ -216,3 +216,57 @@ def test_bundled_block_expectations_hold_on_all_48_copies():
     analysis = tracer.load(PIPELINES / "encoder_stack.yaml").check()
     # the file's own `layers: [B, T, d_model]` is the last copy's `out`
     assert len(analysis.pipeline.expect) == 48 * 3 and not analysis.errors
+
+
+TWICE = """\
+name: top
+dims: {D: 3, E: 5}
+inputs:
+  x: {shape: [D], init: randn}
+  z: {shape: [E], init: randn}
+steps:
+  - {id: b1, op: block, use: b.yaml, input: x, dims: {N: D}}
+  - {id: b2, op: block, use: b.yaml, input: z, dims: {N: E}}
+outputs: [b1, b2]
+"""
+HALVES = "name: b\ndims: {N: 4, M: N * 2}\ninputs:\n  x: {shape: [N], init: randn}\nsteps:\n  - {id: y, op: relu}\n"
+
+
+def test_block_expect_failures_at_other_dims_are_reported_apart_with_the_blocks_dims(tmp_path):
+    root = _tree(tmp_path, {"b.yaml": HALVES + "expect:\n  y: [M]\n", "top.yaml": TWICE})
+    first, second = _error(root / "top.yaml").diagnostics
+    assert "found (N) [3] [N=3, M=6]" in first.message and "found (N) [5] [N=5, M=10]" in second.message
+    assert "more cop" not in first.message + second.message
+
+
+def test_top_level_expect_names_nested_tensors_once_each_and_is_located_at_its_key(tmp_path):
+    mid = ("name: mid\ndims: {D: 2}\ninputs:\n  x: {shape: [D], init: randn}\nsteps:\n"
+           "  - {id: sub, op: block, use: b.yaml, input: x, dims: {N: D}, repeat: 2}\n")
+    top = ("name: top\ndims: {D: 2}\ninputs:\n  x: {shape: [D], init: randn}\nsteps:\n"
+           "  - {id: enc, op: block, use: mid.yaml, input: x, repeat: 3}\nexpect:\n  enc/1/sub: [D]\n  enc: [7]\n")
+    root = _tree(tmp_path, {"b.yaml": HALVES, "mid.yaml": mid, "top.yaml": top})
+    [d] = _error(root / "top.yaml").diagnostics  # 'enc/1/sub' (a nested block's alias) holds
+    assert d.code == "expect" and d.position.line == 9 and "'enc/2/sub/1/y'" in d.message
+    _tree(root, {"top.yaml": top.replace("  enc: [7]\n", "  enc: [D]\n  enc/2/sub/1/y: [D]\n")})
+    [d] = _error(root / "top.yaml").diagnostics
+    assert d.code == "duplicate-expect" and d.position.line == 10
+    assert "'enc/2/sub/1/y' and 'enc' both name the tensor 'enc/2/sub/1/y'" in d.message
+
+
+def test_top_level_expect_in_block_dims_explains_whose_dims_apply(tmp_path):
+    root = _tree(tmp_path, {"b.yaml": HALVES, "top.yaml": TWICE + "expect:\n  b1/y: [N]\n"})
+    [d] = _error(root / "top.yaml").diagnostics
+    assert d.file.endswith("top.yaml") and "unknown dim 'N'" in d.message and "whose dims are [N=3, M=6]" in d.message
+    _tree(root, {"top.yaml": TWICE + "expect:\n  b1/y: [D]\n"})
+    assert tracer.load(root / "top.yaml").run()["b1/y"].shape == (3,)
+
+
+def test_outputs_may_name_a_copys_tensor_but_step_inputs_only_the_block(tmp_path):
+    root = _tree(tmp_path, {"blocks/blk.yaml": BLOCK, "outer.yaml": _outer("blocks/blk.yaml", "    repeat: 3\noutputs: [b/1/y, b]")})
+    trace = tracer.load(root / "outer.yaml").run()
+    assert trace.analysis.outputs == ["b/1/y", "b/2/y"]
+    tapped = _outer("blocks/blk.yaml", "    repeat: 3\n  - {id: z, op: relu, input: b/1/y}")
+    _tree(root, {"outer.yaml": tapped})
+    [d] = _error(root / "outer.yaml").diagnostics
+    assert d.code == "invalid-id" and d.position.line == 11
+    assert "only expect: and outputs: can name a block's inner tensors; a block's own id ('b') names its output" in d.message

@@ -280,3 +280,39 @@ def test_committed_gallery_links_only_existing_pictures():
     links = re.findall(r"\]\(([^)]+\.svg)\)", (gallery / "README.md").read_text())
     assert "causal_mha.svg" in links
     assert all((gallery / link).exists() for link in links)
+
+
+def test_collapse_folds_composite_steps_and_keeps_outputs_outside():
+    dot = dot_source(causal_trace(), collapse=["merge heads"])
+    [node] = [line for line in dot.splitlines() if " collapsed</FONT>" in line]
+    assert "1 step collapsed" in node and "(B, H, T, Dh) → (B, T, d_model)" in node
+    assert not {"merged/transpose", "merged/contiguous", "merged/view"} & {n for t, h, _ in edges(dot) for n in (t, h)}
+
+
+def test_collapse_matches_a_literal_group_first_then_a_glob_per_path_segment():
+    text = pipeline_text("""\
+        - {id: a, op: relu, input: x, group: "a[1]"}
+        - {id: b, op: relu, group: "enc/dec"}
+        - {id: c, op: relu, group: enc}
+        """, inputs="x: {shape: [2], init: randn}")
+    trace = tracer.loads(text).run(device="meta")
+
+    def folded(*patterns):
+        dot = dot_source(trace, collapse=patterns)
+        return sorted(re.findall(r"<B>([^<]+)</B></TD></TR><TR><TD><FONT COLOR=\"#666666\">(\d+) step", dot))
+
+    assert folded("a[1]") == [("a[1]", "1")]            # a group name with glob characters is taken as written
+    assert folded("enc") == [("enc", "2")]               # groups are paths: 'enc/dec' is inside 'enc'
+    assert folded("enc/*") == [("enc/dec", "1")]
+    assert folded("e*") == [("enc", "2")]                # '*' stays within one path segment
+    stack = tracer.load(PIPELINES / "encoder_stack.yaml").run(device="meta")
+    assert dot_source(stack, collapse=["lay*"]).count(" collapsed</FONT>") == 1
+
+
+def test_gallery_collapse_patterns_escape_group_names(tmp_path):
+    (tmp_path / "blk.yaml").write_text("name: blk\ndims: {D: 2}\ninputs:\n  x: {shape: [D], init: randn}\nsteps:\n  - {id: y, op: relu}\n")
+    (tmp_path / "top.yaml").write_text("name: top\ndims: {D: 2}\ninputs:\n  x: {shape: [D], init: randn}\nsteps:\n"
+                                       "  - {id: s, op: block, use: blk.yaml, input: x, repeat: 3, group: 'stack [A]'}\n")
+    pipeline = tracer.load(tmp_path / "top.yaml")
+    assert repeated_blocks(pipeline) == ["stack [[]A]/s/*"]
+    assert dot_source(pipeline.run(device="meta"), repeated_blocks(pipeline)).count(" collapsed</FONT>") == 3

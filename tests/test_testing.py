@@ -142,3 +142,12 @@ def test_dims_that_are_only_coincidentally_equal_are_flagged(write):
     warnings = [d for d in tracer.load(path).check().warnings if d.code == "dim-mismatch"]
     assert len(warnings) == 1 and warnings[0].step == "scores"
     assert "d_out and d_in are equal only because d_out=3 and d_in=3" in warnings[0].message
+
+
+def test_expect_can_pin_a_composite_steps_inner_records(tmp_path):
+    text = CAUSAL.read_text().replace("expect:\n", "expect:\n  merged/transpose: {contiguous: false}\n  merged/contiguous: {contiguous: true}\n", 1)
+    assert tracer.loads(text, "m.yaml").run()["merged/contiguous"].contiguous
+    wrong = text.replace("merged/transpose: {contiguous: false}", "merged/transpose: {contiguous: true}")
+    with pytest.raises(tracer.TracerError) as info:
+        tracer.loads(wrong, "m.yaml")
+    assert info.value.code == "expect" and "expected 'merged/transpose' to be contiguous" in str(info.value)

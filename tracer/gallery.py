@@ -6,6 +6,7 @@ leaves committed files unchanged. A file that fails to load or run is reported a
 
 from __future__ import annotations
 
+import glob
 import sys
 from pathlib import Path
 
@@ -49,7 +50,7 @@ def render_one(path: Path, svg: Path) -> str:
 def repeated_blocks(pipeline) -> list[str]:
     """Collapse patterns that draw each copy of a ``repeat:`` block as one node: a 48-layer stack
     fits on a page, and the block's own file is drawn in full beside it."""
-    return [f"{step.group}/{step.id}/*" if step.group else f"{step.id}/*"
+    return [glob.escape(f"{step.group}/{step.id}" if step.group else step.id) + "/*"
             for step in pipeline.spec.steps if step.op == "block" and step.repeat]
 
 

@@ -33,9 +33,8 @@ class StepGraph:
 
     def __post_init__(self) -> None:
         self.users = {node: [] for node in self.nodes}
-        for producer, consumer in self.edges:
-            if consumer not in self.users[producer]:
-                self.users[producer].append(consumer)
+        for producer, consumer in dict.fromkeys(self.edges):  # a step may read one tensor twice
+            self.users[producer].append(consumer)
 
     @cached_property
     def graph(self) -> "nx.DiGraph":

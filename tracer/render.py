@@ -89,15 +89,13 @@ class _Builder:
         self.marks: set[str] = set()
 
     def _collapse_keys(self, collapse: tuple[str, ...]) -> list[str]:
-        """Each ``--collapse`` entry names the nodes it folds: a group, a group path prefix
-        ('layers' folds all 48 copies of a block into one node, 'layers/3' one copy with its
-        nested groups), or a glob over groups ('layers/*': one node per copy)."""
+        """Each ``--collapse`` entry names the nodes it folds. Group names are paths ('layers/3/attn'
+        is nested in 'layers/3', which is in 'layers'), and an entry is a group or a path prefix
+        ('layers' folds all 48 copies of a block into one node, 'layers/3' one copy), or else a
+        glob matched segment by segment ('layers/*': one node per copy)."""
         keys: list[str] = []
         for pattern in collapse:
-            if any(c in pattern for c in "*?["):
-                matched = [g for g in self.groups if fnmatch.fnmatchcase(g, pattern)]
-            else:
-                matched = [pattern] if any(_within(g, pattern) for g in self.groups) else []
+            matched = [pattern] if any(_within(g, pattern) for g in self.groups) else _glob_prefixes(self.groups, pattern)
             if not matched:
                 tops = list(dict.fromkeys(g.split("/")[0] for g in self.groups))
                 known = ", ".join(f"'{g}'" for g in tops) or "none"
@@ -116,7 +114,7 @@ class _Builder:
             if keys:
                 fold[step_id] = min(keys, key=len)
         for record in self.trace.records:
-            if record.op == "param":
+            if record.op == "param" and record.id not in self.analysis.outputs:
                 homes = {fold.get(s) for s in self.analysis.graph.graph.successors(record.id) if s in self.steps}
                 if len(homes) == 1 and None not in homes:
                     fold[record.id] = homes.pop()
@@ -252,7 +250,7 @@ class _Builder:
         inside = set(step_ids)
         ins = [self.records[self.analysis.output_of(ref)] for s in step_ids for ref in self.analysis.graph.data_inputs[s] if ref not in inside]
         outs = [self.records[self.analysis.output_of(s)] for s in step_ids if self._used_outside(s, inside)]
-        params = sum(1 for t, key in self.fold.items() if key == group and self.records[t].op == "param")
+        params = sum(1 for t, key in self.fold.items() if key == group and t in self.analysis.pipeline.params)
         folded = _count(len(step_ids), "step") + (" and " + _count(params, "param") if params else "")
         lines = [f"<B>{_esc(group)}</B>",
                  f'<FONT COLOR="{MUTED}">{folded} collapsed</FONT>',
@@ -304,6 +302,18 @@ def _graph_attrs(trace: Trace) -> dict[str, str]:
 def _within(group: str, key: str) -> bool:
     """``group`` is ``key`` or nested under it ('layers/3/attn' is within 'layers' and 'layers/3')."""
     return group == key or group.startswith(key + "/")
+
+
+def _glob_prefixes(groups: list[str], pattern: str) -> list[str]:
+    """The group path prefixes whose segments match the glob's, in order: 'layers/*' gives
+    'layers/0', 'layers/1', ... (from 'layers/0/attn' too); a '*' never crosses a '/'."""
+    parts = pattern.split("/")
+    found = {}
+    for group in groups:
+        segments = group.split("/")
+        if len(segments) >= len(parts) and all(fnmatch.fnmatchcase(s, p) for s, p in zip(segments, parts)):
+            found["/".join(segments[:len(parts)])] = True
+    return list(found)
 
 
 def _count(n: int, noun: str) -> str:

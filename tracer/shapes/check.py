@@ -80,10 +80,10 @@ class Analysis:
         inner = self.inner.get(step_id)
         return inner[-1][0] if inner else step_id
 
-    def bindings(self) -> str:
-        if not self.dims:
-            return ""
-        return "[" + ", ".join(f"{k}={v}" for k, v in self.dims.items()) + "]"
+    def bindings(self, alg: DimAlgebra | None = None) -> str:
+        """``[B=2, T=6, ...]``: the file's dims, or ``alg``'s (a block's, for its steps)."""
+        values = self.dims if alg is None else alg.values
+        return "[" + ", ".join(f"{k}={v}" for k, v in values.items()) + "]" if values else ""
 
     def raise_errors(self) -> None:
         if self.errors:
@@ -192,7 +192,7 @@ def _declared_meta(name: str, decl: TensorDecl, path: tuple, analysis: Analysis)
         shape.append(dim)
     too_large = _too_large(tuple(d.value for d in shape), tensor_dtype(decl, analysis.pipeline.dtype))
     if too_large:
-        analysis.diagnostics.append(analysis.source.error(path + ("shape",), "tensor-too-large", f"'{name}': {too_large} {analysis.bindings()}"))
+        analysis.diagnostics.append(analysis.source.error(path + ("shape",), "tensor-too-large", f"'{name}': {too_large} {analysis.bindings(alg)}"))
         return None
     problem = _source_problem(name, decl, tuple(d.value for d in shape), path[0])
     if problem:
@@ -274,12 +274,12 @@ def _infer_step(step_id: str, analysis: Analysis) -> None:
     try:
         result = step.infer(ins, ctx)
     except StepError as exc:
-        message = " ".join(filter(None, (exc.message, analysis.bindings()))) + (f" — {exc.hint}" if exc.hint else "")
+        message = " ".join(filter(None, (exc.message, analysis.bindings(ctx.alg)))) + (f" — {exc.hint}" if exc.hint else "")
         analysis.diagnostics.append(analysis.source.error(("steps", i) + ((exc.field,) if exc.field else ()), exc.code, message, step_id))
         return
     too_large = next(filter(None, (_too_large(m.sizes, m.dtype) for m in ([r[2] for r in result] if isinstance(result, list) else [result]))), None)
     if too_large:
-        analysis.diagnostics.append(analysis.source.error(("steps", i), "tensor-too-large", f"{too_large} {analysis.bindings()}", step_id, prefer_key=True))
+        analysis.diagnostics.append(analysis.source.error(("steps", i), "tensor-too-large", f"{too_large} {analysis.bindings(ctx.alg)}", step_id, prefer_key=True))
         return
     for message, field in ctx.warnings:
         analysis.diagnostics.append(analysis.source.error(("steps", i, field), "dim-mismatch", message, step_id, severity="warning"))
@@ -307,29 +307,37 @@ def _outputs(analysis: Analysis) -> list[str]:
 
 
 def _check_expectations(analysis: Analysis) -> None:
-    found: list[tuple[str, Diagnostic]] = []
+    found: list[tuple[tuple, Diagnostic]] = []
     for name, expected in analysis.pipeline.expect.items():
         path = ("expect", name)
-        if name not in analysis.graph.nodes:
-            found.append((name, analysis.source.error(path, "unknown-ref", f"expect: '{name}' is not a tensor of this pipeline", prefer_key=True)))
+        if name not in analysis.graph.nodes and name not in analysis.metas:  # metas: composites' inner records too
+            found.append(((name,), analysis.source.error(path, "unknown-ref", f"expect: '{name}' is not a tensor of this pipeline", prefer_key=True)))
             continue
         meta = analysis.metas.get(name)
         if meta is None:
             continue
-        problem = expectation_problem(analysis.expect_alg_of(name), name, meta, expected)
+        alg = analysis.expect_alg_of(name)
+        problem = expectation_problem(alg, name, meta, expected)
         if problem:
-            found.append((name, analysis.source.error(path, "expect", " ".join(filter(None, (problem, analysis.bindings()))),
-                                                      name if name in analysis.graph.index else None, prefer_key=True)))
-    analysis.diagnostics += _once_per_block_line(found, analysis.expect_algs)
+            message = " ".join(filter(None, (problem, analysis.bindings(alg))))
+            block_alg = analysis.alg_of(name)
+            if problem.startswith(f"expect '{name}': unknown dim") and block_alg is not alg:
+                message += (f" — '{name}' is inside a block, whose dims are {analysis.bindings(block_alg)}: this file's "
+                            "expect: reads this file's dims, the block file's own expect: reads the block's")
+            d = analysis.source.error(path, "expect", message, name if name in analysis.graph.index else None, prefer_key=True)
+            # a block file's entry fails alike in every copy: the same line, the same shapes
+            alike = (d.file, d.position, problem.replace(f"'{name}'", "''"), id(alg)) if name in analysis.expect_algs else (name,)
+            found.append((alike, d))
+    analysis.diagnostics += _once_per_block_line(found)
 
 
-def _once_per_block_line(found: list[tuple[str, Diagnostic]], block_entries: Mapping) -> list[Diagnostic]:
-    """A block file's expectation fails in every copy alike: report the first copy, count the rest."""
+def _once_per_block_line(found: list[tuple[tuple, Diagnostic]]) -> list[Diagnostic]:
+    """Report the first of each set of alike failures, with a count of the rest."""
     alike: dict[tuple, list[Diagnostic]] = {}
-    for name, d in found:
-        alike.setdefault((d.file, d.position, d.code) if name in block_entries else (name,), []).append(d)
+    for key, d in found:
+        alike.setdefault(key, []).append(d)
     return [same[0] if len(same) == 1 else
-            replace(same[0], message=f"{same[0].message}; the same in {len(same) - 1} more cop{'ies' if len(same) > 2 else 'y'}")
+            replace(same[0], message=f"{same[0].message}; the same in {len(same) - 1} more cop{'ies' if len(same) > 2 else 'y'} of this block")
             for same in alike.values()]
 
 

@@ -75,6 +75,8 @@ _ID_RULES = {  # pattern -> (what it names, the rule in words)
 
 
 def _id_hint(text: str, pattern: str) -> str:
+    if pattern == ID_PATTERN and "/" in text:
+        return f" — only expect: and outputs: can name a block's inner tensors; a block's own id ('{text.split('/')[0]}') names its output"
     fixed = re.sub(r"[^\w/]" if pattern == RECORD_PATTERN else r"\W", "_", text, flags=re.ASCII)
     fixed = re.sub(r"/+", "/", fixed).strip("/")
     fixed = fixed if fixed[:1].isalpha() or fixed[:1] == "_" else "_" + fixed

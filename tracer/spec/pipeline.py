@@ -106,7 +106,7 @@ class PipelineSpec(Strict):
     inputs: dict[TensorId, TensorDecl] = Field(default_factory=dict, description="named input tensors")
     params: dict[TensorId, TensorDecl] = Field(default_factory=dict, description="named parameters (weights)")
     steps: list[Step] = Field(min_length=1, max_length=10_000, description="the computation, one op per step")  # type: ignore[valid-type]
-    outputs: list[TensorId] | None = Field(None, description="tensor ids returned by a run (default: the last step)")
+    outputs: list[RecordId] | None = Field(None, description="tensor ids returned by a run (default: the last step); a block's tensors as BLOCK/ID or BLOCK/COPY/ID")
     expect: dict[RecordId, list[DimText] | Expect] = Field(default_factory=dict, description="id -> shape, or {shape, contiguous}; checked before and after running (a block's tensors as BLOCK/ID or BLOCK/COPY/ID)")
 
 

@@ -199,11 +199,13 @@ def expand_blocks(pipeline, source: SourceMap, alg) -> Expanded:
     for name, item in flat.expect.items():  # the block files' own entries, on every copy
         expect[name], expect_algs[name] = item.value, item.alg
         routes[("expect", name)] = (item.source, item.path, item.where)
-    for name, value in pipeline.expect.items():  # the including file's entries win
-        name = _resolve(name, aliases)
+    for name, (written, value) in _own_expect(pipeline, source, aliases).items():  # the including file's entries win
+        expect.pop(name, None)
         expect[name] = value
         expect_algs.pop(name, None)
         routes.pop(("expect", name), None)
+        if written != name:  # 'layers' stands for 'layers/47/out': errors point at the key as written
+            routes[("expect", name)] = (source, ("expect", written), None)
     expanded = pipeline.model_copy(update={"steps": steps, "params": params, "outputs": outputs, "expect": expect})
     return Expanded(expanded, ExpandedSource(source, routes), _shared_algebra(pipeline, alg, algs), algs, aliases, flat.blocks, expect_algs)
 
@@ -290,6 +292,7 @@ def _flatten(spec, source: SourceMap, alg, stack: tuple, folder: Path, cache: di
             _inline(inner, prefix + "/", first, where, step.group, block_spec, block_source, block_alg, steps, params, expect, blocks, alg)
             out = f"{prefix}/{inner.output}"
             aliases[prefix] = out
+            aliases.update({f"{prefix}/{name}": f"{prefix}/{target}" for name, target in inner.aliases.items()})  # nested blocks
             first = [out] + data[1:]
         aliases[step.id] = first[0]
         blocks[step.id] = BlockInfo(step.id, step.use, block_path, step.repeat, copies, first[0], dict(block_alg.values))
@@ -297,9 +300,21 @@ def _flatten(spec, source: SourceMap, alg, stack: tuple, folder: Path, cache: di
     inputs = list(spec.inputs)
     last = spec.outputs[0] if spec.outputs else spec.steps[-1].id
     if not top:  # the top file's expectations stay where they are
-        for name, value in spec.expect.items():
-            expect[_resolve(name, aliases)] = _Item(value, source, ("expect", name), None, alg)
+        for name, (written, value) in _own_expect(spec, source, aliases).items():
+            expect[name] = _Item(value, source, ("expect", written), None, alg)
     return _Flat(steps, params, expect, aliases, blocks, inputs, _resolve(last, aliases))
+
+
+def _own_expect(spec, source: SourceMap, aliases: dict[str, str]) -> dict[str, tuple[str, Any]]:
+    """A file's ``expect:`` by the tensor each entry names: tensor -> (key as written, shape)."""
+    own: dict[str, tuple[str, Any]] = {}
+    for name, value in spec.expect.items():
+        tensor = _resolve(name, aliases)
+        if tensor in own:
+            raise TracerError(source.error(("expect", name), "duplicate-expect",
+                                           f"'{name}' and '{own[tensor][0]}' both name the tensor '{tensor}'; keep one", prefer_key=True))
+        own[tensor] = (name, value)
+    return own
 
 
 def _explicit_inputs(step, data: list[str]) -> dict:
