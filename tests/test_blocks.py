@@ -270,3 +270,11 @@ def test_outputs_may_name_a_copys_tensor_but_step_inputs_only_the_block(tmp_path
     [d] = _error(root / "outer.yaml").diagnostics
     assert d.code == "invalid-id" and d.position.line == 11
     assert "only expect: and outputs: can name a block's inner tensors; a block's own id ('b') names its output" in d.message
+
+
+@pytest.mark.parametrize("clash", ["  - {id: b, op: relu, input: b}\n", "  - {id: b, op: block, use: blocks/blk.yaml, input: x}\n"])
+def test_a_second_tensor_named_like_a_block_is_one_error_at_its_id(tmp_path, clash):
+    root = _tree(tmp_path, {"blocks/blk.yaml": BLOCK, "outer.yaml": _outer("blocks/blk.yaml", "    repeat: 2\n" + clash)})
+    [d] = _error(root / "outer.yaml").diagnostics
+    assert d.code == "duplicate-id" and d.file.endswith("outer.yaml") and d.position.line == 11
+    assert "id 'b' is already used (line 6)" in d.message

@@ -30,6 +30,12 @@ def test_mutated_bundled_pipelines(rnd, tmp_path_factory):
     _check(fuzz.gen_mutated, rnd, tmp_path_factory)
 
 
+@settings(CI, max_examples=30)
+@given(rnd=st.randoms(use_true_random=False))
+def test_group_names_collapse_patterns_and_nested_expect_keys(rnd, tmp_path_factory):
+    _check(fuzz.gen_gentle, rnd, tmp_path_factory)
+
+
 @settings(CI, max_examples=40)
 @given(rnd=st.randoms(use_true_random=False))
 def test_text_mutations_and_truncations(rnd, tmp_path_factory):

@@ -252,6 +252,7 @@ def _folder_of(file: str) -> Path:
 
 def _flatten(spec, source: SourceMap, alg, stack: tuple, folder: Path, cache: dict, top: bool = False) -> _Flat:
     """Flatten one file's steps (recursively expanding its blocks), ids local to that file."""
+    _refuse_block_id_clashes(spec, source)
     steps: list[_Item] = []
     params = {name: _Item(decl, source, ("params", name), None, alg) for name, decl in spec.params.items()}
     expect: dict[str, _Item] = {}
@@ -315,6 +316,19 @@ def _own_expect(spec, source: SourceMap, aliases: dict[str, str]) -> dict[str, t
                                            f"'{name}' and '{own[tensor][0]}' both name the tensor '{tensor}'; keep one", prefer_key=True))
         own[tensor] = (name, value)
     return own
+
+
+def _refuse_block_id_clashes(spec, source: SourceMap) -> None:
+    """A block's id names its output and prefixes every tensor of its copies: a second tensor with
+    that id would collide with all of them, so say it once, at the id."""
+    first: dict[str, tuple] = {name: (section, name) for section in ("inputs", "params") for name in getattr(spec, section)}
+    for i, step in enumerate(spec.steps):
+        earlier = first.get(step.id)
+        if earlier is not None and (step.op == "block" or (earlier[0] == "steps" and spec.steps[earlier[1]].op == "block")):
+            pos = source.locate(earlier, prefer_key=True)
+            raise TracerError(source.error(("steps", i, "id"), "duplicate-id", f"id '{step.id}' is already used (line {pos.line if pos else '?'}); "
+                                           "a block's id names its output and prefixes its tensors, so it must be unique", step.id))
+        first.setdefault(step.id, ("steps", i))
 
 
 def _explicit_inputs(step, data: list[str]) -> dict:
