@@ -7,7 +7,7 @@ import pytest
 
 import tracer
 from tracer.cli import main
-from tracer.lints import runtime_warnings
+from tracer.lints import SoftmaxNaNs, runtime_warnings
 
 from tests.conftest import PIPELINES
 
@@ -201,3 +201,25 @@ def test_lints_read_a_block_step_with_its_own_dims(tmp_path):
                    "outputs: [one, two]\n")
     [d] = tracer.load(top).check().warnings
     assert d.code == "scale-mismatch" and d.step == "two/scaled" and "d_k=2" in d.message and "d=8" in d.message
+
+
+def test_the_run_hook_counts_nan_rows_of_a_softmax_that_is_freed(capsys):
+    """With `outputs:` elsewhere the softmax is freed after its last reader; the hook saw it first."""
+    text = example("nan_risk_mask").rstrip() + "\n  - {id: after, op: relu, input: attention_weights}\noutputs: [after]\n"
+    pipeline = tracer.loads(text, "n.yaml")
+    seen = []
+    trace = pipeline.run(observe=lambda rid, tensor: seen.append((rid, tuple(tensor.shape))))
+    assert [rid for rid, _ in seen] == [r.id for r in trace.records if r.op not in ("input", "param")]
+    assert all(shape == trace[rid].shape for rid, shape in seen)
+    assert "attention_weights" not in trace.outputs and runtime_warnings(trace) == []
+    nans = SoftmaxNaNs(pipeline.check())
+    pipeline.run(observe=nans)
+    [d] = nans.warnings()
+    assert d.step == "attention_weights" and "2 NaN rows of 12" in d.message
+
+
+def test_cli_run_reports_nan_rows_without_keeping_values(tmp_path, capsys):
+    path = tmp_path / "n.yaml"
+    path.write_text(example("nan_risk_mask").rstrip() + "\n  - {id: after, op: relu, input: attention_weights}\noutputs: [after]\n")
+    assert main(["run", str(path)]) == 0
+    assert "step 'attention_weights': softmax produced 2 NaN rows of 12" in capsys.readouterr().err

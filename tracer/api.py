@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from .errors import Diagnostic, TracerError
 from .shapes.check import Analysis, analyze
@@ -41,8 +41,13 @@ class Pipeline:
         return self._analyses[key]
 
     def run(self, dims: Mapping[str, int] | None = None, seed: int | None = None, keep_values: bool = False,
-            device: str = "cpu", tensors: Mapping[str, Any] | None = None, max_memory: int | str | None = None) -> Trace:
+            device: str = "cpu", tensors: Mapping[str, Any] | None = None, max_memory: int | str | None = None,
+            observe: Callable[[str, Any], None] | None = None) -> Trace:
         """Execute on torch and record every tensor. ``tensors`` replaces inputs or params by name.
+
+        ``observe(record_id, tensor)`` is called for every tensor a step produces, right after the
+        step and before the tensor is freed: a hook for statistics (NaN rows, norms) that keeps no
+        tensor alive, e.g. ``tracer.lints.SoftmaxNaNs``.
 
         A real run whose estimated peak (``analysis.peak_bytes``) exceeds ``max_memory`` (bytes or
         ``'8GiB'``; default: half of the available RAM) raises ``TracerError`` before anything is
@@ -72,7 +77,7 @@ class Pipeline:
             created, rng_state = self._tensors[tensor_key]
             if rng_state is not None and plan.random:
                 torch.set_rng_state(rng_state)  # training dropout sees the same RNG as a fresh run
-        trace = run_plan(plan, created, self, seed, keep_values)
+        trace = run_plan(plan, created, self, seed, keep_values, observe)
         if not trace.as_predicted:  # otherwise the static check of expect: already covers this run
             _enforce_expectations(trace)
         return trace
@@ -134,6 +139,7 @@ def loads(text: str, name: str = "<string>") -> Pipeline:
 
 def run(path: str | Path, dims: Mapping[str, int] | None = None, seed: int | None = None,
         keep_values: bool = False, device: str = "cpu", tensors: Mapping[str, Any] | None = None,
-        max_memory: int | str | None = None) -> Trace:
+        max_memory: int | str | None = None, observe: Callable[[str, Any], None] | None = None) -> Trace:
     """``load(path).run(...)`` in one call."""
-    return load(path).run(dims=dims, seed=seed, keep_values=keep_values, device=device, tensors=tensors, max_memory=max_memory)
+    return load(path).run(dims=dims, seed=seed, keep_values=keep_values, device=device, tensors=tensors, max_memory=max_memory,
+                          observe=observe)

@@ -110,10 +110,12 @@ def _run(args) -> int:
     from .api import load
 
     pipeline = load(args.file) if not args.dim else _load_unchecked(args.file)
-    trace = pipeline.run(dims=dict(args.dim), seed=args.seed, keep_values=args.values, device=args.device, max_memory=args.max_memory)
-    from .lints import runtime_warnings
+    from .lints import SoftmaxNaNs
 
-    for warning in trace.analysis.warnings + runtime_warnings(trace):
+    nans = SoftmaxNaNs(pipeline.check(dict(args.dim)))
+    trace = pipeline.run(dims=dict(args.dim), seed=args.seed, keep_values=args.values, device=args.device, max_memory=args.max_memory,
+                         observe=nans)
+    for warning in trace.analysis.warnings + nans.warnings():
         print(warning, file=sys.stderr)
     if args.output:
         from .atomic import write_atomic

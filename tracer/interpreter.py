@@ -122,8 +122,9 @@ class Plan:
                                 meta.stride, meta.offset, meta.contiguous, view_of, meta.nbytes)
         return rid, meta.sizes, meta.stride, meta.offset, getattr(torch, meta.dtype), view_of, template
 
-    def run(self, tensors: dict[str, Any], keep_values: bool) -> tuple[list[TensorRecord], dict[str, Any]]:
-        """Run every kernel and record every tensor.
+    def run(self, tensors: dict[str, Any], keep_values: bool, observe: Callable | None = None) -> tuple[list[TensorRecord], dict[str, Any]]:
+        """Run every kernel and record every tensor; ``observe(record_id, tensor)``, when given, sees
+        each tensor a step produces (inner records too) while it is still alive.
 
         Each step's records were built at compile time from the static analysis; a record is reused
         only after checking that torch's tensor has exactly the predicted shape, strides, offset,
@@ -157,6 +158,8 @@ class Plan:
                 if expect is not None:
                     rid, sizes, stride, offset, dtype, static_view_of, template = expect
                     env[rid] = result
+                    if observe is not None:
+                        observe(rid, result)
                     base = result._base  # _StorageIndex.owner, inlined
                     if base is None:
                         base = result
@@ -174,6 +177,8 @@ class Plan:
                 else:
                     for expect, tensor in zip(expected, result):
                         env[expect[0]] = tensor
+                        if observe is not None:
+                            observe(expect[0], tensor)
                         self._append(append, expect, tensor, owner(tensor, expect[0]), keep_values, step_id)
                 if free and not keep_values:
                     for name in free:
@@ -307,7 +312,7 @@ def _linear_init(decl: TensorDecl, meta: Meta, torch, device, dtype, alg):
     return torch.empty(sizes, dtype=dtype, device=device).uniform_(-bound, bound)
 
 
-def run_plan(plan: Plan, tensors: dict[str, Any], pipeline: Any, seed: int | None, keep_values: bool) -> Trace:
+def run_plan(plan: Plan, tensors: dict[str, Any], pipeline: Any, seed: int | None, keep_values: bool, observe: Callable | None = None) -> Trace:
     divergent = plan.divergent
-    records, outputs = plan.run(tensors, keep_values)
+    records, outputs = plan.run(tensors, keep_values, observe)
     return Trace(pipeline, plan.analysis, records, outputs, seed, keep_values, as_predicted=plan.divergent == divergent)

@@ -329,37 +329,58 @@ def run_lints(analysis) -> list[Diagnostic]:
 # after a run
 
 
-def runtime_warnings(trace, tensors: dict | None = None) -> list[Diagnostic]:
-    """Warnings only a run can give: NaN rows in softmax outputs (code ``nan-risk-mask``).
+class SoftmaxNaNs:
+    """A run hook (``run(observe=...)``) that counts NaN rows in every softmax output as it is
+    produced, keeping no tensor alive; ``warnings()`` then gives the ``nan-risk-mask`` warnings.
 
-    Looks at every softmax step whose result is available: in ``tensors`` (id -> tensor), in
-    ``trace.outputs``, or in the trace's records when it was run with ``keep_values=True``.
     A row is one softmax distribution (a slice along the softmax dim); one that holds a NaN is
     almost always a query whose every key was masked with -inf.
 
-    >>> t = tracer.load("pipelines/lint_examples/nan_risk_mask.yaml").run(keep_values=True)  # doctest: +SKIP
-    >>> [str(d) for d in runtime_warnings(t)]                                               # doctest: +SKIP
+    >>> p = tracer.load("pipelines/lint_examples/nan_risk_mask.yaml")   # doctest: +SKIP
+    >>> nans = SoftmaxNaNs(p.check()); p.run(observe=nans)              # doctest: +SKIP
+    >>> [str(d) for d in nans.warnings()]                               # doctest: +SKIP
     ["...: warning[nan-risk-mask]: step 'attention_weights': softmax produced 2 NaN rows of 12 ..."]
     """
-    analysis = trace.analysis
+
+    def __init__(self, analysis):
+        self.analysis = analysis
+        self.softmax = {step.id: (i, step) for i, step in _steps(analysis, "softmax")}
+        self.rows: dict[str, tuple[int, int]] = {}  # step id -> (NaN rows, rows)
+
+    def __call__(self, record_id: str, tensor) -> None:
+        found = self.softmax.get(record_id)
+        if found is None or getattr(tensor, "device", None) is None or tensor.device.type == "meta" or tensor.dim() == 0:
+            return
+        bad = tensor.isnan().any(dim=found[1].dim)
+        self.rows[record_id] = (int(bad.sum()), bad.numel())
+
+    def warnings(self) -> list[Diagnostic]:
+        found = []
+        for step_id, (n_bad, n_rows) in self.rows.items():
+            if not n_bad:
+                continue
+            i, step = self.softmax[step_id]
+            chain, _ = _score_chain(self.analysis, step)
+            masks = [s for s in chain if s.op == "mask"]
+            cause = (f"; mask step '{masks[0].id}' fills {'-inf' if masks[0].fill == float('-inf') else f'{masks[0].fill:g}'}"
+                     " — fill with -1e9 or keep at least one key per query") if masks else ""
+            message = f"softmax produced {n_bad} NaN row{'s' if n_bad != 1 else ''} of {n_rows} (rows whose every score was -inf or NaN){cause}"
+            found.append(_warn(self.analysis, ("steps", i), "nan-risk-mask", message, step_id, prefer_key=True))
+        return found
+
+
+def runtime_warnings(trace, tensors: dict | None = None) -> list[Diagnostic]:
+    """The ``nan-risk-mask`` warnings of a finished run, from the softmax outputs it still has:
+    in ``tensors`` (id -> tensor), in ``trace.outputs``, or in its records when it was run with
+    ``keep_values=True``. To see every softmax of any run, pass ``SoftmaxNaNs`` as its hook."""
+    nans = SoftmaxNaNs(trace.analysis)
     given = dict(tensors or {})
-    found = []
-    for i, step in _steps(analysis, "softmax"):
-        tensor = given.get(step.id)
+    for step_id in nans.softmax:
+        tensor = given.get(step_id)
         if tensor is None:
-            tensor = trace.outputs.get(step.id)
-        if tensor is None and step.id in trace:
-            tensor = trace[step.id].tensor
-        if tensor is None or getattr(tensor, "device", None) is None or tensor.device.type == "meta" or tensor.dim() == 0:
-            continue
-        bad = tensor.isnan().any(dim=step.dim)
-        n_bad, n_rows = int(bad.sum()), bad.numel()
-        if not n_bad:
-            continue
-        chain, _ = _score_chain(analysis, step)
-        masks = [s for s in chain if s.op == "mask"]
-        cause = (f"; mask step '{masks[0].id}' fills {'-inf' if masks[0].fill == float('-inf') else f'{masks[0].fill:g}'}"
-                 " — fill with -1e9 or keep at least one key per query") if masks else ""
-        message = f"softmax produced {n_bad} NaN row{'s' if n_bad != 1 else ''} of {n_rows} (rows whose every score was -inf or NaN){cause}"
-        found.append(_warn(analysis, ("steps", i), "nan-risk-mask", message, step.id, prefer_key=True))
-    return found
+            tensor = trace.outputs.get(step_id)
+        if tensor is None and step_id in trace:
+            tensor = trace[step_id].tensor
+        if tensor is not None:
+            nans(step_id, tensor)
+    return nans.warnings()
