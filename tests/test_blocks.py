@@ -278,3 +278,21 @@ def test_a_second_tensor_named_like_a_block_is_one_error_at_its_id(tmp_path, cla
     [d] = _error(root / "outer.yaml").diagnostics
     assert d.code == "duplicate-id" and d.file.endswith("outer.yaml") and d.position.line == 11
     assert "id 'b' is already used (line 6)" in d.message
+
+
+def test_shared_params_are_created_once_and_read_by_every_copy(tmp_path):
+    (tmp_path / "blocks").mkdir()
+    (tmp_path / "blocks" / "encoder_layer.yaml").write_text((PIPELINES / "blocks" / "encoder_layer.yaml").read_text())
+    text = (PIPELINES / "encoder_stack.yaml").read_text().replace("    repeat: 48\n", "    repeat: 4\n    share_params: true\n")
+    (tmp_path / "tied.yaml").write_text(text)
+    trace = tracer.load(tmp_path / "tied.yaml").run(dims=SMALL, keep_values=True)
+    params = [r.id for r in trace.records if r.op == "param"]
+    assert len(params) == 16 and all(p.count("/") == 1 for p in params)  # layers/W_Q, not layers/3/W_Q
+    x, shared = trace["x"].tensor, _params(trace, "layers")
+    for i in range(4):
+        x = _layer(x, shared, SMALL["H"])
+        assert torch.allclose(trace[f"layers/{i}/out"].tensor, x, atol=1e-5), f"layer {i}"
+    assert trace.analysis.step("layers/3/Q").weight == "layers/W_Q"
+    with pytest.raises(TracerError) as info:
+        tracer.loads(text.replace("    repeat: 4\n", ""), str(tmp_path / "t.yaml"))
+    assert info.value.code == "invalid-value" and "add 'repeat: N'" in str(info.value)

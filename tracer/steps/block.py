@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, StrictInt
+from pydantic import Field, StrictBool, StrictInt, model_validator
 
 from ..errors import Diagnostic, Position, TracerError
 from ..shapes.layout import view
@@ -43,6 +43,8 @@ class Block(StepBase):
                                      "(a block dim with the same name as one of this file's dims is bound to it automatically)")
     repeat: StrictInt | None = Field(None, ge=1, le=10_000, description="chain N copies (ids BLOCK/0/..., BLOCK/1/...): "
                                      "each copy's first input is the previous copy's output")
+    share_params: StrictBool = Field(False, description="with repeat: every copy reads the same params (tied weights, as in "
+                                     "ALBERT), created once as BLOCK/NAME instead of BLOCK/COPY/NAME")
     arity = None
     example = """\
 - id: layers
@@ -52,8 +54,14 @@ class Block(StepBase):
   dims: {d_ff: 4 * d_model}        # same-named dims (B, T, d_model, H) bind automatically
   repeat: 48                       # layers/0/... to layers/47/...; 'layers' is the last output"""
 
+    @model_validator(mode="after")
+    def _sharing_needs_copies(self):
+        if self.share_params and not self.repeat:
+            raise ValueError("'share_params' shares weights between the copies of 'repeat'; add 'repeat: N' or remove it")
+        return self
+
     def args(self):
-        return [self.use] + ([f"×{self.repeat}"] if self.repeat else [])
+        return [self.use] + ([f"×{self.repeat}"] if self.repeat else []) + (["shared params"] if self.share_params else [])
 
     def infer(self, ins, ctx):  # pragma: no cover - expanded before analysis
         raise StepError("block", "a block step is expanded before analysis; it has no shape rule of its own")
@@ -290,7 +298,8 @@ def _flatten(spec, source: SourceMap, alg, stack: tuple, folder: Path, cache: di
         first = data
         for c, prefix in enumerate(copies):
             where = f"in block '{step.id}'" + (f" copy {c}" if step.repeat else "") + f" included at {here}"
-            _inline(inner, prefix + "/", first, where, step.group, block_spec, block_source, block_alg, steps, params, expect, blocks, alg)
+            shared = f"{step.id}/" if step.share_params else prefix + "/"
+            _inline(inner, prefix + "/", shared, first, where, step.group, block_spec, block_source, block_alg, steps, params, expect, blocks, alg)
             out = f"{prefix}/{inner.output}"
             aliases[prefix] = out
             aliases.update({f"{prefix}/{name}": f"{prefix}/{target}" for name, target in inner.aliases.items()})  # nested blocks
@@ -342,9 +351,14 @@ def _explicit_inputs(step, data: list[str]) -> dict:
     return {"inputs": data}
 
 
-def _inline(inner: _Flat, prefix: str, bound: list[str], where: str, group: str | None, block_spec, block_source,
-            block_alg, steps: list, params: dict, expect: dict, blocks: dict, alg) -> None:
+def _inline(inner: _Flat, prefix: str, param_prefix: str, bound: list[str], where: str, group: str | None, block_spec,
+            block_source, block_alg, steps: list, params: dict, expect: dict, blocks: dict, alg) -> None:
+    """Add one copy of a flattened block: its tensors under ``prefix``, its params under
+    ``param_prefix`` (the same for every copy when they share params)."""
     from ..shapes.check import tensor_dtype
+
+    def ref(name: str) -> str:
+        return (param_prefix if name in inner.params else prefix) + name
 
     cluster = prefix[:-1] if group is None else f"{group}/{prefix[:-1]}"
     for name, outer in zip(inner.inputs, bound):
@@ -357,21 +371,20 @@ def _inline(inner: _Flat, prefix: str, bound: list[str], where: str, group: str 
         # one cluster per block copy ('layers/3'); a nested block's copy nests under it ('layers/3/attn')
         update: dict[str, Any] = {"id": prefix + step.id, "group": f"{cluster}/{step.group}" if item.nested and step.group else cluster}
         if step.input is not None:
-            update["input"] = prefix + step.input
+            update["input"] = ref(step.input)
         if step.inputs is not None:
-            update["inputs"] = [prefix + r for r in step.inputs]
+            update["inputs"] = [ref(r) for r in step.inputs]
         for f in step.param_fields:
-            ref = getattr(step, f)
-            if ref is not None:
-                update[f] = prefix + ref
+            if getattr(step, f) is not None:
+                update[f] = ref(getattr(step, f))
         if isinstance(step, BlockInput):
             update["block"] = prefix + step.block
         nested = _join(item.where, where)
         steps.append(_Item(step.model_copy(update=update), item.source, item.path, nested, item.alg, True))
     for name, item in inner.params.items():
-        params[prefix + name] = _Item(item.value, item.source, item.path, _join(item.where, where), item.alg, True)
+        params.setdefault(param_prefix + name, _Item(item.value, item.source, item.path, _join(item.where, where), item.alg, True))
     for name, item in inner.expect.items():
-        expect[prefix + name] = _Item(item.value, item.source, item.path, _join(item.where, where), item.alg, True)
+        expect.setdefault(ref(name), _Item(item.value, item.source, item.path, _join(item.where, where), item.alg, True))
     for block_id, info in inner.blocks.items():
         blocks[prefix + block_id] = BlockInfo(prefix + block_id, info.use, info.path, info.repeat,
                                               [prefix + c for c in info.copies], prefix + info.output, info.dims)
