@@ -269,7 +269,7 @@ def test_outputs_may_name_a_copys_tensor_but_step_inputs_only_the_block(tmp_path
     _tree(root, {"outer.yaml": tapped})
     [d] = _error(root / "outer.yaml").diagnostics
     assert d.code == "invalid-id" and d.position.line == 11
-    assert "only expect: and outputs: can name a block's inner tensors; a block's own id ('b') names its output" in d.message
+    assert "only expect: and outputs: can name a block's inner tensors; the block's own id ('b') names its output" in d.message
 
 
 @pytest.mark.parametrize("clash", ["  - {id: b, op: relu, input: b}\n", "  - {id: b, op: block, use: blocks/blk.yaml, input: x}\n"])
@@ -296,3 +296,17 @@ def test_shared_params_are_created_once_and_read_by_every_copy(tmp_path):
     with pytest.raises(TracerError) as info:
         tracer.loads(text.replace("    repeat: 4\n", ""), str(tmp_path / "t.yaml"))
     assert info.value.code == "invalid-value" and "add 'repeat: N'" in str(info.value)
+
+
+def test_a_problem_in_a_repeated_block_is_reported_once_per_use_with_a_count(tmp_path):
+    block = BLOCK.replace("weight: W}", "weight: W}\n  - {id: w, op: relu}\n  - {id: w, op: relu}") + "expect:\n  zz: [B, d]\n"
+    outer = _outer("blocks/blk.yaml", "    repeat: 3\n  - {id: c, op: block, use: blocks/blk.yaml, input: b}")
+    root = _tree(tmp_path, {"blocks/blk.yaml": block, "outer.yaml": outer})
+    lines = [str(d) for d in _error(root / "outer.yaml").diagnostics if d.code == "duplicate-id"]
+    assert len(lines) == 2 and all("blk.yaml:10:" in line for line in lines)  # the duplicate id, once per use of the block
+    assert "'b/0/w' is already used" in lines[0] and lines[0].endswith("the same in 2 more copies of this block")
+    assert "'c/w' is already used" in lines[1] and "more cop" not in lines[1]
+    fixed = _tree(tmp_path, {"blocks/blk.yaml": block.replace("  - {id: w, op: relu}\n  - {id: w, op: relu}", "")})
+    [unknown, other] = _error(fixed / "outer.yaml").diagnostics
+    assert unknown.code == "unknown-ref" and str(unknown).endswith("the same in 2 more copies of this block")
+    assert other.code == "unknown-ref" and "'c/zz'" in other.message

@@ -102,3 +102,17 @@ def test_dim_override_recomputes_dependent_dims_and_refuses_derived(tmp_path):
         pipeline.run(dims={"Dh": 3})
     with pytest.raises(tracer.TracerError, match="d_model=6 is not divisible by H=4"):
         pipeline.run(dims={"d_model": 6, "H": 4})
+
+
+def test_fan_in_is_checked_statically(write):
+    path = write("name: t\ndims: {N: 3}\ninputs:\n  x: {shape: [N], init: randn}\nparams:\n"
+                 "  b: {shape: [N], init: linear, fan_in: nope}\nsteps:\n  - {id: y, op: add, inputs: [x, b]}\n")
+    for command in ("check", "run"):
+        proc = subprocess.run([sys.executable, "-m", "tracer", command, str(path)], capture_output=True, text=True)
+        assert proc.returncode == 1 and proc.stderr.startswith(f"{path}:6:41: error[unknown-dim]: 'b': fan_in: unknown dim 'nope'")
+
+
+def test_an_invalid_id_being_declared_gets_a_spelling_not_a_block_hint(write):
+    path = write("name: t\ndims: {N: 3}\ninputs:\n  a/b: {shape: [N], init: randn}\nsteps:\n  - {id: out/x, op: relu, input: \"/x\"}\n")
+    proc = subprocess.run([sys.executable, "-m", "tracer", "check", str(path)], capture_output=True, text=True)
+    assert [line.rsplit(" — ", 1)[1] for line in proc.stderr.splitlines()] == ["e.g. 'a_b'", "e.g. 'out_x'", "e.g. '_x'"]

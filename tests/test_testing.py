@@ -151,3 +151,11 @@ def test_expect_can_pin_a_composite_steps_inner_records(tmp_path):
     with pytest.raises(tracer.TracerError) as info:
         tracer.loads(wrong, "m.yaml")
     assert info.value.code == "expect" and "expected 'merged/transpose' to be contiguous" in str(info.value)
+
+
+def test_an_inner_record_expect_is_quiet_when_an_upstream_error_explains_it():
+    text = CAUSAL.read_text().replace("expect:\n", "expect:\n  merged/contiguous: [B, T, H, Dh]\n", 1)
+    broken = text.replace("inputs: [weights_d, v_h]", "inputs: [weights_d, k_t]")
+    with pytest.raises(tracer.TracerError) as info:
+        tracer.loads(broken, "m.yaml")
+    assert [d.code for d in info.value.diagnostics] == ["matmul-shape"]

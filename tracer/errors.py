@@ -6,7 +6,8 @@ logs can jump straight to the offending YAML.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, replace
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,24 @@ class Diagnostic:
         where = self.file if self.position is None else f"{self.file}:{self.position.line}:{self.position.col}"
         step = f"step '{self.step}': " if self.step else ""
         return f"{where}: {self.severity}[{self.code}]: {step}{self.message.translate(_LINE_BREAKS)}"
+
+
+_COPY_INDEX = re.compile(r"(?<=/)\d+(?=/)|(?<=copy )\d+")  # layers/3/Q, "copy 3 included at"
+
+
+def merge_copies(diagnostics: list[Diagnostic]) -> list[Diagnostic]:
+    """One diagnostic per problem: a problem inside a repeated block is found in every copy, at
+    the same line of the block file, with only the copy's index changed; keep the first and count
+    the rest. Exact repeats are dropped."""
+    alike: dict[tuple, list[Diagnostic]] = {}
+    for d in diagnostics:
+        alike.setdefault((d.file, d.position, d.code, d.severity, _COPY_INDEX.sub("#", d.message)), []).append(d)
+    merged = []
+    for same in alike.values():
+        more = len({d.message for d in same}) - 1
+        merged.append(same[0] if not more else
+                      replace(same[0], message=f"{same[0].message}; the same in {more} more cop{'ies' if more > 1 else 'y'} of this block"))
+    return merged
 
 
 class TracerError(Exception):

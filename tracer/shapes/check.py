@@ -6,11 +6,11 @@ poisons only what depends on it, so every independent error in a file is reporte
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Mapping
 
-from ..errors import Diagnostic, TracerError
+from ..errors import Diagnostic, TracerError, merge_copies
 from ..graph import StepGraph, build_graph
 from ..spec import dims as dimexpr
 from ..spec.pipeline import Expect, PipelineSpec, TensorDecl
@@ -141,7 +141,7 @@ def analyze(pipeline: PipelineSpec, source: SourceMap, dims: Mapping[str, int] |
     _check_expectations(analysis)
     from .. import lints  # lints read a finished analysis
 
-    analysis.diagnostics += lints.run_lints(analysis)
+    analysis.diagnostics = merge_copies(analysis.diagnostics + lints.run_lints(analysis))
     return analysis
 
 
@@ -190,6 +190,12 @@ def _declared_meta(name: str, decl: TensorDecl, path: tuple, analysis: Analysis)
             analysis.diagnostics.append(analysis.source.error(path + ("shape", j), "dim-negative", f"'{name}': dim {dim} is {dim.value}; sizes must not be negative"))
             return None
         shape.append(dim)
+    if decl.fan_in is not None:
+        try:
+            alg.dim(decl.fan_in)
+        except dimexpr.DimError as exc:
+            analysis.diagnostics.append(analysis.source.error(path + ("fan_in",), exc.code, f"'{name}': fan_in: {exc}"))
+            return None
     too_large = _too_large(tuple(d.value for d in shape), tensor_dtype(decl, analysis.pipeline.dtype))
     if too_large:
         analysis.diagnostics.append(analysis.source.error(path + ("shape",), "tensor-too-large", f"'{name}': {too_large} {analysis.bindings(alg)}"))
@@ -307,11 +313,12 @@ def _outputs(analysis: Analysis) -> list[str]:
 
 
 def _check_expectations(analysis: Analysis) -> None:
-    found: list[tuple[tuple, Diagnostic]] = []
     for name, expected in analysis.pipeline.expect.items():
         path = ("expect", name)
         if name not in analysis.graph.nodes and name not in analysis.metas:  # metas: composites' inner records too
-            found.append(((name,), analysis.source.error(path, "unknown-ref", f"expect: '{name}' is not a tensor of this pipeline", prefer_key=True)))
+            owner = name.rsplit("/", 1)[0]
+            if not (owner in analysis.graph.index and owner not in analysis.metas):  # else an upstream error explains it
+                analysis.diagnostics.append(analysis.source.error(path, "unknown-ref", f"expect: '{name}' is not a tensor of this pipeline", prefer_key=True))
             continue
         meta = analysis.metas.get(name)
         if meta is None:
@@ -319,26 +326,29 @@ def _check_expectations(analysis: Analysis) -> None:
         alg = analysis.expect_alg_of(name)
         problem = expectation_problem(alg, name, meta, expected)
         if problem:
-            message = " ".join(filter(None, (problem, analysis.bindings(alg))))
-            block_alg = analysis.alg_of(name)
-            if problem.startswith(f"expect '{name}': unknown dim") and block_alg is not alg:
-                message += (f" — '{name}' is inside a block, whose dims are {analysis.bindings(block_alg)}: this file's "
-                            "expect: reads this file's dims, the block file's own expect: reads the block's")
-            d = analysis.source.error(path, "expect", message, name if name in analysis.graph.index else None, prefer_key=True)
-            # a block file's entry fails alike in every copy: the same line, the same shapes
-            alike = (d.file, d.position, problem.replace(f"'{name}'", "''"), id(alg)) if name in analysis.expect_algs else (name,)
-            found.append((alike, d))
-    analysis.diagnostics += _once_per_block_line(found)
+            message = " ".join(filter(None, (problem, analysis.bindings(alg)))) + _block_dims_hint(analysis, name, expected, alg)
+            analysis.diagnostics.append(analysis.source.error(path, "expect", message, name if name in analysis.graph.index else None, prefer_key=True))
 
 
-def _once_per_block_line(found: list[tuple[tuple, Diagnostic]]) -> list[Diagnostic]:
-    """Report the first of each set of alike failures, with a count of the rest."""
-    alike: dict[tuple, list[Diagnostic]] = {}
-    for key, d in found:
-        alike.setdefault(key, []).append(d)
-    return [same[0] if len(same) == 1 else
-            replace(same[0], message=f"{same[0].message}; the same in {len(same) - 1} more cop{'ies' if len(same) > 2 else 'y'} of this block")
-            for same in alike.values()]
+def _block_dims_hint(analysis: Analysis, name: str, expected, alg: DimAlgebra) -> str:
+    """When this file's entry for a block's tensor reads dims only the block has, say so."""
+    block_alg = analysis.alg_of(name)
+    shape = expected if isinstance(expected, list) else expected.shape
+    if block_alg is alg or not shape:
+        return ""
+    try:
+        for text in shape:
+            alg.dim(text)
+        return ""
+    except dimexpr.DimError:
+        pass
+    try:
+        for text in shape:
+            block_alg.dim(text)
+    except dimexpr.DimError:
+        return ""
+    return (f" — '{name}' is inside a block, whose dims are {analysis.bindings(block_alg)}: this file's expect: reads "
+            "this file's dims, the block file's own expect: reads the block's")
 
 
 def expectation_problem(alg: DimAlgebra, name: str, meta: Meta, expected) -> str | None:

@@ -56,8 +56,10 @@ def _diagnostic(err: dict, data: Any, source: SourceMap) -> Diagnostic:
         return source.error(path, "missing-key", f"a step needs an 'op' (one of: {', '.join(sorted(STEP_KINDS))})", step, prefer_key=True)
     if kind == "string_pattern_mismatch" and err["ctx"]["pattern"] in _ID_RULES:
         what, rule = _ID_RULES[err["ctx"]["pattern"]]
-        return source.error(path, "invalid-id", f"{err['input']!r} is not a valid {what}: {rule}{_id_hint(err['input'], err['ctx']['pattern'])}",
-                            step, prefer_key=err["loc"][-1] == "[key]")
+        declared = err["loc"][-1] == "[key]" or path[-1:] == ("id",)
+        hint = _block_hint(err["input"], data) if not declared else ""
+        return source.error(path, "invalid-id", f"{err['input']!r} is not a valid {what}: {rule}{hint or _id_hint(err['input'], err['ctx']['pattern'])}",
+                            step, prefer_key=declared)
     message = err["msg"].removeprefix("Value error, ").removeprefix("Assertion failed, ")
     found = err.get("input")
     if kind not in ("value_error", "assertion_error") and not isinstance(found, (dict, list)):
@@ -74,9 +76,16 @@ _ID_RULES = {  # pattern -> (what it names, the rule in words)
 }
 
 
+def _block_hint(text: str, data: Any) -> str:
+    """A reference such as 'layers/3/out' to a tensor inside a block of this file."""
+    steps = data.get("steps") if isinstance(data, dict) else None
+    block = text.split("/")[0]
+    if "/" in text and isinstance(steps, list) and any(isinstance(s, dict) and s.get("op") == "block" and s.get("id") == block for s in steps):
+        return f" — only expect: and outputs: can name a block's inner tensors; the block's own id ('{block}') names its output"
+    return ""
+
+
 def _id_hint(text: str, pattern: str) -> str:
-    if pattern == ID_PATTERN and "/" in text:
-        return f" — only expect: and outputs: can name a block's inner tensors; a block's own id ('{text.split('/')[0]}') names its output"
     fixed = re.sub(r"[^\w/]" if pattern == RECORD_PATTERN else r"\W", "_", text, flags=re.ASCII)
     fixed = re.sub(r"/+", "/", fixed).strip("/")
     fixed = fixed if fixed[:1].isalpha() or fixed[:1] == "_" else "_" + fixed
