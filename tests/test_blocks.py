@@ -310,3 +310,12 @@ def test_a_problem_in_a_repeated_block_is_reported_once_per_use_with_a_count(tmp
     [unknown, other] = _error(fixed / "outer.yaml").diagnostics
     assert unknown.code == "unknown-ref" and str(unknown).endswith("the same in 2 more copies of this block")
     assert other.code == "unknown-ref" and "'c/zz'" in other.message
+
+
+def test_an_error_raised_inside_a_nested_block_file_names_every_include(tmp_path):
+    inner = BLOCK + "  - {id: z, op: block, use: nope.yaml, input: y}\n"
+    mid = BLOCK.replace("name: blk", "name: mid").replace("- {id: y, op: linear, input: x, weight: W}", "- {id: s, op: block, use: inner.yaml, input: x}")
+    root = _tree(tmp_path, {"blocks/inner.yaml": inner, "blocks/mid.yaml": mid, "outer.yaml": _outer("blocks/mid.yaml", "    repeat: 2")})
+    [d] = _error(root / "outer.yaml").diagnostics
+    assert d.code == "block-missing" and d.file.endswith("inner.yaml")
+    assert d.message.endswith(f"(in block 's' included at {root / 'blocks' / 'mid.yaml'}:8, in block 'b' included at {root / 'outer.yaml'}:6)")

@@ -281,8 +281,13 @@ def _flatten(spec, source: SourceMap, alg, stack: tuple, folder: Path, cache: di
         block_spec, block_source, block_path = _load_block(step, i, source, folder, stack)
         block_alg, bound = _block_algebra(step, i, block_spec, block_source, source, alg)
         cache_key = (block_path, tuple(sorted(bound.items())))
+        pos = source.locate(("steps", i), prefer_key=True)
+        here = f"{source.file}:{pos.line}" if pos else source.file
         if cache_key not in cache:
-            cache[cache_key] = _flatten(block_spec, block_source, block_alg, stack + (block_path,), Path(block_path).parent, cache)
+            try:
+                cache[cache_key] = _flatten(block_spec, block_source, block_alg, stack + (block_path,), Path(block_path).parent, cache)
+            except TracerError as exc:  # a problem inside the block file: say which step included it
+                raise TracerError([_included(d, f"in block '{step.id}' included at {here}") for d in exc.diagnostics]) from None
         inner = cache[cache_key]
         if len(data) != len(inner.inputs):
             names = ", ".join(inner.inputs) or "none"
@@ -293,8 +298,6 @@ def _flatten(spec, source: SourceMap, alg, stack: tuple, folder: Path, cache: di
         if len(steps) + len(copies) * (len(inner.steps) + len(inner.inputs)) > MAX_EXPANDED_STEPS:
             raise TracerError(source.error(("steps", i, "repeat"), "block-too-large",
                                            f"expanding this block gives more than {MAX_EXPANDED_STEPS} steps", step.id, prefer_key=True))
-        pos = source.locate(("steps", i), prefer_key=True)
-        here = f"{source.file}:{pos.line}" if pos else source.file
         first = data
         for c, prefix in enumerate(copies):
             where = f"in block '{step.id}'" + (f" copy {c}" if step.repeat else "") + f" included at {here}"
@@ -388,6 +391,13 @@ def _inline(inner: _Flat, prefix: str, param_prefix: str, bound: list[str], wher
     for block_id, info in inner.blocks.items():
         blocks[prefix + block_id] = BlockInfo(prefix + block_id, info.use, info.path, info.repeat,
                                               [prefix + c for c in info.copies], prefix + info.output, info.dims)
+
+
+def _included(d: Diagnostic, where: str) -> Diagnostic:
+    if where in d.message:
+        return d
+    joined = f"{d.message[:-1]}, {where})" if d.message.endswith(")") and "included at" in d.message else f"{d.message} ({where})"
+    return Diagnostic(d.file, d.position, d.code, joined, d.step, d.severity)
 
 
 def _join(inner: str | None, outer: str) -> str:
