@@ -24,40 +24,25 @@ def _check(generator, rnd: random.Random, tmp_path_factory, cli: bool = False) -
     assert outcome.kind not in ("crash", "hang"), f"{outcome.kind} on:\n{data.decode('utf-8', 'replace')[:3000]}\n{outcome.detail}"
 
 
-@settings(CI, max_examples=90)
-@given(rnd=st.randoms(use_true_random=False))
-def test_mutated_bundled_pipelines(rnd, tmp_path_factory):
-    _check(fuzz.gen_mutated, rnd, tmp_path_factory)
+# strategy -> cases per CI run; `make fuzz` runs the same generators 10,000 times
+GENERATED = {
+    "mutated": 90,  # bundled pipelines after structural mutations
+    "gentle": 30,  # group names, collapse patterns and nested expect keys on runnable pipelines
+    "text_mutated": 40,  # truncations and edited lines
+    "dims": 40,  # degenerate and huge dims of bundled pipelines
+    "random_pipeline": 70,
+    "random_yaml": 25,
+}
 
 
-@settings(CI, max_examples=30)
-@given(rnd=st.randoms(use_true_random=False))
-def test_group_names_collapse_patterns_and_nested_expect_keys(rnd, tmp_path_factory):
-    _check(fuzz.gen_gentle, rnd, tmp_path_factory)
+@pytest.mark.parametrize("strategy", GENERATED)
+def test_generated_cases_end_in_success_or_a_located_error(strategy, tmp_path_factory):
+    @settings(CI, max_examples=GENERATED[strategy])
+    @given(rnd=st.randoms(use_true_random=False))
+    def case(rnd):
+        _check(getattr(fuzz, f"gen_{strategy}"), rnd, tmp_path_factory)
 
-
-@settings(CI, max_examples=40)
-@given(rnd=st.randoms(use_true_random=False))
-def test_text_mutations_and_truncations(rnd, tmp_path_factory):
-    _check(fuzz.gen_text_mutated, rnd, tmp_path_factory)
-
-
-@settings(CI, max_examples=40)
-@given(rnd=st.randoms(use_true_random=False))
-def test_degenerate_dims_of_bundled_pipelines(rnd, tmp_path_factory):
-    _check(fuzz.gen_dims, rnd, tmp_path_factory)
-
-
-@settings(CI, max_examples=70)
-@given(rnd=st.randoms(use_true_random=False))
-def test_random_pipelines(rnd, tmp_path_factory):
-    _check(fuzz.gen_random_pipeline, rnd, tmp_path_factory)
-
-
-@settings(CI, max_examples=25)
-@given(rnd=st.randoms(use_true_random=False))
-def test_random_yaml_documents(rnd, tmp_path_factory):
-    _check(fuzz.gen_random_yaml, rnd, tmp_path_factory)
+    case()
 
 
 @settings(CI, max_examples=25)

@@ -3,7 +3,8 @@
 The graph is a networkx DiGraph. Building it costs a networkx import (~60 ms), which
 ``tracer check`` would pay on every call, so it is built on first use: in the common case every
 edge runs forward in the file, the file's order is the topological order and there is no cycle,
-and the plain adjacency maps below answer everything the checker and lints ask.
+and the plain adjacency maps below answer everything the checker, lints and diagrams ask.
+networkx finds the cycles and orders the steps when the file's order is not the graph's.
 """
 
 from __future__ import annotations
@@ -39,16 +40,12 @@ class StepGraph:
     @cached_property
     def graph(self) -> "nx.DiGraph":
         """The networkx DiGraph over tensor ids; each node carries its ``kind``."""
-        return _digraph(self.nodes, self.edges)
+        import networkx as nx
 
-
-def _digraph(nodes: dict[str, str], edges: list[tuple[str, str]]) -> "nx.DiGraph":
-    import networkx as nx
-
-    graph = nx.DiGraph()
-    graph.add_nodes_from((node, {"kind": kind}) for node, kind in nodes.items())
-    graph.add_edges_from(edges)
-    return graph
+        graph = nx.DiGraph()
+        graph.add_nodes_from((node, {"kind": kind}) for node, kind in self.nodes.items())
+        graph.add_edges_from(self.edges)
+        return graph
 
 
 def build_graph(pipeline: PipelineSpec, source: SourceMap) -> StepGraph:

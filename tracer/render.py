@@ -14,6 +14,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping
@@ -85,7 +86,10 @@ class _Builder:
         self.group_of = {s: self.steps[s].group for s in self.analysis.graph.order if self.steps[s].group}
         self.groups = list(dict.fromkeys(self.group_of.values()))
         self.collapsed = self._collapse_keys(collapse)
+        # node names: group names are free text (DOT reads ':' as a port), so number them
+        self.group_nodes = {key: f"group@{i}" for i, key in enumerate(self.groups + [k for k in self.collapsed if k not in self.groups])}
         self.fold = self._folds()
+        self.folded_params = Counter(key for t, key in self.fold.items() if t in self.analysis.pipeline.params)
         self.marks: set[str] = set()
 
     def _collapse_keys(self, collapse: tuple[str, ...]) -> list[str]:
@@ -115,7 +119,7 @@ class _Builder:
                 fold[step_id] = min(keys, key=len)
         for record in self.trace.records:
             if record.op == "param" and record.id not in self.analysis.outputs:
-                homes = {fold.get(s) for s in self.analysis.graph.graph.successors(record.id) if s in self.steps}
+                homes = {fold.get(s) for s in self.analysis.graph.users.get(record.id, ())}
                 if len(homes) == 1 and None not in homes:
                     fold[record.id] = homes.pop()
         return fold
@@ -137,21 +141,14 @@ class _Builder:
 
     # where a tensor's arrows start and end, given composites and collapsed groups
 
-    def _collapsed_group(self, tensor_id: str) -> str | None:
-        return self.fold.get(tensor_id)
-
-    def _group_node(self, key: str) -> str:
-        # group names are free text (DOT reads ':' as a port): number them
-        return f"group@{self.groups.index(key) if key in self.groups else len(self.groups) + self.collapsed.index(key)}"
-
     def _tail(self, tensor_id: str) -> str:
-        group = self._collapsed_group(tensor_id)
-        return self._group_node(group) if group else self.analysis.output_of(tensor_id)
+        group = self.fold.get(tensor_id)
+        return self.group_nodes[group] if group else self.analysis.output_of(tensor_id)
 
     def _head(self, step_id: str) -> str:
-        group = self._collapsed_group(step_id)
+        group = self.fold.get(step_id)
         if group:
-            return self._group_node(group)
+            return self.group_nodes[group]
         inner = self.analysis.inner.get(step_id)
         return inner[0][0] if inner else step_id
 
@@ -174,7 +171,7 @@ class _Builder:
 
     def _inner_edges(self, step_id: str) -> list[_Edge]:
         inner = self.analysis.inner.get(step_id) or []
-        if self._collapsed_group(step_id):
+        if step_id in self.fold:
             return []
         return [_Edge(a, b, self.records[a]) for (a, _), (b, _) in zip(inner, inner[1:])]
 
@@ -189,7 +186,7 @@ class _Builder:
                 graph.node(record.id, _declared_label(record, pipeline.inputs[record.id], "input"), tooltip=_tooltip(record), **STYLES["input"])
 
     def _param_home(self, name: str) -> str | None:
-        users = [s for s in self.analysis.graph.graph.successors(name) if s in self.steps]
+        users = self.analysis.graph.users.get(name, ())
         groups = {self.group_of.get(s) for s in users}
         return groups.pop() if len(groups) == 1 else None
 
@@ -250,16 +247,16 @@ class _Builder:
         inside = set(step_ids)
         ins = [self.records[self.analysis.output_of(ref)] for s in step_ids for ref in self.analysis.graph.data_inputs[s] if ref not in inside]
         outs = [self.records[self.analysis.output_of(s)] for s in step_ids if self._used_outside(s, inside)]
-        params = sum(1 for t, key in self.fold.items() if key == group and t in self.analysis.pipeline.params)
+        params = self.folded_params[group]
         folded = _count(len(step_ids), "step") + (" and " + _count(params, "param") if params else "")
         lines = [f"<B>{_esc(group)}</B>",
                  f'<FONT COLOR="{MUTED}">{folded} collapsed</FONT>',
                  _esc(_shapes(_unique(ins), "symbolic") + " → " + _shapes(_unique(outs), "symbolic")),
                  f'<FONT POINT-SIZE="9" COLOR="{MUTED}">{_esc(_shapes(_unique(ins), "concrete") + " → " + _shapes(_unique(outs), "concrete"))}</FONT>']
-        graph.node(self._group_node(group), _rows(lines), **STYLES["collapsed"])
+        graph.node(self.group_nodes[group], _rows(lines), **STYLES["collapsed"])
 
     def _used_outside(self, step_id: str, inside: set[str]) -> bool:
-        users = set(self.analysis.graph.graph.successors(step_id))
+        users = set(self.analysis.graph.users.get(step_id, ()))
         return bool(users - inside) or step_id in self.analysis.outputs
 
     def _output_nodes(self, graph) -> None:

@@ -58,7 +58,12 @@ def _construct(tag: str, text: str) -> Any:
     return _CONSTRUCTOR.yaml_constructors[tag](_CONSTRUCTOR, yaml.ScalarNode(tag, text))
 
 
-_scalar = lru_cache(maxsize=4096)(_construct)  # for short scalars: the values are immutable
+_construct_cached = lru_cache(maxsize=4096)(_construct)
+
+
+def _scalar(tag: str, text: str) -> Any:
+    """Short scalars (names, dims, ids) repeat all over a file: construct each once (the values are immutable)."""
+    return _construct_cached(tag, text) if len(text) <= MAX_CACHED_SCALAR else _construct(tag, text)
 
 @dataclass
 class SourceMap:
@@ -201,7 +206,7 @@ class _Walker:
         self._check_tag(node, *_SCALAR_TAGS)
         self._check_number(node)
         try:
-            return _scalar(node.tag, node.value) if len(node.value) <= MAX_CACHED_SCALAR else _construct(node.tag, node.value)
+            return _scalar(node.tag, node.value)
         except (yaml.YAMLError, ValueError, OverflowError, LookupError, TypeError) as exc:
             self._fail(node, "yaml-value", f"cannot read the value '{node.value[:40]}': {exc}")
 
@@ -215,7 +220,7 @@ class _Walker:
                 self._fail(key_node, "yaml-key", "mapping keys must be plain names")
             self._check_number(key_node)
             try:
-                key = _construct(key_node.tag, key_node.value) if key_node.tag in _SCALAR_TAGS else None
+                key = _scalar(key_node.tag, key_node.value) if key_node.tag in _SCALAR_TAGS else None
             except (yaml.YAMLError, ValueError, OverflowError, LookupError, TypeError) as exc:  # e.g. a key tagged '!!int name'
                 self._fail(key_node, "yaml-key", f"cannot read the key '{key_node.value[:40]}': {exc}")
             if not isinstance(key, (str, int)) or isinstance(key, bool):

@@ -394,8 +394,7 @@ def _inline(inner: _Flat, prefix: str, param_prefix: str, bound: list[str], wher
 
 
 def _included(d: Diagnostic, where: str) -> Diagnostic:
-    if where in d.message:
-        return d
+    """``d`` with the include that led to it, in the "(in block 'x' included at F:L, ...)" form of step errors."""
     joined = f"{d.message[:-1]}, {where})" if d.message.endswith(")") and "included at" in d.message else f"{d.message} ({where})"
     return Diagnostic(d.file, d.position, d.code, joined, d.step, d.severity)
 
