@@ -34,7 +34,9 @@ class Block(StepBase):
     """Another pipeline file as a sub-graph: its inputs take this step's inputs, in order.
 
     The block file's own ``expect:`` is checked on every copy, in the block's dims; the including
-    file can pin any copy's tensor too (``expect: {layers/3/scores: [B, H, T, T]}``).
+    file can pin any copy's tensor too (``expect: {layers/3/scores: [B, H, T, T]}``). With
+    ``share_params: true`` the copies read one set of weights (``layers/W_Q``), as ALBERT does.
+    Diagrams draw each copy as a group: ``tracer render --collapse 'layers/*'`` folds each into one box.
     """
 
     op: Literal["block"] = "block"
