@@ -30,7 +30,7 @@ class MultiHeadAttention(nn.Module):
         V = V.view(B, T, self.num_heads, self.head_dim).transpose(1, 2)
         attention_scores = Q @ K.transpose(-2, -1)  # (B, H, T, T)
         attention_scores = attention_scores.masked_fill(self.mask.bool(), -torch.inf)
-        attention_weights = torch.softmax(attention_scores / (self.head_dim ** 0.5), dim=-1)
+        attention_weights = torch.softmax(attention_scores / (self.head_dim**0.5), dim=-1)
         attention_weights = self.dropout(attention_weights)
         context_vectors = attention_weights @ V  # (B, H, T, Dhead)
         context_vectors = context_vectors.transpose(1, 2).contiguous().view(B, T, self.d_out)

@@ -51,9 +51,9 @@ def _stats(values: list[float]) -> dict:
 
 def _contenders(size, tools: tuple[str, ...]):
     import torch
+    from eager import eager_module
 
     import tracer
-    from eager import eager_module
 
     module, x = eager_module(*size)
     pipeline = tracer.load(MHA)
@@ -77,7 +77,7 @@ def worker_speed(size, rounds: int, per_round: int, tools: tuple[str, ...] = (),
         torch.set_num_threads(threads)
     times = {name: [] for name in calls}
     with torch.no_grad():
-        for name, call in calls.items():  # warm-up: params created, kernels and allocator warm
+        for call in calls.values():  # warm-up: params created, kernels and allocator warm
             for _ in range(2 if size != TOY else 50):
                 call()
         for r in range(rounds):
@@ -89,8 +89,11 @@ def worker_speed(size, rounds: int, per_round: int, tools: tuple[str, ...] = (),
                     call()
                 times[name].append((time.perf_counter() - start) / per_round)
     ratios = {name: [t / e for t, e in zip(times[name], times["eager"])] for name in calls if name != "eager"}
-    return {"threads": torch.get_num_threads(), "times": {k: _stats(v) for k, v in times.items()},
-            "ratios": {k: _stats(v) for k, v in ratios.items()}}
+    return {
+        "threads": torch.get_num_threads(),
+        "times": {k: _stats(v) for k, v in times.items()},
+        "ratios": {k: _stats(v) for k, v in ratios.items()},
+    }
 
 
 def _rss_now() -> int:
@@ -106,9 +109,9 @@ def worker_rss(who: str, size) -> dict:
     import resource
 
     import torch
+    from eager import eager_module
 
     import tracer
-    from eager import eager_module
 
     base = _rss_now()
     with torch.no_grad():
@@ -154,12 +157,18 @@ def worker_meta(rounds: int) -> dict:
     except tracer.TracerError:
         refused = True
     guard = time.perf_counter() - start
-    out = {"first": _stats(first), "again": _stats(again), "rss_growth_kib": grown, "scores": trace["scores"].nbytes,
-           "peak": trace.peak_bytes, "guard_refused": refused, "guard_seconds": guard}
+    out = {
+        "first": _stats(first),
+        "again": _stats(again),
+        "rss_growth_kib": grown,
+        "scores": trace["scores"].nbytes,
+        "peak": trace.peak_bytes,
+        "guard_refused": refused,
+        "guard_seconds": guard,
+    }
     try:  # torchview on the meta device, for comparison (its own model at the same size)
-        from torchview import draw_graph
-
         from eager import MultiHeadAttention
+        from torchview import draw_graph
 
         B, T, d, H = GPT2
         with torch.device("meta"):
@@ -209,17 +218,42 @@ def worker_stack(rounds: int) -> dict:
     trace = pipeline.run(dims, keep_values=True)
     x = trace["x"].tensor
     for i in range(48):
-        p = {n: trace[f"layers/{i}/{n}"].tensor for n in ("W_Q", "b_Q", "W_K", "b_K", "W_V", "b_V", "W_O", "b_O", "ln1_w", "ln1_b",
-                                                          "W_1", "b_1", "W_2", "b_2", "ln2_w", "ln2_b")}
+        p = {
+            n: trace[f"layers/{i}/{n}"].tensor
+            for n in (
+                "W_Q",
+                "b_Q",
+                "W_K",
+                "b_K",
+                "W_V",
+                "b_V",
+                "W_O",
+                "b_O",
+                "ln1_w",
+                "ln1_b",
+                "W_1",
+                "b_1",
+                "W_2",
+                "b_2",
+                "ln2_w",
+                "ln2_b",
+            )
+        }
         B, T, d = x.shape
         H, Dh = dims["H"], d // dims["H"]
         q, k, v = (F.linear(x, p[f"W_{n}"], p[f"b_{n}"]).reshape(B, T, H, Dh).transpose(1, 2) for n in "QKV")
-        ctx = (torch.softmax(q @ k.transpose(-1, -2) / Dh ** 0.5, -1) @ v).transpose(1, 2).reshape(B, T, d)
+        ctx = (torch.softmax(q @ k.transpose(-1, -2) / Dh**0.5, -1) @ v).transpose(1, 2).reshape(B, T, d)
         n1 = F.layer_norm(x + F.linear(ctx, p["W_O"], p["b_O"]), (d,), p["ln1_w"], p["ln1_b"])
         x = F.layer_norm(n1 + F.linear(torch.relu(F.linear(n1, p["W_1"], p["b_1"])), p["W_2"], p["b_2"]), (d,), p["ln2_w"], p["ln2_b"])
     correct = bool(torch.allclose(trace["layers"].tensor, x, atol=1e-5))
-    return {"check": _stats(checks), "render": _stats(renders), "render_format": fmt, "steps": len(analysis.graph.order),
-            "records": len(trace.records), "correct": correct}
+    return {
+        "check": _stats(checks),
+        "render": _stats(renders),
+        "render_format": fmt,
+        "steps": len(analysis.graph.order),
+        "records": len(trace.records),
+        "correct": correct,
+    }
 
 
 def _run_worker(name: str, *args, timeout: int = 900) -> dict:
@@ -290,8 +324,10 @@ def _machine() -> str:
         pass
     import torch
 
-    return (f"{cpu}, {os.cpu_count()} cores, {mem}; Linux {platform.release()}; Python {platform.python_version()}; "
-            f"torch {torch.__version__} (intra-op threads: {torch.get_num_threads()})")
+    return (
+        f"{cpu}, {os.cpu_count()} cores, {mem}; Linux {platform.release()}; Python {platform.python_version()}; "
+        f"torch {torch.__version__} (intra-op threads: {torch.get_num_threads()})"
+    )
 
 
 def main(argv=None) -> int:
@@ -346,52 +382,120 @@ def _report(args) -> int:
     print("tracer benchmarks (each block in a fresh process) ...", flush=True)
     toy = _run_worker("speed", list(TOY), 7 if quick else 15, 200, [], 1)
     r, t = toy["ratios"]["tracer"], toy["times"]
-    row("traced causal_mha vs eager, (2, 6, 4, 2)", "≤ 1.5×", _ratio(r), r["median"] <= 1.5,
-        f"eager {_span(t['eager'])}, tracer {_span(t['tracer'])}")
+    row(
+        "traced causal_mha vs eager, (2, 6, 4, 2)",
+        "≤ 1.5×",
+        _ratio(r),
+        r["median"] <= 1.5,
+        f"eager {_span(t['eager'])}, tracer {_span(t['tracer'])}",
+    )
     gpt = _run_worker("speed", list(GPT2), 5 if quick else 9, 1, [], 0)
     r, t = gpt["ratios"]["tracer"], gpt["times"]
-    row("traced causal_mha vs eager, (8, 512, 768, 12)", "≤ 1.05×", _ratio(r), r["median"] <= 1.05,
-        f"eager {_span(t['eager'])}, tracer {_span(t['tracer'])}")
+    row(
+        "traced causal_mha vs eager, (8, 512, 768, 12)",
+        "≤ 1.05×",
+        _ratio(r),
+        r["median"] <= 1.05,
+        f"eager {_span(t['eager'])}, tracer {_span(t['tracer'])}",
+    )
     peaks = {who: [_run_worker("rss", who, list(GPT2)) for _ in range(2 if quick else 3)] for who in ("eager", "tracer")}
     pe = statistics.median(p["peak"] for p in peaks["eager"])
     pt = statistics.median(p["peak"] for p in peaks["tracer"])
     ge = statistics.median(p["growth"] for p in peaks["eager"])
     gt = statistics.median(p["growth"] for p in peaks["tracer"])
     estimate = peaks["tracer"][0]["estimate"]
-    row("peak RSS, traced vs eager, (8, 512, 768, 12)", "≤ 1.1×", f"{pt / pe:.2f}×", pt / pe <= 1.1,
-        f"process peak eager {_mib(pe)}, tracer {_mib(pt)}; growth over imports eager {_mib(ge)}, tracer {_mib(gt)} ({gt / ge:.2f}×)")
-    row("estimated peak vs measured growth, (8, 512, 768, 12)", "info", f"{_mib(estimate)} estimated", None,
-        f"tracer process grew {_mib(gt)} (tensors + allocator + kernels' workspaces)")
+    row(
+        "peak RSS, traced vs eager, (8, 512, 768, 12)",
+        "≤ 1.1×",
+        f"{pt / pe:.2f}×",
+        pt / pe <= 1.1,
+        f"process peak eager {_mib(pe)}, tracer {_mib(pt)}; growth over imports eager {_mib(ge)}, tracer {_mib(gt)} ({gt / ge:.2f}×)",
+    )
+    row(
+        "estimated peak vs measured growth, (8, 512, 768, 12)",
+        "info",
+        f"{_mib(estimate)} estimated",
+        None,
+        f"tracer process grew {_mib(gt)} (tensors + allocator + kernels' workspaces)",
+    )
     meta = _run_worker("meta", 3 if quick else 7)
-    row("meta run of causal_mha at (64, 131072, 8192, 64)", "≤ 0.1 s", _span(meta["first"]), meta["first"]["median"] <= 0.1,
+    row(
+        "meta run of causal_mha at (64, 131072, 8192, 64)",
+        "≤ 0.1 s",
+        _span(meta["first"]),
+        meta["first"]["median"] <= 0.1,
         f"fresh load + analysis + plan + meta params + run; repeated run {_span(meta['again'])}; max RSS grew {meta['rss_growth_kib'] / 1024:.0f} MiB; "
-        f"scores {meta['scores'] / 2**40:.1f} TiB, estimated peak {meta['peak'] / 2**40:.1f} TiB")
-    row("memory guard at that size (cpu)", "refuses", "refused" if meta["guard_refused"] else "ran", meta["guard_refused"],
-        f"TracerError after {_fmt_time(meta['guard_seconds'])}, nothing allocated")
+        f"scores {meta['scores'] / 2**40:.1f} TiB, estimated peak {meta['peak'] / 2**40:.1f} TiB",
+    )
+    row(
+        "memory guard at that size (cpu)",
+        "refuses",
+        "refused" if meta["guard_refused"] else "ran",
+        meta["guard_refused"],
+        f"TracerError after {_fmt_time(meta['guard_seconds'])}, nothing allocated",
+    )
     if "torchview_meta_gpt2" in meta:
-        row("torchview on meta vs tracer on meta, (8, 512, 768, 12)", "info", _span(meta["torchview_meta_gpt2"]), None,
-            f"tracer first meta run at that size {_fmt_time(meta['tracer_meta_gpt2_first'])}")
+        row(
+            "torchview on meta vs tracer on meta, (8, 512, 768, 12)",
+            "info",
+            _span(meta["torchview_meta_gpt2"]),
+            None,
+            f"tracer first meta run at that size {_fmt_time(meta['tracer_meta_gpt2_first'])}",
+        )
     check = _check_all(5 if quick else 9)
-    row(f"tracer check of all {check['files']} bundled pipelines (torch unimportable)", "≤ 0.3 s", _span(check["wall"]),
-        check["wall"]["median"] <= 0.3, f"exit status {check['rc']}")
+    row(
+        f"tracer check of all {check['files']} bundled pipelines (torch unimportable)",
+        "≤ 0.3 s",
+        _span(check["wall"]),
+        check["wall"]["median"] <= 0.3,
+        f"exit status {check['rc']}",
+    )
     stack = _run_worker("stack", 5 if quick else 11)
-    row("check encoder_stack (48 layers, in process)", "≤ 0.1 s", _span(stack["check"]), stack["check"]["median"] <= 0.1,
-        f"{stack['steps']} steps after expansion")
-    row(f"render encoder_stack, layers collapsed ({stack['render_format']})", "≤ 2 s", _span(stack["render"]), stack["render"]["median"] <= 2)
-    row("expanded encoder_stack trace equals plain torch", "correct", "correct" if stack["correct"] else "WRONG", stack["correct"],
-        f"{stack['records']} records")
+    row(
+        "check encoder_stack (48 layers, in process)",
+        "≤ 0.1 s",
+        _span(stack["check"]),
+        stack["check"]["median"] <= 0.1,
+        f"{stack['steps']} steps after expansion",
+    )
+    row(
+        f"render encoder_stack, layers collapsed ({stack['render_format']})",
+        "≤ 2 s",
+        _span(stack["render"]),
+        stack["render"]["median"] <= 2,
+    )
+    row(
+        "expanded encoder_stack trace equals plain torch",
+        "correct",
+        "correct" if stack["correct"] else "WRONG",
+        stack["correct"],
+        f"{stack['records']} records",
+    )
     for tool in tools:
         for size, label in ((TOY, "(2, 6, 4, 2)"), (GPT2, "(8, 512, 768, 12)")):
-            res = _run_worker("speed", list(size), (5 if size == TOY else 3) if quick else (9 if size == TOY else 7),
-                              50 if size == TOY else 1, [tool], 1 if size == TOY else 0, timeout=1800)
+            res = _run_worker(
+                "speed",
+                list(size),
+                (5 if size == TOY else 3) if quick else (9 if size == TOY else 7),
+                50 if size == TOY else 1,
+                [tool],
+                1 if size == TOY else 0,
+                timeout=1800,
+            )
             rt, rtool = res["ratios"]["tracer"], res["ratios"][tool]
             # at GPT-2 size every contender is the kernels (~1.0×): a tie within 2% is all a 2-core box can tell apart
             slack, limit = (1.0, "tracer below it") if size == TOY else (1.02, "tracer ≤ it (±2%)")
-            row(f"{tool} capture vs eager, {label}", limit, _ratio(rtool), rt["median"] <= rtool["median"] * slack,
-                f"tracer {_ratio(rt)} in the same process; raw {tool} {_span(res['times'][tool])}, eager {_span(res['times']['eager'])}")
+            row(
+                f"{tool} capture vs eager, {label}",
+                limit,
+                _ratio(rtool),
+                rt["median"] <= rtool["median"] * slack,
+                f"tracer {_ratio(rt)} in the same process; raw {tool} {_span(res['times'][tool])}, eager {_span(res['times']['eager'])}",
+            )
     if len(tools) < 2:
-        notes.append("not installed, skipped: " + ", ".join(t for t in ("torchview", "torchlens") if t not in tools)
-                     + " (pip install -e '.[bench]')")
+        notes.append(
+            "not installed, skipped: " + ", ".join(t for t in ("torchview", "torchlens") if t not in tools) + " (pip install -e '.[bench]')"
+        )
     elapsed = time.time() - t0
     table = _table(rows)
     print("\n" + table)
@@ -399,7 +503,9 @@ def _report(args) -> int:
         print(note)
     print(f"\n{sum(r[3] == 'yes' for r in rows)} of {sum(r[3] != '—' for r in rows)} targets met; {elapsed:.0f} s")
     if args.output != "-":
-        load = f"{load_before:.1f} when the run started and {os.getloadavg()[0]:.1f} when it ended (1-minute averages, {os.cpu_count()} cores)"
+        load = (
+            f"{load_before:.1f} when the run started and {os.getloadavg()[0]:.1f} when it ended (1-minute averages, {os.cpu_count()} cores)"
+        )
         _write(Path(args.output), table, notes, elapsed, toy, gpt, load)
     return 0 if all(r[3] != "NO" for r in rows) else 1
 
@@ -412,20 +518,23 @@ def _table(rows) -> str:
 
 
 def _write(path: Path, table: str, notes: list[str], elapsed: float, toy: dict, gpt: dict, load: str) -> None:
-    text = f"""# Benchmarks
+    text = (
+        f"""# Benchmarks
 
-Generated by `make bench` (`benchmarks/run.py`) on {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, in {elapsed:.0f} s.
+Generated by `make bench` (`benchmarks/run.py`) on {time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}, in {elapsed:.0f} s.
 
 **Machine:** {_machine()}.
 Toy-size timings use 1 intra-op thread (on 2 shared cores an idle OpenMP worker can stall a
-tiny op for milliseconds); GPT-2-size timings use torch's default ({gpt['threads']} threads).
+tiny op for milliseconds); GPT-2-size timings use torch's default ({gpt["threads"]} threads).
 Eager and traced runs alternate in one process under `torch.no_grad()`; each ratio is the median
 of per-round ratios, with its min–max. Each block runs in a fresh process. The baseline is
 tutorial 002's `MultiHeadAttention` (benchmarks/eager.py) in eval mode with the same weight sizes.
 
 {table}
 
-""" + "".join(f"{n}\n\n" for n in notes) + f"""## What dominated (profiled before optimising)
+"""
+        + "".join(f"{n}\n\n" for n in notes)
+        + f"""## What dominated (profiled before optimising)
 
 Profiled with cProfile and pyinstrument (`benchmarks/run.py --profile`) on 3000 toy-size runs:
 
@@ -460,6 +569,7 @@ Noise: load average {load}.
 Ratios are paired per round, so load hits both sides of a ratio alike; raw times move by up to 2×
 between runs on a busy machine.
 """
+    )
     path.write_text(text)
     print(f"wrote {path}")
 

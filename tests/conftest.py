@@ -21,10 +21,12 @@ def pipeline_text(body: str, dims: str = "", inputs: str = "", params: str = "")
 @pytest.fixture
 def write(tmp_path):
     """Write a pipeline file and return its path."""
+
     def _write(text: str, name: str = "p.yaml") -> Path:
         path = tmp_path / name
         path.write_text(textwrap.dedent(text))
         return path
+
     return _write
 
 

@@ -30,9 +30,10 @@ import sys
 import tempfile
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import yaml
 
@@ -46,21 +47,116 @@ MEMORY_LIMIT = 8 * 1024**3  # address space of a campaign (torch itself reserves
 
 KNOWN_OPS: list[str] = []  # filled lazily from tracer.spec.base.STEP_KINDS
 TOP_KEYS = ["name", "description", "dims", "seed", "dtype", "inputs", "params", "steps", "outputs", "expect"]
-STEP_KEYS = ["id", "op", "input", "inputs", "group", "note", "dim", "dims", "shape", "weight", "bias", "mask", "polarity",
-             "causal", "fill", "divide", "multiply", "p", "training", "eps", "approximate", "layout", "repeats", "index",
-             "start", "stop", "step", "use", "with"]
+STEP_KEYS = [
+    "id",
+    "op",
+    "input",
+    "inputs",
+    "group",
+    "note",
+    "dim",
+    "dims",
+    "shape",
+    "weight",
+    "bias",
+    "mask",
+    "polarity",
+    "causal",
+    "fill",
+    "divide",
+    "multiply",
+    "p",
+    "training",
+    "eps",
+    "approximate",
+    "layout",
+    "repeats",
+    "index",
+    "start",
+    "stop",
+    "step",
+    "use",
+    "with",
+]
 DECL_KEYS = ["shape", "init", "values", "tokens", "seed", "dtype", "fan_in", "note"]
 INITS = ["randn", "rand", "zeros", "ones", "arange", "linear", "embedding", "triu", "tril", "xavier", "!!python"]
 DTYPES = ["float32", "float64", "float16", "bfloat16", "int64", "int32", "bool", "complex64", "float8"]
 HUGE = [2**31, 2**32, 2**40, 2**62, 2**62 + 1, 2**63, 2**64, 10**30, -(2**63), 99999999999999999999999]
 DIM_VALUES = [0, 0, 1, 1, 1, 2, 3, -1, -2, 7, 64] + HUGE
-HOSTILE_EXPRS = ["__import__('os').system('true')", "().__class__.__mro__", "open('/etc/passwd')", "T.real", "T[0]",
-                 "T ** 2", "2 ** 200", "9**9**9", "lambda: 1", "T / 2", "T // 0", "T % 0", "-T", "T - T", "T * T * T * T",
-                 "(T)", "T if T else 1", "[T]", "{T}", "T @ T", "T << 70", "~T", "not T", "T == T", "1e308", "0x10", "1_000",
-                 "9" * 60, "(" * 60 + "1" + ")" * 60, "T +", "", " ", "__T", "é", "T;T", "T\nT"]
-STRINGS = ["", " ", "x", "T", "-inf", "inf", "nan", "-1e9", "1e999", "null", "~", "yes", "no", "on", "0x1F", "0o17", ".inf",
-           "é", "\u202e", "a" * 300, "../../etc/passwd", "/etc/passwd", "~/.ssh/id_rsa", "C:\\x", "\\\\server\\share",
-           "file:///etc/passwd", "!!python/object:os.system", "${HOME}", "$(id)", "`id`", "%s%n", "{x}", "<script>", "a\tb"]
+HOSTILE_EXPRS = [
+    "__import__('os').system('true')",
+    "().__class__.__mro__",
+    "open('/etc/passwd')",
+    "T.real",
+    "T[0]",
+    "T ** 2",
+    "2 ** 200",
+    "9**9**9",
+    "lambda: 1",
+    "T / 2",
+    "T // 0",
+    "T % 0",
+    "-T",
+    "T - T",
+    "T * T * T * T",
+    "(T)",
+    "T if T else 1",
+    "[T]",
+    "{T}",
+    "T @ T",
+    "T << 70",
+    "~T",
+    "not T",
+    "T == T",
+    "1e308",
+    "0x10",
+    "1_000",
+    "9" * 60,
+    "(" * 60 + "1" + ")" * 60,
+    "T +",
+    "",
+    " ",
+    "__T",
+    "é",
+    "T;T",
+    "T\nT",
+]
+STRINGS = [
+    "",
+    " ",
+    "x",
+    "T",
+    "-inf",
+    "inf",
+    "nan",
+    "-1e9",
+    "1e999",
+    "null",
+    "~",
+    "yes",
+    "no",
+    "on",
+    "0x1F",
+    "0o17",
+    ".inf",
+    "é",
+    "\u202e",
+    "a" * 300,
+    "../../etc/passwd",
+    "/etc/passwd",
+    "~/.ssh/id_rsa",
+    "C:\\x",
+    "\\\\server\\share",
+    "file:///etc/passwd",
+    "!!python/object:os.system",
+    "${HOME}",
+    "$(id)",
+    "`id`",
+    "%s%n",
+    "{x}",
+    "<script>",
+    "a\tb",
+]
 
 
 def _ops() -> list[str]:
@@ -129,8 +225,13 @@ def random_value(rng, depth: int = 0) -> Any:
 def dump(data: Any, rng) -> str:
     """YAML text of ``data`` in a random style (block, flow or mixed; sorted or not)."""
     try:
-        return yaml.safe_dump(data, default_flow_style=rng.choice([None, False, True]), sort_keys=rng.random() < 0.2,
-                              width=rng.choice([40, 80, 10_000]), allow_unicode=rng.random() < 0.5)
+        return yaml.safe_dump(
+            data,
+            default_flow_style=rng.choice([None, False, True]),
+            sort_keys=rng.random() < 0.2,
+            width=rng.choice([40, 80, 10_000]),
+            allow_unicode=rng.random() < 0.5,
+        )
     except yaml.YAMLError:  # e.g. a key yaml cannot represent: fall back to repr-ish text
         return json.dumps(data, default=str)
 
@@ -251,7 +352,10 @@ def m_dims(doc, rng):
         dims[name] = rng.choice(HOSTILE_EXPRS).replace("T", rng.choice(names))
     elif roll == 2:  # a random expression over the other dims (cycles included)
         ops = ["+", "-", "*", "//", "%"]
-        dims[name] = " ".join(str(rng.choice(names + [0, 1, 2, -1])) + f" {rng.choice(ops)}" for _ in range(rng.randint(1, 3))) + f" {rng.choice(names)}"
+        dims[name] = (
+            " ".join(str(rng.choice(names + [0, 1, 2, -1])) + f" {rng.choice(ops)}" for _ in range(rng.randint(1, 3)))
+            + f" {rng.choice(names)}"
+        )
     elif roll == 3:
         for key in names:  # every base dim degenerate at once
             if isinstance(dims[key], int):
@@ -283,7 +387,9 @@ def m_step_field(doc, rng):
     if steps:
         step = rng.choice(steps)
         key = rng.choice(STEP_KEYS)
-        step[key] = field_value(key, rng, [s.get("id") for s in steps], list((doc.get("dims") or {}) if isinstance(doc.get("dims"), dict) else []))
+        step[key] = field_value(
+            key, rng, [s.get("id") for s in steps], list((doc.get("dims") or {}) if isinstance(doc.get("dims"), dict) else [])
+        )
 
 
 def m_decl(doc, rng):
@@ -308,7 +414,10 @@ def m_decl(doc, rng):
         decl["dtype"] = rng.choice(DTYPES)
     elif roll == 4:
         decl.pop("init", None), decl.pop("values", None)
-        decl["tokens"] = {"text": rng.choice(["a b c", "", "x " * 50, "é ü", "a,b, c"]), "remove": rng.choice([[], [","], [""], ["a", " "]])}
+        decl["tokens"] = {
+            "text": rng.choice(["a b c", "", "x " * 50, "é ü", "a,b, c"]),
+            "remove": rng.choice([[], [","], [""], ["a", " "]]),
+        }
     else:
         decl[rng.choice(DECL_KEYS)] = random_value(rng, 3)
 
@@ -332,11 +441,37 @@ def m_block(doc, rng):
     """A step that includes another file (``op: block``), with paths trying to leave the folder."""
     steps = doc.get("steps") if isinstance(doc, dict) else None
     if isinstance(steps, list):
-        use = rng.choice(["../../etc/passwd", "/etc/passwd", "/dev/zero", "/dev/urandom", "/proc/self/environ", "~/.bashrc",
-                          "self.yaml", "case.yaml", "nope.yaml", "..", ".", "", "pipelines/../../x.yaml", "a\x00b.yaml",
-                          "file:///etc/passwd", "http://example.com/x.yaml", "causal_mha.yaml", "seeds/000_encoder_block.yaml"])
-        steps.insert(rng.randint(0, len(steps)), {"id": f"blk{rng.randrange(9)}", "op": "block", "use": use,
-                                                   **({"with": {"T": rng.choice(DIM_VALUES)}} if rng.random() < 0.5 else {})})
+        use = rng.choice(
+            [
+                "../../etc/passwd",
+                "/etc/passwd",
+                "/dev/zero",
+                "/dev/urandom",
+                "/proc/self/environ",
+                "~/.bashrc",
+                "self.yaml",
+                "case.yaml",
+                "nope.yaml",
+                "..",
+                ".",
+                "",
+                "pipelines/../../x.yaml",
+                "a\x00b.yaml",
+                "file:///etc/passwd",
+                "http://example.com/x.yaml",
+                "causal_mha.yaml",
+                "seeds/000_encoder_block.yaml",
+            ]
+        )
+        steps.insert(
+            rng.randint(0, len(steps)),
+            {
+                "id": f"blk{rng.randrange(9)}",
+                "op": "block",
+                "use": use,
+                **({"with": {"T": rng.choice(DIM_VALUES)}} if rng.random() < 0.5 else {}),
+            },
+        )
 
 
 def m_group(doc, rng):
@@ -349,8 +484,12 @@ def m_group(doc, rng):
 def m_expect_path(doc, rng):
     """expect keys naming tensors inside blocks and composite steps, some twice over."""
     ids = [s.get("id") for s in _steps(doc) if isinstance(s.get("id"), str)] or ["x"]
-    keys = ids + [f"{rng.choice(ids)}/{rng.choice(['0', '1', '47', 'x'])}/{rng.choice(['Q', 'out', 'scores', 'nope'])}",
-                  f"{rng.choice(ids)}/{rng.choice(['contiguous', 'transpose', 'view', 'out'])}", f"{rng.choice(ids)}/", "a//b"]
+    keys = ids + [
+        f"{rng.choice(ids)}/{rng.choice(['0', '1', '47', 'x'])}/{rng.choice(['Q', 'out', 'scores', 'nope'])}",
+        f"{rng.choice(ids)}/{rng.choice(['contiguous', 'transpose', 'view', 'out'])}",
+        f"{rng.choice(ids)}/",
+        "a//b",
+    ]
     dims = list(doc["dims"]) if isinstance(doc.get("dims"), dict) else ["T"]
     expect = doc.setdefault("expect", {}) if isinstance(doc.get("expect", {}), dict) else {}
     for _ in range(rng.randint(1, 3)):
@@ -359,8 +498,26 @@ def m_expect_path(doc, rng):
 
 GENTLE: list[Callable] = [m_group, m_group, m_expect_path]  # keep the pipeline valid, mostly
 
-MUTATIONS: list[Callable] = [m_delete, m_duplicate, m_reorder, m_change_type, m_swap_ids, m_rename_id, m_rename_ref, m_dims,
-                             m_dims, m_unknown_op, m_graft, m_step_field, m_step_field, m_decl, m_decl, m_expect, m_add_key, m_block]
+MUTATIONS: list[Callable] = [
+    m_delete,
+    m_duplicate,
+    m_reorder,
+    m_change_type,
+    m_swap_ids,
+    m_rename_id,
+    m_rename_ref,
+    m_dims,
+    m_dims,
+    m_unknown_op,
+    m_graft,
+    m_step_field,
+    m_step_field,
+    m_decl,
+    m_decl,
+    m_expect,
+    m_add_key,
+    m_block,
+]
 
 
 def nested_values(rng) -> Any:
@@ -394,7 +551,9 @@ def field_value(key: str, rng, ids: list, dims: list) -> Any:
     if key == "dims":
         return [rng.choice(small) for _ in range(rng.randint(0, 5))]
     if key in ("shape", "repeats"):
-        return [rng.choice(dims + [-1, 0, 1, 2, "T * T"] + ([rng.choice(HUGE)] if rng.random() < 0.1 else [])) for _ in range(rng.randint(0, 5))]
+        return [
+            rng.choice(dims + [-1, 0, 1, 2, "T * T"] + ([rng.choice(HUGE)] if rng.random() < 0.1 else [])) for _ in range(rng.randint(0, 5))
+        ]
     if key in ("index", "start", "stop", "step"):
         return rng.choice(small + dims + [f"{rng.choice(dims)} - 1", 2**62])
     if key in ("divide", "multiply"):
@@ -440,10 +599,52 @@ def t_lines(text: str, rng) -> str:
 
 def t_insert(text: str, rng) -> str:
     at = rng.randrange(len(text) + 1)
-    junk = rng.choice(["&a ", "*a", "!!python/object:os.system ", "!!binary ", "!!set ", "!!omap ", "!!timestamp ", "<<: ",
-                       "? ", "- ", ": ", "{", "}", "[", "]", "'", '"', "|", ">", "%YAML 1.1\n", "---\n", "...\n", "\t", "#",
-                       "\x00", "\x07", "\ufeff", "\ud800", "é", "\r", "\r\n", "@", "`", "!local ", "!!float ", "!!int ", "!!str ",
-                       "!!null ", "!!bool ", "!!map ", "!!seq ", "!<tag:yaml.org,2002:python/name:os.system> "])
+    junk = rng.choice(
+        [
+            "&a ",
+            "*a",
+            "!!python/object:os.system ",
+            "!!binary ",
+            "!!set ",
+            "!!omap ",
+            "!!timestamp ",
+            "<<: ",
+            "? ",
+            "- ",
+            ": ",
+            "{",
+            "}",
+            "[",
+            "]",
+            "'",
+            '"',
+            "|",
+            ">",
+            "%YAML 1.1\n",
+            "---\n",
+            "...\n",
+            "\t",
+            "#",
+            "\x00",
+            "\x07",
+            "\ufeff",
+            "\ud800",
+            "é",
+            "\r",
+            "\r\n",
+            "@",
+            "`",
+            "!local ",
+            "!!float ",
+            "!!int ",
+            "!!str ",
+            "!!null ",
+            "!!bool ",
+            "!!map ",
+            "!!seq ",
+            "!<tag:yaml.org,2002:python/name:os.system> ",
+        ]
+    )
     return text[:at] + junk + text[at:]
 
 
@@ -496,9 +697,27 @@ def gen_random_bytes(rng) -> bytes:
     if roll == 1:  # printable soup of YAML's special characters
         return "".join(rng.choice("ab:- \n\t[]{}&*!|>'\"%@`#,?0123.") for _ in range(rng.randint(0, 300))).encode()
     if roll == 2:
-        return rng.choice([b"", b"\xef\xbb\xbf", b"\xff\xfe", b"\x00" * 10, b"---\n---\n", b"...", b"~", b"[]", b"{}", b"- a\n- b",
-                           b"name: x", b"name: x\nsteps: []", b"name: x\nsteps:\n- {}", b"\xef\xbb\xbfname: x\nsteps: 1"])
-    return bytes(rng.randrange(256) for _ in range(rng.randint(0, 40))) + bundled_text(rng.choice(bundled())).encode()[: rng.randint(0, 400)]
+        return rng.choice(
+            [
+                b"",
+                b"\xef\xbb\xbf",
+                b"\xff\xfe",
+                b"\x00" * 10,
+                b"---\n---\n",
+                b"...",
+                b"~",
+                b"[]",
+                b"{}",
+                b"- a\n- b",
+                b"name: x",
+                b"name: x\nsteps: []",
+                b"name: x\nsteps:\n- {}",
+                b"\xef\xbb\xbfname: x\nsteps: 1",
+            ]
+        )
+    return (
+        bytes(rng.randrange(256) for _ in range(rng.randint(0, 40))) + bundled_text(rng.choice(bundled())).encode()[: rng.randint(0, 400)]
+    )
 
 
 def gen_random_yaml(rng) -> bytes:
@@ -538,7 +757,10 @@ def coherent_fields(op: str, rng, ids: list, dims: list, rank: int) -> dict:
     if op == "index":
         if rng.random() < 0.5:
             return {"dim": rng.randint(-rank, max(rank - 1, 0)), "index": rng.choice([0, 1, -1] + dims)}
-        return {"dim": rng.randint(-rank, max(rank - 1, 0)), **{k: rng.choice([0, 1, 2] + dims) for k in ("start", "stop", "step") if rng.random() < 0.5}}
+        return {
+            "dim": rng.randint(-rank, max(rank - 1, 0)),
+            **{k: rng.choice([0, 1, 2] + dims) for k in ("start", "stop", "step") if rng.random() < 0.5},
+        }
     if op in ("embed", "linear"):
         fields = {"weight": rng.choice(ids)}
         if op == "linear":
@@ -550,8 +772,11 @@ def coherent_fields(op: str, rng, ids: list, dims: list, rank: int) -> dict:
     from tracer.spec.base import STEP_KINDS
 
     kind = STEP_KINDS[op]  # a step kind this generator does not know yet: fill its required fields
-    return {k: field_value(k, rng, ids, dims) for k, info in kind.model_fields.items()
-            if k not in ("id", "op", "group", "note", "input", "inputs") and (info.is_required() or rng.random() < 0.3)}
+    return {
+        k: field_value(k, rng, ids, dims)
+        for k, info in kind.model_fields.items()
+        if k not in ("id", "op", "group", "note", "input", "inputs") and (info.is_required() or rng.random() < 0.3)
+    }
 
 
 def gen_random_pipeline(rng) -> bytes:
@@ -578,7 +803,11 @@ def gen_random_pipeline(rng) -> bytes:
     for j in range(rng.randint(0, 3)):
         shape = [rng.choice(dim_names + [1, 2]) for _ in range(rng.randint(1, 2))]
         init = rng.choice(["linear", "randn", "embedding", "triu", "tril", "ones"])
-        params[f"w{j}"] = {"shape": shape, "init": init, **({"fan_in": rng.choice(dim_names)} if len(shape) == 1 and init == "linear" else {})}
+        params[f"w{j}"] = {
+            "shape": shape,
+            "init": init,
+            **({"fan_in": rng.choice(dim_names)} if len(shape) == 1 and init == "linear" else {}),
+        }
         ranks[f"w{j}"] = len(shape)
     if rng.random() < 0.2:
         n = rng.randint(0, 4)
@@ -597,8 +826,11 @@ def gen_random_pipeline(rng) -> bytes:
                 step["input"] = source
         else:
             step["inputs"] = [source] + [rng.choice(ids) for _ in range((kind.arity or rng.randint(1, 3)) - 1)]
-        step.update(coherent_fields(op, rng, ids, dim_names, ranks.get(source, 2)) if rng.random() < 0.9
-                    else {k: field_value(k, rng, ids, dim_names) for k in rng.sample(STEP_KEYS[4:], 2)})
+        step.update(
+            coherent_fields(op, rng, ids, dim_names, ranks.get(source, 2))
+            if rng.random() < 0.9
+            else {k: field_value(k, rng, ids, dim_names) for k in rng.sample(STEP_KEYS[4:], 2)}
+        )
         steps.append(step)
         ids.append(step["id"])
         ranks[step["id"]] = ranks.get(source, 2) + (1 if op in ("unsqueeze", "stack") else -1 if op == "index" and "index" in step else 0)
@@ -633,10 +865,23 @@ def gen_hostile(rng) -> bytes:
     roll = rng.randrange(8)
     n = rng.choice([10, 100, 1000, 10_000, 100_000])
     if roll == 0:
-        tag = rng.choice(["!!python/object/apply:os.system ['true']", "!!python/name:os.system", "!!python/module:os",
-                          "!!python/object/new:subprocess.Popen [['true']]", "!<tag:yaml.org,2002:python/object/apply:os.system> ['true']",
-                          "!!binary aGVsbG8=", "!!set {a, b}", "!!omap [{a: 1}]", "!!timestamp 2001-12-14", "!custom x"])
-        at = rng.choice(["name: {}\nsteps: []\n", "name: x\ndims: {{T: {}}}\nsteps: []\n", "{}\n", "name: x\nsteps:\n  - {{id: a, op: {}}}\n"])
+        tag = rng.choice(
+            [
+                "!!python/object/apply:os.system ['true']",
+                "!!python/name:os.system",
+                "!!python/module:os",
+                "!!python/object/new:subprocess.Popen [['true']]",
+                "!<tag:yaml.org,2002:python/object/apply:os.system> ['true']",
+                "!!binary aGVsbG8=",
+                "!!set {a, b}",
+                "!!omap [{a: 1}]",
+                "!!timestamp 2001-12-14",
+                "!custom x",
+            ]
+        )
+        at = rng.choice(
+            ["name: {}\nsteps: []\n", "name: x\ndims: {{T: {}}}\nsteps: []\n", "{}\n", "name: x\nsteps:\n  - {{id: a, op: {}}}\n"]
+        )
         return at.format(tag).encode()
     if roll == 1:  # billion laughs
         levels = rng.randint(2, 9)
@@ -647,14 +892,18 @@ def gen_hostile(rng) -> bytes:
         opener, closer = rng.choice([("[", "]"), ("{a: ", "}"), ("- ", "")])
         return (("a: " if opener != "- " else "") + opener * n + "1" + closer * n).encode()
     if roll == 3:
-        return ("name: x\ndims:\n" + "".join(f"  " + "  " * i + f"d{i}:\n" for i in range(min(n, 2000))) + "steps: []\n").encode()
+        return ("name: x\ndims:\n" + "".join("  " + "  " * i + f"d{i}:\n" for i in range(min(n, 2000))) + "steps: []\n").encode()
     if roll == 4:
         return ("name: " + "x" * (n * 10) + "\nsteps: []\n").encode()
     if roll == 5:
-        return ("name: x\ninputs:\n  a: {shape: [2], values: [" + ",".join(["1"] * n) + "]}\nsteps:\n  - {id: b, op: relu, input: a}\n").encode()
+        return (
+            "name: x\ninputs:\n  a: {shape: [2], values: [" + ",".join(["1"] * n) + "]}\nsteps:\n  - {id: b, op: relu, input: a}\n"
+        ).encode()
     if roll == 6:
         expr = rng.choice(HOSTILE_EXPRS + ["9" * rng.choice([30, 5000]), " * ".join(["T"] * 40), "-" * 150 + "T"])
-        return (f"name: x\ndims:\n  T: 2\n  E: {json.dumps(expr)}\ninputs:\n  a: {{shape: [T, E], init: randn}}\nsteps:\n  - {{id: b, op: relu, input: a}}\n").encode()
+        return (
+            f"name: x\ndims:\n  T: 2\n  E: {json.dumps(expr)}\ninputs:\n  a: {{shape: [T, E], init: randn}}\nsteps:\n  - {{id: b, op: relu, input: a}}\n"
+        ).encode()
     return ("name: x\nsteps: []\n" + "# comment\n" * n).encode()
 
 
@@ -889,14 +1138,18 @@ def campaign(n: int, seed: int | str = 0, start: int = 0, show: bool = False, re
             outcome = run_case(data, folder, rng, cpu=rng.random() < 0.3, cli=rng.random() < 0.08)
             counts[outcome.kind] = counts.get(outcome.kind, 0) + 1
             if show:
-                print(f"--- case {index} ({strategy}): {outcome.kind}\n{data.decode('utf-8', 'replace')[:4000]}\n{outcome.detail}", file=out)
+                print(
+                    f"--- case {index} ({strategy}): {outcome.kind}\n{data.decode('utf-8', 'replace')[:4000]}\n{outcome.detail}", file=out
+                )
             if outcome.kind in ("crash", "hang"):
                 failures.append((index, strategy, data, outcome))
     crashes = sum(1 for f in failures if f[3].kind == "crash")
     hangs = len(failures) - crashes
     for index, strategy, data, outcome in failures[:report]:
-        print(f"\n=== {outcome.kind}: case {index} of seed {seed} ({strategy}); replay: python -m tests.fuzz 1 --seed {seed} --start {index} --show",
-              file=out)
+        print(
+            f"\n=== {outcome.kind}: case {index} of seed {seed} ({strategy}); replay: python -m tests.fuzz 1 --seed {seed} --start {index} --show",
+            file=out,
+        )
         print(data.decode("utf-8", "replace")[:3000], file=out)
         print(outcome.detail, file=out)
     elapsed = time.monotonic() - started

@@ -8,9 +8,8 @@ import torch
 import torch.nn.functional as F
 
 import tracer
-from tracer.errors import TracerError
-
 from tests.conftest import PIPELINES
+from tracer.errors import TracerError
 
 SMALL = {"B": 2, "T": 5, "d_model": 8, "H": 2}
 
@@ -132,11 +131,14 @@ def test_block_binds_same_named_dims_and_runs(tmp_path):
     assert trace["b"].shape == (2, 4)
 
 
-@pytest.mark.parametrize("use, code", [
-    ("../escape.yaml", "block-use"),
-    ("/etc/passwd", "block-use"),
-    ("blocks/missing.yaml", "block-missing"),
-])
+@pytest.mark.parametrize(
+    "use, code",
+    [
+        ("../escape.yaml", "block-use"),
+        ("/etc/passwd", "block-use"),
+        ("blocks/missing.yaml", "block-missing"),
+    ],
+)
 def test_include_path_errors_are_located_at_use(tmp_path, use, code):
     (tmp_path / "escape.yaml").write_text(BLOCK)
     root = _tree(tmp_path / "sub", {"blocks/blk.yaml": BLOCK, "outer.yaml": _outer(use)})
@@ -170,8 +172,13 @@ def test_shape_mismatch_is_located_in_the_block_file(tmp_path):
 
 def test_error_inside_a_block_step_points_into_the_block(tmp_path):
     broken = BLOCK.replace("weight: W}", "weight: W}\n  - {id: z, op: matmul, inputs: [y, x]}")
-    root = _tree(tmp_path, {"blocks/blk.yaml": broken.replace("dims: {B: 1, d: 3}", "dims: {B: 2, d: 3}"),
-                            "outer.yaml": _outer("blocks/blk.yaml", dims="{B: 1, d: 3}")})
+    root = _tree(
+        tmp_path,
+        {
+            "blocks/blk.yaml": broken.replace("dims: {B: 1, d: 3}", "dims: {B: 2, d: 3}"),
+            "outer.yaml": _outer("blocks/blk.yaml", dims="{B: 1, d: 3}"),
+        },
+    )
     error = _error(root / "outer.yaml")
     d = error.diagnostics[0]
     assert d.file.endswith("blk.yaml") and d.position.line == 9 and d.step == "b/z" and d.code == "matmul-shape"
@@ -191,9 +198,13 @@ def test_binding_a_derived_dim_is_refused(tmp_path):
 
 def test_a_blocks_own_expect_is_checked_on_every_copy_in_its_own_dims(tmp_path):
     # the block's 'w' is bound to 2 * d, so its expectation must be read in the block's dims
-    block = BLOCK.replace("dims: {B: 1, d: 3}", "dims: {B: 1, d: 3, w: 6}").replace(
-        "W: {shape: [d, d], init: linear}", "W1: {shape: [w, d], init: linear}\n  W2: {shape: [d, w], init: linear}").replace(
-        "- {id: y, op: linear, input: x, weight: W}", "- {id: h, op: linear, input: x, weight: W1}\n  - {id: y, op: linear, weight: W2}")
+    block = (
+        BLOCK.replace("dims: {B: 1, d: 3}", "dims: {B: 1, d: 3, w: 6}")
+        .replace("W: {shape: [d, d], init: linear}", "W1: {shape: [w, d], init: linear}\n  W2: {shape: [d, w], init: linear}")
+        .replace(
+            "- {id: y, op: linear, input: x, weight: W}", "- {id: h, op: linear, input: x, weight: W1}\n  - {id: y, op: linear, weight: W2}"
+        )
+    )
     outer = _outer("blocks/blk.yaml", "    dims: {w: 2 * d}\n    repeat: 3")
     good = _tree(tmp_path / "good", {"blocks/blk.yaml": block + "expect:\n  h: [B, w]\n", "outer.yaml": outer})
     pipeline = tracer.load(good / "outer.yaml")
@@ -240,10 +251,14 @@ def test_block_expect_failures_at_other_dims_are_reported_apart_with_the_blocks_
 
 
 def test_top_level_expect_names_nested_tensors_once_each_and_is_located_at_its_key(tmp_path):
-    mid = ("name: mid\ndims: {D: 2}\ninputs:\n  x: {shape: [D], init: randn}\nsteps:\n"
-           "  - {id: sub, op: block, use: b.yaml, input: x, dims: {N: D}, repeat: 2}\n")
-    top = ("name: top\ndims: {D: 2}\ninputs:\n  x: {shape: [D], init: randn}\nsteps:\n"
-           "  - {id: enc, op: block, use: mid.yaml, input: x, repeat: 3}\nexpect:\n  enc/1/sub: [D]\n  enc: [7]\n")
+    mid = (
+        "name: mid\ndims: {D: 2}\ninputs:\n  x: {shape: [D], init: randn}\nsteps:\n"
+        "  - {id: sub, op: block, use: b.yaml, input: x, dims: {N: D}, repeat: 2}\n"
+    )
+    top = (
+        "name: top\ndims: {D: 2}\ninputs:\n  x: {shape: [D], init: randn}\nsteps:\n"
+        "  - {id: enc, op: block, use: mid.yaml, input: x, repeat: 3}\nexpect:\n  enc/1/sub: [D]\n  enc: [7]\n"
+    )
     root = _tree(tmp_path, {"b.yaml": HALVES, "mid.yaml": mid, "top.yaml": top})
     [d] = _error(root / "top.yaml").diagnostics  # 'enc/1/sub' (a nested block's alias) holds
     assert d.code == "expect" and d.position.line == 9 and "'enc/2/sub/1/y'" in d.message
@@ -314,8 +329,12 @@ def test_a_problem_in_a_repeated_block_is_reported_once_per_use_with_a_count(tmp
 
 def test_an_error_raised_inside_a_nested_block_file_names_every_include(tmp_path):
     inner = BLOCK + "  - {id: z, op: block, use: nope.yaml, input: y}\n"
-    mid = BLOCK.replace("name: blk", "name: mid").replace("- {id: y, op: linear, input: x, weight: W}", "- {id: s, op: block, use: inner.yaml, input: x}")
+    mid = BLOCK.replace("name: blk", "name: mid").replace(
+        "- {id: y, op: linear, input: x, weight: W}", "- {id: s, op: block, use: inner.yaml, input: x}"
+    )
     root = _tree(tmp_path, {"blocks/inner.yaml": inner, "blocks/mid.yaml": mid, "outer.yaml": _outer("blocks/mid.yaml", "    repeat: 2")})
     [d] = _error(root / "outer.yaml").diagnostics
     assert d.code == "block-missing" and d.file.endswith("inner.yaml")
-    assert d.message.endswith(f"(in block 's' included at {root / 'blocks' / 'mid.yaml'}:8, in block 'b' included at {root / 'outer.yaml'}:6)")
+    assert d.message.endswith(
+        f"(in block 's' included at {root / 'blocks' / 'mid.yaml'}:8, in block 'b' included at {root / 'outer.yaml'}:6)"
+    )

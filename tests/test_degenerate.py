@@ -11,9 +11,8 @@ import torch
 import torch.nn.functional as F
 
 import tracer
-from tracer.errors import TracerError
-
 from tests.conftest import PIPELINES, ROOT
+from tracer.errors import TracerError
 
 GOOD = (PIPELINES / "causal_mha.yaml").read_text()
 NO_EXPECT = GOOD[: GOOD.index("expect:")]  # expect: pins contiguity that changes when a dim is 0 or 1
@@ -36,9 +35,17 @@ def causal_mha_in_torch(trace) -> torch.Tensor:
     return F.linear(merged, trace["W_o"].tensor, trace["b_o"].tensor)
 
 
-@pytest.mark.parametrize("dims", [
-    {"T": 1}, {"H": 1}, {"B": 1}, {"T": 1, "H": 1, "B": 1}, {"T": 1, "H": 1, "B": 1, "d_model": 1}, {"d_model": 2, "H": 2},
-])
+@pytest.mark.parametrize(
+    "dims",
+    [
+        {"T": 1},
+        {"H": 1},
+        {"B": 1},
+        {"T": 1, "H": 1, "B": 1},
+        {"T": 1, "H": 1, "B": 1, "d_model": 1},
+        {"d_model": 2, "H": 2},
+    ],
+)
 def test_ones_give_the_same_numbers_as_torch(dims):
     pipeline = tracer.loads(NO_EXPECT, "c.yaml")
     trace = pipeline.run(dims=dims, keep_values=True)
@@ -112,9 +119,15 @@ def test_zero_sized_tensors_through_every_kind_of_op():
     trace = tracer.loads(ZERO_OPS, "z.yaml").run(keep_values=True)
     x, e = trace["x"].tensor, trace["e"].tensor
     expected = {
-        "soft_empty_rows": torch.softmax(x, -1), "soft_over_nothing": torch.softmax(e, -1),
-        "normed": F.layer_norm(e, (0,)), "contracted": e @ x, "projected": F.linear(x, trace["w"].tensor),
-        "embedded": torch.empty(0, 3), "joined": torch.cat([x, x], 1), "sliced": e[:, 1:1], "tiled": e.repeat(1, 0, 2),
+        "soft_empty_rows": torch.softmax(x, -1),
+        "soft_over_nothing": torch.softmax(e, -1),
+        "normed": F.layer_norm(e, (0,)),
+        "contracted": e @ x,
+        "projected": F.linear(x, trace["w"].tensor),
+        "embedded": torch.empty(0, 3),
+        "joined": torch.cat([x, x], 1),
+        "sliced": e[:, 1:1],
+        "tiled": e.repeat(1, 0, 2),
         "masked": (e @ x).masked_fill(torch.ones(3, 3, dtype=torch.bool).triu(1), float("-inf")),
         "merged": e.view(2, 3, 0, 1).transpose(-3, -2).contiguous().view(2, 0, 3),
     }
@@ -127,14 +140,17 @@ def test_zero_sized_tensors_through_every_kind_of_op():
     assert [(r.id, r.shape, r.stride) for r in meta] == [(r.id, r.shape, r.stride) for r in trace]
 
 
-@pytest.mark.parametrize("value, code", [
-    (2**31, "tensor-too-large"),   # scores (B, H, T, T) = 2**64 elements
-    (2**40, "tensor-too-large"),
-    (2**62, "tensor-too-large"),   # x itself
-    (2**62 + 1, "dim-value"),
-    (2**63, "dim-value"),
-    (-1, "dim-negative"),
-])
+@pytest.mark.parametrize(
+    "value, code",
+    [
+        (2**31, "tensor-too-large"),  # scores (B, H, T, T) = 2**64 elements
+        (2**40, "tensor-too-large"),
+        (2**62, "tensor-too-large"),  # x itself
+        (2**62 + 1, "dim-value"),
+        (2**63, "dim-value"),
+        (-1, "dim-negative"),
+    ],
+)
 def test_overflowing_dims_are_clear_errors_not_torch_crashes(value, code):
     pipeline = tracer.loads(NO_EXPECT, "c.yaml")
     for device in ("meta", "cpu"):
@@ -146,12 +162,15 @@ def test_overflowing_dims_are_clear_errors_not_torch_crashes(value, code):
             assert "--dim T=-1; dims must not be negative" in str(info.value)
 
 
-@pytest.mark.parametrize("text, code", [
-    ("T: 4611686018427387905", "invalid-value"),
-    ("T: 2 * 2305843009213693952 * 2", "dim-overflow"),
-    ("T: 9223372036854775807", "invalid-value"),
-    ("T: 0 - 6", "dim-negative"),
-])
+@pytest.mark.parametrize(
+    "text, code",
+    [
+        ("T: 4611686018427387905", "invalid-value"),
+        ("T: 2 * 2305843009213693952 * 2", "dim-overflow"),
+        ("T: 9223372036854775807", "invalid-value"),
+        ("T: 0 - 6", "dim-negative"),
+    ],
+)
 def test_overflowing_dims_in_the_file(text, code):
     with pytest.raises(TracerError) as info:
         tracer.loads(NO_EXPECT.replace("T: 6 ", text + " "), "c.yaml")
@@ -167,12 +186,28 @@ def test_a_large_but_valid_dim_checks_statically_and_traces_on_meta():
         pipeline.run(dims={"T": 2**20})
 
 
-@pytest.mark.parametrize("argv", [
-    ["--dim", "T=0"], ["--dim", "T=1"], ["--dim", "T=9223372036854775808"], ["--dim", "T=-5"], ["--dim", "H=0"],
-    ["--dim", "T=1099511627776"], ["--dim", "Dh=3"], ["--dim", "nope=1"], ["--dim", "T=x"], ["--seed", "99999999999999999999999"],
-])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--dim", "T=0"],
+        ["--dim", "T=1"],
+        ["--dim", "T=9223372036854775808"],
+        ["--dim", "T=-5"],
+        ["--dim", "H=0"],
+        ["--dim", "T=1099511627776"],
+        ["--dim", "Dh=3"],
+        ["--dim", "nope=1"],
+        ["--dim", "T=x"],
+        ["--seed", "99999999999999999999999"],
+    ],
+)
 def test_cli_degenerate_dims_never_crash(argv):
-    done = subprocess.run([sys.executable, "-m", "tracer", "run", str(PIPELINES / "causal_mha.yaml"), "--device", "meta", *argv],
-                          capture_output=True, text=True, timeout=120, cwd=ROOT)
+    done = subprocess.run(
+        [sys.executable, "-m", "tracer", "run", str(PIPELINES / "causal_mha.yaml"), "--device", "meta", *argv],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
     assert done.returncode in (0, 1, 2), done.stderr
     assert "Traceback" not in done.stderr and "internal error" not in done.stderr

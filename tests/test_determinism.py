@@ -16,11 +16,9 @@ from pathlib import Path
 import pytest
 
 import tracer
+from tests.conftest import PIPELINES, ROOT
 from tracer.atomic import write_atomic
 from tracer.errors import TracerError
-
-from tests.conftest import PIPELINES, ROOT
-
 
 
 def _small(path: Path, limit: int = 8 * 1024 * 1024) -> bool:
@@ -61,8 +59,7 @@ print(json.dumps(out, sort_keys=True))
 
 
 def _fingerprints(files: list[str], env: dict | None = None) -> dict:
-    done = subprocess.run([sys.executable, "-c", FINGERPRINT, *files], capture_output=True, text=True, timeout=300, cwd=ROOT,
-                          env=env)
+    done = subprocess.run([sys.executable, "-c", FINGERPRINT, *files], capture_output=True, text=True, timeout=300, cwd=ROOT, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout)
 
@@ -77,8 +74,13 @@ def test_values_json_and_dot_are_bitwise_identical_across_processes():
 def test_cli_json_is_byte_identical_across_processes(tmp_path):
     outputs = []
     for i in range(2):
-        done = subprocess.run([sys.executable, "-m", "tracer", "run", "pipelines/causal_mha.yaml", "--json", "--values"],
-                              capture_output=True, timeout=120, cwd=ROOT, env=dict(os.environ, PYTHONHASHSEED=str(i)))
+        done = subprocess.run(
+            [sys.executable, "-m", "tracer", "run", "pipelines/causal_mha.yaml", "--json", "--values"],
+            capture_output=True,
+            timeout=120,
+            cwd=ROOT,
+            env=dict(os.environ, PYTHONHASHSEED=str(i)),
+        )
         assert done.returncode == 0, done.stderr
         outputs.append(done.stdout)
     assert outputs[0] == outputs[1]
@@ -90,8 +92,14 @@ def test_cli_dot_is_byte_identical_across_processes(tmp_path):
     written = []
     for i in range(2):
         out = tmp_path / f"run{i}.dot"
-        done = subprocess.run([sys.executable, "-m", "tracer", "render", "pipelines/causal_mha.yaml", "-o", str(out)],
-                              capture_output=True, text=True, timeout=120, cwd=ROOT, env=dict(os.environ, PYTHONHASHSEED=str(i)))
+        done = subprocess.run(
+            [sys.executable, "-m", "tracer", "render", "pipelines/causal_mha.yaml", "-o", str(out)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=ROOT,
+            env=dict(os.environ, PYTHONHASHSEED=str(i)),
+        )
         assert done.returncode == 0, done.stderr
         written.append(out.read_bytes())
     assert written[0] == written[1] and written[0].startswith(b"digraph")
@@ -127,21 +135,36 @@ def _leftovers(folder: Path) -> list[str]:
 
 def test_run_output_is_written_atomically_and_a_failed_run_keeps_the_good_file(tmp_path):
     out = tmp_path / "trace.json"
-    good = subprocess.run([sys.executable, "-m", "tracer", "run", "pipelines/causal_mha.yaml", "--json", "-o", str(out)],
-                          capture_output=True, text=True, timeout=120, cwd=ROOT)
+    good = subprocess.run(
+        [sys.executable, "-m", "tracer", "run", "pipelines/causal_mha.yaml", "--json", "-o", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
     assert good.returncode == 0, good.stderr
     before = out.read_bytes()
     assert json.loads(before)["pipeline"] == "causal_mha"
-    bad = subprocess.run([sys.executable, "-m", "tracer", "run", "pipelines/causal_mha.yaml", "--json", "-o", str(out), "--dim", "H=3"],
-                         capture_output=True, text=True, timeout=120, cwd=ROOT)
+    bad = subprocess.run(
+        [sys.executable, "-m", "tracer", "run", "pipelines/causal_mha.yaml", "--json", "-o", str(out), "--dim", "H=3"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
     assert bad.returncode == 1 and "dim-divide" in bad.stderr
     assert out.read_bytes() == before
     assert _leftovers(tmp_path) == []
 
 
 def test_run_output_into_a_missing_folder_is_a_located_error(tmp_path):
-    done = subprocess.run([sys.executable, "-m", "tracer", "run", "pipelines/causal_mha.yaml", "-o", str(tmp_path / "no" / "t.txt")],
-                          capture_output=True, text=True, timeout=120, cwd=ROOT)
+    done = subprocess.run(
+        [sys.executable, "-m", "tracer", "run", "pipelines/causal_mha.yaml", "-o", str(tmp_path / "no" / "t.txt")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
     assert done.returncode == 1
     assert done.stderr.startswith("pipelines/causal_mha.yaml: error[output-failed]")
 

@@ -7,10 +7,9 @@ import sys
 import yaml
 
 import tracer
+from tests.conftest import ROOT
 from tracer.docgen import format_reference, schema_text
 from tracer.spec.base import STEP_KINDS
-
-from tests.conftest import ROOT
 
 
 def test_format_reference_is_current():

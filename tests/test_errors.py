@@ -21,9 +21,14 @@ CASES = {
     "python-tag": ("name: !!python/object/apply:os.system ['echo pwned']\nsteps: []\n", "yaml-tag", 1),
     "dim-expr-call": (GOOD.replace("Dh: d_model // H", "Dh: __import__('os').system('echo pwned')"), "invalid-value", None),
     "not-divisible": (GOOD.replace("d_model: 4 ", "d_model: 5 "), "dim-divide", None),
-    "view-non-contiguous": (GOOD.replace("{id: merged, op: merge, input: context, group: merge heads}",
-                                         "{id: ctx_t, op: transpose, input: context, dims: [1, 2]}\n  - {id: merged, op: view, shape: [B, T, d_model]}"),
-                            "view-non-contiguous", None),
+    "view-non-contiguous": (
+        GOOD.replace(
+            "{id: merged, op: merge, input: context, group: merge heads}",
+            "{id: ctx_t, op: transpose, input: context, dims: [1, 2]}\n  - {id: merged, op: view, shape: [B, T, d_model]}",
+        ),
+        "view-non-contiguous",
+        None,
+    ),
     "invalid-id": (GOOD.replace("{id: scores, op: matmul", "{id: 'attention scores', op: matmul"), "invalid-id", None),
     "empty": ("", "empty-file", 1),
     "binary": (b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR", "file-binary", 1),
@@ -53,8 +58,7 @@ def test_malformed_file_is_one_located_error(case, command, tmp_path):
     path = tmp_path / "bad.yaml"
     path.write_bytes(text if isinstance(text, bytes) else text.encode())
     marker = tmp_path / "pwned"
-    proc = subprocess.run([sys.executable, "-m", "tracer", command, str(path)], capture_output=True, text=True,
-                          cwd=tmp_path, timeout=120)
+    proc = subprocess.run([sys.executable, "-m", "tracer", command, str(path)], capture_output=True, text=True, cwd=tmp_path, timeout=120)
     assert proc.returncode == 1, proc.stderr
     assert "Traceback" not in proc.stderr
     first = proc.stderr.strip().splitlines()[0]
@@ -71,8 +75,9 @@ def test_missing_file_names_the_file(tmp_path):
 
 
 def test_check_reports_every_independent_error(write):
-    text = GOOD.replace("inputs: [q_h, k_t]", "inputs: [q_h, k_h]").replace("{id: v_heads, op: view, input: v, shape: [B, T, H, Dh]",
-                                                                             "{id: v_heads, op: view, input: v, shape: [B, T, H, d_model]")
+    text = GOOD.replace("inputs: [q_h, k_t]", "inputs: [q_h, k_h]").replace(
+        "{id: v_heads, op: view, input: v, shape: [B, T, H, Dh]", "{id: v_heads, op: view, input: v, shape: [B, T, H, d_model]"
+    )
     proc = subprocess.run([sys.executable, "-m", "tracer", "check", str(write(text))], capture_output=True, text=True)
     codes = re.findall(r"error\[([\w-]+)\]", proc.stderr)
     assert sorted(codes) == ["matmul-shape", "view-shape"], proc.stderr
@@ -81,7 +86,10 @@ def test_check_reports_every_independent_error(write):
 def test_matmul_error_states_shapes_bindings_and_fix(write):
     text = GOOD.replace("inputs: [q_h, k_t]", "inputs: [q_h, k_h]")
     proc = subprocess.run([sys.executable, "-m", "tracer", "check", str(write(text))], capture_output=True, text=True)
-    assert "step 'scores': matmul needs (…, n, Dh) @ (…, Dh, m), got 'q_h' (B, H, T, Dh) [2, 2, 6, 2] @ 'k_h' (B, H, T, Dh) [2, 2, 6, 2]" in proc.stderr
+    assert (
+        "step 'scores': matmul needs (…, n, Dh) @ (…, Dh, m), got 'q_h' (B, H, T, Dh) [2, 2, 6, 2] @ 'k_h' (B, H, T, Dh) [2, 2, 6, 2]"
+        in proc.stderr
+    )
     assert "[B=2, T=6, d_model=4, H=2, Dh=2] — transpose 'k_h' over dims -2, -1?" in proc.stderr
 
 
@@ -105,14 +113,16 @@ def test_dim_override_recomputes_dependent_dims_and_refuses_derived(tmp_path):
 
 
 def test_fan_in_is_checked_statically(write):
-    path = write("name: t\ndims: {N: 3}\ninputs:\n  x: {shape: [N], init: randn}\nparams:\n"
-                 "  b: {shape: [N], init: linear, fan_in: nope}\nsteps:\n  - {id: y, op: add, inputs: [x, b]}\n")
+    path = write(
+        "name: t\ndims: {N: 3}\ninputs:\n  x: {shape: [N], init: randn}\nparams:\n"
+        "  b: {shape: [N], init: linear, fan_in: nope}\nsteps:\n  - {id: y, op: add, inputs: [x, b]}\n"
+    )
     for command in ("check", "run"):
         proc = subprocess.run([sys.executable, "-m", "tracer", command, str(path)], capture_output=True, text=True)
         assert proc.returncode == 1 and proc.stderr.startswith(f"{path}:6:41: error[unknown-dim]: 'b': fan_in: unknown dim 'nope'")
 
 
 def test_an_invalid_id_being_declared_gets_a_spelling_not_a_block_hint(write):
-    path = write("name: t\ndims: {N: 3}\ninputs:\n  a/b: {shape: [N], init: randn}\nsteps:\n  - {id: out/x, op: relu, input: \"/x\"}\n")
+    path = write('name: t\ndims: {N: 3}\ninputs:\n  a/b: {shape: [N], init: randn}\nsteps:\n  - {id: out/x, op: relu, input: "/x"}\n')
     proc = subprocess.run([sys.executable, "-m", "tracer", "check", str(path)], capture_output=True, text=True)
     assert [line.rsplit(" — ", 1)[1] for line in proc.stderr.splitlines()] == ["e.g. 'a_b'", "e.g. 'out_x'", "e.g. '_x'"]

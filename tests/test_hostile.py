@@ -17,9 +17,8 @@ from pathlib import Path
 import pytest
 
 import tracer
-from tracer.errors import TracerError
-
 from tests.conftest import PIPELINES, ROOT
+from tracer.errors import TracerError
 
 GOOD = (PIPELINES / "causal_mha.yaml").read_text()
 FAST = 3.0  # seconds: generous for a loaded CI machine; each case takes well under one
@@ -60,8 +59,14 @@ PYTHON_TAGS = [
 
 
 @pytest.mark.parametrize("tag", PYTHON_TAGS)
-@pytest.mark.parametrize("where", ["name: {value}\nsteps: []\n", "name: x\ndims: {{T: {value}}}\nsteps: []\n",
-                                   "name: x\nsteps:\n  - {{id: a, op: relu, input: {value}}}\n"])
+@pytest.mark.parametrize(
+    "where",
+    [
+        "name: {value}\nsteps: []\n",
+        "name: x\ndims: {{T: {value}}}\nsteps: []\n",
+        "name: x\nsteps:\n  - {{id: a, op: relu, input: {value}}}\n",
+    ],
+)
 def test_python_tags_are_refused_and_never_run(tag, where, tmp_path):
     marker = tmp_path / "pwned"
     error = refused(where.format(value=tag.format(marker=marker)), tmp_path)
@@ -85,8 +90,11 @@ def test_self_referencing_alias_is_refused(tmp_path):
 
 
 def test_merge_keys_are_refused(tmp_path):
-    refused("base: &b {shape: [2], init: randn}\nname: x\ninputs:\n  a: {<<: *b}\nsteps: [{id: r, op: relu, input: a}]\n",
-            tmp_path, "yaml-merge-key")
+    refused(
+        "base: &b {shape: [2], init: randn}\nname: x\ninputs:\n  a: {<<: *b}\nsteps: [{id: r, op: relu, input: a}]\n",
+        tmp_path,
+        "yaml-merge-key",
+    )
 
 
 @pytest.mark.parametrize("opener, closer", [("[", "]"), ("{a: ", "}"), ("- ", "")])
@@ -124,14 +132,17 @@ def test_very_long_number_is_refused_before_converting(tmp_path):
     refused("name: x\nseed: " + ":".join(["59"] * 200_000) + "\nsteps: []\n", tmp_path, "yaml-value")
 
 
-@pytest.mark.parametrize("data, code", [
-    (b"name: x\x00\nsteps: []\n", "file-binary"),
-    (b"name: \xff\xfe\nsteps: []\n", "file-binary"),
-    (b"name: a\x07b\nsteps: []\n", "yaml-syntax"),
-    ("name: a\u0085b\nsteps: []\n".encode(), None),
-    (b"\xef\xbb\xbf", "empty-file"),
-    (b"---\nname: a\n---\nname: b\n", "yaml-multi-doc"),
-])
+@pytest.mark.parametrize(
+    "data, code",
+    [
+        (b"name: x\x00\nsteps: []\n", "file-binary"),
+        (b"name: \xff\xfe\nsteps: []\n", "file-binary"),
+        (b"name: a\x07b\nsteps: []\n", "yaml-syntax"),
+        ("name: a\u0085b\nsteps: []\n".encode(), None),
+        (b"\xef\xbb\xbf", "empty-file"),
+        (b"---\nname: a\n---\nname: b\n", "yaml-multi-doc"),
+    ],
+)
 def test_binary_and_control_characters_give_one_located_line(data, code, tmp_path):
     refused(data, tmp_path, code)
 
@@ -207,8 +218,11 @@ def test_values_beyond_the_document_limit_are_refused_while_parsing(tmp_path):
 
 def test_values_of_the_wrong_kind(tmp_path):
     refused("name: x\ninputs:\n  a: {shape: [2], values: [1, x]}\nsteps: [{id: b, op: relu, input: a}]\n", tmp_path, "invalid-value")
-    refused("name: x\ninputs:\n  a: {shape: [1], values: " + "[" * 20 + "1" + "]" * 20 + "}\nsteps: [{id: b, op: relu, input: a}]\n",
-            tmp_path, "invalid-value")
+    refused(
+        "name: x\ninputs:\n  a: {shape: [1], values: " + "[" * 20 + "1" + "]" * 20 + "}\nsteps: [{id: b, op: relu, input: a}]\n",
+        tmp_path,
+        "invalid-value",
+    )
 
 
 def test_seed_out_of_torch_range(tmp_path):
@@ -222,20 +236,34 @@ def test_seed_out_of_torch_range(tmp_path):
 
 def _block_file(folder: Path, use: str, name: str = "main.yaml") -> Path:
     path = folder / name
-    path.write_text(f"name: main\ndims: {{T: 2}}\ninputs:\n  x: {{shape: [T], init: randn}}\nsteps:\n"
-                    f"  - {{id: b, op: block, use: {use!r}, input: x}}\n")
+    path.write_text(
+        f"name: main\ndims: {{T: 2}}\ninputs:\n  x: {{shape: [T], init: randn}}\nsteps:\n  - {{id: b, op: block, use: {use!r}, input: x}}\n"
+    )
     return path
 
 
-LEAVING = ["../outside.yaml", "sub/../../outside.yaml", "/etc/passwd", "~/.bashrc", "C:/x.yaml", "\\\\server\\share\\x.yaml",
-           "/dev/zero", "/proc/self/environ", "a\x00b.yaml", "..", "link_out.yaml"]
+LEAVING = [
+    "../outside.yaml",
+    "sub/../../outside.yaml",
+    "/etc/passwd",
+    "~/.bashrc",
+    "C:/x.yaml",
+    "\\\\server\\share\\x.yaml",
+    "/dev/zero",
+    "/proc/self/environ",
+    "a\x00b.yaml",
+    "..",
+    "link_out.yaml",
+]
 
 
 @pytest.mark.parametrize("use", LEAVING)
 def test_includes_cannot_leave_the_pipeline_folder(use, tmp_path):
     folder = tmp_path / "project"
     folder.mkdir()
-    (tmp_path / "outside.yaml").write_text("name: outside\ndims: {T: 2}\ninputs:\n  x: {shape: [T], init: randn}\nsteps:\n  - {id: y, op: relu}\n")
+    (tmp_path / "outside.yaml").write_text(
+        "name: outside\ndims: {T: 2}\ninputs:\n  x: {shape: [T], init: randn}\nsteps:\n  - {id: y, op: relu}\n"
+    )
     (folder / "link_out.yaml").symlink_to(tmp_path / "outside.yaml")
     path = _block_file(folder, use)
     started = time.monotonic()
@@ -257,9 +285,11 @@ def test_include_cycles_are_refused(tmp_path):
 def test_include_bomb_is_refused(tmp_path):
     """Each file includes the next one twice: 2**24 steps if expanded."""
     for i in range(24):
-        (tmp_path / f"b{i}.yaml").write_text(f"name: b{i}\ndims: {{T: 2}}\ninputs:\n  x: {{shape: [T], init: randn}}\nsteps:\n"
-                                             f"  - {{id: a, op: block, use: b{i + 1}.yaml, input: x}}\n"
-                                             f"  - {{id: b, op: block, use: b{i + 1}.yaml, input: a}}\n")
+        (tmp_path / f"b{i}.yaml").write_text(
+            f"name: b{i}\ndims: {{T: 2}}\ninputs:\n  x: {{shape: [T], init: randn}}\nsteps:\n"
+            f"  - {{id: a, op: block, use: b{i + 1}.yaml, input: x}}\n"
+            f"  - {{id: b, op: block, use: b{i + 1}.yaml, input: a}}\n"
+        )
     (tmp_path / "b24.yaml").write_text("name: leaf\ndims: {T: 2}\ninputs:\n  x: {shape: [T], init: randn}\nsteps:\n  - {id: a, op: relu}\n")
     started = time.monotonic()
     with pytest.raises(TracerError, match="block-too-large"):
@@ -268,11 +298,17 @@ def test_include_bomb_is_refused(tmp_path):
 
 
 def test_repeat_bomb_is_refused(tmp_path):
-    (tmp_path / "leaf.yaml").write_text("name: leaf\ndims: {T: 2}\ninputs:\n  x: {shape: [T], init: randn}\nsteps:\n  - {id: a, op: relu}\n")
-    (tmp_path / "mid.yaml").write_text("name: mid\ndims: {T: 2}\ninputs:\n  x: {shape: [T], init: randn}\nsteps:\n"
-                                       "  - {id: a, op: block, use: leaf.yaml, input: x, repeat: 10000}\n")
-    (tmp_path / "top.yaml").write_text("name: top\ndims: {T: 2}\ninputs:\n  x: {shape: [T], init: randn}\nsteps:\n"
-                                       "  - {id: a, op: block, use: mid.yaml, input: x, repeat: 10000}\n")
+    (tmp_path / "leaf.yaml").write_text(
+        "name: leaf\ndims: {T: 2}\ninputs:\n  x: {shape: [T], init: randn}\nsteps:\n  - {id: a, op: relu}\n"
+    )
+    (tmp_path / "mid.yaml").write_text(
+        "name: mid\ndims: {T: 2}\ninputs:\n  x: {shape: [T], init: randn}\nsteps:\n"
+        "  - {id: a, op: block, use: leaf.yaml, input: x, repeat: 10000}\n"
+    )
+    (tmp_path / "top.yaml").write_text(
+        "name: top\ndims: {T: 2}\ninputs:\n  x: {shape: [T], init: randn}\nsteps:\n"
+        "  - {id: a, op: block, use: mid.yaml, input: x, repeat: 10000}\n"
+    )
     started = time.monotonic()
     with pytest.raises(TracerError, match="block-too-large"):
         tracer.load(tmp_path / "top.yaml")
@@ -282,12 +318,15 @@ def test_repeat_bomb_is_refused(tmp_path):
 # ----------------------------------------------------------------------------- the CLI
 
 
-@pytest.mark.parametrize("text", [
-    "name: !!python/object/apply:os.system ['true']\nsteps: []\n",
-    "a: " + "[" * 5000 + "]" * 5000,
-    "name: x\ndims: {T: '__import__(\"os\")'}\nsteps: []\n",
-    "name: x\ndims: {T: 99999999999999999999}\nsteps: []\n",
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "name: !!python/object/apply:os.system ['true']\nsteps: []\n",
+        "a: " + "[" * 5000 + "]" * 5000,
+        "name: x\ndims: {T: '__import__(\"os\")'}\nsteps: []\n",
+        "name: x\ndims: {T: 99999999999999999999}\nsteps: []\n",
+    ],
+)
 def test_cli_refuses_hostile_files_with_exit_1_and_no_traceback(text, tmp_path):
     path = tmp_path / "p.yaml"
     path.write_text(text)
@@ -303,8 +342,14 @@ def test_the_cli_never_reads_environment_or_imports_from_the_file(tmp_path):
     path = tmp_path / "p.yaml"
     path.write_text(GOOD.replace("name: causal_mha", "name: '$(touch pwned) ${HOME} `id`'"))
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    done = subprocess.run([sys.executable, "-m", "tracer", "run", str(path), "--device", "meta"], capture_output=True, text=True,
-                          timeout=120, cwd=tmp_path, env=env)
+    done = subprocess.run(
+        [sys.executable, "-m", "tracer", "run", str(path), "--device", "meta"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+        env=env,
+    )
     assert done.returncode == 0, done.stderr
     assert "$(touch pwned) ${HOME} `id`" in done.stdout
     assert not (tmp_path / "pwned").exists()

@@ -6,10 +6,9 @@ import re
 import pytest
 
 import tracer
+from tests.conftest import PIPELINES
 from tracer.cli import main
 from tracer.lints import SoftmaxNaNs, runtime_warnings
-
-from tests.conftest import PIPELINES
 
 EXAMPLES = PIPELINES / "lint_examples"
 LINT_CODES = {"dead-step", "scale-mismatch", "lossy-head-split", "nan-risk-mask", "mask-polarity"}
@@ -62,6 +61,7 @@ def line_of(text: str, needle: str) -> int:
 
 # --- dead-step ---------------------------------------------------------------------------------
 
+
 def test_dead_step_located_and_fixed():
     text = example("dead_step")
     [d] = warnings_of(text)
@@ -71,6 +71,7 @@ def test_dead_step_located_and_fixed():
 
 
 # --- scale-mismatch ----------------------------------------------------------------------------
+
 
 def test_scale_mismatch_message_and_fix():
     text = example("scale_mismatch")
@@ -84,8 +85,10 @@ def test_scale_mismatch_message_and_fix():
 def test_scale_mismatch_sums_every_scale_and_ignores_unscaled_scores():
     text = example("scale_mismatch")
     # sqrt(3) split over two steps, around a mask-free chain: still correct
-    two = text.replace("- {id: matmul_scaled, op: scale, divide: {sqrt: d_k}}   # <- sqrt(4), keys are 3-dim",
-                       "- {id: half, op: scale, divide: {sqrt: d}}\n  - {id: matmul_scaled, op: scale, multiply: 1}")
+    two = text.replace(
+        "- {id: matmul_scaled, op: scale, divide: {sqrt: d_k}}   # <- sqrt(4), keys are 3-dim",
+        "- {id: half, op: scale, divide: {sqrt: d}}\n  - {id: matmul_scaled, op: scale, multiply: 1}",
+    )
     assert codes(two) == set()
     # no scale at all (tutorial 001's first part) is not this lint's business
     none = text.replace("  - {id: matmul_scaled, op: scale, divide: {sqrt: d_k}}   # <- sqrt(4), keys are 3-dim\n", "")
@@ -100,14 +103,18 @@ def test_canonical_scale_change_is_caught():
 
 # --- lossy-head-split --------------------------------------------------------------------------
 
+
 def test_lossy_head_split_message_and_fix():
     text = example("lossy_head_split")
     [d] = warnings_of(text)
     assert d.step == "head_0" and "(T, d_v) [8, 4]" in d.message and "position 3" in d.message
-    two_heads = (text.replace("num_heads: 3", "num_heads: 2").replace("head_dim: 1 ", "head_dim: 2 ")
-                 .replace("  - {id: head_2, op: index, input: values, dim: 1, start: 2 * head_dim, stop: 3 * head_dim}\n", "")
-                 .replace("  - {id: context_vector_2, op: matmul, inputs: [attention_scores, head_2]}\n", "")
-                 .replace("inputs: [context_vector_0, context_vector_1, context_vector_2]", "inputs: [context_vector_0, context_vector_1]"))
+    two_heads = (
+        text.replace("num_heads: 3", "num_heads: 2")
+        .replace("head_dim: 1 ", "head_dim: 2 ")
+        .replace("  - {id: head_2, op: index, input: values, dim: 1, start: 2 * head_dim, stop: 3 * head_dim}\n", "")
+        .replace("  - {id: context_vector_2, op: matmul, inputs: [attention_scores, head_2]}\n", "")
+        .replace("inputs: [context_vector_0, context_vector_1, context_vector_2]", "inputs: [context_vector_0, context_vector_1]")
+    )
     assert codes(two_heads) == set()
 
 
@@ -117,6 +124,7 @@ def test_unequal_or_single_slices_are_not_head_splits():
 
 
 # --- nan-risk-mask -----------------------------------------------------------------------------
+
 
 def test_nan_risk_mask_static_and_fix():
     text = example("nan_risk_mask")
@@ -153,6 +161,7 @@ def test_causal_flag_never_risks_nan():
 
 # --- mask-polarity -----------------------------------------------------------------------------
 
+
 def test_mask_polarity_triu_keep_and_fix():
     text = example("mask_polarity")
     [d] = warnings_of(text)
@@ -169,11 +178,15 @@ def test_mask_polarity_tril_block():
 def test_mask_polarity_on_literal_masks_and_seeds():
     text = example("mask_polarity").replace(
         'mask: {shape: [T, T], init: triu, note: "torch.triu(torch.ones(T, T), diagonal=1): 1 = future"}',
-        "mask: {shape: [T, T], values: [[1, 0, 0, 0], [1, 1, 0, 0], [1, 1, 1, 0], [1, 1, 1, 1]]}")
+        "mask: {shape: [T, T], values: [[1, 0, 0, 0], [1, 1, 0, 0], [1, 1, 1, 0], [1, 1, 1, 1]]}",
+    )
     assert codes(text) == set()  # tril as a literal, keep polarity: right
     assert codes(text.replace("polarity: keep", "polarity: block")) == {"mask-polarity"}
     # with -inf the flipped mask also hides every key of the last row
-    assert codes(text.replace("polarity: keep", "polarity: block").replace("fill: -1e9", "fill: -inf")) == {"mask-polarity", "nan-risk-mask"}
+    assert codes(text.replace("polarity: keep", "polarity: block").replace("fill: -1e9", "fill: -inf")) == {
+        "mask-polarity",
+        "nan-risk-mask",
+    }
     # tutorial 002 (triu + block) and 003 (random keep-mask) are right
     for name in ("002_weight_split_step_by_step", "003_mha_step_by_step"):
         assert not tracer.load(PIPELINES / "seeds" / f"{name}.yaml").check().warnings
@@ -192,13 +205,16 @@ def test_lints_read_a_block_step_with_its_own_dims(tmp_path):
         "  - {id: kt, op: transpose, input: x, dims: [0, 1]}\n"
         "  - {id: s, op: matmul, inputs: [x, kt]}\n"
         "  - {id: scaled, op: scale, divide: {sqrt: d_k}}\n"
-        "  - {id: w, op: softmax, dim: -1}\n")
+        "  - {id: w, op: softmax, dim: -1}\n"
+    )
     top = tmp_path / "top.yaml"
-    top.write_text("name: top\ndims: {T: 3}\ninputs:\n  a: {shape: [T, 4], init: randn}\n  b: {shape: [T, 8], init: randn}\n"
-                   "steps:\n"
-                   "  - {id: one, op: block, use: attn.yaml, input: a, dims: {d: 4, d_k: 4}}\n"
-                   "  - {id: two, op: block, use: attn.yaml, input: b, dims: {d: 8, d_k: 2}}\n"
-                   "outputs: [one, two]\n")
+    top.write_text(
+        "name: top\ndims: {T: 3}\ninputs:\n  a: {shape: [T, 4], init: randn}\n  b: {shape: [T, 8], init: randn}\n"
+        "steps:\n"
+        "  - {id: one, op: block, use: attn.yaml, input: a, dims: {d: 4, d_k: 4}}\n"
+        "  - {id: two, op: block, use: attn.yaml, input: b, dims: {d: 8, d_k: 2}}\n"
+        "outputs: [one, two]\n"
+    )
     [d] = tracer.load(top).check().warnings
     assert d.code == "scale-mismatch" and d.step == "two/scaled" and "d_k=2" in d.message and "d=8" in d.message
 

@@ -8,11 +8,10 @@ import torch
 import tracer
 import tracer.interpreter as interpreter
 import tracer.memory as memory
+from tests.conftest import PIPELINES
 from tracer.cli import main
 from tracer.errors import TracerError
 from tracer.memory import estimate_peak, parse_bytes
-
-from tests.conftest import PIPELINES
 
 MHA = PIPELINES / "causal_mha.yaml"
 HUGE = {"B": 64, "T": 131072, "d_model": 8192, "H": 64}
@@ -54,8 +53,9 @@ def test_cli_prints_sizes_and_the_estimated_peak(capsys):
     assert "estimated peak: 512.5 TiB" in out and "allocated none of it" in out
 
 
-@pytest.mark.parametrize("text, value", [("8GiB", 8 << 30), ("500MB", 500_000_000), ("1.5G", 3 << 29), ("1024", 1024),
-                                         ("2 kib", 2048), (4096, 4096)])
+@pytest.mark.parametrize(
+    "text, value", [("8GiB", 8 << 30), ("500MB", 500_000_000), ("1.5G", 3 << 29), ("1024", 1024), ("2 kib", 2048), (4096, 4096)]
+)
 def test_parse_bytes(text, value):
     assert parse_bytes(text) == value
 
@@ -69,6 +69,7 @@ def test_parse_bytes_rejects(text):
 def _no_allocation(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("allocated before the memory guard")
+
     monkeypatch.setattr(interpreter, "create_tensors", refuse)
     monkeypatch.setattr(interpreter, "Plan", refuse)
 
@@ -121,8 +122,15 @@ def test_meta_records_equal_cpu_records(path):
     cpu, meta = pipeline.run(), pipeline.run(device="meta")
     assert [r.id for r in cpu] == [r.id for r in meta]
     for a, b in zip(cpu, meta):
-        assert (a.shape, a.stride, a.storage_offset, a.contiguous, a.view_of, a.nbytes, a.dtype) == \
-               (b.shape, b.stride, b.storage_offset, b.contiguous, b.view_of, b.nbytes, b.dtype), a.id
+        assert (a.shape, a.stride, a.storage_offset, a.contiguous, a.view_of, a.nbytes, a.dtype) == (
+            b.shape,
+            b.stride,
+            b.storage_offset,
+            b.contiguous,
+            b.view_of,
+            b.nbytes,
+            b.dtype,
+        ), a.id
 
 
 def _observed(trace):
@@ -132,8 +140,16 @@ def _observed(trace):
         t = r.tensor
         root = t._base if t._base is not None else t
         view_of = owners.setdefault(id(root), (root, r.id))
-        found.append((tuple(t.shape), tuple(t.stride()), t.storage_offset(), t.is_contiguous(),
-                      None if view_of[1] == r.id else view_of[1], t.numel() * t.element_size()))
+        found.append(
+            (
+                tuple(t.shape),
+                tuple(t.stride()),
+                t.storage_offset(),
+                t.is_contiguous(),
+                None if view_of[1] == r.id else view_of[1],
+                t.numel() * t.element_size(),
+            )
+        )
     return found
 
 

@@ -72,7 +72,7 @@ def test_groups_are_clusters_and_the_composite_merge_shows_its_copy():
     dot = dot_source(causal_trace())
     for group in ("Q projection", "attention core", "merge heads"):
         assert f"<B>{group}</B>" in dot
-    composite = dot[dot.index("subgraph cluster_step_"):]
+    composite = dot[dot.index("subgraph cluster_step_") :]
     assert composite.index('"merged/transpose"') < composite.index('"merged/contiguous"') < composite.index('"merged/view"')
     assert ("merged/transpose", "merged/contiguous") in {(t, h) for t, h, _ in edges(dot)}
 
@@ -139,14 +139,20 @@ def test_legend_lists_only_marks_the_diagram_uses():
     assert "step: id" in small and "contiguous tensor" in small
     for text in ("non-contiguous", "view:", "copy:", "composite", "group", "parameter", "dtype"):
         assert text not in small
-    ints = tracer.loads(pipeline_text("- {id: y, op: transpose, input: x, dims: [0, 1]}", inputs="x: {shape: [2, 3], values: [[1, 2, 3], [4, 5, 6]], dtype: int64}"))
+    ints = tracer.loads(
+        pipeline_text(
+            "- {id: y, op: transpose, input: x, dims: [0, 1]}", inputs="x: {shape: [2, 3], values: [[1, 2, 3], [4, 5, 6]], dtype: int64}"
+        )
+    )
     dot = dot_source(ints.run(device="meta"))
     assert "dtype, when not float32" in legend(dot) and "<B>int64</B>" in dot
 
 
 def test_labels_are_escaped_and_odd_ids_stay_valid_dot(tmp_path):
-    text = pipeline_text('- {id: node, op: softmax, input: x, dim: -1, group: "a:b \\"c\\" <d>", note: "<b>&amp; \\\\l"}',
-                         inputs="x: {shape: [2], init: randn}")
+    text = pipeline_text(
+        '- {id: node, op: softmax, input: x, dim: -1, group: "a:b \\"c\\" <d>", note: "<b>&amp; \\\\l"}',
+        inputs="x: {shape: [2], init: randn}",
+    )
     trace = tracer.loads(text).run(device="meta")
     dot = dot_source(trace)
     assert "&lt;b&gt;&amp;amp;" in dot and "&quot;c&quot; &lt;d&gt;" in dot
@@ -290,29 +296,34 @@ def test_collapse_folds_composite_steps_and_keeps_outputs_outside():
 
 
 def test_collapse_matches_a_literal_group_first_then_a_glob_per_path_segment():
-    text = pipeline_text("""\
+    text = pipeline_text(
+        """\
         - {id: a, op: relu, input: x, group: "a[1]"}
         - {id: b, op: relu, group: "enc/dec"}
         - {id: c, op: relu, group: enc}
-        """, inputs="x: {shape: [2], init: randn}")
+        """,
+        inputs="x: {shape: [2], init: randn}",
+    )
     trace = tracer.loads(text).run(device="meta")
 
     def folded(*patterns):
         dot = dot_source(trace, collapse=patterns)
         return sorted(re.findall(r"<B>([^<]+)</B></TD></TR><TR><TD><FONT COLOR=\"#666666\">(\d+) step", dot))
 
-    assert folded("a[1]") == [("a[1]", "1")]            # a group name with glob characters is taken as written
-    assert folded("enc") == [("enc", "2")]               # groups are paths: 'enc/dec' is inside 'enc'
+    assert folded("a[1]") == [("a[1]", "1")]  # a group name with glob characters is taken as written
+    assert folded("enc") == [("enc", "2")]  # groups are paths: 'enc/dec' is inside 'enc'
     assert folded("enc/*") == [("enc/dec", "1")]
-    assert folded("e*") == [("enc", "2")]                # '*' stays within one path segment
+    assert folded("e*") == [("enc", "2")]  # '*' stays within one path segment
     stack = tracer.load(PIPELINES / "encoder_stack.yaml").run(device="meta")
     assert dot_source(stack, collapse=["lay*"]).count(" collapsed</FONT>") == 1
 
 
 def test_gallery_collapse_patterns_escape_group_names(tmp_path):
     (tmp_path / "blk.yaml").write_text("name: blk\ndims: {D: 2}\ninputs:\n  x: {shape: [D], init: randn}\nsteps:\n  - {id: y, op: relu}\n")
-    (tmp_path / "top.yaml").write_text("name: top\ndims: {D: 2}\ninputs:\n  x: {shape: [D], init: randn}\nsteps:\n"
-                                       "  - {id: s, op: block, use: blk.yaml, input: x, repeat: 3, group: 'stack [A]'}\n")
+    (tmp_path / "top.yaml").write_text(
+        "name: top\ndims: {D: 2}\ninputs:\n  x: {shape: [D], init: randn}\nsteps:\n"
+        "  - {id: s, op: block, use: blk.yaml, input: x, repeat: 3, group: 'stack [A]'}\n"
+    )
     pipeline = tracer.load(tmp_path / "top.yaml")
     assert repeated_blocks(pipeline) == ["stack [[]A]/s/*"]
     assert dot_source(pipeline.run(device="meta"), repeated_blocks(pipeline)).count(" collapsed</FONT>") == 3

@@ -20,9 +20,11 @@ def close(a, b):
 
 
 def test_embed_looks_up_rows():
-    t = trace_of("- {id: e, op: embed, input: ids, weight: E}",
-                 inputs="ids: {shape: [5], values: [0, 3, 1, 3, 2], dtype: int64}",
-                 params="E: {shape: [4, 2], init: embedding}")
+    t = trace_of(
+        "- {id: e, op: embed, input: ids, weight: E}",
+        inputs="ids: {shape: [5], values: [0, 3, 1, 3, 2], dtype: int64}",
+        params="E: {shape: [4, 2], init: embedding}",
+    )
     assert close(t["e"].tensor, t["E"].tensor[torch.tensor([0, 3, 1, 3, 2])])
     assert t["e"].symbolic_shape == ("5", "2")
 
@@ -30,16 +32,22 @@ def test_embed_looks_up_rows():
 @pytest.mark.parametrize("layout", ["out_in", "in_out"])
 def test_linear_both_weight_layouts_with_bias(layout):
     shape = "[5, 4]" if layout == "out_in" else "[4, 5]"
-    t = trace_of(f"- {{id: y, op: linear, weight: W, bias: b, layout: {layout}}}", inputs=X,
-                 params=f"W: {{shape: {shape}, init: randn}}\nb: {{shape: [5], init: randn}}")
+    t = trace_of(
+        f"- {{id: y, op: linear, weight: W, bias: b, layout: {layout}}}",
+        inputs=X,
+        params=f"W: {{shape: {shape}, init: randn}}\nb: {{shape: [5], init: randn}}",
+    )
     x, w, b = t["x"].tensor, t["W"].tensor, t["b"].tensor
     expected = F.linear(x, w, b) if layout == "out_in" else x @ w + b
     assert close(t["y"].tensor, expected)
 
 
 def test_linear_init_matches_nn_linear_bit_for_bit():
-    t = trace_of("- {id: y, op: linear, weight: W, bias: b}", inputs="x: {shape: [2, 3], init: randn}",
-                 params="W: {shape: [5, 3], init: linear, seed: 7}\nb: {shape: [5], init: linear, fan_in: 3}")
+    t = trace_of(
+        "- {id: y, op: linear, weight: W, bias: b}",
+        inputs="x: {shape: [2, 3], init: randn}",
+        params="W: {shape: [5, 3], init: linear, seed: 7}\nb: {shape: [5], init: linear, fan_in: 3}",
+    )
     torch.manual_seed(7)
     reference = torch.nn.Linear(3, 5)
     assert torch.equal(t["W"].tensor, reference.weight.detach())
@@ -123,24 +131,30 @@ def test_cat_and_stack():
 
 
 def test_scale_by_number_and_sqrt_of_dim():
-    t = trace_of("""
+    t = trace_of(
+        """
         - {id: d, op: scale, divide: {sqrt: D}}
         - {id: m, op: scale, input: x, multiply: 0.5}
-    """, dims="D: 4")
+    """,
+        dims="D: 4",
+    )
     x = t["x"].tensor
     assert close(t["d"].tensor, x / math.sqrt(4)) and close(t["m"].tensor, x * 0.5)
 
 
 def test_mask_causal_and_both_polarities():
-    t = trace_of("""
+    t = trace_of(
+        """
         - {id: causal, op: mask, input: s, causal: true}
         - {id: kept, op: mask, input: s, mask: keep, polarity: keep, fill: -1e9}
         - {id: blocked, op: mask, input: s, mask: future, polarity: block}
-    """, inputs="""
+    """,
+        inputs="""
         s: {shape: [2, 3, 3], init: randn}
         keep: {shape: [3, 3], values: [[true, false, true], [true, true, false], [false, true, true]]}
         future: {shape: [3, 3], init: triu}
-    """)
+    """,
+    )
     s, keep = t["s"].tensor, t["keep"].tensor
     future = torch.triu(torch.ones(3, 3), diagonal=1)
     assert close(t["causal"].tensor, s.masked_fill(future.bool(), float("-inf")))
@@ -170,12 +184,15 @@ def test_merge_records_transpose_contiguous_view():
 
 
 def test_add_layernorm_relu_gelu():
-    t = trace_of("""
+    t = trace_of(
+        """
         - {id: a, op: add, inputs: [x, x]}
         - {id: n, op: layernorm, weight: g, bias: b}
         - {id: r, op: relu}
         - {id: g1, op: gelu, approximate: tanh}
-    """, params="g: {shape: [4], init: rand}\nb: {shape: [4], init: randn}")
+    """,
+        params="g: {shape: [4], init: rand}\nb: {shape: [4], init: randn}",
+    )
     x, g, b = t["x"].tensor, t["g"].tensor, t["b"].tensor
     n = F.layer_norm(x + x, (4,), g, b)
     assert close(t["a"].tensor, x + x) and close(t["n"].tensor, n)
@@ -183,6 +200,8 @@ def test_add_layernorm_relu_gelu():
 
 
 def test_tokens_build_tutorial_000_dictionary():
-    t = trace_of("- {id: ids2, op: index, input: ids, dim: 0, start: 0, stop: 8}",
-                 inputs="ids: {shape: [8], tokens: {text: 'My shoes are small, my feet are big.', remove: [',']}}")
+    t = trace_of(
+        "- {id: ids2, op: index, input: ids, dim: 0, start: 0, stop: 8}",
+        inputs="ids: {shape: [8], tokens: {text: 'My shoes are small, my feet are big.', remove: [',']}}",
+    )
     assert t["ids"].tensor.tolist() == [0, 6, 2, 7, 5, 4, 2, 3]

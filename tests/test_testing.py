@@ -6,10 +6,9 @@ import sys
 import pytest
 
 import tracer
+from tests.conftest import PIPELINES, ROOT
 from tracer.errors import ExpectationError
 from tracer.testing import assert_contiguous, assert_shape, assert_view_of
-
-from tests.conftest import PIPELINES, ROOT
 
 CAUSAL = PIPELINES / "causal_mha.yaml"
 
@@ -60,12 +59,16 @@ def test_wrong_expect_fails_check_and_pytest_plugin_with_file_and_line(tmp_path)
     bad = tmp_path / "bad_mha.yaml"
     text = CAUSAL.read_text().replace("scores: [B, H, T, T]", "scores: [B, T, H, T]")
     bad.write_text(text)
-    line = next(i for i, l in enumerate(text.splitlines(), 1) if l.strip().startswith("scores: [B, T, H, T]"))
+    line = next(i for i, line_text in enumerate(text.splitlines(), 1) if line_text.strip().startswith("scores: [B, T, H, T]"))
     check = subprocess.run([sys.executable, "-m", "tracer", "check", str(bad)], capture_output=True, text=True)
     assert check.returncode == 1 and f"{bad}:{line}:3: error[expect]" in check.stderr
     (tmp_path / "good.yaml").write_text(CAUSAL.read_text())
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--tracer-pipelines=*.yaml", "-q"],
-                          capture_output=True, text=True, cwd=tmp_path)
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--tracer-pipelines=*.yaml", "-q"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
     assert proc.returncode == 1, proc.stdout
     assert "1 failed, 1 passed" in proc.stdout and f"{bad}:{line}:3: error[expect]" in proc.stdout
 
@@ -73,8 +76,10 @@ def test_wrong_expect_fails_check_and_pytest_plugin_with_file_and_line(tmp_path)
 def test_check_of_every_bundled_pipeline_never_imports_torch():
     files = [str(p) for p in sorted(PIPELINES.rglob("*.yaml")) if "lint_examples" not in p.parts]
     # torch is made unimportable; networkx is only needed for out-of-order steps, cycles and diagrams
-    code = ("import sys; sys.modules['torch'] = None; from tracer.cli import main; rc = main(sys.argv[1:]); "
-            "print(sorted(m for m in ('torch', 'networkx') if sys.modules.get(m))); sys.exit(rc)")
+    code = (
+        "import sys; sys.modules['torch'] = None; from tracer.cli import main; rc = main(sys.argv[1:]); "
+        "print(sorted(m for m in ('torch', 'networkx') if sys.modules.get(m))); sys.exit(rc)"
+    )
     proc = subprocess.run([sys.executable, "-c", code, "check", *files], capture_output=True, text=True, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "[]"
@@ -113,7 +118,12 @@ def test_static_analysis_agrees_with_torch(path):
             analysis = pipeline.check(dims)
         except tracer.TracerError:
             continue  # e.g. d_model=1 is not divisible by H=2: nothing to compare
-        if analysis.errors or analysis.pipeline.inputs and any(d.values is not None or d.tokens is not None for d in analysis.pipeline.inputs.values()) and dims:
+        if (
+            analysis.errors
+            or analysis.pipeline.inputs
+            and any(d.values is not None or d.tokens is not None for d in analysis.pipeline.inputs.values())
+            and dims
+        ):
             continue
         trace = pipeline.run(dims=dims)
         for record in trace.records:
@@ -145,7 +155,9 @@ def test_dims_that_are_only_coincidentally_equal_are_flagged(write):
 
 
 def test_expect_can_pin_a_composite_steps_inner_records(tmp_path):
-    text = CAUSAL.read_text().replace("expect:\n", "expect:\n  merged/transpose: {contiguous: false}\n  merged/contiguous: {contiguous: true}\n", 1)
+    text = CAUSAL.read_text().replace(
+        "expect:\n", "expect:\n  merged/transpose: {contiguous: false}\n  merged/contiguous: {contiguous: true}\n", 1
+    )
     assert tracer.loads(text, "m.yaml").run()["merged/contiguous"].contiguous
     wrong = text.replace("merged/transpose: {contiguous: false}", "merged/transpose: {contiguous: true}")
     with pytest.raises(tracer.TracerError) as info:

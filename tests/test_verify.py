@@ -5,21 +5,24 @@ import pytest
 import torch
 
 import tracer
-from tracer import verify
-
 from tests.conftest import PIPELINES
+from tracer import verify
 
 SEEDS = PIPELINES / "seeds"
 
 
-@pytest.mark.parametrize("path", [
-    PIPELINES / "self_attention.yaml",
-    PIPELINES / "causal_mha.yaml",                       # causal: true -> is_causal=True
-    PIPELINES / "cross_attention.yaml",                  # keep-mask (B, 1, 1, T_kv) -> attn_mask
-    SEEDS / "001_self_attention_trainable.yaml",         # 2-d, no mask
-    SEEDS / "002_weight_split_step_by_step.yaml",        # triu buffer, block polarity, mask before scale
-    SEEDS / "003_mha_step_by_step.yaml",                 # keep-mask, -1e9, a fully masked row
-], ids=lambda p: p.stem)
+@pytest.mark.parametrize(
+    "path",
+    [
+        PIPELINES / "self_attention.yaml",
+        PIPELINES / "causal_mha.yaml",  # causal: true -> is_causal=True
+        PIPELINES / "cross_attention.yaml",  # keep-mask (B, 1, 1, T_kv) -> attn_mask
+        SEEDS / "001_self_attention_trainable.yaml",  # 2-d, no mask
+        SEEDS / "002_weight_split_step_by_step.yaml",  # triu buffer, block polarity, mask before scale
+        SEEDS / "003_mha_step_by_step.yaml",  # keep-mask, -1e9, a fully masked row
+    ],
+    ids=lambda p: p.stem,
+)
 def test_core_matches_sdpa(path):
     assert verify.against_sdpa(path) <= 1e-5
 
@@ -48,10 +51,18 @@ def test_cross_attention_with_given_tensors():
 
 def test_seed_classes_match_multihead_attention():
     """Tutorial 002's and 003's classes are nn.MultiheadAttention too, once their weights are named."""
-    assert verify.against_mha(SEEDS / "002_multi_head_attention_class.yaml", num_heads=2,
-                              weights=("Wq.weight", "Wk.weight", "Wv.weight", "out_proj.weight")) <= 1e-5
-    assert verify.against_mha(SEEDS / "003_multi_headed_attention_class.yaml", num_heads=2,
-                              weights=tuple(f"linear_layers.{i}.weight" for i in range(4))) <= 1e-5
+    assert (
+        verify.against_mha(
+            SEEDS / "002_multi_head_attention_class.yaml", num_heads=2, weights=("Wq.weight", "Wk.weight", "Wv.weight", "out_proj.weight")
+        )
+        <= 1e-5
+    )
+    assert (
+        verify.against_mha(
+            SEEDS / "003_multi_headed_attention_class.yaml", num_heads=2, weights=tuple(f"linear_layers.{i}.weight" for i in range(4))
+        )
+        <= 1e-5
+    )
 
 
 def test_accepts_a_trace():
@@ -63,7 +74,7 @@ def test_accepts_a_trace():
 def test_attention_core_is_found():
     core = verify.attention_core(tracer.load(PIPELINES / "causal_mha.yaml").check())
     assert (core.query, core.keys_t, core.value, core.softmax, core.context) == ("q_h", "k_t", "v_h", "weights", "context")
-    assert core.causal and core.mask is None and core.scale == pytest.approx(2 ** -0.5)
+    assert core.causal and core.mask is None and core.scale == pytest.approx(2**-0.5)
     cross = verify.attention_core(tracer.load(PIPELINES / "cross_attention.yaml").check())
     assert (cross.mask, cross.polarity, cross.fill) == ("pad_mask", "keep", float("-inf"))
 

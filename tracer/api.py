@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from .errors import Diagnostic, TracerError
 from .shapes.check import Analysis, analyze
@@ -40,9 +41,16 @@ class Pipeline:
             _remember(self._analyses, key, analyze(self.spec, self.source, dims))
         return self._analyses[key]
 
-    def run(self, dims: Mapping[str, int] | None = None, seed: int | None = None, keep_values: bool = False,
-            device: str = "cpu", tensors: Mapping[str, Any] | None = None, max_memory: int | str | None = None,
-            observe: Callable[[str, Any], None] | None = None) -> Trace:
+    def run(
+        self,
+        dims: Mapping[str, int] | None = None,
+        seed: int | None = None,
+        keep_values: bool = False,
+        device: str = "cpu",
+        tensors: Mapping[str, Any] | None = None,
+        max_memory: int | str | None = None,
+        observe: Callable[[str, Any], None] | None = None,
+    ) -> Trace:
         """Execute on torch and record every tensor. ``tensors`` replaces inputs or params by name.
 
         ``observe(record_id, tensor)`` is called for every tensor a step produces, right after the
@@ -61,7 +69,14 @@ class Pipeline:
         check_budget(analysis, device, max_memory)
         seed = self.spec.seed if seed is None else seed
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not SEED_MIN <= seed <= SEED_MAX):
-            raise TracerError(Diagnostic(self.path, None, "seed-range", f"seed {seed!r} is not an integer from -2**63 to 2**64 - 1 (what torch.manual_seed accepts)"))
+            raise TracerError(
+                Diagnostic(
+                    self.path,
+                    None,
+                    "seed-range",
+                    f"seed {seed!r} is not an integer from -2**63 to 2**64 - 1 (what torch.manual_seed accepts)",
+                )
+            )
         plan_key = (_dims_key(dims), str(device))
         if plan_key not in self._plans:
             _remember(self._plans, plan_key, Plan(analysis, device))
@@ -96,8 +111,11 @@ def _enforce_expectations(trace: Trace) -> None:
     sizes = analysis.__dict__.get("_expected_sizes")
     if sizes is None:  # evaluated once per analysis: a run pays only the comparisons
         sizes = analysis.__dict__["_expected_sizes"] = {
-            name: None if (shape := expected if isinstance(expected, list) else expected.shape) is None
-            else tuple(analysis.expect_alg_of(name).dim(t).value for t in shape) for name, expected in analysis.pipeline.expect.items()}
+            name: None
+            if (shape := expected if isinstance(expected, list) else expected.shape) is None
+            else tuple(analysis.expect_alg_of(name).dim(t).value for t in shape)
+            for name, expected in analysis.pipeline.expect.items()
+        }
     problems = []
     for name, expected in analysis.pipeline.expect.items():
         record = trace[name]
@@ -106,7 +124,9 @@ def _enforce_expectations(trace: Trace) -> None:
             problems.append(f"'{name}' ran with shape {list(record.shape)}, expected ({', '.join(map(str, shape))})")
         contiguous = getattr(expected, "contiguous", None)
         if contiguous is not None and contiguous != record.contiguous:
-            problems.append(f"'{name}' ran {'non-' if contiguous else ''}contiguous (stride {record.stride}), expected {'contiguous' if contiguous else 'non-contiguous'}")
+            problems.append(
+                f"'{name}' ran {'non-' if contiguous else ''}contiguous (stride {record.stride}), expected {'contiguous' if contiguous else 'non-contiguous'}"
+            )
     if problems:
         raise ExpectationError([analysis.source.error(("expect", p.split("'")[1]), "expect", p, prefer_key=True) for p in problems])
 
@@ -137,9 +157,17 @@ def loads(text: str, name: str = "<string>") -> Pipeline:
     return pipeline
 
 
-def run(path: str | Path, dims: Mapping[str, int] | None = None, seed: int | None = None,
-        keep_values: bool = False, device: str = "cpu", tensors: Mapping[str, Any] | None = None,
-        max_memory: int | str | None = None, observe: Callable[[str, Any], None] | None = None) -> Trace:
+def run(
+    path: str | Path,
+    dims: Mapping[str, int] | None = None,
+    seed: int | None = None,
+    keep_values: bool = False,
+    device: str = "cpu",
+    tensors: Mapping[str, Any] | None = None,
+    max_memory: int | str | None = None,
+    observe: Callable[[str, Any], None] | None = None,
+) -> Trace:
     """``load(path).run(...)`` in one call."""
-    return load(path).run(dims=dims, seed=seed, keep_values=keep_values, device=device, tensors=tensors, max_memory=max_memory,
-                          observe=observe)
+    return load(path).run(
+        dims=dims, seed=seed, keep_values=keep_values, device=device, tensors=tensors, max_memory=max_memory, observe=observe
+    )

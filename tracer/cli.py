@@ -37,7 +37,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="tracer", description="Declare attention pipelines in YAML, trace every tensor's shape, render and check them.")
+    parser = argparse.ArgumentParser(
+        prog="tracer", description="Declare attention pipelines in YAML, trace every tensor's shape, render and check them."
+    )
     parser.add_argument("--debug", action="store_true", help="show Python tracebacks for internal errors")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -53,18 +55,33 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--seed", type=int, help="override the pipeline's seed")
     run.add_argument("--values", action="store_true", help="keep and print tensor values")
     run.add_argument("--json", action="store_true", help="print the trace as JSON")
-    run.add_argument("-o", "--output", metavar="OUT", help="write the table (or with --json the JSON) to OUT instead of stdout; "
-                     "written atomically: a failed run leaves OUT as it was")
+    run.add_argument(
+        "-o",
+        "--output",
+        metavar="OUT",
+        help="write the table (or with --json the JSON) to OUT instead of stdout; written atomically: a failed run leaves OUT as it was",
+    )
     run.add_argument("--device", default="cpu", help="torch device: cpu, cuda, meta (default: cpu)")
-    run.add_argument("--max-memory", type=_size, metavar="SIZE", help="refuse a real run whose estimated peak exceeds SIZE, e.g. 8GiB or 500MB "
-                     "(default: half of the available RAM; --device meta allocates nothing)")
+    run.add_argument(
+        "--max-memory",
+        type=_size,
+        metavar="SIZE",
+        help="refuse a real run whose estimated peak exceeds SIZE, e.g. 8GiB or 500MB "
+        "(default: half of the available RAM; --device meta allocates nothing)",
+    )
     run.set_defaults(handler=_run)
 
     render = commands.add_parser("render", help="draw the dataflow with shapes on every edge (svg, png, pdf or dot)")
     render.add_argument("file", metavar="FILE")
     render.add_argument("-o", "--output", help="output file; the format comes from its suffix (default: NAME.svg)")
     _dims_option(render)
-    render.add_argument("--collapse", action="append", default=[], metavar="GROUP", help="draw a group as one node: a group name, a group path ('layers' folds all copies of a block, 'layers/3' one) or a glob ('layers/*': one node per copy); repeatable")
+    render.add_argument(
+        "--collapse",
+        action="append",
+        default=[],
+        metavar="GROUP",
+        help="draw a group as one node: a group name, a group path ('layers' folds all copies of a block, 'layers/3' one) or a glob ('layers/*': one node per copy); repeatable",
+    )
     render.add_argument("--device", default="cpu", help="torch device for the run (meta: no memory)")
     render.set_defaults(handler=_render)
 
@@ -113,8 +130,9 @@ def _run(args) -> int:
     from .lints import SoftmaxNaNs
 
     nans = SoftmaxNaNs(pipeline.check(dict(args.dim)))
-    trace = pipeline.run(dims=dict(args.dim), seed=args.seed, keep_values=args.values, device=args.device, max_memory=args.max_memory,
-                         observe=nans)
+    trace = pipeline.run(
+        dims=dict(args.dim), seed=args.seed, keep_values=args.values, device=args.device, max_memory=args.max_memory, observe=nans
+    )
     for warning in trace.analysis.warnings + nans.warnings():
         print(warning, file=sys.stderr)
     if args.output:

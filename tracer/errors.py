@@ -52,8 +52,11 @@ def merge_copies(diagnostics: list[Diagnostic]) -> list[Diagnostic]:
     merged = []
     for same in alike.values():
         more = len({d.message for d in same}) - 1
-        merged.append(same[0] if not more else
-                      replace(same[0], message=f"{same[0].message}; the same in {more} more cop{'ies' if more > 1 else 'y'} of this block"))
+        merged.append(
+            same[0]
+            if not more
+            else replace(same[0], message=f"{same[0].message}; the same in {more} more cop{'ies' if more > 1 else 'y'} of this block")
+        )
     return merged
 
 

@@ -50,8 +50,11 @@ def render_one(path: Path, svg: Path) -> str:
 def repeated_blocks(pipeline) -> list[str]:
     """Collapse patterns that draw each copy of a ``repeat:`` block as one node: a 48-layer stack
     fits on a page, and the block's own file is drawn in full beside it."""
-    return [glob.escape(f"{step.group}/{step.id}" if step.group else step.id) + "/*"
-            for step in pipeline.spec.steps if step.op == "block" and step.repeat]
+    return [
+        glob.escape(f"{step.group}/{step.id}" if step.group else step.id) + "/*"
+        for step in pipeline.spec.steps
+        if step.op == "block" and step.repeat
+    ]
 
 
 def _run(pipeline):

@@ -38,7 +38,7 @@ class StepGraph:
             self.users[producer].append(consumer)
 
     @cached_property
-    def graph(self) -> "nx.DiGraph":
+    def graph(self) -> nx.DiGraph:
         """The networkx DiGraph over tensor ids; each node carries its ``kind``."""
         import networkx as nx
 
@@ -55,7 +55,11 @@ def build_graph(pipeline: PipelineSpec, source: SourceMap) -> StepGraph:
     for section in ("inputs", "params"):
         for name in getattr(pipeline, section):
             if name in declared:
-                problems.append(source.error((section, name), "duplicate-id", f"'{name}' is declared twice (also in {declared[name][0]})", prefer_key=True))
+                problems.append(
+                    source.error(
+                        (section, name), "duplicate-id", f"'{name}' is declared twice (also in {declared[name][0]})", prefer_key=True
+                    )
+                )
             declared[name] = (section, name)
             nodes.setdefault(name, section[:-1])
     index, refs, data_inputs, edges = {}, {}, {}, []
@@ -65,8 +69,14 @@ def build_graph(pipeline: PipelineSpec, source: SourceMap) -> StepGraph:
         if step.id in declared:
             where = declared[step.id]
             line = source.locate(where, prefer_key=True)
-            problems.append(source.error(("steps", i, "id"), "duplicate-id",
-                                         f"id '{step.id}' is already used (line {line.line if line else '?'}); every tensor needs its own name", step.id))
+            problems.append(
+                source.error(
+                    ("steps", i, "id"),
+                    "duplicate-id",
+                    f"id '{step.id}' is already used (line {line.line if line else '?'}); every tensor needs its own name",
+                    step.id,
+                )
+            )
             previous = step.id
             continue
         declared[step.id] = ("steps", i)
@@ -78,7 +88,15 @@ def build_graph(pipeline: PipelineSpec, source: SourceMap) -> StepGraph:
     for step_id, i in index.items():
         step = pipeline.steps[i]
         if not data_inputs[step_id]:
-            problems.append(source.error(("steps", i), "missing-input", "the first step needs 'input' or 'inputs' (it defaults to the pipeline's input only when there is exactly one)", step_id, prefer_key=True))
+            problems.append(
+                source.error(
+                    ("steps", i),
+                    "missing-input",
+                    "the first step needs 'input' or 'inputs' (it defaults to the pipeline's input only when there is exactly one)",
+                    step_id,
+                    prefer_key=True,
+                )
+            )
         for ref, field_path in _ref_fields(step, data_inputs[step_id]):
             if ref not in declared:
                 problems.append(source.error(("steps", i) + field_path, "unknown-ref", _unknown(ref, declared), step_id))
@@ -102,10 +120,10 @@ def _ref_fields(step, data_inputs: list[str]):
         yield step.input, ("input",)
     else:
         yield from ((ref, ()) for ref in data_inputs)  # the previous step, by default
-    for field in step.param_fields:
-        ref = getattr(step, field)
+    for name in step.param_fields:
+        ref = getattr(step, name)
         if ref is not None:
-            yield ref, (field,)
+            yield ref, (name,)
 
 
 def _unknown(ref: str, declared: dict) -> str:
@@ -115,7 +133,7 @@ def _unknown(ref: str, declared: dict) -> str:
     return f"unknown tensor '{ref}'" + (f"; did you mean '{close[0]}'?" if close else " (not an input, a param or an earlier step)")
 
 
-def _cycle_errors(graph: "nx.DiGraph", index: dict, source: SourceMap) -> list[Diagnostic]:
+def _cycle_errors(graph: nx.DiGraph, index: dict, source: SourceMap) -> list[Diagnostic]:
     import networkx as nx
 
     problems = []
@@ -129,7 +147,7 @@ def _cycle_errors(graph: "nx.DiGraph", index: dict, source: SourceMap) -> list[D
     return problems
 
 
-def _order(graph: "nx.DiGraph", index: dict) -> list[str]:
+def _order(graph: nx.DiGraph, index: dict) -> list[str]:
     """Topological order, ties broken by the file's order so runs are deterministic."""
     import networkx as nx
 

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import math
 import weakref
-from dataclasses import dataclass, replace
+from collections.abc import Callable
 from contextlib import nullcontext
+from dataclasses import dataclass, replace
 from operator import is_, itemgetter
-from typing import Any, Callable
+from typing import Any
 
 from .errors import Diagnostic, InternalError, TracerError
 from .shapes.check import Analysis
@@ -89,8 +90,11 @@ class Plan:
                 last_use[analysis.output_of(ref)] = step_id
         self.random = False
         self.output_ids = tuple((name, analysis.output_of(name)) for name in analysis.outputs)
-        self.inputs_expected = {name: self._expect(name, "input" if name in analysis.pipeline.inputs else "param", (), torch)
-                                for name in declared if name in analysis.metas}
+        self.inputs_expected = {
+            name: self._expect(name, "input" if name in analysis.pipeline.inputs else "param", (), torch)
+            for name in declared
+            if name in analysis.metas
+        }
         dying: dict[str, list[str]] = {}
         for rid, step_id in last_use.items():
             if rid not in keep and rid not in declared:
@@ -101,16 +105,26 @@ class Plan:
             self.random = self.random or bool(getattr(step, "training", False) or getattr(step, "random", False))
             refs = analysis.graph.refs[step_id]
             inner = analysis.inner.get(step_id) or [(step_id, step.op)]
-            records = tuple((rid, op, analysis.metas[rid].sizes, tuple(str(d) for d in analysis.metas[rid].shape),
-                             _static_view_of(analysis.metas[rid], rid)) for rid, op in inner)
+            records = tuple(
+                (
+                    rid,
+                    op,
+                    analysis.metas[rid].sizes,
+                    tuple(str(d) for d in analysis.metas[rid].shape),
+                    _static_view_of(analysis.metas[rid], rid),
+                )
+                for rid, op in inner
+            )
             fn = step.kernel(KernelContext(analysis, refs, analysis.metas[inner[-1][0]], self.device, step_id))
             free = tuple(dying.get(step_id, ()))
             ins = tuple(analysis.output_of(r) for r in refs)
             expected = tuple(self._expect(rid, op, ins if j == 0 else (inner[j - 1][0],), torch) for j, (rid, op) in enumerate(inner))
             planned.append(PlannedStep(step_id, fn, ins, records, free, expected, itemgetter(*ins) if ins else (lambda env: ())))
         # the loop's view of the plan: flat tuples, so a run touches no attributes
-        self._loop = tuple((p.getter, p.fn, len(p.refs) == 1, p.expected[0] if len(p.expected) == 1 else None, p.expected, p.free, p.step_id)
-                           for p in planned)
+        self._loop = tuple(
+            (p.getter, p.fn, len(p.refs) == 1, p.expected[0] if len(p.expected) == 1 else None, p.expected, p.free, p.step_id)
+            for p in planned
+        )
         self._inputs_cache: tuple | None = None  # (tensors dict, its values, input records, storage roots)
         self.divergent = 0  # records whose layout differed from the static prediction, over all runs
         return planned
@@ -118,8 +132,20 @@ class Plan:
     def _expect(self, rid: str, op: str, inputs: tuple, torch) -> tuple:
         meta = self.analysis.metas[rid]
         view_of = _static_view_of(meta, rid)
-        template = TensorRecord(rid, op, inputs, meta.sizes, tuple(str(d) for d in meta.shape), meta.dtype, self.device_name,
-                                meta.stride, meta.offset, meta.contiguous, view_of, meta.nbytes)
+        template = TensorRecord(
+            rid,
+            op,
+            inputs,
+            meta.sizes,
+            tuple(str(d) for d in meta.shape),
+            meta.dtype,
+            self.device_name,
+            meta.stride,
+            meta.offset,
+            meta.contiguous,
+            view_of,
+            meta.nbytes,
+        )
         return rid, meta.sizes, meta.stride, meta.offset, getattr(torch, meta.dtype), view_of, template
 
     def run(self, tensors: dict[str, Any], keep_values: bool, observe: Callable | None = None) -> tuple[list[TensorRecord], dict[str, Any]]:
@@ -136,8 +162,13 @@ class Plan:
         storages = _StorageIndex()
         owner = storages.owner
         cache = self._inputs_cache
-        if (not keep_values and cache is not None and cache[0] is tensors and len(tensors) == len(cache[1])
-                and all(map(is_, tensors.values(), cache[1]))):
+        if (
+            not keep_values
+            and cache is not None
+            and cache[0] is tensors
+            and len(tensors) == len(cache[1])
+            and all(map(is_, tensors.values(), cache[1]))
+        ):
             records = list(cache[2])  # the same tensors as the last run: same records, same storages
             storages.roots = dict(cache[3])
         else:
@@ -145,7 +176,9 @@ class Plan:
             for name, tensor in tensors.items():
                 expected = self.inputs_expected.get(name)
                 if expected is None:
-                    records.append(self._record(name, "input" if name in self.analysis.pipeline.inputs else "param", (), tensor, storages, keep_values))
+                    records.append(
+                        self._record(name, "input" if name in self.analysis.pipeline.inputs else "param", (), tensor, storages, keep_values)
+                    )
                 else:
                     self._append(records.append, expected, tensor, owner(tensor, name), keep_values, "")
             if not keep_values:
@@ -169,8 +202,14 @@ class Plan:
                     else:
                         roots[id(base)] = (ref(base), rid)
                         view_of = None
-                    if (view_of == static_view_of and not keep_values and result.shape == sizes and result.stride() == stride
-                            and result.storage_offset() == offset and result.dtype is dtype):
+                    if (
+                        view_of == static_view_of
+                        and not keep_values
+                        and result.shape == sizes
+                        and result.stride() == stride
+                        and result.storage_offset() == offset
+                        and result.dtype is dtype
+                    ):
                         append(template)
                     else:
                         self._append(append, expect, result, view_of, keep_values, step_id)
@@ -189,7 +228,9 @@ class Plan:
     def _append(self, append, expect, tensor, view_of, keep_values: bool, step_id: str) -> None:
         rid, sizes, stride, offset, dtype, static_view_of, template = expect
         if tensor.shape != sizes:
-            raise InternalError(f"step '{step_id}': the shape rule for '{template.op}' predicted {list(sizes)}, torch produced {list(tensor.shape)}")
+            raise InternalError(
+                f"step '{step_id}': the shape rule for '{template.op}' predicted {list(sizes)}, torch produced {list(tensor.shape)}"
+            )
         if tensor.stride() == stride and tensor.storage_offset() == offset and tensor.dtype is dtype and view_of == static_view_of:
             append(replace(template, tensor=tensor) if keep_values else template)
         else:
@@ -198,17 +239,40 @@ class Plan:
     def _observed(self, template: TensorRecord, tensor, view_of, keep_values: bool) -> TensorRecord:
         """The record of a tensor whose layout differs from the static prediction: torch's own values."""
         self.divergent += 1
-        return TensorRecord(template.id, template.op, template.inputs, tuple(tensor.shape), template.symbolic_shape,
-                            self.dtypes.get(tensor.dtype, str(tensor.dtype)), self.device_name, tuple(tensor.stride()),
-                            tensor.storage_offset(), tensor.is_contiguous(), view_of, tensor.numel() * tensor.element_size(),
-                            tensor if keep_values else None)
+        return TensorRecord(
+            template.id,
+            template.op,
+            template.inputs,
+            tuple(tensor.shape),
+            template.symbolic_shape,
+            self.dtypes.get(tensor.dtype, str(tensor.dtype)),
+            self.device_name,
+            tuple(tensor.stride()),
+            tensor.storage_offset(),
+            tensor.is_contiguous(),
+            view_of,
+            tensor.numel() * tensor.element_size(),
+            tensor if keep_values else None,
+        )
 
     def _record(self, rid, op, inputs, tensor, storages, keep_values, symbolic=None) -> TensorRecord:
         if symbolic is None:
             symbolic = tuple(str(d) for d in self.analysis.metas[rid].shape)
-        return TensorRecord(rid, op, tuple(inputs), tuple(tensor.shape), symbolic, self.dtypes.get(tensor.dtype, str(tensor.dtype)),
-                            self.device_name, tuple(tensor.stride()), tensor.storage_offset(), tensor.is_contiguous(),
-                            storages.owner(tensor, rid), tensor.numel() * tensor.element_size(), tensor if keep_values else None)
+        return TensorRecord(
+            rid,
+            op,
+            tuple(inputs),
+            tuple(tensor.shape),
+            symbolic,
+            self.dtypes.get(tensor.dtype, str(tensor.dtype)),
+            self.device_name,
+            tuple(tensor.stride()),
+            tensor.storage_offset(),
+            tensor.is_contiguous(),
+            storages.owner(tensor, rid),
+            tensor.numel() * tensor.element_size(),
+            tensor if keep_values else None,
+        )
 
 
 def _static_view_of(meta: Meta, record_id: str) -> str | None:
@@ -254,7 +318,11 @@ def create_tensors(analysis: Analysis, device: str, seed: int | None, given: dic
         created[name] = _create(decl, meta, torch, torch.device(device), analysis.alg_of(name))
     if given:
         unknown = ", ".join(sorted(given))
-        raise TracerError(Diagnostic(analysis.source.file, None, "unknown-tensor", f"tensors= names {unknown}, which are not inputs or params of this pipeline"))
+        raise TracerError(
+            Diagnostic(
+                analysis.source.file, None, "unknown-tensor", f"tensors= names {unknown}, which are not inputs or params of this pipeline"
+            )
+        )
     return created
 
 
@@ -267,13 +335,23 @@ def _declaration_order(analysis: Analysis):
             yield section, name, decl
 
 
-
 def _checked_given(name, tensor, meta: Meta, analysis: Analysis, section: str, device: str):
     torch = torch_module()
     if not isinstance(tensor, torch.Tensor):
-        raise TracerError(analysis.source.error((section, name), "tensor-given", f"tensors['{name}'] must be a torch.Tensor, got {type(tensor).__name__}", prefer_key=True))
+        raise TracerError(
+            analysis.source.error(
+                (section, name), "tensor-given", f"tensors['{name}'] must be a torch.Tensor, got {type(tensor).__name__}", prefer_key=True
+            )
+        )
     if tuple(tensor.shape) != meta.sizes:
-        raise TracerError(analysis.source.error((section, name), "tensor-given", f"tensors['{name}'] has shape {list(tensor.shape)}, the pipeline declares {meta.symbolic} {meta.concrete}", prefer_key=True))
+        raise TracerError(
+            analysis.source.error(
+                (section, name),
+                "tensor-given",
+                f"tensors['{name}'] has shape {list(tensor.shape)}, the pipeline declares {meta.symbolic} {meta.concrete}",
+                prefer_key=True,
+            )
+        )
     return tensor.to(device)
 
 
@@ -312,7 +390,9 @@ def _linear_init(decl: TensorDecl, meta: Meta, torch, device, dtype, alg):
     return torch.empty(sizes, dtype=dtype, device=device).uniform_(-bound, bound)
 
 
-def run_plan(plan: Plan, tensors: dict[str, Any], pipeline: Any, seed: int | None, keep_values: bool, observe: Callable | None = None) -> Trace:
+def run_plan(
+    plan: Plan, tensors: dict[str, Any], pipeline: Any, seed: int | None, keep_values: bool, observe: Callable | None = None
+) -> Trace:
     divergent = plan.divergent
     records, outputs = plan.run(tensors, keep_values, observe)
     return Trace(pipeline, plan.analysis, records, outputs, seed, keep_values, as_predicted=plan.divergent == divergent)

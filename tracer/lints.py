@@ -19,7 +19,8 @@ Lints never import torch; :func:`runtime_warnings` (after a run) does.
 from __future__ import annotations
 
 import math
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from .errors import Diagnostic, merge_copies
 
@@ -101,7 +102,7 @@ def declared_mask_rows(analysis, name: str) -> list[list[bool]] | None:
     n_rows = meta.numel // cols if cols else 0
     if decl.values is not None:
         flat = list(_flatten(decl.values))
-        return [[bool(v) for v in flat[r * cols:(r + 1) * cols]] for r in range(n_rows)]
+        return [[bool(v) for v in flat[r * cols : (r + 1) * cols]] for r in range(n_rows)]
     if decl.init in ("ones", "zeros"):
         return [[decl.init == "ones"] * cols for _ in range(n_rows)]
     if decl.init in ("triu", "tril") and len(sizes) == 2:
@@ -154,8 +155,16 @@ def dead_steps(analysis) -> list[Diagnostic]:
     for step_id, i in analysis.graph.index.items():
         if step_id in outputs or users.get(step_id):
             continue
-        found.append(_warn(analysis, ("steps", i), "dead-step", "its output is never used and it is not an output; "
-                           "was its result meant to replace its input (e.g. `x = dropout(x)`)?", step_id, prefer_key=True))
+        found.append(
+            _warn(
+                analysis,
+                ("steps", i),
+                "dead-step",
+                "its output is never used and it is not an output; was its result meant to replace its input (e.g. `x = dropout(x)`)?",
+                step_id,
+                prefer_key=True,
+            )
+        )
     return found
 
 
@@ -185,9 +194,11 @@ def scale_mismatch(analysis) -> list[Diagnostic]:
         first = scales[-1]
         field = "divide" if first.divide is not None else "multiply"
         key_dim = str(d_k) if str(d_k) == str(d_k.value) else f"{d_k}={d_k.value}"
-        message = (f"scores '{scores.id}' {_show(analysis, scores.id)} contract over the keys' last dim, {key_dim}, so softmax "
-                   f"'{softmax.id}' should see them scaled by 1/√{d_k.value} = {want:.4g}; they are scaled by "
-                   f"{' * '.join(texts)} = {got:.4g} — use `divide: {{sqrt: {d_k}}}`")
+        message = (
+            f"scores '{scores.id}' {_show(analysis, scores.id)} contract over the keys' last dim, {key_dim}, so softmax "
+            f"'{softmax.id}' should see them scaled by 1/√{d_k.value} = {want:.4g}; they are scaled by "
+            f"{' * '.join(texts)} = {got:.4g} — use `divide: {{sqrt: {d_k}}}`"
+        )
         found.append(_warn(analysis, ("steps", analysis.graph.index[first.id], field), "scale-mismatch", message, first.id))
     return found
 
@@ -237,11 +248,13 @@ def lossy_head_split(analysis) -> list[Diagnostic]:
         lost = ", ".join(map(str, missing[:8])) + (" …" if len(missing) > 8 else "")
         size_text = str(size_dim) if str(size_dim) == str(size_dim.value) else f"{size_dim}={size_dim.value}"
         divisors = [h for h in range(1, size_dim.value + 1) if size_dim.value % h == 0]
-        message = (f"{n} heads of width {width} slice '{source}' {_show(analysis, source)} along dim {dim} ({size_text}) as {shown}: "
-                   f"position{'s' if len(missing) > 1 else ''} {lost} reach{'es' if len(missing) == 1 else ''} no head, "
-                   f"so {len(missing)} of {size_dim.value} features {'is' if len(missing) == 1 else 'are'} lost ({size_dim.value} does not split into {n} heads of {width}) — "
-                   f"use a head count that divides {size_dim.value} ({', '.join(map(str, divisors[:6]))}) and split with "
-                   f"view [..., H, {size_dim} // H]")
+        message = (
+            f"{n} heads of width {width} slice '{source}' {_show(analysis, source)} along dim {dim} ({size_text}) as {shown}: "
+            f"position{'s' if len(missing) > 1 else ''} {lost} reach{'es' if len(missing) == 1 else ''} no head, "
+            f"so {len(missing)} of {size_dim.value} features {'is' if len(missing) == 1 else 'are'} lost ({size_dim.value} does not split into {n} heads of {width}) — "
+            f"use a head count that divides {size_dim.value} ({', '.join(map(str, divisors[:6]))}) and split with "
+            f"view [..., H, {size_dim} // H]"
+        )
         i, first = members[0]
         found.append(_warn(analysis, ("steps", i), "lossy-head-split", message, first.id, prefer_key=True))
     return found
@@ -269,10 +282,12 @@ def nan_risk_mask(analysis) -> list[Diagnostic]:
         if not empty:
             continue
         where = _row_index(empty[0], shape)
-        message = (f"fill -inf, and mask '{step.mask}' {_show(analysis, step.mask)} with polarity {step.polarity} hides every key in "
-                   f"{len(empty)} of {len(rows)} rows (first: mask{where}); softmax of an all -inf row is NaN and the NaN "
-                   f"spreads to every later step — fill with -1e9 (such a row then gets uniform weights, as tutorial 003 does), "
-                   f"or make every query keep at least one key")
+        message = (
+            f"fill -inf, and mask '{step.mask}' {_show(analysis, step.mask)} with polarity {step.polarity} hides every key in "
+            f"{len(empty)} of {len(rows)} rows (first: mask{where}); softmax of an all -inf row is NaN and the NaN "
+            f"spreads to every later step — fill with -1e9 (such a row then gets uniform weights, as tutorial 003 does), "
+            f"or make every query keep at least one key"
+        )
         found.append(_warn(analysis, ("steps", i, "fill"), "nan-risk-mask", message, step.id))
     return found
 
@@ -305,13 +320,17 @@ def mask_polarity(analysis) -> list[Diagnostic]:
             continue
         shown = _show(analysis, step.mask)
         if kind == "future":
-            message = (f"mask '{step.mask}' {shown} is True above the diagonal (triu(ones, diagonal=1): the future), but polarity: keep "
-                       f"attends only where it is True: every query sees only later tokens and the last query sees none — "
-                       f"use polarity: block (tutorial 002's masked_fill(mask.bool(), -inf)), or a tril mask with polarity: keep")
+            message = (
+                f"mask '{step.mask}' {shown} is True above the diagonal (triu(ones, diagonal=1): the future), but polarity: keep "
+                f"attends only where it is True: every query sees only later tokens and the last query sees none — "
+                f"use polarity: block (tutorial 002's masked_fill(mask.bool(), -inf)), or a tril mask with polarity: keep"
+            )
         else:
-            message = (f"mask '{step.mask}' {shown} is True on and below the diagonal (tril(ones): what each query may see), but "
-                       f"polarity: block hides exactly those keys: every query sees only later tokens and the last query sees none — "
-                       f"use polarity: keep (tutorial 003's masked_fill(mask == False, -1e9)), or a triu(…, 1) mask with polarity: block")
+            message = (
+                f"mask '{step.mask}' {shown} is True on and below the diagonal (tril(ones): what each query may see), but "
+                f"polarity: block hides exactly those keys: every query sees only later tokens and the last query sees none — "
+                f"use polarity: keep (tutorial 003's masked_fill(mask == False, -1e9)), or a triu(…, 1) mask with polarity: block"
+            )
         found.append(_warn(analysis, ("steps", i, "polarity"), "mask-polarity", message, step.id))
     return found
 
@@ -364,9 +383,17 @@ class SoftmaxNaNs:
             i, step = self.softmax[step_id]
             chain, _ = _score_chain(self.analysis, step)
             masks = [s for s in chain if s.op == "mask"]
-            cause = (f"; mask step '{masks[0].id}' fills {'-inf' if masks[0].fill == float('-inf') else f'{masks[0].fill:g}'}"
-                     " — fill with -1e9 or keep at least one key per query") if masks else ""
-            message = f"softmax produced {n_bad} NaN row{'s' if n_bad != 1 else ''} of {n_rows} (rows whose every score was -inf or NaN){cause}"
+            cause = (
+                (
+                    f"; mask step '{masks[0].id}' fills {'-inf' if masks[0].fill == float('-inf') else f'{masks[0].fill:g}'}"
+                    " — fill with -1e9 or keep at least one key per query"
+                )
+                if masks
+                else ""
+            )
+            message = (
+                f"softmax produced {n_bad} NaN row{'s' if n_bad != 1 else ''} of {n_rows} (rows whose every score was -inf or NaN){cause}"
+            )
             found.append(_warn(self.analysis, ("steps", i), "nan-risk-mask", message, step_id, prefer_key=True))
         return merge_copies(found)
 

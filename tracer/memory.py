@@ -82,9 +82,25 @@ def estimate_peak(analysis) -> MemoryEstimate:
 
 # ---------------------------------------------------------------- budgets
 
-_UNITS = {"": 1, "b": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4, "p": 1024**5,
-          "kb": 1000, "mb": 1000**2, "gb": 1000**3, "tb": 1000**4, "pb": 1000**5,
-          "kib": 1024, "mib": 1024**2, "gib": 1024**3, "tib": 1024**4, "pib": 1024**5}
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 1024,
+    "m": 1024**2,
+    "g": 1024**3,
+    "t": 1024**4,
+    "p": 1024**5,
+    "kb": 1000,
+    "mb": 1000**2,
+    "gb": 1000**3,
+    "tb": 1000**4,
+    "pb": 1000**5,
+    "kib": 1024,
+    "mib": 1024**2,
+    "gib": 1024**3,
+    "tib": 1024**4,
+    "pib": 1024**5,
+}
 _SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*([A-Za-z]*)\s*$")
 
 
@@ -161,8 +177,10 @@ def check_budget(analysis, device: str = "cpu", max_memory: int | str | None = N
         if estimate.peak_bytes <= budget:
             return
     largest = ", ".join(f"{rid} {human_bytes(n)}" for rid, n in estimate.largest())
-    message = (f"a real run at {analysis.bindings()} needs an estimated {human_bytes(estimate.peak_bytes)} of tensors "
-               f"(peak at step '{estimate.peak_step}'; largest: {largest}), over the budget of {human_bytes(budget)} ({what}); "
-               f"trace it without allocating anything with --device meta (device='meta'), "
-               f"or raise the budget with --max-memory (max_memory=)")
+    message = (
+        f"a real run at {analysis.bindings()} needs an estimated {human_bytes(estimate.peak_bytes)} of tensors "
+        f"(peak at step '{estimate.peak_step}'; largest: {largest}), over the budget of {human_bytes(budget)} ({what}); "
+        f"trace it without allocating anything with --device meta (device='meta'), "
+        f"or raise the budget with --max-memory (max_memory=)"
+    )
     raise TracerError(Diagnostic(analysis.source.file, None, "memory-budget", message))

@@ -17,8 +17,13 @@ from .testing import trace_pipeline  # noqa: F401  (fixture)
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("tracer")
-    group.addoption("--tracer-pipelines", action="append", default=[], metavar="GLOB",
-                    help="check, run and enforce expect: of every pipeline file matching GLOB (repeatable)")
+    group.addoption(
+        "--tracer-pipelines",
+        action="append",
+        default=[],
+        metavar="GLOB",
+        help="check, run and enforce expect: of every pipeline file matching GLOB (repeatable)",
+    )
     parser.addini("tracer_pipelines", type="linelist", default=[], help="globs of pipeline files to test")
 
 
@@ -31,7 +36,9 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
             path = Path(name).resolve()
             if path.is_file() and path not in seen:
                 seen.add(path)
-                items.append(PipelineItem.from_parent(session, name=str(path.relative_to(base) if path.is_relative_to(base) else path), path=path))
+                items.append(
+                    PipelineItem.from_parent(session, name=str(path.relative_to(base) if path.is_relative_to(base) else path), path=path)
+                )
 
 
 class PipelineFailure(Exception):

@@ -15,9 +15,10 @@ import shutil
 import subprocess
 import tempfile
 from collections import Counter
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 from .errors import Diagnostic, TracerError
 from .trace import TensorRecord, Trace, human_bytes
@@ -103,9 +104,15 @@ class _Builder:
             if not matched:
                 tops = list(dict.fromkeys(g.split("/")[0] for g in self.groups))
                 known = ", ".join(f"'{g}'" for g in tops) or "none"
-                raise TracerError(Diagnostic(self.analysis.source.file, None, "unknown-group",
-                                             f"--collapse {pattern!r}: no step has that group (groups: {known}; "
-                                             "a group path such as 'layers/3' or a glob such as 'layers/*' also works)"))
+                raise TracerError(
+                    Diagnostic(
+                        self.analysis.source.file,
+                        None,
+                        "unknown-group",
+                        f"--collapse {pattern!r}: no step has that group (groups: {known}; "
+                        "a group path such as 'layers/3' or a glob such as 'layers/*' also works)",
+                    )
+                )
             keys += matched
         return list(dict.fromkeys(keys))
 
@@ -127,9 +134,12 @@ class _Builder:
     def build(self):
         import graphviz
 
-        graph = graphviz.Digraph(self.trace.name, graph_attr=_graph_attrs(self.trace),
-                                 node_attr={"fontname": FONT, "fontsize": "11", "margin": "0.12,0.06"},
-                                 edge_attr={"fontname": FONT, "fontsize": "9", "color": INK, "arrowsize": "0.7"})
+        graph = graphviz.Digraph(
+            self.trace.name,
+            graph_attr=_graph_attrs(self.trace),
+            node_attr={"fontname": FONT, "fontsize": "11", "margin": "0.12,0.06"},
+            edge_attr={"fontname": FONT, "fontsize": "9", "color": INK, "arrowsize": "0.7"},
+        )
         edges = self._edges()
         self._declared_nodes(graph)
         self._step_nodes(graph)
@@ -183,7 +193,9 @@ class _Builder:
         for record in self.trace.records:
             if record.op == "input":
                 self.marks.add("input")
-                graph.node(record.id, _declared_label(record, pipeline.inputs[record.id], "input"), tooltip=_tooltip(record), **STYLES["input"])
+                graph.node(
+                    record.id, _declared_label(record, pipeline.inputs[record.id], "input"), tooltip=_tooltip(record), **STYLES["input"]
+                )
 
     def _param_home(self, name: str) -> str | None:
         users = self.analysis.graph.users.get(name, ())
@@ -228,7 +240,9 @@ class _Builder:
             record = self.records[step_id]
             kind = _storage_kind(record)
             self.marks.add(kind)
-            graph.node(step_id, _step_label(step_id, step.op, step.args(), record, kind, step.note), tooltip=_tooltip(record), **STYLES[kind])
+            graph.node(
+                step_id, _step_label(step_id, step.op, step.args(), record, kind, step.note), tooltip=_tooltip(record), **STYLES[kind]
+            )
             return
         self.marks.add("composite")
         with graph.subgraph(name=f"cluster_step_{self.analysis.graph.index[step_id]}") as sub:
@@ -240,19 +254,25 @@ class _Builder:
                 record = self.records[rid]
                 kind = _storage_kind(record)
                 self.marks.add(kind)
-                sub.node(rid, _step_label(rid.split("/", 1)[1], op, [], record, kind, None, small=True), tooltip=_tooltip(record), **STYLES[kind])
+                sub.node(
+                    rid, _step_label(rid.split("/", 1)[1], op, [], record, kind, None, small=True), tooltip=_tooltip(record), **STYLES[kind]
+                )
 
     def _collapsed_node(self, graph, group: str, step_ids: list[str]) -> None:
         self.marks.add("collapsed")
         inside = set(step_ids)
-        ins = [self.records[self.analysis.output_of(ref)] for s in step_ids for ref in self.analysis.graph.data_inputs[s] if ref not in inside]
+        ins = [
+            self.records[self.analysis.output_of(ref)] for s in step_ids for ref in self.analysis.graph.data_inputs[s] if ref not in inside
+        ]
         outs = [self.records[self.analysis.output_of(s)] for s in step_ids if self._used_outside(s, inside)]
         params = self.folded_params[group]
         folded = _count(len(step_ids), "step") + (" and " + _count(params, "param") if params else "")
-        lines = [f"<B>{_esc(group)}</B>",
-                 f'<FONT COLOR="{MUTED}">{folded} collapsed</FONT>',
-                 _esc(_shapes(_unique(ins), "symbolic") + " → " + _shapes(_unique(outs), "symbolic")),
-                 f'<FONT POINT-SIZE="9" COLOR="{MUTED}">{_esc(_shapes(_unique(ins), "concrete") + " → " + _shapes(_unique(outs), "concrete"))}</FONT>']
+        lines = [
+            f"<B>{_esc(group)}</B>",
+            f'<FONT COLOR="{MUTED}">{folded} collapsed</FONT>',
+            _esc(_shapes(_unique(ins), "symbolic") + " → " + _shapes(_unique(outs), "symbolic")),
+            f'<FONT POINT-SIZE="9" COLOR="{MUTED}">{_esc(_shapes(_unique(ins), "concrete") + " → " + _shapes(_unique(outs), "concrete"))}</FONT>',
+        ]
         graph.node(self.group_nodes[group], _rows(lines), **STYLES["collapsed"])
 
     def _used_outside(self, step_id: str, inside: set[str]) -> bool:
@@ -262,7 +282,11 @@ class _Builder:
     def _output_nodes(self, graph) -> None:
         for name in self.analysis.outputs:
             self.marks.add("output")
-            graph.node(_output_node(name), _rows([f"<B>{_esc(name)}</B>", f'<FONT POINT-SIZE="9" COLOR="{MUTED}">output</FONT>']), **STYLES["output"])
+            graph.node(
+                _output_node(name),
+                _rows([f"<B>{_esc(name)}</B>", f'<FONT POINT-SIZE="9" COLOR="{MUTED}">output</FONT>']),
+                **STYLES["output"],
+            )
 
     # edges
 
@@ -282,8 +306,10 @@ class _Builder:
 
     def _legend(self, graph) -> None:
         rows = [_legend_row(mark, sample, text) for mark, sample, text in LEGEND if mark in self.marks]
-        table = ('<TABLE BORDER="0" CELLBORDER="0" CELLSPACING="2" CELLPADDING="3">'
-                 '<TR><TD COLSPAN="2" ALIGN="LEFT"><B>legend</B></TD></TR>' + "".join(rows) + "</TABLE>")
+        table = (
+            '<TABLE BORDER="0" CELLBORDER="0" CELLSPACING="2" CELLPADDING="3">'
+            '<TR><TD COLSPAN="2" ALIGN="LEFT"><B>legend</B></TD></TR>' + "".join(rows) + "</TABLE>"
+        )
         with graph.subgraph(name="legend_rank") as sub:
             sub.attr(rank="sink")
             sub.node("legend", _html(table), shape="box", style="rounded", color="#bbbbbb", fontsize="9", margin="0.05")
@@ -291,9 +317,20 @@ class _Builder:
 
 def _graph_attrs(trace: Trace) -> dict[str, str]:
     dims = ", ".join(f"{k}={v}" for k, v in trace.dims.items())
-    title = f'<FONT POINT-SIZE="15"><B>{_esc(trace.name)}</B></FONT>' + (f'<BR/><FONT POINT-SIZE="10" COLOR="{MUTED}">{_esc(dims)}</FONT>' if dims else "")
-    return {"rankdir": "TB", "label": _html(title), "labelloc": "t", "fontname": FONT, "nodesep": "0.35", "ranksep": "0.45",
-            "newrank": "true", "bgcolor": "white", "pad": "0.2"}
+    title = f'<FONT POINT-SIZE="15"><B>{_esc(trace.name)}</B></FONT>' + (
+        f'<BR/><FONT POINT-SIZE="10" COLOR="{MUTED}">{_esc(dims)}</FONT>' if dims else ""
+    )
+    return {
+        "rankdir": "TB",
+        "label": _html(title),
+        "labelloc": "t",
+        "fontname": FONT,
+        "nodesep": "0.35",
+        "ranksep": "0.45",
+        "newrank": "true",
+        "bgcolor": "white",
+        "pad": "0.2",
+    }
 
 
 def _within(group: str, key: str) -> bool:
@@ -309,7 +346,7 @@ def _glob_prefixes(groups: list[str], pattern: str) -> list[str]:
     for group in groups:
         segments = group.split("/")
         if len(segments) >= len(parts) and all(fnmatch.fnmatchcase(s, p) for s, p in zip(segments, parts)):
-            found["/".join(segments[:len(parts)])] = True
+            found["/".join(segments[: len(parts)])] = True
     return list(found)
 
 
@@ -391,7 +428,10 @@ def _shape_label(record: TensorRecord) -> str:
 
 def _tooltip(record: TensorRecord) -> str:
     layout = "contiguous" if record.contiguous else "non-contiguous"
-    parts = [f"{record.id}: {record.symbolic} {_concrete(record)} {record.dtype}", f"stride {tuple(record.stride)}, offset {record.storage_offset}, {layout}"]
+    parts = [
+        f"{record.id}: {record.symbolic} {_concrete(record)} {record.dtype}",
+        f"stride {tuple(record.stride)}, offset {record.storage_offset}, {layout}",
+    ]
     if record.view_of:
         parts.append(f"view of {record.view_of}")
     return "; ".join(parts)
@@ -426,8 +466,14 @@ def _legend_row(mark: str, sample: str, text: str) -> str:
 # ---------------------------------------------------------------- files
 
 
-def render_file(pipeline: Any, output: str | Path, dims: Mapping[str, int] | None = None, collapse: Iterable[str] = (),
-                device: str = "meta", seed: int | None = None) -> Path:
+def render_file(
+    pipeline: Any,
+    output: str | Path,
+    dims: Mapping[str, int] | None = None,
+    collapse: Iterable[str] = (),
+    device: str = "meta",
+    seed: int | None = None,
+) -> Path:
     """Run ``pipeline`` and write its diagram to ``output`` (format from the suffix); returns the path written.
 
     The DOT file is written first, next to ``output``; a missing Graphviz then fails with a
@@ -439,7 +485,11 @@ def render_file(pipeline: Any, output: str | Path, dims: Mapping[str, int] | Non
         output = output.with_suffix(".svg")
     fmt = output.suffix[1:].lower()
     if fmt not in FORMATS:
-        raise TracerError(Diagnostic(str(output), None, "output-format", f"cannot write '{output.suffix}': use one of " + ", ".join("." + f for f in FORMATS)))
+        raise TracerError(
+            Diagnostic(
+                str(output), None, "output-format", f"cannot write '{output.suffix}': use one of " + ", ".join("." + f for f in FORMATS)
+            )
+        )
     trace = pipeline.run(dims=dims, device=device, seed=seed)
     source = dot_source(trace, collapse)
     dot_path = output if fmt == "dot" else output.with_suffix(".dot")
@@ -497,14 +547,20 @@ def render_dot(dot_path: Path, output: Path, fmt: str, pipeline_file: str) -> No
     with _temporary(output) as tmp:
         done = subprocess.run([exe, f"-T{fmt}", str(dot_path), "-o", str(tmp)], capture_output=True, text=True)
         if done.returncode != 0 and "not recognized" in done.stderr:
-            raise _no_renderer(pipeline_file, dot_path, output, fmt, f"this Graphviz cannot write {fmt} ({done.stderr.strip().splitlines()[0]})")
+            raise _no_renderer(
+                pipeline_file, dot_path, output, fmt, f"this Graphviz cannot write {fmt} ({done.stderr.strip().splitlines()[0]})"
+            )
         if done.returncode != 0:
-            raise TracerError(Diagnostic(pipeline_file, None, "render-failed", f"wrote {dot_path}, but `dot -T{fmt}` failed: {done.stderr.strip()}"))
+            raise TracerError(
+                Diagnostic(pipeline_file, None, "render-failed", f"wrote {dot_path}, but `dot -T{fmt}` failed: {done.stderr.strip()}")
+            )
         os.replace(tmp, output)
 
 
 def _no_renderer(pipeline_file: str, dot_path: Path, output: Path, fmt: str, why: str) -> TracerError:
-    message = (f"wrote {dot_path}, but cannot render {output}: {why}. Install Graphviz (Debian/Ubuntu: apt-get install graphviz; "
-               f"macOS: brew install graphviz; conda: conda install -c conda-forge graphviz), then run "
-               f"`dot -T{fmt} {dot_path} -o {output}`, or ask for `-o {dot_path.name}` to get DOT only")
+    message = (
+        f"wrote {dot_path}, but cannot render {output}: {why}. Install Graphviz (Debian/Ubuntu: apt-get install graphviz; "
+        f"macOS: brew install graphviz; conda: conda install -c conda-forge graphviz), then run "
+        f"`dot -T{fmt} {dot_path} -o {output}`, or ask for `-o {dot_path.name}` to get DOT only"
+    )
     return TracerError(Diagnostic(pipeline_file, None, "no-renderer", message))

@@ -7,8 +7,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Mapping, Sequence
 
 import pytest
 
@@ -29,14 +29,18 @@ def assert_shape(trace: Trace, tensor_id: str, expected: str | Sequence[int | st
         raise _failure(trace, tensor_id, f"cannot read the expected shape {expected!r}: {exc}") from None
     if want != record.shape:
         symbolic = "(" + ", ".join(map(str, parts)) + ")"
-        raise _failure(trace, tensor_id, f"expected {symbolic} {list(want)}, found {record.symbolic} {list(record.shape)} {_bindings(trace)}")
+        raise _failure(
+            trace, tensor_id, f"expected {symbolic} {list(want)}, found {record.symbolic} {list(record.shape)} {_bindings(trace)}"
+        )
 
 
 def assert_contiguous(trace: Trace, tensor_id: str, contiguous: bool = True) -> None:
     record = trace[tensor_id]
     if record.contiguous != contiguous:
         state = "contiguous" if contiguous else "non-contiguous"
-        raise _failure(trace, tensor_id, f"expected a {state} tensor, found {record.symbolic} {list(record.shape)} with stride {record.stride}")
+        raise _failure(
+            trace, tensor_id, f"expected a {state} tensor, found {record.symbolic} {list(record.shape)} with stride {record.stride}"
+        )
 
 
 def assert_view_of(trace: Trace, tensor_id: str, source_id: str | None) -> None:
@@ -63,16 +67,24 @@ def _bindings(trace: Trace) -> str:
 def _failure(trace: Trace, tensor_id: str, message: str) -> ExpectationError:
     analysis = trace.analysis
     step = tensor_id.split("/")[0]
-    path = ("steps", analysis.graph.index[step]) if step in analysis.graph.index else (("inputs", step) if step in analysis.pipeline.inputs else ("params", step))
-    return ExpectationError(analysis.source.error(path, "assert", f"'{tensor_id}': {message}", step if step in analysis.graph.index else None, prefer_key=True))
+    path = (
+        ("steps", analysis.graph.index[step])
+        if step in analysis.graph.index
+        else (("inputs", step) if step in analysis.pipeline.inputs else ("params", step))
+    )
+    return ExpectationError(
+        analysis.source.error(path, "assert", f"'{tensor_id}': {message}", step if step in analysis.graph.index else None, prefer_key=True)
+    )
 
 
 @pytest.fixture
 def trace_pipeline():
     """``trace_pipeline("pipelines/causal_mha.yaml", dims={"T": 8})`` → a Trace (values kept)."""
+
     def _trace(path: str | Path, dims: Mapping[str, int] | None = None, **kwargs) -> Trace:
         kwargs.setdefault("keep_values", True)
         return load(path).run(dims=dims, **kwargs)
+
     return _trace
 
 

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,10 +33,18 @@ class TensorRecord:
 
     def to_dict(self, values: bool = False) -> dict:
         data = {
-            "id": self.id, "op": self.op, "inputs": list(self.inputs), "shape": list(self.shape),
-            "symbolic_shape": list(self.symbolic_shape), "dtype": self.dtype, "device": self.device,
-            "stride": list(self.stride), "storage_offset": self.storage_offset, "contiguous": self.contiguous,
-            "view_of": self.view_of, "nbytes": self.nbytes,
+            "id": self.id,
+            "op": self.op,
+            "inputs": list(self.inputs),
+            "shape": list(self.shape),
+            "symbolic_shape": list(self.symbolic_shape),
+            "dtype": self.dtype,
+            "device": self.device,
+            "stride": list(self.stride),
+            "storage_offset": self.storage_offset,
+            "contiguous": self.contiguous,
+            "view_of": self.view_of,
+            "nbytes": self.nbytes,
         }
         if values and self.tensor is not None and self.tensor.device.type != "meta":
             # an empty tensor is [] whatever its shape: tolist() of a (2**31, 3, 0) tensor builds 2**33 empty lists
@@ -55,8 +64,16 @@ def _finite(value: Any) -> Any:
 class Trace:
     """The records of one run, in execution order; ``trace["scores"]`` looks one up."""
 
-    def __init__(self, pipeline: Any, analysis: Any, records: list[TensorRecord], outputs: dict, seed: int | None,
-                 keep_values: bool, as_predicted: bool = True):
+    def __init__(
+        self,
+        pipeline: Any,
+        analysis: Any,
+        records: list[TensorRecord],
+        outputs: dict,
+        seed: int | None,
+        keep_values: bool,
+        as_predicted: bool = True,
+    ):
         self.pipeline, self.analysis = pipeline, analysis
         self.as_predicted = as_predicted  # every record matched the static analysis exactly
         self.records = records
@@ -94,8 +111,7 @@ class Trace:
         return len(self.records)
 
     def to_dict(self, values: bool = False) -> dict:
-        return {"pipeline": self.name, "dims": self.dims, "seed": self.seed,
-                "tensors": [r.to_dict(values) for r in self.records]}
+        return {"pipeline": self.name, "dims": self.dims, "seed": self.seed, "tensors": [r.to_dict(values) for r in self.records]}
 
     def to_json(self, values: bool = False, indent: int | None = 2) -> str:
         return json.dumps(self.to_dict(values), indent=indent, allow_nan=False)
@@ -120,8 +136,18 @@ def format_table(trace: Trace) -> str:
     header = ("tensor", "op", "shape", "concrete", "stride", "contiguous", "view_of", "size")
     rows = [header]
     for r in trace.records:
-        rows.append((r.id, r.op, r.symbolic, "[" + ", ".join(map(str, r.shape)) + "]", str(tuple(r.stride)) if len(r.stride) != 1 else f"({r.stride[0]},)",
-                     "yes" if r.contiguous else "NO", r.view_of or "-", human_bytes(r.nbytes)))
+        rows.append(
+            (
+                r.id,
+                r.op,
+                r.symbolic,
+                "[" + ", ".join(map(str, r.shape)) + "]",
+                str(tuple(r.stride)) if len(r.stride) != 1 else f"({r.stride[0]},)",
+                "yes" if r.contiguous else "NO",
+                r.view_of or "-",
+                human_bytes(r.nbytes),
+            )
+        )
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     lines = [f"{trace.name}  dims: " + ", ".join(f"{k}={v}" for k, v in trace.dims.items())]
     for n, row in enumerate(rows):

@@ -25,9 +25,10 @@ it is above ``atol``.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from . import lints
 
@@ -57,9 +58,9 @@ class AttentionCore:
     context: str
     scale: float = 1.0
     causal: bool = False
-    mask: str | None = None          # a mask tensor id (None: no mask or causal)
-    polarity: str | None = None      # 'keep' or 'block' for ``mask``
-    fill: float = float("-inf")      # the masked score as softmax sees it (the fill times later scales)
+    mask: str | None = None  # a mask tensor id (None: no mask or causal)
+    polarity: str | None = None  # 'keep' or 'block' for ``mask``
+    fill: float = float("-inf")  # the masked score as softmax sees it (the fill times later scales)
     steps: list[str] = field(default_factory=list)  # mask/scale/dropout steps between scores and softmax
 
 
@@ -72,8 +73,10 @@ def attention_core(analysis, softmax: str | None = None) -> AttentionCore:
     candidates = [s.id for s in steps if s.op == "softmax"]
     if softmax is None:
         if len(candidates) != 1:
-            raise VerificationError(f"'{analysis.pipeline.name}' has {len(candidates)} softmax steps ({', '.join(candidates) or 'none'}); "
-                                    "name the one to check with softmax=...")
+            raise VerificationError(
+                f"'{analysis.pipeline.name}' has {len(candidates)} softmax steps ({', '.join(candidates) or 'none'}); "
+                "name the one to check with softmax=..."
+            )
         softmax = candidates[0]
     if softmax not in candidates:
         raise VerificationError(f"'{softmax}' is not a softmax step (softmax steps: {', '.join(candidates) or 'none'})")
@@ -95,8 +98,10 @@ def attention_core(analysis, softmax: str | None = None) -> AttentionCore:
             if core.causal or core.mask is not None:
                 raise VerificationError(f"more than one mask between '{scores.id}' and '{softmax}'")
             if s.fill > MASK_FILL_LIMIT:
-                raise VerificationError(f"mask step '{s.id}' fills {s.fill:g}: only -inf or a large negative fill (<= {MASK_FILL_LIMIT:g}) "
-                                        "is a mask that scaled_dot_product_attention can express")
+                raise VerificationError(
+                    f"mask step '{s.id}' fills {s.fill:g}: only -inf or a large negative fill (<= {MASK_FILL_LIMIT:g}) "
+                    "is a mask that scaled_dot_product_attention can express"
+                )
             core.causal, core.mask, core.polarity = s.causal, s.mask, s.polarity
             core.fill = s.fill * after_mask if math.isfinite(s.fill) else s.fill
     current = softmax
@@ -114,8 +119,15 @@ def attention_core(analysis, softmax: str | None = None) -> AttentionCore:
         current = dropout.id
 
 
-def against_sdpa(pipeline: Any, *, softmax: str | None = None, dims: Mapping[str, int] | None = None,
-                 seed: int | None = None, tensors: Mapping[str, Any] | None = None, atol: float = 1e-5) -> float:
+def against_sdpa(
+    pipeline: Any,
+    *,
+    softmax: str | None = None,
+    dims: Mapping[str, int] | None = None,
+    seed: int | None = None,
+    tensors: Mapping[str, Any] | None = None,
+    atol: float = 1e-5,
+) -> float:
     """Compare the attention core with ``F.scaled_dot_product_attention``; return the max abs difference.
 
     ``pipeline`` is a path, a :class:`tracer.Pipeline`, or a :class:`tracer.Trace` (run with
@@ -137,7 +149,9 @@ def against_sdpa(pipeline: Any, *, softmax: str | None = None, dims: Mapping[str
     core = attention_core(trace.analysis, softmax)
     q, k_t, v = (_tensor(trace, name) for name in (core.query, core.keys_t, core.value))
     if q.dim() < 2 or k_t.dim() < 2:
-        raise VerificationError(f"queries '{core.query}' and keys '{core.keys_t}' must have at least 2 dims for scaled_dot_product_attention")
+        raise VerificationError(
+            f"queries '{core.query}' and keys '{core.keys_t}' must have at least 2 dims for scaled_dot_product_attention"
+        )
     attn_mask = None
     if core.mask is not None:
         mask = _tensor(trace, core.mask).bool()
@@ -145,15 +159,27 @@ def against_sdpa(pipeline: Any, *, softmax: str | None = None, dims: Mapping[str
         if attn_mask.dtype == torch.bool:
             attn_mask = ~attn_mask  # SDPA's boolean mask means "attend"
     with torch.no_grad():
-        expected = F.scaled_dot_product_attention(q, k_t.transpose(-2, -1), v, attn_mask=attn_mask, dropout_p=0.0,
-                                                  is_causal=core.causal, scale=core.scale)
-    return _compare(f"'{trace.name}': context '{core.context}' vs F.scaled_dot_product_attention", _tensor(trace, core.context), expected, atol)
+        expected = F.scaled_dot_product_attention(
+            q, k_t.transpose(-2, -1), v, attn_mask=attn_mask, dropout_p=0.0, is_causal=core.causal, scale=core.scale
+        )
+    return _compare(
+        f"'{trace.name}': context '{core.context}' vs F.scaled_dot_product_attention", _tensor(trace, core.context), expected, atol
+    )
 
 
-def against_mha(pipeline: Any, *, weights: tuple[str, str, str, str] = ("W_q", "W_k", "W_v", "W_o"), num_heads: int | None = None,
-                output: str | None = None, softmax: str | None = None, dims: Mapping[str, int] | None = None,
-                seed: int | None = None, tensors: Mapping[str, Any] | None = None, atol: float = 1e-5,
-                check_weights: bool = True) -> float:
+def against_mha(
+    pipeline: Any,
+    *,
+    weights: tuple[str, str, str, str] = ("W_q", "W_k", "W_v", "W_o"),
+    num_heads: int | None = None,
+    output: str | None = None,
+    softmax: str | None = None,
+    dims: Mapping[str, int] | None = None,
+    seed: int | None = None,
+    tensors: Mapping[str, Any] | None = None,
+    atol: float = 1e-5,
+    check_weights: bool = True,
+) -> float:
     """Compare the whole block with ``torch.nn.MultiheadAttention``; return the max abs difference.
 
     ``weights`` names the query, key, value and output projection weights; the ``linear`` steps
@@ -199,8 +225,7 @@ def against_mha(pipeline: Any, *, weights: tuple[str, str, str, str] = ("W_q", "
     query, key, value = (_tensor(trace, analysis.graph.data_inputs[linears[r].id][0]) for r in "qkv")
     kdim, vdim = w_k.shape[1], w_v.shape[1]
     has_bias = any(linears[r].bias is not None for r in "qkvo")
-    mha = torch.nn.MultiheadAttention(d_model, heads, dropout=0.0, bias=has_bias, batch_first=True,
-                                      kdim=kdim, vdim=vdim, dtype=w_q.dtype)
+    mha = torch.nn.MultiheadAttention(d_model, heads, dropout=0.0, bias=has_bias, batch_first=True, kdim=kdim, vdim=vdim, dtype=w_q.dtype)
     mha.eval()
     with torch.no_grad():
         if mha._qkv_same_embed_dim:
@@ -215,8 +240,15 @@ def against_mha(pipeline: Any, *, weights: tuple[str, str, str, str] = ("W_q", "
             mha.out_proj.bias.copy_(bias("o", w_o.shape[0]))
         core = attention_core(analysis, softmax)
         attn_mask, key_padding_mask = _mha_masks(trace, core, query, key, heads)
-        out, attn = mha(query, key, value, key_padding_mask=key_padding_mask, attn_mask=attn_mask,
-                        need_weights=check_weights, average_attn_weights=False)
+        out, attn = mha(
+            query,
+            key,
+            value,
+            key_padding_mask=key_padding_mask,
+            attn_mask=attn_mask,
+            need_weights=check_weights,
+            average_attn_weights=False,
+        )
     out_id = output or linears["o"].id
     diff = _compare(f"'{trace.name}': output '{out_id}' vs nn.MultiheadAttention", _tensor(trace, out_id), out, atol)
     if check_weights:
@@ -290,12 +322,16 @@ def _compare(what: str, actual, expected, atol: float) -> float:
         raise VerificationError(f"{what}: shapes differ, {list(actual.shape)} vs {list(expected.shape)}")
     nan_a, nan_e = actual.isnan(), expected.isnan()
     if not bool((nan_a == nan_e).all()):
-        raise VerificationError(f"{what}: NaN in {int(nan_a.sum())} entries of the pipeline's result and {int(nan_e.sum())} of the reference's")
+        raise VerificationError(
+            f"{what}: NaN in {int(nan_a.sum())} entries of the pipeline's result and {int(nan_e.sum())} of the reference's"
+        )
     diff = (actual.double() - expected.double()).abs()
     diff = diff[~nan_a] if bool(nan_a.any()) else diff
     worst = float(diff.max()) if diff.numel() else 0.0
     if not worst <= atol:  # also catches NaN
-        where = tuple(int(i) for i in divmod_index(int(diff.argmax()), tuple(actual.shape))) if diff.numel() and not bool(nan_a.any()) else ()
+        where = (
+            tuple(int(i) for i in divmod_index(int(diff.argmax()), tuple(actual.shape))) if diff.numel() and not bool(nan_a.any()) else ()
+        )
         raise VerificationError(f"{what}: max abs difference {worst:.3g} > atol {atol:g}" + (f" at index {list(where)}" if where else ""))
     return worst if math.isfinite(worst) else math.inf
 

@@ -6,9 +6,9 @@ poisons only what depends on it, so every independent error in a file is reporte
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Mapping
 
 from ..errors import Diagnostic, TracerError, merge_copies
 from ..graph import StepGraph, build_graph
@@ -149,12 +149,27 @@ def _algebra(pipeline: PipelineSpec, source: SourceMap, overrides: Mapping[str, 
     exprs = {name: dimexpr.parse(text) for name, text in pipeline.dims.items()}
     for name, value in overrides.items():
         if name not in exprs:
-            raise TracerError(source.error(("dims",), "unknown-dim", f"--dim {name}={value}: the pipeline has no dim '{name}' (dims: {', '.join(exprs) or 'none'})", prefer_key=True))
+            raise TracerError(
+                source.error(
+                    ("dims",),
+                    "unknown-dim",
+                    f"--dim {name}={value}: the pipeline has no dim '{name}' (dims: {', '.join(exprs) or 'none'})",
+                    prefer_key=True,
+                )
+            )
         if not isinstance(exprs[name], dimexpr.Num):
-            raise TracerError(source.error(("dims", name), "derived-dim",
-                                           f"--dim {name}={value}: '{name}' is derived ({exprs[name]}); override the dims it is computed from", prefer_key=True))
+            raise TracerError(
+                source.error(
+                    ("dims", name),
+                    "derived-dim",
+                    f"--dim {name}={value}: '{name}' is derived ({exprs[name]}); override the dims it is computed from",
+                    prefer_key=True,
+                )
+            )
         if isinstance(value, bool) or not isinstance(value, int) or abs(value) > dimexpr.MAX_VALUE:
-            raise TracerError(source.error(("dims", name), "dim-value", f"--dim {name}: expected an integer up to 2**62, got {value!r}", prefer_key=True))
+            raise TracerError(
+                source.error(("dims", name), "dim-value", f"--dim {name}: expected an integer up to 2**62, got {value!r}", prefer_key=True)
+            )
     try:
         values = resolve(exprs, overrides)
     except dimexpr.DimError as exc:
@@ -187,7 +202,11 @@ def _declared_meta(name: str, decl: TensorDecl, path: tuple, analysis: Analysis)
             analysis.diagnostics.append(analysis.source.error(path + ("shape", j), exc.code, f"'{name}': {exc}"))
             return None
         if dim.value < 0:
-            analysis.diagnostics.append(analysis.source.error(path + ("shape", j), "dim-negative", f"'{name}': dim {dim} is {dim.value}; sizes must not be negative"))
+            analysis.diagnostics.append(
+                analysis.source.error(
+                    path + ("shape", j), "dim-negative", f"'{name}': dim {dim} is {dim.value}; sizes must not be negative"
+                )
+            )
             return None
         shape.append(dim)
     if decl.fan_in is not None:
@@ -198,7 +217,9 @@ def _declared_meta(name: str, decl: TensorDecl, path: tuple, analysis: Analysis)
             return None
     too_large = _too_large(tuple(d.value for d in shape), tensor_dtype(decl, analysis.pipeline.dtype))
     if too_large:
-        analysis.diagnostics.append(analysis.source.error(path + ("shape",), "tensor-too-large", f"'{name}': {too_large} {analysis.bindings(alg)}"))
+        analysis.diagnostics.append(
+            analysis.source.error(path + ("shape",), "tensor-too-large", f"'{name}': {too_large} {analysis.bindings(alg)}")
+        )
         return None
     problem = _source_problem(name, decl, tuple(d.value for d in shape), path[0])
     if problem:
@@ -226,7 +247,10 @@ def _source_problem(name: str, decl: TensorDecl, sizes: tuple[int, ...], section
     if decl.init in ("linear", "embedding") and section != "params":
         return "init", f"'{name}': init: {decl.init} is a parameter init; declare '{name}' under params"
     if decl.init in ("randn", "rand", "linear", "embedding") and decl.dtype in ("int64", "int32", "bool"):
-        return "dtype", f"'{name}': init: {decl.init} draws floating-point numbers, it cannot make {decl.dtype}; use values, tokens, arange, zeros or ones"
+        return (
+            "dtype",
+            f"'{name}': init: {decl.init} draws floating-point numbers, it cannot make {decl.dtype}; use values, tokens, arange, zeros or ones",
+        )
     if decl.init == "linear" and decl.fan_in is None and len(sizes) < 2:
         return "init", f"'{name}': a 1-d init: linear tensor (a bias) needs 'fan_in' (the in-features of its layer)"
     if decl.init in ("triu", "tril") and len(sizes) != 2:
@@ -272,8 +296,15 @@ def _infer_step(step_id: str, analysis: Analysis) -> None:
     n_data = len(analysis.graph.data_inputs[step_id])
     if step.arity is not None and n_data != step.arity:
         field = "inputs" if step.inputs is not None else "input"
-        analysis.diagnostics.append(analysis.source.error(("steps", i, field), "arity",
-                                                          f"{step.op} takes {step.arity} input{'s' if step.arity > 1 else ''}, got {n_data}", step_id, prefer_key=True))
+        analysis.diagnostics.append(
+            analysis.source.error(
+                ("steps", i, field),
+                "arity",
+                f"{step.op} takes {step.arity} input{'s' if step.arity > 1 else ''}, got {n_data}",
+                step_id,
+                prefer_key=True,
+            )
+        )
         return
     ins = [analysis.metas[r] for r in refs]
     ctx = RuleContext(analysis.alg_of(step_id), refs, analysis.pipeline.dtype, step_id)
@@ -283,9 +314,13 @@ def _infer_step(step_id: str, analysis: Analysis) -> None:
         message = " ".join(filter(None, (exc.message, analysis.bindings(ctx.alg)))) + (f" — {exc.hint}" if exc.hint else "")
         analysis.diagnostics.append(analysis.source.error(("steps", i) + ((exc.field,) if exc.field else ()), exc.code, message, step_id))
         return
-    too_large = next(filter(None, (_too_large(m.sizes, m.dtype) for m in ([r[2] for r in result] if isinstance(result, list) else [result]))), None)
+    too_large = next(
+        filter(None, (_too_large(m.sizes, m.dtype) for m in ([r[2] for r in result] if isinstance(result, list) else [result]))), None
+    )
     if too_large:
-        analysis.diagnostics.append(analysis.source.error(("steps", i), "tensor-too-large", f"{too_large} {analysis.bindings(ctx.alg)}", step_id, prefer_key=True))
+        analysis.diagnostics.append(
+            analysis.source.error(("steps", i), "tensor-too-large", f"{too_large} {analysis.bindings(ctx.alg)}", step_id, prefer_key=True)
+        )
         return
     for message, field in ctx.warnings:
         analysis.diagnostics.append(analysis.source.error(("steps", i, field), "dim-mismatch", message, step_id, severity="warning"))
@@ -308,7 +343,9 @@ def _outputs(analysis: Analysis) -> list[str]:
     known = analysis.graph.nodes
     for j, name in enumerate(pipeline.outputs):
         if name not in known:
-            analysis.diagnostics.append(analysis.source.error(("outputs", j), "unknown-ref", f"output '{name}' is not a step, an input or a param"))
+            analysis.diagnostics.append(
+                analysis.source.error(("outputs", j), "unknown-ref", f"output '{name}' is not a step, an input or a param")
+            )
     return [name for name in pipeline.outputs if name in known]
 
 
@@ -318,7 +355,9 @@ def _check_expectations(analysis: Analysis) -> None:
         if name not in analysis.graph.nodes and name not in analysis.metas:  # metas: composites' inner records too
             owner = name.rsplit("/", 1)[0]
             if not (owner in analysis.graph.index and owner not in analysis.metas):  # else an upstream error explains it
-                analysis.diagnostics.append(analysis.source.error(path, "unknown-ref", f"expect: '{name}' is not a tensor of this pipeline", prefer_key=True))
+                analysis.diagnostics.append(
+                    analysis.source.error(path, "unknown-ref", f"expect: '{name}' is not a tensor of this pipeline", prefer_key=True)
+                )
             continue
         meta = analysis.metas.get(name)
         if meta is None:
@@ -327,7 +366,9 @@ def _check_expectations(analysis: Analysis) -> None:
         problem = expectation_problem(alg, name, meta, expected)
         if problem:
             message = " ".join(filter(None, (problem, analysis.bindings(alg)))) + _block_dims_hint(analysis, name, expected, alg)
-            analysis.diagnostics.append(analysis.source.error(path, "expect", message, name if name in analysis.graph.index else None, prefer_key=True))
+            analysis.diagnostics.append(
+                analysis.source.error(path, "expect", message, name if name in analysis.graph.index else None, prefer_key=True)
+            )
 
 
 def _block_dims_hint(analysis: Analysis, name: str, expected, alg: DimAlgebra) -> str:
@@ -347,8 +388,10 @@ def _block_dims_hint(analysis: Analysis, name: str, expected, alg: DimAlgebra) -
             block_alg.dim(text)
     except dimexpr.DimError:
         return ""
-    return (f" — '{name}' is inside a block, whose dims are {analysis.bindings(block_alg)}: this file's expect: reads "
-            "this file's dims, the block file's own expect: reads the block's")
+    return (
+        f" — '{name}' is inside a block, whose dims are {analysis.bindings(block_alg)}: this file's expect: reads "
+        "this file's dims, the block file's own expect: reads the block's"
+    )
 
 
 def expectation_problem(alg: DimAlgebra, name: str, meta: Meta, expected) -> str | None:
@@ -370,5 +413,3 @@ def expectation_problem(alg: DimAlgebra, name: str, meta: Meta, expected) -> str
 
 def symbolic_shape(meta: Meta) -> list[str]:
     return [str(d) for d in meta.shape]
-
-

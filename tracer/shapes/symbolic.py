@@ -12,10 +12,10 @@ exact division, so ``d_model // H * H`` equals ``d_model`` and ``H * Dh`` prints
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from fractions import Fraction
 from functools import lru_cache
-from typing import Mapping
 
 from ..spec import dims as dimexpr
 
@@ -43,24 +43,24 @@ class Poly:
 
     @staticmethod
     @lru_cache(maxsize=1024)
-    def const(value: int) -> "Poly":
-        return Poly(((((), Fraction(value)),) if value else ()))
+    def const(value: int) -> Poly:
+        return Poly((((), Fraction(value)),) if value else ())
 
     @staticmethod
     @lru_cache(maxsize=1024)
-    def symbol(name: str) -> "Poly":
+    def symbol(name: str) -> Poly:
         return Poly(((((name, 1),), Fraction(1)),))
 
-    def __add__(self, other: "Poly") -> "Poly":
+    def __add__(self, other: Poly) -> Poly:
         return _plus(self, other)
 
-    def __neg__(self) -> "Poly":
+    def __neg__(self) -> Poly:
         return Poly(tuple((m, -c) for m, c in self.terms))
 
-    def __mul__(self, other: "Poly") -> "Poly":
+    def __mul__(self, other: Poly) -> Poly:
         return _times(self, other)
 
-    def divide(self, other: "Poly") -> "Poly | None":
+    def divide(self, other: Poly) -> Poly | None:
         """Exact division by a single monomial; ``None`` when ``other`` is a sum."""
         if len(other.terms) != 1:
             return None
@@ -143,7 +143,7 @@ class Dim:
     def __str__(self) -> str:
         return self.label
 
-    def same_symbol(self, other: "Dim") -> bool:
+    def same_symbol(self, other: Dim) -> bool:
         return self.poly == other.poly
 
 
@@ -194,7 +194,7 @@ class DimAlgebra:
             label = str(const.numerator) if const is not None and const.denominator == 1 else str(poly)
         return Dim(poly, value, label)
 
-    def dim(self, expr: "dimexpr.Expr | str | int") -> Dim:
+    def dim(self, expr: dimexpr.Expr | str | int) -> Dim:
         """A Dim from a spec expression; raises ``DimError`` (not divisible, unknown name...)."""
         if isinstance(expr, (dimexpr.Num, dimexpr.Name, dimexpr.Neg, dimexpr.BinOp)):
             return self.make(self._poly(expr), expr.evaluate(self.values))
@@ -218,14 +218,14 @@ class DimAlgebra:
         poly = quotient if quotient is not None and a.value % max(b.value, 1) == 0 else Poly.symbol(f"({a} // {b})")
         return self.make(poly, a.value // b.value if b.value else 0)
 
-    def product(self, dims: "list[Dim]") -> Dim:
+    def product(self, dims: list[Dim]) -> Dim:
         result = self.const(1)
         for d in dims:
             result = self.mul(result, d)
         return result
 
 
-def resolve(exprs: Mapping[str, "dimexpr.Expr"], overrides: Mapping[str, int] | None = None) -> dict[str, int]:
+def resolve(exprs: Mapping[str, dimexpr.Expr], overrides: Mapping[str, int] | None = None) -> dict[str, int]:
     """Evaluate every dim in dependency order; cycles and unknown names raise ``DimError``."""
     overrides = dict(overrides or {})
     values: dict[str, int] = {}
@@ -235,7 +235,7 @@ def resolve(exprs: Mapping[str, "dimexpr.Expr"], overrides: Mapping[str, int] | 
         if name in values:
             return values[name]
         if name in visiting:
-            cycle = " -> ".join(visiting[visiting.index(name):] + [name])
+            cycle = " -> ".join(visiting[visiting.index(name) :] + [name])
             raise dimexpr.DimError(f"dims depend on each other in a cycle: {cycle}", "dim-cycle")
         if name not in exprs:
             raise dimexpr.DimError(f"unknown dim '{name}'", "unknown-dim")

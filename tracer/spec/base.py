@@ -6,13 +6,14 @@ A step kind is one class: its pydantic fields, its shape rule (``infer``) and it
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Callable, ClassVar
+from collections.abc import Callable
+from typing import Annotated, Any, ClassVar
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictInt, model_validator
 
 from . import dims as dimexpr
 
-STEP_KINDS: dict[str, type["StepBase"]] = {}
+STEP_KINDS: dict[str, type[StepBase]] = {}
 
 ID_PATTERN = r"^[A-Za-z_][A-Za-z0-9_.\-]*$"
 RECORD_PATTERN = r"^[A-Za-z_][A-Za-z0-9_.\-]*(/[A-Za-z0-9_.\-]+)*$"  # also a block's tensors: layers/3/scores
@@ -26,7 +27,9 @@ def _valid_dim(value: int | str) -> int | str:
     return value
 
 
-DimText = Annotated[StrictInt | str, AfterValidator(_valid_dim), Field(description="a dim name, an int, or an expression such as 'd_model // H'")]
+DimText = Annotated[
+    StrictInt | str, AfterValidator(_valid_dim), Field(description="a dim name, an int, or an expression such as 'd_model // H'")
+]
 TensorId = Annotated[str, Field(pattern=ID_PATTERN, max_length=64)]
 RecordId = Annotated[str, Field(pattern=RECORD_PATTERN, max_length=200)]
 
@@ -52,7 +55,7 @@ class StepBase(Strict):
     example: ClassVar[str] = ""
 
     @model_validator(mode="after")
-    def _one_input_form(self) -> "StepBase":
+    def _one_input_form(self) -> StepBase:
         if self.input is not None and self.inputs is not None:
             raise ValueError("give either 'input' or 'inputs', not both")
         return self

@@ -13,9 +13,9 @@ accepted, and nothing is ever evaluated by Python: we walk our own tree.
 from __future__ import annotations
 
 import ast
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Mapping
 
 MAX_TEXT = 200
 MAX_VALUE = 2**62  # far above any real tensor size, far below what overflows int64 strides
@@ -62,7 +62,7 @@ class Name:
 
 @dataclass(frozen=True)
 class Neg:
-    operand: "Expr"
+    operand: Expr
 
     def evaluate(self, env: Mapping[str, int]) -> int:
         return -self.operand.evaluate(env)
@@ -77,8 +77,8 @@ class Neg:
 @dataclass(frozen=True)
 class BinOp:
     op: str  # one of + - * // %
-    left: "Expr"
-    right: "Expr"
+    left: Expr
+    right: Expr
 
     def evaluate(self, env: Mapping[str, int]) -> int:
         a, b = self.left.evaluate(env), self.right.evaluate(env)
@@ -144,13 +144,18 @@ def _convert(node: ast.AST, text: str) -> Expr:
         return _convert(node.operand, text)
     if isinstance(node, ast.BinOp) and type(node.op) in _BINOPS:
         return BinOp(_BINOPS[type(node.op)], _convert(node.left, text), _convert(node.right, text))
-    raise DimError(f"'{text}': {_forbidden(node)} is not allowed in a dim expression "
-                   "(allowed: ints, dim names, + - * // %, parentheses)")
+    raise DimError(f"'{text}': {_forbidden(node)} is not allowed in a dim expression (allowed: ints, dim names, + - * // %, parentheses)")
 
 
 def _forbidden(node: ast.AST) -> str:
-    kinds = {ast.Call: "a call", ast.Attribute: "attribute access", ast.Subscript: "a subscript",
-             ast.Pow: "'**'", ast.Div: "'/' (use '//')", ast.Constant: "a non-integer literal"}
+    kinds = {
+        ast.Call: "a call",
+        ast.Attribute: "attribute access",
+        ast.Subscript: "a subscript",
+        ast.Pow: "'**'",
+        ast.Div: "'/' (use '//')",
+        ast.Constant: "a non-integer literal",
+    }
     if isinstance(node, ast.BinOp):
         return kinds.get(type(node.op), f"the operator {type(node.op).__name__}")
     return kinds.get(type(node), type(node).__name__)

@@ -43,7 +43,9 @@ def _diagnostic(err: dict, data: Any, source: SourceMap) -> Diagnostic:
         key = path[-1]
         allowed = _allowed_keys(path[:-1], data)
         hint = difflib.get_close_matches(str(key), allowed, n=1)
-        message = f"unknown key '{key}'" + (f"; did you mean '{hint[0]}'?" if hint else f" (allowed: {', '.join(allowed)})" if allowed else "")
+        message = f"unknown key '{key}'" + (
+            f"; did you mean '{hint[0]}'?" if hint else f" (allowed: {', '.join(allowed)})" if allowed else ""
+        )
         return source.error(path, "unknown-key", message, step, prefer_key=True)
     if kind == "missing":
         return source.error(path[:-1], "missing-key", f"missing required key '{err['loc'][-1]}'", step, prefer_key=True)
@@ -58,8 +60,13 @@ def _diagnostic(err: dict, data: Any, source: SourceMap) -> Diagnostic:
         what, rule = _ID_RULES[err["ctx"]["pattern"]]
         declared = err["loc"][-1] == "[key]" or path[-1:] == ("id",)
         hint = _block_hint(err["input"], data) if not declared else ""
-        return source.error(path, "invalid-id", f"{err['input']!r} is not a valid {what}: {rule}{hint or _id_hint(err['input'], err['ctx']['pattern'])}",
-                            step, prefer_key=declared)
+        return source.error(
+            path,
+            "invalid-id",
+            f"{err['input']!r} is not a valid {what}: {rule}{hint or _id_hint(err['input'], err['ctx']['pattern'])}",
+            step,
+            prefer_key=declared,
+        )
     message = err["msg"].removeprefix("Value error, ").removeprefix("Assertion failed, ")
     found = err.get("input")
     if kind not in ("value_error", "assertion_error") and not isinstance(found, (dict, list)):
@@ -80,7 +87,11 @@ def _block_hint(text: str, data: Any) -> str:
     """A reference such as 'layers/3/out' to a tensor inside a block of this file."""
     steps = data.get("steps") if isinstance(data, dict) else None
     block = text.split("/")[0]
-    if "/" in text and isinstance(steps, list) and any(isinstance(s, dict) and s.get("op") == "block" and s.get("id") == block for s in steps):
+    if (
+        "/" in text
+        and isinstance(steps, list)
+        and any(isinstance(s, dict) and s.get("op") == "block" and s.get("id") == block for s in steps)
+    ):
         return f" — only expect: and outputs: can name a block's inner tensors; the block's own id ('{block}') names its output"
     return ""
 
@@ -109,8 +120,10 @@ def _doc_path(loc: tuple, data: Any) -> tuple:
 
 
 def _is_type_tag(part: Any) -> bool:
-    return isinstance(part, str) and (part in ("int", "str", "float", "bool", "list", "Sqrt", "Expect", "function-after")
-                                      or part.startswith(("list[", "function-", "constrained-", "lax-", "strict-")))
+    return isinstance(part, str) and (
+        part in ("int", "str", "float", "bool", "list", "Sqrt", "Expect", "function-after")
+        or part.startswith(("list[", "function-", "constrained-", "lax-", "strict-"))
+    )
 
 
 def _step_id(path: tuple, data: Any) -> str | None:

@@ -40,16 +40,21 @@ class TensorDecl(Strict):
     """An input or a parameter: a shape and exactly one source."""
 
     shape: list[DimText] = Field(max_length=16, description="list of dim names, expressions or ints, e.g. [B, T, d_model]")
-    init: Init | None = Field(None, description="how to create it (torch.randn, torch.rand, ... ; 'linear'/'embedding' are nn.Linear's/nn.Embedding's own init)")
+    init: Init | None = Field(
+        None, description="how to create it (torch.randn, torch.rand, ... ; 'linear'/'embedding' are nn.Linear's/nn.Embedding's own init)"
+    )
     values: Any = Field(None, description="a literal nested list")
     tokens: Tokens | None = Field(None, description="{text, remove}: token ids of a sentence (tutorial 000)")
     seed: StrictInt | None = Field(None, ge=SEED_MIN, le=SEED_MAX, description="torch.manual_seed(seed) right before creating this tensor")
-    dtype: DType | None = Field(None, description="float32, float64, float16, bfloat16, int64, int32 or bool (default: the pipeline's dtype; int64 for tokens, bool for all-boolean values)")
+    dtype: DType | None = Field(
+        None,
+        description="float32, float64, float16, bfloat16, int64, int32 or bool (default: the pipeline's dtype; int64 for tokens, bool for all-boolean values)",
+    )
     fan_in: DimText | None = Field(None, description="fan-in for init: linear (default: the last dim of a 2-D weight)")
     note: str | None = Field(None, max_length=500, description="free text shown in diagrams")
 
     @model_validator(mode="after")
-    def _one_source(self) -> "TensorDecl":
+    def _one_source(self) -> TensorDecl:
         given = [k for k in ("init", "values", "tokens") if getattr(self, k) is not None]
         if len(given) != 1:
             found = " and ".join(given) if given else "none"
@@ -89,7 +94,7 @@ class Expect(Strict):
 
 def _step_union() -> Any:
     kinds = tuple(STEP_KINDS.values())
-    return Annotated[Union[kinds], Field(discriminator="op")]  # type: ignore[valid-type]
+    return Annotated[Union[kinds], Field(discriminator="op")]  # noqa: UP007 - a runtime tuple of kinds needs Union[...]
 
 
 Step = _step_union()
@@ -100,14 +105,21 @@ class PipelineSpec(Strict):
 
     name: str = Field(max_length=120, description="the pipeline's name")
     description: str = Field("", max_length=20_000, description="what it computes, for people")
-    dims: dict[Annotated[str, Field(pattern=DIM_PATTERN)], DimText] = Field(default_factory=dict, description="name -> int or expression over other dims")
+    dims: dict[Annotated[str, Field(pattern=DIM_PATTERN)], DimText] = Field(
+        default_factory=dict, description="name -> int or expression over other dims"
+    )
     seed: StrictInt | None = Field(None, ge=SEED_MIN, le=SEED_MAX, description="torch.manual_seed before creating any tensor")
     dtype: FloatDType = Field("float32", description="floating dtype of created tensors")
     inputs: dict[TensorId, TensorDecl] = Field(default_factory=dict, description="named input tensors")
     params: dict[TensorId, TensorDecl] = Field(default_factory=dict, description="named parameters (weights)")
     steps: list[Step] = Field(min_length=1, max_length=10_000, description="the computation, one op per step")  # type: ignore[valid-type]
-    outputs: list[RecordId] | None = Field(None, description="tensor ids returned by a run (default: the last step); a block's tensors as BLOCK/ID or BLOCK/COPY/ID")
-    expect: dict[RecordId, list[DimText] | Expect] = Field(default_factory=dict, description="id -> shape, or {shape, contiguous}; checked before and after running (a block's tensors as BLOCK/ID or BLOCK/COPY/ID)")
+    outputs: list[RecordId] | None = Field(
+        None, description="tensor ids returned by a run (default: the last step); a block's tensors as BLOCK/ID or BLOCK/COPY/ID"
+    )
+    expect: dict[RecordId, list[DimText] | Expect] = Field(
+        default_factory=dict,
+        description="id -> shape, or {shape, contiguous}; checked before and after running (a block's tensors as BLOCK/ID or BLOCK/COPY/ID)",
+    )
 
 
 def json_schema() -> dict:

@@ -22,8 +22,11 @@ MAX_NODES = 100_000  # values (scalars and collections) after alias expansion; c
 MAX_DEPTH = 64
 
 _SCALAR_TAGS = {
-    "tag:yaml.org,2002:str", "tag:yaml.org,2002:int", "tag:yaml.org,2002:float",
-    "tag:yaml.org,2002:bool", "tag:yaml.org,2002:null",
+    "tag:yaml.org,2002:str",
+    "tag:yaml.org,2002:int",
+    "tag:yaml.org,2002:float",
+    "tag:yaml.org,2002:bool",
+    "tag:yaml.org,2002:null",
 }
 _NUMBER_TAGS = {"tag:yaml.org,2002:int", "tag:yaml.org,2002:float"}
 MAX_NUMBER_TEXT = 400  # far longer than any int up to 2**62 or any float torch can hold
@@ -65,6 +68,7 @@ def _scalar(tag: str, text: str) -> Any:
     """Short scalars (names, dims, ids) repeat all over a file: construct each once (the values are immutable)."""
     return _construct_cached(tag, text) if len(text) <= MAX_CACHED_SCALAR else _construct(tag, text)
 
+
 @dataclass
 class SourceMap:
     """Positions of the keys and values of one loaded document, addressed by path."""
@@ -86,8 +90,9 @@ class SourceMap:
                 return None
             path = path[:-1]
 
-    def error(self, path: tuple, code: str, message: str, step: str | None = None,
-              prefer_key: bool = False, severity: str = "error") -> Diagnostic:
+    def error(
+        self, path: tuple, code: str, message: str, step: str | None = None, prefer_key: bool = False, severity: str = "error"
+    ) -> Diagnostic:
         return Diagnostic(self.file, self.locate(path, prefer_key), code, message, step, severity)
 
 
@@ -101,7 +106,9 @@ def read_document(path: str | Path) -> tuple[Any, SourceMap]:
 def parse_document(text: str, name: str = "<string>") -> tuple[Any, SourceMap]:
     source = SourceMap(name)
     if len(text) > MAX_BYTES:
-        raise TracerError(Diagnostic(name, None, "file-too-large", f"the text is {len(text)} characters; pipeline files are limited to {MAX_BYTES} bytes"))
+        raise TracerError(
+            Diagnostic(name, None, "file-too-large", f"the text is {len(text)} characters; pipeline files are limited to {MAX_BYTES} bytes")
+        )
     if not text.strip():
         raise TracerError(Diagnostic(name, Position(1, 1), "empty-file", "the file is empty; a pipeline needs at least 'name' and 'steps'"))
     _check_depth(text, name)
@@ -113,8 +120,14 @@ def parse_document(text: str, name: str = "<string>") -> tuple[Any, SourceMap]:
         problem = " ".join(str(p) for p in (exc.context, exc.problem) if p)
         raise TracerError(Diagnostic(name, pos, "yaml-syntax", f"invalid YAML: {problem}")) from None
     except yaml.reader.ReaderError as exc:  # a control character: str(exc) spans lines, so say it ourselves
-        raise TracerError(Diagnostic(name, _reader_position(text, exc.position), "yaml-syntax",
-                                     f"invalid YAML: unacceptable character #x{exc.character:04x}: {exc.reason}")) from None
+        raise TracerError(
+            Diagnostic(
+                name,
+                _reader_position(text, exc.position),
+                "yaml-syntax",
+                f"invalid YAML: unacceptable character #x{exc.character:04x}: {exc.reason}",
+            )
+        ) from None
     except yaml.YAMLError as exc:
         message = " ".join(str(exc).split())
         raise TracerError(Diagnostic(name, Position(1, 1), "yaml-syntax", f"invalid YAML: {message}")) from None
@@ -124,7 +137,9 @@ def parse_document(text: str, name: str = "<string>") -> tuple[Any, SourceMap]:
     if not nodes:
         raise TracerError(Diagnostic(name, Position(1, 1), "empty-file", "the file holds no YAML document"))
     if len(nodes) > 1:
-        raise TracerError(Diagnostic(name, _pos(nodes[1]), "yaml-multi-doc", "expected one YAML document, found several (remove the '---' separators)"))
+        raise TracerError(
+            Diagnostic(name, _pos(nodes[1]), "yaml-multi-doc", "expected one YAML document, found several (remove the '---' separators)")
+        )
     walker = _Walker(source)
     return walker.convert(nodes[0], (), 0), source
 
@@ -146,14 +161,23 @@ def _check_depth(text: str, name: str) -> None:
             count += 1
             if count > MAX_NODES:
                 mark = event.start_mark
-                raise TracerError(Diagnostic(name, Position(mark.line + 1, mark.column + 1), "yaml-too-large",
-                                             f"the document holds more than {MAX_NODES} values"))
+                raise TracerError(
+                    Diagnostic(
+                        name, Position(mark.line + 1, mark.column + 1), "yaml-too-large", f"the document holds more than {MAX_NODES} values"
+                    )
+                )
             if isinstance(event, yaml.CollectionStartEvent):
                 depth += 1
                 if depth > MAX_DEPTH + 1:
                     mark = event.start_mark
-                    raise TracerError(Diagnostic(name, Position(mark.line + 1, mark.column + 1), "yaml-too-deep",
-                                                 f"the document is nested more than {MAX_DEPTH} levels deep"))
+                    raise TracerError(
+                        Diagnostic(
+                            name,
+                            Position(mark.line + 1, mark.column + 1),
+                            "yaml-too-deep",
+                            f"the document is nested more than {MAX_DEPTH} levels deep",
+                        )
+                    )
             elif isinstance(event, yaml.CollectionEndEvent):
                 depth -= 1
     except yaml.YAMLError:
@@ -170,7 +194,9 @@ def _read_text(path: Path, name: str) -> str:
     except OSError as exc:
         raise TracerError(Diagnostic(name, None, "file-unreadable", f"cannot read the file: {exc.strerror}")) from None
     if len(data) > MAX_BYTES:
-        raise TracerError(Diagnostic(name, None, "file-too-large", f"the file is {len(data)} bytes; pipeline files are limited to {MAX_BYTES} bytes"))
+        raise TracerError(
+            Diagnostic(name, None, "file-too-large", f"the file is {len(data)} bytes; pipeline files are limited to {MAX_BYTES} bytes")
+        )
     if b"\x00" in data:
         raise TracerError(Diagnostic(name, Position(1, 1), "file-binary", "the file is binary, not YAML text"))
     try:
@@ -235,7 +261,11 @@ class _Walker:
     def _check_number(self, node: yaml.Node) -> None:
         """Refuse absurdly long numbers before converting them: YAML 1.1 base-60 ints ('59:59:...') cost quadratic time."""
         if node.tag in _NUMBER_TAGS and len(node.value) > MAX_NUMBER_TEXT:
-            self._fail(node, "yaml-value", f"the number '{node.value[:20]}...' is {len(node.value)} characters long (the limit is {MAX_NUMBER_TEXT})")
+            self._fail(
+                node,
+                "yaml-value",
+                f"the number '{node.value[:20]}...' is {len(node.value)} characters long (the limit is {MAX_NUMBER_TEXT})",
+            )
 
     def _check_tag(self, node: yaml.Node, *allowed: str) -> None:
         if node.tag not in allowed:

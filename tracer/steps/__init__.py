@@ -1,4 +1,5 @@
 """Every step kind: one class each (fields, shape rule, kernel), registered by ``@register``."""
 
-from . import attention, elementwise, layout, products, projection  # noqa: F401
+# registration order is the order of the op union (and of the generated schema and docs): not alphabetical
+from . import attention, elementwise, layout, products, projection  # noqa: F401, I001
 from . import block  # noqa: F401  (op: block, expanded before analysis)

@@ -104,7 +104,9 @@ class Mask(StepBase):
         if self.causal == (self.mask is not None):
             raise ValueError("give either 'causal: true' or a 'mask' tensor")
         if self.mask is not None and self.polarity is None:
-            raise ValueError("a mask tensor needs 'polarity: keep' (True = attend) or 'polarity: block' (True = hide); the tutorials disagree, so tracer asks")
+            raise ValueError(
+                "a mask tensor needs 'polarity: keep' (True = attend) or 'polarity: block' (True = hide); the tutorials disagree, so tracer asks"
+            )
         if self.causal and self.polarity is not None:
             raise ValueError("'polarity' only applies to a mask tensor")
         return self
@@ -137,6 +139,7 @@ class Mask(StepBase):
             if to_bool:
                 mask = mask.bool()
             return scores.masked_fill(~mask if keep else mask, fill)
+
         return masked
 
 

@@ -41,12 +41,22 @@ class Block(StepBase):
 
     op: Literal["block"] = "block"
     use: str = Field(max_length=300, description="the pipeline file to include, relative to this file and inside its folder")
-    dims: dict[str, DimText] = Field(default_factory=dict, description="the block's base dims as expressions of this file's dims "
-                                     "(a block dim with the same name as one of this file's dims is bound to it automatically)")
-    repeat: StrictInt | None = Field(None, ge=1, le=10_000, description="chain N copies (ids BLOCK/0/..., BLOCK/1/...): "
-                                     "each copy's first input is the previous copy's output")
-    share_params: StrictBool = Field(False, description="with repeat: every copy reads the same params (tied weights, as in "
-                                     "ALBERT), created once as BLOCK/NAME instead of BLOCK/COPY/NAME")
+    dims: dict[str, DimText] = Field(
+        default_factory=dict,
+        description="the block's base dims as expressions of this file's dims "
+        "(a block dim with the same name as one of this file's dims is bound to it automatically)",
+    )
+    repeat: StrictInt | None = Field(
+        None,
+        ge=1,
+        le=10_000,
+        description="chain N copies (ids BLOCK/0/..., BLOCK/1/...): each copy's first input is the previous copy's output",
+    )
+    share_params: StrictBool = Field(
+        False,
+        description="with repeat: every copy reads the same params (tied weights, as in "
+        "ALBERT), created once as BLOCK/NAME instead of BLOCK/COPY/NAME",
+    )
     arity = None
     example = """\
 - id: layers
@@ -93,10 +103,15 @@ class BlockInput(StepBase):
         want = tuple(ctx.dim(t, "shape") for t in self.shape)
         if tuple(d.value for d in want) != x.sizes:
             declared = "(" + ", ".join(map(str, want)) + ") [" + ", ".join(str(d.value) for d in want) + "]"
-            raise StepError("block-input", f"block '{self.block}' declares input '{self.name}' as {declared}, "
-                            f"but '{ctx.input_ids[0]}' is {show(x)}", "shape")
+            raise StepError(
+                "block-input",
+                f"block '{self.block}' declares input '{self.name}' as {declared}, but '{ctx.input_ids[0]}' is {show(x)}",
+                "shape",
+            )
         if self.dtype is not None and x.dtype != self.dtype:
-            raise StepError("dtype", f"block '{self.block}' declares input '{self.name}' as {self.dtype}, '{ctx.input_ids[0]}' is {x.dtype}", "dtype")
+            raise StepError(
+                "dtype", f"block '{self.block}' declares input '{self.name}' as {self.dtype}, '{ctx.input_ids[0]}' is {x.dtype}", "dtype"
+            )
         return view(x, want, x.stride, x.offset)
 
     def kernel(self, k):
@@ -150,8 +165,9 @@ class ExpandedSource(SourceMap):
         source, prefix, _ = route
         return source.locate(prefix + tuple(path)[2:], prefer_key)
 
-    def error(self, path: tuple, code: str, message: str, step: str | None = None,
-              prefer_key: bool = False, severity: str = "error") -> Diagnostic:
+    def error(
+        self, path: tuple, code: str, message: str, step: str | None = None, prefer_key: bool = False, severity: str = "error"
+    ) -> Diagnostic:
         route = self.routes.get(tuple(path)[:2])
         if route is None:
             return super().error(path, code, message, step, prefer_key, severity)
@@ -293,18 +309,46 @@ def _flatten(spec, source: SourceMap, alg, stack: tuple, folder: Path, cache: di
         inner = cache[cache_key]
         if len(data) != len(inner.inputs):
             names = ", ".join(inner.inputs) or "none"
-            raise TracerError(source.error(("steps", i, "inputs" if step.inputs is not None else "input"), "block-inputs",
-                                           f"block '{step.use}' takes {len(inner.inputs)} input{'s' if len(inner.inputs) != 1 else ''} ({names}), got {len(data)}",
-                                           step.id, prefer_key=True))
+            raise TracerError(
+                source.error(
+                    ("steps", i, "inputs" if step.inputs is not None else "input"),
+                    "block-inputs",
+                    f"block '{step.use}' takes {len(inner.inputs)} input{'s' if len(inner.inputs) != 1 else ''} ({names}), got {len(data)}",
+                    step.id,
+                    prefer_key=True,
+                )
+            )
         copies = [f"{step.id}/{c}" for c in range(step.repeat)] if step.repeat else [step.id]
         if len(steps) + len(copies) * (len(inner.steps) + len(inner.inputs)) > MAX_EXPANDED_STEPS:
-            raise TracerError(source.error(("steps", i, "repeat"), "block-too-large",
-                                           f"expanding this block gives more than {MAX_EXPANDED_STEPS} steps", step.id, prefer_key=True))
+            raise TracerError(
+                source.error(
+                    ("steps", i, "repeat"),
+                    "block-too-large",
+                    f"expanding this block gives more than {MAX_EXPANDED_STEPS} steps",
+                    step.id,
+                    prefer_key=True,
+                )
+            )
         first = data
         for c, prefix in enumerate(copies):
             where = f"in block '{step.id}'" + (f" copy {c}" if step.repeat else "") + f" included at {here}"
             shared = f"{step.id}/" if step.share_params else prefix + "/"
-            _inline(inner, prefix + "/", shared, first, where, step.group, block_spec, block_source, block_alg, steps, params, expect, blocks, alg)
+            _inline(
+                inner,
+                prefix + "/",
+                shared,
+                first,
+                where,
+                step.group,
+                block_spec,
+                block_source,
+                block_alg,
+                steps,
+                params,
+                expect,
+                blocks,
+                alg,
+            )
             out = f"{prefix}/{inner.output}"
             aliases[prefix] = out
             aliases.update({f"{prefix}/{name}": f"{prefix}/{target}" for name, target in inner.aliases.items()})  # nested blocks
@@ -326,8 +370,14 @@ def _own_expect(spec, source: SourceMap, aliases: dict[str, str]) -> dict[str, t
     for name, value in spec.expect.items():
         tensor = _resolve(name, aliases)
         if tensor in own:
-            raise TracerError(source.error(("expect", name), "duplicate-expect",
-                                           f"'{name}' and '{own[tensor][0]}' both name the tensor '{tensor}'; keep one", prefer_key=True))
+            raise TracerError(
+                source.error(
+                    ("expect", name),
+                    "duplicate-expect",
+                    f"'{name}' and '{own[tensor][0]}' both name the tensor '{tensor}'; keep one",
+                    prefer_key=True,
+                )
+            )
         own[tensor] = (name, value)
     return own
 
@@ -340,8 +390,15 @@ def _refuse_block_id_clashes(spec, source: SourceMap) -> None:
         earlier = first.get(step.id)
         if earlier is not None and (step.op == "block" or (earlier[0] == "steps" and spec.steps[earlier[1]].op == "block")):
             pos = source.locate(earlier, prefer_key=True)
-            raise TracerError(source.error(("steps", i, "id"), "duplicate-id", f"id '{step.id}' is already used (line {pos.line if pos else '?'}); "
-                                           "a block's id names its output and prefixes its tensors, so it must be unique", step.id))
+            raise TracerError(
+                source.error(
+                    ("steps", i, "id"),
+                    "duplicate-id",
+                    f"id '{step.id}' is already used (line {pos.line if pos else '?'}); "
+                    "a block's id names its output and prefixes its tensors, so it must be unique",
+                    step.id,
+                )
+            )
         first.setdefault(step.id, ("steps", i))
 
 
@@ -356,8 +413,22 @@ def _explicit_inputs(step, data: list[str]) -> dict:
     return {"inputs": data}
 
 
-def _inline(inner: _Flat, prefix: str, param_prefix: str, bound: list[str], where: str, group: str | None, block_spec,
-            block_source, block_alg, steps: list, params: dict, expect: dict, blocks: dict, alg) -> None:
+def _inline(
+    inner: _Flat,
+    prefix: str,
+    param_prefix: str,
+    bound: list[str],
+    where: str,
+    group: str | None,
+    block_spec,
+    block_source,
+    block_alg,
+    steps: list,
+    params: dict,
+    expect: dict,
+    blocks: dict,
+    alg,
+) -> None:
     """Add one copy of a flattened block: its tensors under ``prefix``, its params under
     ``param_prefix`` (the same for every copy when they share params)."""
     from ..shapes.check import tensor_dtype
@@ -368,8 +439,15 @@ def _inline(inner: _Flat, prefix: str, param_prefix: str, bound: list[str], wher
     cluster = prefix[:-1] if group is None else f"{group}/{prefix[:-1]}"
     for name, outer in zip(inner.inputs, bound):
         decl = block_spec.inputs[name]
-        step = BlockInput.model_construct(id=prefix + name, input=outer, shape=list(decl.shape), block=prefix[:-1], name=name,
-                                          dtype=tensor_dtype(decl, None), group=cluster)
+        step = BlockInput.model_construct(
+            id=prefix + name,
+            input=outer,
+            shape=list(decl.shape),
+            block=prefix[:-1],
+            name=name,
+            dtype=tensor_dtype(decl, None),
+            group=cluster,
+        )
         steps.append(_Item(step, block_source, ("inputs", name), where, block_alg, True))
     for item in inner.steps:
         step = item.value
@@ -391,8 +469,9 @@ def _inline(inner: _Flat, prefix: str, param_prefix: str, bound: list[str], wher
     for name, item in inner.expect.items():
         expect.setdefault(ref(name), _Item(item.value, item.source, item.path, _join(item.where, where), item.alg, True))
     for block_id, info in inner.blocks.items():
-        blocks[prefix + block_id] = BlockInfo(prefix + block_id, info.use, info.path, info.repeat,
-                                              [prefix + c for c in info.copies], prefix + info.output, info.dims)
+        blocks[prefix + block_id] = BlockInfo(
+            prefix + block_id, info.use, info.path, info.repeat, [prefix + c for c in info.copies], prefix + info.output, info.dims
+        )
 
 
 def _included(d: Diagnostic, where: str) -> Diagnostic:
@@ -426,7 +505,7 @@ def _load_block(step: Block, i: int, source: SourceMap, folder: Path, stack: tup
         fail("block-use", f"'use: {use}' leaves this file's folder ({folder}); blocks must live inside it (e.g. blocks/NAME.yaml)")
     key = str(target)
     if key in stack:
-        chain = " -> ".join(Path(p).name for p in stack[stack.index(key):] + (key,))
+        chain = " -> ".join(Path(p).name for p in stack[stack.index(key) :] + (key,))
         fail("block-cycle", f"blocks include each other in a cycle: {chain}")
     if not target.is_file():
         fail("block-missing", f"'use: {use}': no such file ({target})")
@@ -434,7 +513,9 @@ def _load_block(step: Block, i: int, source: SourceMap, folder: Path, stack: tup
     try:
         spec, block_source = load_spec(target if shown.startswith("..") else shown)
     except TracerError as exc:  # the block's own errors, located in the block file
-        raise TracerError(exc.diagnostics + [source.error(("steps", i, "use"), "block-invalid", f"block '{use}' is invalid (see above)", step.id)]) from None
+        raise TracerError(
+            exc.diagnostics + [source.error(("steps", i, "use"), "block-invalid", f"block '{use}' is invalid (see above)", step.id)]
+        ) from None
     return spec, block_source, key
 
 
@@ -446,9 +527,25 @@ def _block_algebra(step: Block, i: int, block_spec, block_source: SourceMap, sou
     for name, text in step.dims.items():
         path = ("steps", i, "dims", name)
         if name not in exprs:
-            raise TracerError(source.error(path, "unknown-dim", f"block '{step.use}' has no dim '{name}' (dims: {', '.join(exprs) or 'none'})", step.id, prefer_key=True))
+            raise TracerError(
+                source.error(
+                    path,
+                    "unknown-dim",
+                    f"block '{step.use}' has no dim '{name}' (dims: {', '.join(exprs) or 'none'})",
+                    step.id,
+                    prefer_key=True,
+                )
+            )
         if not isinstance(exprs[name], dimexpr.Num):
-            raise TracerError(source.error(path, "derived-dim", f"'{name}' is derived in block '{step.use}' ({exprs[name]}); bind the dims it is computed from", step.id, prefer_key=True))
+            raise TracerError(
+                source.error(
+                    path,
+                    "derived-dim",
+                    f"'{name}' is derived in block '{step.use}' ({exprs[name]}); bind the dims it is computed from",
+                    step.id,
+                    prefer_key=True,
+                )
+            )
         try:
             bound[name] = alg.dim(text).value
         except dimexpr.DimError as exc:
@@ -462,5 +559,7 @@ def _block_algebra(step: Block, i: int, block_spec, block_source: SourceMap, sou
         raise TracerError(source.error(("steps", i, "dims"), exc.code, f"block '{step.use}': {exc}", step.id, prefer_key=True)) from None
     for name, value in values.items():
         if value < 0:
-            raise TracerError(source.error(("steps", i, "dims"), "dim-negative", f"block '{step.use}': dim {name} is {value}", step.id, prefer_key=True))
+            raise TracerError(
+                source.error(("steps", i, "dims"), "dim-negative", f"block '{step.use}': dim {name} is {value}", step.id, prefer_key=True)
+            )
     return DimAlgebra(block_spec.dims, values), bound

@@ -69,6 +69,7 @@ class LayerNorm(StepBase):
             weight = params.pop(0) if has_weight else None
             bias = params.pop(0) if has_bias else None
             return layer_norm(x, last, weight, bias, eps)
+
         return norm
 
 

@@ -33,8 +33,9 @@ def _target_shape(step, x, ctx):
     elif known != total:
         target = "(" + ", ".join(str(d) for d in dims) + ")"
         concrete = "[" + ", ".join(str(d.value) for d in dims) + "]"
-        raise StepError("view-shape", f"{step.op} to {target} {concrete} needs {known} elements, "
-                        f"'{ctx.input_ids[0]}' {show(x)} has {total}", "shape")
+        raise StepError(
+            "view-shape", f"{step.op} to {target} {concrete} needs {known} elements, '{ctx.input_ids[0]}' {show(x)} has {total}", "shape"
+        )
     return tuple(dims)
 
 
@@ -58,10 +59,13 @@ class View(StepBase):
         shape = _target_shape(self, x, ctx)
         strides = view_strides(x.sizes, x.stride, tuple(d.value for d in shape))
         if strides is None:
-            raise StepError("view-non-contiguous",
-                            f"view to {'(' + ', '.join(map(str, shape)) + ')'} is impossible: '{ctx.input_ids[0]}' {show(x)} is not contiguous "
-                            f"(stride {x.stride}), so its elements cannot be regrouped without a copy", "op",
-                            "add `op: contiguous` before it (as tutorial 002 does), or use `op: reshape`, which copies when it must")
+            raise StepError(
+                "view-non-contiguous",
+                f"view to {'(' + ', '.join(map(str, shape)) + ')'} is impossible: '{ctx.input_ids[0]}' {show(x)} is not contiguous "
+                f"(stride {x.stride}), so its elements cannot be regrouped without a copy",
+                "op",
+                "add `op: contiguous` before it (as tutorial 002 does), or use `op: reshape`, which copies when it must",
+            )
         return view(x, shape, strides)
 
     def kernel(self, k):
@@ -255,8 +259,12 @@ class Index(StepBase):
     def args(self):
         if self.index is not None:
             return [f"dim={self.dim}", f"[{self.index}]"]
-        return [f"dim={self.dim}", f"[{'' if self.start is None else self.start}:{'' if self.stop is None else self.stop}"
-                + ("" if self.step is None else f":{self.step}") + "]"]
+        return [
+            f"dim={self.dim}",
+            f"[{'' if self.start is None else self.start}:{'' if self.stop is None else self.stop}"
+            + ("" if self.step is None else f":{self.step}")
+            + "]",
+        ]
 
     def infer(self, ins, ctx):
         x = ins[0]
@@ -267,7 +275,7 @@ class Index(StepBase):
             if not -size.value <= i < size.value:
                 raise StepError("index-range", f"index {i} is out of range for dim {self.dim} of size {size}={size.value}", "index")
             i %= size.value
-            return view(x, x.shape[:d] + x.shape[d + 1:], x.stride[:d] + x.stride[d + 1:], x.offset + i * stride)
+            return view(x, x.shape[:d] + x.shape[d + 1 :], x.stride[:d] + x.stride[d + 1 :], x.offset + i * stride)
         start = ctx.dim(self.start, "start") if self.start is not None else ctx.alg.const(0)
         stop = ctx.dim(self.stop, "stop") if self.stop is not None else size
         step = ctx.dim(self.step, "step") if self.step is not None else ctx.alg.const(1)
@@ -275,13 +283,15 @@ class Index(StepBase):
             raise StepError("index-range", "slice step must be positive", "step")
         lo, hi = _clamp(start.value, size.value), _clamp(stop.value, size.value)
         if not 0 <= start.value <= size.value or not 0 <= stop.value <= size.value or lo > hi:
-            raise StepError("index-range", f"slice {start.value}:{stop.value} does not fit dim {self.dim} of size {size}={size.value}", "start")
+            raise StepError(
+                "index-range", f"slice {start.value}:{stop.value} does not fit dim {self.dim} of size {size}={size.value}", "start"
+            )
         if step.value == 1:
             length = ctx.alg.add(stop, ctx.alg.mul(start, ctx.alg.const(-1)))
         else:
             length = ctx.alg.const(-(-(hi - lo) // step.value))
-        shape = x.shape[:d] + (length,) + x.shape[d + 1:]
-        strides = x.stride[:d] + (stride * step.value,) + x.stride[d + 1:]
+        shape = x.shape[:d] + (length,) + x.shape[d + 1 :]
+        strides = x.stride[:d] + (stride * step.value,) + x.stride[d + 1 :]
         return view(x, shape, strides, x.offset + lo * stride)
 
     def kernel(self, k):
@@ -322,11 +332,15 @@ class Cat(StepBase):
         for name, other in zip(ctx.input_ids[1:], ins[1:]):
             same_rank = len(other.shape) == len(first.shape)
             if not same_rank or any(a.value != b.value for i, (a, b) in enumerate(zip(first.shape, other.shape)) if i != d):
-                raise StepError("cat-shape", f"cat along dim {self.dim} needs equal shapes elsewhere: '{ctx.input_ids[0]}' {show(first)} vs '{name}' {show(other)}", "inputs")
+                raise StepError(
+                    "cat-shape",
+                    f"cat along dim {self.dim} needs equal shapes elsewhere: '{ctx.input_ids[0]}' {show(first)} vs '{name}' {show(other)}",
+                    "inputs",
+                )
         total = first.shape[d]
         for other in ins[1:]:
             total = ctx.alg.add(total, other.shape[d])
-        return fresh(first.shape[:d] + (total,) + first.shape[d + 1:], first.dtype)
+        return fresh(first.shape[:d] + (total,) + first.shape[d + 1 :], first.dtype)
 
     def kernel(self, k):
         cat, d = k.torch.cat, self.dim
@@ -353,7 +367,9 @@ class Stack(StepBase):
         first = ins[0]
         for name, other in zip(ctx.input_ids[1:], ins[1:]):
             if other.sizes != first.sizes:
-                raise StepError("stack-shape", f"stack needs equal shapes: '{ctx.input_ids[0]}' {show(first)} vs '{name}' {show(other)}", "inputs")
+                raise StepError(
+                    "stack-shape", f"stack needs equal shapes: '{ctx.input_ids[0]}' {show(first)} vs '{name}' {show(other)}", "inputs"
+                )
         d = norm_dim(self.dim, len(first.shape) + 1)
         return fresh(first.shape[:d] + (ctx.alg.const(len(ins)),) + first.shape[d:], first.dtype)
 
@@ -396,4 +412,5 @@ class Merge(StepBase):
             t = x.transpose(-3, -2)
             c = t.contiguous()
             return t, c, c.view(sizes)
+
         return merge

@@ -49,8 +49,12 @@ class Matmul(StepBase):
             hint = None
             if len(b.shape) > 1 and b.shape[-1].value == ka.value:
                 hint = f"transpose '{names[1]}' over dims -2, -1?"
-            raise StepError("matmul-shape", f"matmul needs (…, n, {ka}) @ (…, {ka}, m), got '{names[0]}' {show(a)} @ '{names[1]}' {show(b)}",
-                            "inputs", hint)
+            raise StepError(
+                "matmul-shape",
+                f"matmul needs (…, n, {ka}) @ (…, {ka}, m), got '{names[0]}' {show(a)} @ '{names[1]}' {show(b)}",
+                "inputs",
+                hint,
+            )
         ctx.warn_if_different(ka, kb, f"matmul contracts '{ctx.input_ids[0]}' over {ka} with '{ctx.input_ids[1]}' over {kb}", "inputs")
         rows = a.shape[-2:-1] if len(a.shape) > 1 else ()
         cols = b.shape[-1:] if len(b.shape) > 1 else ()

@@ -27,8 +27,12 @@ class Embed(StepBase):
     def infer(self, ins, ctx):
         ids, table = ins
         if ids.dtype not in ("int64", "int32"):
-            raise StepError("dtype", f"embed needs integer token ids, '{ctx.input_ids[0]}' is {ids.dtype}", "input",
-                            hint=f"declare '{ctx.input_ids[0]}' with dtype: int64, or build it from tokens:")
+            raise StepError(
+                "dtype",
+                f"embed needs integer token ids, '{ctx.input_ids[0]}' is {ids.dtype}",
+                "input",
+                hint=f"declare '{ctx.input_ids[0]}' with dtype: int64, or build it from tokens:",
+            )
         if len(table.shape) != 2:
             raise StepError("shape", f"the embedding table '{self.weight}' must be 2-d (V, D), got {show(table)}", "weight")
         return fresh(ids.shape + (table.shape[1],), table.dtype)
@@ -40,9 +44,13 @@ class Embed(StepBase):
             if ids.numel() and ids.device.type != "meta":
                 low, high = int(ids.min()), int(ids.max())
                 if low < 0 or high >= rows:
-                    raise error("embed-range", f"token id {low if low < 0 else high} is outside the table '{weight}' "
-                                f"({rows} rows: ids 0..{rows - 1})", "input")
+                    raise error(
+                        "embed-range",
+                        f"token id {low if low < 0 else high} is outside the table '{weight}' ({rows} rows: ids 0..{rows - 1})",
+                        "input",
+                    )
             return embedding(ids, table)
+
         return embed
 
 
@@ -53,7 +61,9 @@ class Linear(StepBase):
     op: Literal["linear"] = "linear"
     weight: TensorId = Field(description="the weight param")
     bias: TensorId | None = Field(None, description="optional (out,) bias param")
-    layout: Literal["out_in", "in_out"] = Field("out_in", description="out_in: W is (out, in) like nn.Linear; in_out: W is (in, out), computing x @ W")
+    layout: Literal["out_in", "in_out"] = Field(
+        "out_in", description="out_in: W is (out, in) like nn.Linear; in_out: W is (in, out), computing x @ W"
+    )
     param_fields = ("weight", "bias")
     example = """\
 - id: q
@@ -76,10 +86,20 @@ class Linear(StepBase):
         d_in, d_out = (w.shape[1], w.shape[0]) if self.layout == "out_in" else (w.shape[0], w.shape[1])
         if not x.shape or x.shape[-1].value != d_in.value:
             form = "(out, in)" if self.layout == "out_in" else "(in, out)"
-            raise StepError("linear-width", f"weight '{self.weight}' {show(w)} read as {form} expects inputs (…, {d_in}), "
-                            f"got '{ctx.input_ids[0]}' {show(x)}", "weight",
-                            hint=None if self.layout == "in_out" or not x.shape or x.shape[-1].value != d_out.value else "the weight looks (in, out): set layout: in_out?")
-        ctx.warn_if_different(x.shape[-1], d_in, f"linear feeds '{ctx.input_ids[0]}' (…, {x.shape[-1]}) into weight '{self.weight}' expecting (…, {d_in})", "weight")
+            raise StepError(
+                "linear-width",
+                f"weight '{self.weight}' {show(w)} read as {form} expects inputs (…, {d_in}), got '{ctx.input_ids[0]}' {show(x)}",
+                "weight",
+                hint=None
+                if self.layout == "in_out" or not x.shape or x.shape[-1].value != d_out.value
+                else "the weight looks (in, out): set layout: in_out?",
+            )
+        ctx.warn_if_different(
+            x.shape[-1],
+            d_in,
+            f"linear feeds '{ctx.input_ids[0]}' (…, {x.shape[-1]}) into weight '{self.weight}' expecting (…, {d_in})",
+            "weight",
+        )
         if len(ins) > 2:
             b = ins[2]
             if [d.value for d in b.shape] != [d_out.value]:
