@@ -1,4 +1,4 @@
-"""Property-based fuzzing for CI: a few hundred cases of every strategy of ``tests/fuzz.py``.
+"""Property-based fuzzing for CI: a few hundred cases of every strategy of the ``tests/fuzz`` package.
 
 Each case must end in a success or a ``TracerError`` whose every line starts ``FILE:LINE:COL:``
 (or ``FILE:``), within ``CASE_SECONDS``. ``make fuzz`` runs the same generators 10,000 times.
@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests import fuzz
+from tests.fuzz import driver, generators, oracle
 
 CI = settings(deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck))
 
@@ -20,7 +20,7 @@ CI = settings(deadline=None, derandomize=True, database=None, suppress_health_ch
 def _check(generator, rnd: random.Random, tmp_path_factory, cli: bool = False) -> None:
     folder = tmp_path_factory.mktemp("case", numbered=True)
     data = generator(rnd)
-    outcome = fuzz.run_case(data, folder, rnd, cpu=True, cli=cli)
+    outcome = oracle.run_case(data, folder, rnd, cpu=True, cli=cli)
     assert outcome.kind not in ("crash", "hang"), f"{outcome.kind} on:\n{data.decode('utf-8', 'replace')[:3000]}\n{outcome.detail}"
 
 
@@ -40,7 +40,7 @@ def test_generated_cases_end_in_success_or_a_located_error(strategy, tmp_path_fa
     @settings(CI, max_examples=GENERATED[strategy])
     @given(rnd=st.randoms(use_true_random=False))
     def case(rnd):
-        _check(getattr(fuzz, f"gen_{strategy}"), rnd, tmp_path_factory)
+        _check(getattr(generators, f"gen_{strategy}"), rnd, tmp_path_factory)
 
     case()
 
@@ -49,31 +49,33 @@ def test_generated_cases_end_in_success_or_a_located_error(strategy, tmp_path_fa
 @given(data=st.binary(max_size=400))
 def test_random_bytes(data, tmp_path_factory):
     folder = tmp_path_factory.mktemp("case", numbered=True)
-    outcome = fuzz.run_case(data, folder, random.Random(0))
+    outcome = oracle.run_case(data, folder, random.Random(0))
     assert outcome.kind not in ("crash", "hang"), f"{outcome.kind} on {data!r}\n{outcome.detail}"
 
 
 @settings(CI, max_examples=15)
 @given(rnd=st.randoms(use_true_random=False))
 def test_hostile_shapes_through_the_cli(rnd, tmp_path_factory):
-    _check(fuzz.gen_hostile, rnd, tmp_path_factory, cli=True)
+    _check(generators.gen_hostile, rnd, tmp_path_factory, cli=True)
 
 
 def test_campaign_reports_cases_and_crashes(capsys):
-    assert fuzz.campaign(20, seed="ci") == 0
-    assert "20 cases, 0 crashes, 0 hangs" in capsys.readouterr().out
+    assert driver.campaign(20, seed="ci") == 0
+    report = capsys.readouterr().out
+    assert "20 cases, 0 crashes, 0 hangs" in report
+    assert "valid and ran: " in report and "ran, by strategy: " in report
 
 
 def test_the_oracle_rejects_unlocated_lines():
-    fuzz.check_lines("p.yaml:3:5: error[x]: fine\np.yaml: error[y]: no position", "p.yaml")
+    oracle.check_lines("p.yaml:3:5: error[x]: fine\np.yaml: error[y]: no position", "p.yaml")
     for bad in ("error: no file", "p.yaml:3:5: error[x]: two\nlines", "other.yaml:1:1: error[x]: wrong file", ""):
-        with pytest.raises(fuzz.OracleFailure):
-            fuzz.check_lines(bad, "p.yaml")
+        with pytest.raises(oracle.OracleFailure):
+            oracle.check_lines(bad, "p.yaml")
 
 
 def test_a_hang_is_reported_as_a_hang(tmp_path, monkeypatch):
     import time
 
-    monkeypatch.setattr(fuzz, "CASE_SECONDS", 0.2)
-    monkeypatch.setattr(fuzz, "_exercise", lambda path, rng, cpu: time.sleep(5))
-    assert fuzz.run_case(b"name: x", tmp_path, random.Random(0)).kind == "hang"
+    monkeypatch.setattr(oracle, "CASE_SECONDS", 0.2)
+    monkeypatch.setattr(oracle, "_exercise", lambda path, rng, cpu: time.sleep(5))
+    assert oracle.run_case(b"name: x", tmp_path, random.Random(0)).kind == "hang"

@@ -1,0 +1,186 @@
+"""The oracle: take one case file through everything a user can reach; only a success or a located TracerError may come out."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import re
+import shutil
+import signal
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+
+from tests.fuzz.pools import PIPELINES
+
+CASE_SECONDS = 5.0
+CPU_RUN_BYTES = 4 * 1024 * 1024  # run for real only when every tensor together fits in this
+
+
+class Hang(BaseException):
+    """A case ran past ``CASE_SECONDS`` (BaseException, so no ``except Exception`` swallows it)."""
+
+
+class OracleFailure(AssertionError):
+    """An outcome that is neither a success nor a well-formed TracerError."""
+
+
+@contextlib.contextmanager
+def time_limit(seconds: float):
+    if not hasattr(signal, "setitimer"):
+        yield
+        return
+
+    def _alarm(signum, frame):
+        raise Hang(f"case ran longer than {seconds} s")
+
+    previous = signal.signal(signal.SIGALRM, _alarm)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def check_lines(text: str, file: str) -> None:
+    """Every line starts ``FILE:LINE:COL: `` or ``FILE: `` (the oracle for every message)."""
+    if not text:
+        raise OracleFailure("an empty error message")
+    # a block's own errors point into its file, which sits under the case's folder
+    blocks = re.escape(str(Path(file).parent / "blocks")) + r"/[^:\n]+\.yaml"
+    located = re.compile(f"(?:{re.escape(file)}|{blocks})" + r"(:[1-9]\d*:[1-9]\d*)?: ")
+    for line in text.splitlines() or [text]:
+        if not located.match(line):
+            raise OracleFailure(f"message line does not start '{file}:LINE:COL: ': {line[:200]!r}")
+
+
+@dataclass
+class Outcome:
+    kind: str  # "ran", "invalid" (located errors), "crash", "hang"
+    detail: str = ""
+
+
+def run_case(data: bytes, folder: Path, rng, cpu: bool = True, cli: bool = False) -> Outcome:
+    """Take one file through everything; ``crash``/``hang`` outcomes carry a traceback."""
+    from tracer.errors import TracerError
+
+    path = folder / "case.yaml"
+    path.write_bytes(data)
+    if not (folder / "blocks").exists():  # the bundled pipelines' includes resolve beside the case
+        shutil.copytree(PIPELINES / "blocks", folder / "blocks")
+    try:
+        with time_limit(CASE_SECONDS):
+            kind = _exercise(path, rng, cpu)
+            if cli:
+                _exercise_cli(path, rng)
+        return Outcome(kind)
+    except Hang as exc:
+        return Outcome("hang", f"{exc}\n{traceback.format_exc(limit=-8)}")
+    except TracerError as exc:  # escaped from somewhere the oracle did not expect it: still fine if located
+        try:
+            check_lines(str(exc), str(path))
+        except OracleFailure as bad:
+            return Outcome("crash", f"OracleFailure: {bad}")
+        return Outcome("invalid")
+    except Exception as exc:
+        return Outcome("crash", f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=-12)}")
+
+
+def _exercise(path: Path, rng, cpu: bool) -> str:
+    from tracer.api import Pipeline
+    from tracer.errors import TracerError
+    from tracer.spec.load import load_spec
+
+    name = str(path)
+    try:
+        pipeline = Pipeline(*load_spec(path))
+    except TracerError as exc:
+        check_lines(str(exc), name)
+        return "invalid"
+    analysis = pipeline.check()
+    for d in analysis.diagnostics:
+        check_lines(str(d), name)
+    if analysis.errors:
+        try:
+            pipeline.run(device="meta")
+        except TracerError as exc:
+            check_lines(str(exc), name)
+            return "invalid"
+        raise OracleFailure("a pipeline with static errors ran")
+    kind = "ran"
+    for attempt in _dims_to_try(analysis, rng):
+        try:
+            trace = pipeline.run(dims=attempt, device="meta")
+        except TracerError as exc:
+            check_lines(str(exc), name)
+            kind = "invalid" if not attempt else kind
+            continue
+        str(trace)
+        json.loads(trace.to_json())
+        if rng.random() < 0.3:
+            _render(trace, rng)
+        if cpu and not attempt and _small(trace.analysis):
+            try:
+                real = pipeline.run(keep_values=True)
+            except TracerError as exc:
+                check_lines(str(exc), name)
+                continue
+            json.loads(real.to_json(values=True))
+    return kind
+
+
+def _dims_to_try(analysis, rng) -> list[dict]:
+    """The declared dims, and sometimes one base dim forced to a degenerate or huge value."""
+    attempts: list[dict] = [{}]
+    base = [n for n, text in analysis.pipeline.dims.items() if isinstance(text, int) or str(text).strip().lstrip("-").isdigit()]
+    if base and rng.random() < 0.3:
+        attempts.append({rng.choice(base): rng.choice([0, 1, 1, 3, 2**31, 2**62, 2**62 + 1, -1])})
+    return attempts
+
+
+def _small(analysis) -> bool:
+    total = 0
+    for meta in analysis.metas.values():
+        total += meta.nbytes
+        if total > CPU_RUN_BYTES:
+            return False
+    return True
+
+
+def _render(trace, rng) -> None:
+    """The full diagram, and one collapsed by some of its groups, their path prefixes or globs."""
+    from tracer.errors import TracerError
+    from tracer.render import dot_source
+
+    dot_source(trace)
+    groups = sorted({s.group for s in trace.analysis.pipeline.steps if s.group})
+    candidates = groups + [g.rsplit("/", 1)[0] for g in groups] + [g[:1] + "*" for g in groups] + ["*", "*/*", "[", "x/*"]
+    try:
+        dot_source(trace, rng.sample(candidates, min(len(candidates), rng.randint(1, 3))))
+    except TracerError as exc:
+        check_lines(str(exc), trace.analysis.source.file)
+
+
+def _exercise_cli(path: Path, rng) -> None:
+    from tracer.cli import main
+
+    name = str(path)
+    commands = [["check", name], ["run", name, "--device", "meta", "--json"]]
+    if rng.random() < 0.3:
+        commands.append(["run", name, "--device", "meta", "--dim", f"{rng.choice(['T', 'B', 'H', 'x'])}={rng.choice([0, 1, 2**62])}"])
+    for argv in commands:
+        out, err = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                code = main(argv)
+            except SystemExit as exc:  # argparse usage errors
+                code = exc.code
+        if code not in (0, 1, 2):
+            raise OracleFailure(f"`tracer {' '.join(argv)}` exited {code}: {err.getvalue()[-2000:]}")
+        if code == 1:
+            try:
+                check_lines(err.getvalue(), name)
+            except OracleFailure as bad:
+                raise OracleFailure(f"`tracer {' '.join(argv)}`: {bad}") from None
