@@ -3,7 +3,7 @@ VENV    := .venv
 PY      := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed
 
-.PHONY: install test demo fuzz bench schema clean
+.PHONY: install test demo fuzz bench schema clean graphviz chromium
 
 install: $(STAMP)
 
@@ -14,6 +14,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e '.[dev]' --config-settings editable_mode=compat  # a plain .pth: no import-hook cost at startup
 	$(PY) -m compileall -q tracer  # bytecode, as a wheel install has: keeps `tracer check` fast where PYTHONDONTWRITEBYTECODE is set
 	@command -v dot >/dev/null 2>&1 || $(MAKE) --no-print-directory graphviz
+	@$(MAKE) --no-print-directory chromium
 	touch $(STAMP)
 
 # The Graphviz renderer (`dot`). Debian/Ubuntu as root; elsewhere see README.
@@ -23,7 +24,15 @@ graphviz:
 		&& echo "installed graphviz"; \
 	else echo "note: Graphviz 'dot' not found; install it (see README) to render SVG/PNG/PDF. DOT output works without it."; fi
 
-test: install
+# Headless Chromium for the HTML report's browser tests (Debian's package; they skip without it).
+chromium:
+	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || \
+	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+		(apt-get install -y -qq chromium >/dev/null 2>&1 || (apt-get update -qq >/dev/null && apt-get install -y -qq chromium >/dev/null)) \
+		&& echo "installed chromium"; \
+	else echo "note: no chromium; the HTML report's browser tests will be skipped (Debian/Ubuntu: apt-get install chromium)."; fi
+
+test: install chromium
 	$(PY) -m pytest -q
 
 demo: install

@@ -73,7 +73,11 @@ def _parser() -> argparse.ArgumentParser:
 
     render = commands.add_parser("render", help="draw the dataflow with shapes on every edge (svg, png, pdf or dot)")
     render.add_argument("file", metavar="FILE")
-    render.add_argument("-o", "--output", help="output file; the format comes from its suffix (default: NAME.svg)")
+    render.add_argument(
+        "-o",
+        "--output",
+        help="output file; the format comes from its suffix: .svg .png .pdf .dot, or .html for the interactive report (default: NAME.svg)",
+    )
     _dims_option(render)
     render.add_argument(
         "--collapse",
@@ -83,6 +87,11 @@ def _parser() -> argparse.ArgumentParser:
         help="draw a group as one node: a group name, a group path ('layers' folds all copies of a block, 'layers/3' one) or a glob ('layers/*': one node per copy); repeatable",
     )
     render.add_argument("--device", default="cpu", help="torch device for the run (meta: no memory)")
+    render.add_argument(
+        "--values",
+        action="store_true",
+        help="run on real data and show it: per-head attention heatmaps in softmax nodes; in an .html report also per-tensor statistics",
+    )
     render.set_defaults(handler=_render)
 
     schema = commands.add_parser("schema", help="print the JSON Schema of the pipeline format")
@@ -181,8 +190,17 @@ def _load_unchecked(path: str):
 def _render(args) -> int:
     from .render import render_file
 
-    output = args.output or f"{Path(args.file).stem}.svg"
-    written = render_file(_load_unchecked(args.file), output, dims=dict(args.dim), collapse=args.collapse, device=args.device)
+    output = Path(args.output or f"{Path(args.file).stem}.svg")
+    if args.values and args.device == "meta":
+        raise TracerError(Diagnostic(args.file, None, "values-on-meta", "--values needs real data: drop --device meta (or use cpu/cuda)"))
+    pipeline = _load_unchecked(args.file)
+    if output.suffix.lower() == ".html":
+        from .report import write_report
+
+        trace = pipeline.run(dims=dict(args.dim), device=args.device, keep_values=args.values)
+        written = write_report(trace, output, args.collapse)
+    else:
+        written = render_file(pipeline, output, dims=dict(args.dim), collapse=args.collapse, device=args.device, values=args.values)
     print(f"wrote {written}")
     return 0
 

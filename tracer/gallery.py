@@ -12,11 +12,17 @@ from pathlib import Path
 
 from .errors import TracerError
 from .render import dot_source, render_dot, write_atomic
+from .report import write_report
+
+# Pipelines that also get an interactive HTML report with values (heatmaps): the tutorials'
+# sentence, a causal model and a sliding-window one. A path not in the folder is skipped.
+REPORTS = ("seeds/000_encoder_block.yaml", "causal_mha.yaml", "models/mistral_sliding_window.yaml")
 
 HEADER = """# Gallery
 
 Every pipeline in `pipelines/`, drawn by `tracer render` (regenerate with `make demo`).
-How to read the marks: [reading a diagram](../reading-diagrams.md).
+How to read the marks: [reading a diagram](../reading-diagrams.md). Some have an interactive
+HTML report with attention heatmaps ([the report](../report.md)): download it and open it from disk.
 
 """
 
@@ -45,6 +51,15 @@ def render_one(path: Path, svg: Path) -> str:
     finally:
         dot.unlink(missing_ok=True)  # the gallery keeps only the pictures
     return (pipeline.spec.description or pipeline.name).strip().splitlines()[0]
+
+
+def report_one(path: Path, html: Path) -> None:
+    """The interactive report of one pipeline, run on the CPU with its values kept."""
+    from .api import Pipeline
+    from .spec.load import load_spec
+
+    pipeline = Pipeline(*load_spec(path))
+    write_report(pipeline.run(keep_values=True), html, repeated_blocks(pipeline))
 
 
 def repeated_blocks(pipeline) -> list[str]:
@@ -80,11 +95,16 @@ def build(root: Path, out: Path) -> int:
             failed += 1
             continue
         print(f"wrote {out / name}.svg")
-        lines.append(f"- **{path.relative_to(root).as_posix()}** — {about}\n\n  ![{name}]({name}.svg)\n")
+        report = ""
+        if path.relative_to(root).as_posix() in REPORTS:
+            report_one(path, out / f"{name}.html")
+            print(f"wrote {out / name}.html")
+            report = f" · [interactive report]({name}.html)"
+        lines.append(f"- **{path.relative_to(root).as_posix()}** — {about}{report}\n\n  ![{name}]({name}.svg)\n")
     write_atomic(out / "README.md", (HEADER + "\n".join(lines)).encode())
-    drawn = {f"{gallery_name(p, root)}.svg" for p in pipeline_files(root)}
-    for stale in out.glob("*.svg"):  # pictures of pipelines that were removed or renamed
-        if stale.name not in drawn:
+    made = {f"{gallery_name(p, root)}.{kind}" for p in pipeline_files(root) for kind in ("svg", "html")}
+    for stale in [*out.glob("*.svg"), *out.glob("*.html")]:  # files of pipelines that were removed or renamed
+        if stale.name not in made:
             stale.unlink()
     return failed
 

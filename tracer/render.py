@@ -19,8 +19,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from .errors import Diagnostic, TracerError
+from .heatmap import node_rows
 from .trace import TensorRecord, Trace, human_bytes
 
 FORMATS = ("svg", "png", "pdf", "dot")
@@ -59,9 +61,11 @@ LEGEND = (  # mark -> (sample shown in the legend, explanation); only used marks
 )
 
 
-def diagram(trace: Trace, collapse: Iterable[str] = ()):
-    """The trace's dataflow as a ``graphviz.Digraph`` (displays inline in Jupyter)."""
-    return _Builder(trace, tuple(collapse)).build()
+def diagram(trace: Trace, collapse: Iterable[str] = (), links: bool = False):
+    """The trace's dataflow as a ``graphviz.Digraph`` (displays inline in Jupyter). ``links`` makes
+    every node and edge a link to ``#ID`` of the tensor it shows (``#group=NAME`` for a collapsed
+    group): the HTML report selects what was clicked through these."""
+    return _Builder(trace, tuple(collapse), links).build()
 
 
 def dot_source(trace: Trace, collapse: Iterable[str] = ()) -> str:
@@ -80,8 +84,8 @@ class _Edge:
 
 
 class _Builder:
-    def __init__(self, trace: Trace, collapse: tuple[str, ...]):
-        self.trace, self.analysis = trace, trace.analysis
+    def __init__(self, trace: Trace, collapse: tuple[str, ...], links: bool = False):
+        self.trace, self.analysis, self.links = trace, trace.analysis, links
         self.records = {r.id: r for r in trace.records}
         self.steps = {s.id: s for s in self.analysis.pipeline.steps}
         self.group_of = {s: self.steps[s].group for s in self.analysis.graph.order if self.steps[s].group}
@@ -149,6 +153,12 @@ class _Builder:
         self._legend(graph)
         return graph
 
+    def _about(self, record: TensorRecord) -> dict[str, str]:
+        return {"tooltip": _tooltip(record), **self._link(record.id)}
+
+    def _link(self, target: str) -> dict[str, str]:
+        return {"href": "#" + quote(target, safe="/=")} if self.links else {}
+
     # where a tensor's arrows start and end, given composites and collapsed groups
 
     def _tail(self, tensor_id: str) -> str:
@@ -194,7 +204,7 @@ class _Builder:
             if record.op == "input":
                 self.marks.add("input")
                 graph.node(
-                    record.id, _declared_label(record, pipeline.inputs[record.id], "input"), tooltip=_tooltip(record), **STYLES["input"]
+                    record.id, _declared_label(record, pipeline.inputs[record.id], "input"), **self._about(record), **STYLES["input"]
                 )
 
     def _param_home(self, name: str) -> str | None:
@@ -205,7 +215,7 @@ class _Builder:
     def _param_node(self, graph, name: str) -> None:
         self.marks.add("param")
         record = self.records[name]
-        graph.node(name, _declared_label(record, self.analysis.pipeline.params[name], "param"), tooltip=_tooltip(record), **STYLES["param"])
+        graph.node(name, _declared_label(record, self.analysis.pipeline.params[name], "param"), **self._about(record), **STYLES["param"])
 
     def _step_nodes(self, graph) -> None:
         params = [r.id for r in self.trace.records if r.op == "param" and r.id not in self.fold]
@@ -240,9 +250,8 @@ class _Builder:
             record = self.records[step_id]
             kind = _storage_kind(record)
             self.marks.add(kind)
-            graph.node(
-                step_id, _step_label(step_id, step.op, step.args(), record, kind, step.note), tooltip=_tooltip(record), **STYLES[kind]
-            )
+            label = _step_label(step_id, step.op, step.args(), record, kind, step.note, extra=node_rows(step, record))
+            graph.node(step_id, label, **self._about(record), **STYLES[kind])
             return
         self.marks.add("composite")
         with graph.subgraph(name=f"cluster_step_{self.analysis.graph.index[step_id]}") as sub:
@@ -255,7 +264,7 @@ class _Builder:
                 kind = _storage_kind(record)
                 self.marks.add(kind)
                 sub.node(
-                    rid, _step_label(rid.split("/", 1)[1], op, [], record, kind, None, small=True), tooltip=_tooltip(record), **STYLES[kind]
+                    rid, _step_label(rid.split("/", 1)[1], op, [], record, kind, None, small=True), **self._about(record), **STYLES[kind]
                 )
 
     def _collapsed_node(self, graph, group: str, step_ids: list[str]) -> None:
@@ -273,7 +282,7 @@ class _Builder:
             _esc(_shapes(_unique(ins), "symbolic") + " → " + _shapes(_unique(outs), "symbolic")),
             f'<FONT POINT-SIZE="9" COLOR="{MUTED}">{_esc(_shapes(_unique(ins), "concrete") + " → " + _shapes(_unique(outs), "concrete"))}</FONT>',
         ]
-        graph.node(self.group_nodes[group], _rows(lines), **STYLES["collapsed"])
+        graph.node(self.group_nodes[group], _rows(lines), **self._link("group=" + group), **STYLES["collapsed"])
 
     def _used_outside(self, step_id: str, inside: set[str]) -> bool:
         users = set(self.analysis.graph.users.get(step_id, ()))
@@ -285,6 +294,7 @@ class _Builder:
             graph.node(
                 _output_node(name),
                 _rows([f"<B>{_esc(name)}</B>", f'<FONT POINT-SIZE="9" COLOR="{MUTED}">output</FONT>']),
+                **self._link(self.analysis.output_of(name)),
                 **STYLES["output"],
             )
 
@@ -292,7 +302,7 @@ class _Builder:
 
     def _draw_edge(self, graph, edge: _Edge) -> None:
         record = edge.record
-        attrs = {"label": _shape_label(record), "tooltip": _tooltip(record)}
+        attrs = {"label": _shape_label(record), **self._about(record)}
         if not record.contiguous:
             self.marks.add("strided")
             attrs.update(style="dashed", color=STRIDED, fontcolor=STRIDED, penwidth="1.4")
@@ -388,7 +398,9 @@ def _op_text(op: str, args: list[str]) -> str:
     return op + (" " + ", ".join(args) if args else "")
 
 
-def _step_label(name: str, op: str, args: list[str], record: TensorRecord, kind: str, note: str | None, small: bool = False) -> str:
+def _step_label(
+    name: str, op: str, args: list[str], record: TensorRecord, kind: str, note: str | None, small: bool = False, extra: list[str] = ()
+) -> str:
     size = "10" if small else "12"
     lines = [f'<FONT POINT-SIZE="{size}"><B>{_esc(name)}</B></FONT>']
     if _op_text(op, args) != name:  # a composite's inner tensors are named after their op
@@ -401,7 +413,7 @@ def _step_label(name: str, op: str, args: list[str], record: TensorRecord, kind:
         lines.append(f'<FONT POINT-SIZE="9" COLOR="{MUTED}">{human_bytes(record.nbytes)}</FONT>')
     if note:
         lines.append(f'<FONT POINT-SIZE="9" COLOR="#555555"><I>{_esc(note)}</I></FONT>')
-    return _rows(lines)
+    return _rows(lines + list(extra))
 
 
 def _declared_label(record: TensorRecord, decl, kind: str) -> str:
@@ -473,6 +485,7 @@ def render_file(
     collapse: Iterable[str] = (),
     device: str = "meta",
     seed: int | None = None,
+    values: bool = False,
 ) -> Path:
     """Run ``pipeline`` and write its diagram to ``output`` (format from the suffix); returns the path written.
 
@@ -487,10 +500,13 @@ def render_file(
     if fmt not in FORMATS:
         raise TracerError(
             Diagnostic(
-                str(output), None, "output-format", f"cannot write '{output.suffix}': use one of " + ", ".join("." + f for f in FORMATS)
+                str(output),
+                None,
+                "output-format",
+                f"cannot write '{output.suffix}': use one of " + ", ".join("." + f for f in FORMATS) + " (or .html with `tracer render`)",
             )
         )
-    trace = pipeline.run(dims=dims, device=device, seed=seed)
+    trace = pipeline.run(dims=dims, device=device, seed=seed, keep_values=values)  # values: heatmaps in softmax nodes
     source = dot_source(trace, collapse)
     dot_path = output if fmt == "dot" else output.with_suffix(".dot")
     write_atomic(dot_path, source.encode())

@@ -53,6 +53,7 @@ class StepBase(Strict):
     arity: ClassVar[int | None] = 1  # number of data inputs; None means "one or more"
     param_fields: ClassVar[tuple[str, ...]] = ()  # fields that name extra tensors (weights, masks)
     example: ClassVar[str] = ""
+    attention_weights: ClassVar[bool] = False  # output over its last dim is (…, T_q, T_kv) weights: reports draw heatmaps
 
     @model_validator(mode="after")
     def _one_input_form(self) -> StepBase:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field, StrictBool, StrictFloat, StrictInt, field_validator, model_validator
 
@@ -149,6 +149,7 @@ class Softmax(StepBase):
 
     op: Literal["softmax"] = "softmax"
     dim: StrictInt = -1
+    attention_weights: ClassVar[bool] = True
     example = """\
 - id: weights
   op: softmax

@@ -1,0 +1,266 @@
+"""``tracer render FILE -o report.html``: one self-contained HTML file to explore a trace.
+
+The page holds the diagram as inline SVG (drawn by Graphviz, every node and edge a link to
+``#ID``), the records as JSON, and its own CSS and JS: nothing is fetched, and a Content
+Security Policy forbids fetching anything, so it opens from disk anywhere. With values it adds
+per-tensor statistics and per-head attention heatmaps, downsampled to stay small.
+
+Everything user-written (ids, names, notes, groups) reaches the page either escaped by Graphviz
+inside the SVG, or inside a ``<script type="application/json">`` block whose text cannot close
+the element (``<``, ``>`` and ``&`` are written as JSON ``\\u`` escapes); the page's script
+sets it with ``textContent`` only, never as markup.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import html
+import json
+import math
+import re
+from collections.abc import Iterable
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from .atomic import write_atomic
+from .errors import Diagnostic, TracerError
+from .heatmap import is_attention_weights, leading_maps
+from .render import diagram
+from .trace import TensorRecord, Trace, human_bytes
+
+MAX_SIDE = 64  # a heatmap keeps at most 64 x 64 cells: longer sequences are mean-pooled into blocks
+MAX_MAPS = 16  # ... and at most 16 (batch, head) maps per tensor, the first ones in row-major order
+MAX_CELLS = 1 << 18  # ... and a page at most 262,144 cells in all (one byte each), in run order
+DIGITS = 4  # significant digits of the statistics and of each map's largest weight
+LEVELS = 254  # a cell is a byte: 0..254 of its map's largest weight, 255 for NaN
+_ASSETS = resources.files("tracer") / "report_assets"
+_SLOT = re.compile(r"\{\{(\w+)\}\}")
+_SCRIPT_UNSAFE = {ord("<"): "\\u003c", ord(">"): "\\u003e", ord("&"): "\\u0026", 0x2028: "\\u2028", 0x2029: "\\u2029"}
+
+
+def write_report(trace: Trace, output: str | Path, collapse: Iterable[str] = ()) -> Path:
+    """Write the HTML report of ``trace`` to ``output``; statistics and heatmaps need ``keep_values``."""
+    return write_atomic(output, report_html(trace, collapse), error_file=trace.analysis.source.file)
+
+
+def report_html(trace: Trace, collapse: Iterable[str] = ()) -> str:
+    script = _asset("report.js")
+    digest = base64.b64encode(hashlib.sha256(script.encode()).digest()).decode()
+    slots = {
+        "TITLE": html.escape(f"{trace.name} · tracer report"),
+        "CSP": f"default-src 'none'; style-src 'unsafe-inline'; img-src data:; script-src 'sha256-{digest}'",
+        "CSS": _asset("report.css"),
+        "SVG": _svg(trace, collapse),
+        "DATA": script_json(report_data(trace)),
+        "SCRIPT": script,
+    }
+    return _SLOT.sub(lambda m: slots[m[1]], _asset("report.html"))
+
+
+def script_json(data: Any) -> str:
+    """JSON that can sit inside a ``<script>`` element: no ``</script>`` or ``<!--`` can form."""
+    return json.dumps(data, separators=(",", ":"), ensure_ascii=False, allow_nan=False).translate(_SCRIPT_UNSAFE)
+
+
+def _asset(name: str) -> str:
+    return (_ASSETS / name).read_text(encoding="utf-8")
+
+
+def _svg(trace: Trace, collapse: Iterable[str]) -> str:
+    import graphviz
+
+    try:
+        svg = diagram(trace, collapse, links=True).pipe(format="svg", encoding="utf-8")
+    except graphviz.ExecutableNotFound:
+        raise TracerError(
+            Diagnostic(
+                trace.analysis.source.file,
+                None,
+                "no-renderer",
+                "the HTML report draws its diagram with Graphviz's `dot`, which is not on PATH. Install Graphviz "
+                "(Debian/Ubuntu: apt-get install graphviz; macOS: brew install graphviz; conda: conda install -c conda-forge graphviz)",
+            )
+        ) from None
+    # inline SVG needs no XML prolog; Graphviz's comments only repeat node names
+    return re.sub(r"<!--.*?-->", "", svg[svg.index("<svg") :], flags=re.S)
+
+
+# ---------------------------------------------------------------- the data the page shows
+
+
+def report_data(trace: Trace) -> dict:
+    return _Data(trace).build()
+
+
+class _Data:
+    """What the page shows of each record, with the lookups it needs computed once."""
+
+    def __init__(self, trace: Trace):
+        self.trace, self.analysis = trace, trace.analysis
+        self.by_id = {r.id: r for r in trace.records}
+        steps = self.analysis.pipeline.steps
+        self.step_of = {step_id: steps[i] for step_id, i in self.analysis.graph.index.items()}
+        for step_id, inner in self.analysis.inner.items():  # a composite's inner tensors belong to their step
+            self.step_of.update((rid, self.step_of[step_id]) for rid, _ in inner)
+        self.users: dict[str, list[str]] = {}
+        for record in trace.records:
+            for ref in dict.fromkeys(record.inputs):
+                self.users.setdefault(ref, []).append(record.id)
+        inputs = self.analysis.pipeline.inputs
+        self.tokens = {name: decl.tokens.words() for name, decl in inputs.items() if decl.tokens is not None}
+        self.cells_left = MAX_CELLS
+
+    def build(self) -> dict:
+        trace = self.trace
+        return {
+            "name": trace.name,
+            "file": self.analysis.source.file,
+            "dims": trace.dims,
+            "seed": trace.seed,
+            "peak": human_bytes(self.analysis.memory.peak_bytes),
+            "values": bool(trace.keep_values),
+            "caps": {"side": MAX_SIDE, "maps": MAX_MAPS, "cells": MAX_CELLS},
+            "tensors": [self.tensor(record) for record in trace.records],
+            "groups": self.groups(),
+        }
+
+    def tensor(self, record: TensorRecord) -> dict:
+        step = self.step_of.get(record.id)
+        data = {
+            "id": record.id,
+            "op": record.op,
+            "inputs": list(record.inputs),
+            "users": self.users.get(record.id, []),
+            "symbolic": record.symbolic,
+            "shape": list(record.shape),
+            "dtype": record.dtype,
+            "device": record.device,
+            "stride": list(record.stride),
+            "offset": record.storage_offset,
+            "contiguous": record.contiguous,
+            "view_of": record.view_of,
+            "bytes": record.nbytes,
+            "size": human_bytes(record.nbytes),
+            "where": self.where(record, step),
+            "group": step.group if step is not None else None,
+            "note": self.note(record, step),
+        }
+        flops = getattr(record, "flops", None)  # when records carry a FLOP count, the panel shows it
+        if flops is not None:
+            data["flops"] = flops
+        if record.tensor is not None and record.tensor.device.type != "meta":
+            data["stats"] = _stats(record.tensor)
+            if step is not None and is_attention_weights(step, record):
+                data["heatmap"] = self.heatmap(record)
+        return data
+
+    def heatmap(self, record: TensorRecord) -> dict:
+        """Every (batch, head) map of (…, T_q, T_kv) weights, mean-pooled to at most MAX_SIDE a side,
+        as long as the page's budget of cells lasts."""
+        import torch
+
+        maps = leading_maps(record.tensor)
+        total, (rows, cols) = maps.shape[0], maps.shape[-2:]
+        side = (min(rows, MAX_SIDE), min(cols, MAX_SIDE))
+        kept = min(total, MAX_MAPS, self.cells_left // (side[0] * side[1]))
+        self.cells_left -= kept * side[0] * side[1]
+        pooled = torch.nn.functional.adaptive_avg_pool2d(maps[:kept], side) if kept else []
+        words = self.labels(record)
+        return {
+            "lead_dims": list(record.symbolic_shape[:-2]),
+            "lead": [list(_unravel(i, record.shape[:-2])) for i in range(kept)],
+            "total": total,
+            "rows": rows,
+            "cols": cols,
+            "side": list(side),
+            "row_labels": words if words and len(words) == rows <= MAX_SIDE else None,
+            "col_labels": words if words and len(words) == cols <= MAX_SIDE else None,
+            "axes": list(record.symbolic_shape[-2:]),
+            "maps": [_encode_map(m) for m in pooled],
+        }
+
+    def where(self, record: TensorRecord, step: Any) -> str:
+        """``file:line`` of the YAML that made the tensor (a block's steps point into the block file)."""
+        if step is not None:
+            path = ("steps", self.analysis.graph.index[step.id])
+        else:
+            path = ("inputs" if record.op == "input" else "params", record.id)
+        found = self.analysis.source.error(path, "where", "", prefer_key=True)
+        return found.file if found.position is None else f"{found.file}:{found.position.line}"
+
+    def note(self, record: TensorRecord, step: Any) -> str | None:
+        if step is not None:
+            return step.note
+        pipeline = self.analysis.pipeline
+        decl = pipeline.inputs.get(record.id) or pipeline.params.get(record.id)
+        return getattr(decl, "note", None)
+
+    def groups(self) -> dict[str, list[str]]:
+        """Group path -> the records of its steps, so a collapsed node's panel can list them."""
+        groups: dict[str, list[str]] = {}
+        for record in self.trace.records:
+            step = self.step_of.get(record.id)
+            parts = step.group.split("/") if step is not None and step.group else []
+            for n in range(1, len(parts) + 1):
+                groups.setdefault("/".join(parts[:n]), []).append(record.id)
+        return groups
+
+    def labels(self, record: TensorRecord) -> list[str] | None:
+        """The words of the ``tokens:`` input (tutorial 000's sentence) the record derives from, if any."""
+        seen, todo = set(), [record.id]
+        while todo and self.tokens:
+            current = todo.pop()
+            if current in self.tokens:
+                return self.tokens[current]
+            if current not in seen and current in self.by_id:
+                seen.add(current)
+                todo.extend(self.by_id[current].inputs)
+        return None
+
+
+# ---------------------------------------------------------------- values
+
+
+def _round(value: float) -> float | None:
+    """A JSON number with ``DIGITS`` significant digits; NaN and infinities become null."""
+    if not math.isfinite(value):
+        return None
+    return float(f"{value:.{DIGITS}g}")
+
+
+def _stats(tensor: Any) -> dict:
+    import torch
+
+    values = tensor.detach().to("cpu", torch.float64).reshape(-1)
+    finite = values[values.isfinite()]
+    stats = {
+        "count": values.numel(),
+        "nan": int(values.isnan().sum()),
+        "posinf": int((values == math.inf).sum()),
+        "neginf": int((values == -math.inf).sum()),
+    }
+    if finite.numel():
+        std = float(finite.std()) if finite.numel() > 1 else 0.0
+        stats.update(min=_round(float(finite.min())), max=_round(float(finite.max())), mean=_round(float(finite.mean())), std=_round(std))
+    return stats
+
+
+def _encode_map(weights: Any) -> dict:
+    """One map as its largest weight and a base64 string of one byte per cell (row-major)."""
+    import torch
+
+    finite = weights[weights.isfinite()]
+    top = float(finite.max()) if finite.numel() else 0.0
+    scaled = (weights / top * LEVELS).clamp(0, LEVELS) if top > 0 else torch.zeros_like(weights)
+    levels = torch.where(weights.isnan(), LEVELS + 1, scaled.round()).to(torch.uint8)
+    return {"max": _round(top), "cells": base64.b64encode(levels.numpy().tobytes()).decode()}
+
+
+def _unravel(index: int, shape: tuple[int, ...]) -> tuple[int, ...]:
+    out = []
+    for size in reversed(shape):
+        index, rest = divmod(index, size)
+        out.append(rest)
+    return tuple(reversed(out))
