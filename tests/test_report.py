@@ -226,6 +226,10 @@ def test_browser_clicking_a_node_or_searching_changes_the_panel(browser, reports
     browser.click(*box)
     browser.wait_for("document.getElementById('record-id')?.textContent === 'scaled'")
     assert "scale" in panel(browser) and browser.evaluate("location.hash") == "#scaled"
+    edge = "document.querySelector('g.edge a[*|href=\"#masked\"]')"
+    browser.evaluate(f"{edge}.dispatchEvent(new MouseEvent('click', {{bubbles: true}}))")
+    browser.wait_for("document.getElementById('record-id')?.textContent === 'masked'")
+    assert browser.evaluate("document.querySelectorAll('.edge.selected').length") >= 1
     browser.evaluate("document.getElementById('search').value = 'k_t'")
     browser.evaluate("document.getElementById('search-form').requestSubmit()")
     browser.wait_for("document.getElementById('record-id')?.textContent === 'k_t'")
