@@ -9,7 +9,7 @@ import yaml
 import tracer
 from tests.conftest import ROOT
 from tracer.docgen import format_reference, schema_text
-from tracer.spec.base import STEP_KINDS
+from tracer.steps.contract import STEP_KINDS
 
 
 def test_format_reference_is_current():

@@ -11,8 +11,8 @@ import json
 import sys
 from pathlib import Path
 
-from .spec.base import STEP_KINDS, StepBase
 from .spec.pipeline import PipelineSpec, TensorDecl, json_schema
+from .steps.contract import STEP_KINDS, StepBase
 
 HEADER = """\
 # Pipeline format reference

@@ -102,7 +102,7 @@ class Plan:
         planned = []
         for step_id in analysis.graph.order:
             step = analysis.step(step_id)
-            self.random = self.random or bool(getattr(step, "training", False) or getattr(step, "random", False))
+            self.random = self.random or step.is_random()
             refs = analysis.graph.refs[step_id]
             inner = analysis.inner.get(step_id) or [(step_id, step.op)]
             records = tuple(

@@ -23,9 +23,9 @@ from collections.abc import Iterator
 from typing import Any
 
 from .errors import Diagnostic, merge_copies
+from .steps.attention import Mask, Scale, Softmax
+from .steps.layout import Index
 
-#: steps that pass attention scores through unchanged in shape between the QK matmul and softmax
-_SCORE_PASS = ("mask", "scale", "dropout")
 #: a mask pattern larger than this many elements is not expanded by the lints
 _MAX_PATTERN = 1_000_000
 
@@ -38,10 +38,10 @@ def _warn(analysis, path: tuple, code: str, message: str, step_id: str | None, p
     return analysis.source.error(path, code, message, step_id, prefer_key=prefer_key, severity="warning")
 
 
-def _steps(analysis, op: str) -> Iterator[tuple[int, Any]]:
-    """(position, step) of every step of kind ``op``, in file order."""
+def _steps(analysis, kind: type) -> Iterator[tuple[int, Any]]:
+    """(position, step) of every step of this kind, in file order."""
     for i, step in enumerate(analysis.pipeline.steps):
-        if step.op == op and analysis.graph.index.get(step.id) == i and step.id in analysis.metas:
+        if isinstance(step, kind) and analysis.graph.index.get(step.id) == i and step.id in analysis.metas:
             yield i, step
 
 
@@ -62,9 +62,9 @@ def _score_chain(analysis, step) -> tuple[list, Any]:
         upstream = _step_or_none(analysis, current)
         if upstream is None:
             return chain, None
-        if upstream.op in ("matmul", "bmm"):
+        if upstream.makes_scores:
             return chain, upstream
-        if upstream.op not in _SCORE_PASS or len(chain) > 64:
+        if not upstream.passes_scores or len(chain) > 64:
             return chain, None
         chain.append(upstream)
         current = analysis.graph.data_inputs[upstream.id][0]
@@ -72,17 +72,8 @@ def _score_chain(analysis, step) -> tuple[list, Any]:
 
 def _multiplier(analysis, scale_step) -> tuple[float, str]:
     """The number a ``scale`` step multiplies by, and how the file wrote it (``1/√d_k``)."""
-    by = scale_step.divide if scale_step.divide is not None else scale_step.multiply
-    sqrt = getattr(by, "sqrt", None)
-    if sqrt is not None:
-        value = analysis.alg_of(scale_step.id).dim(sqrt).value
-        text = f"√{sqrt}" + ("" if str(sqrt) == str(value) else f" ({sqrt}={value})")
-        number = math.sqrt(value)
-    else:
-        number, text = float(by), f"{by:g}"
-    if scale_step.divide is not None:
-        return (1.0 / number if number else math.inf), f"1/{text}"
-    return number, text
+    alg = analysis.alg_of(scale_step.id)
+    return scale_step.multiplier(lambda text: alg.dim(text).value)
 
 
 def declared_mask_rows(analysis, name: str) -> list[list[bool]] | None:
@@ -176,9 +167,9 @@ def scale_mismatch(analysis) -> list[Diagnostic]:
     Unscaled scores (no ``scale`` step at all, as in tutorial 001's first part) are not flagged.
     """
     found = []
-    for _, softmax in _steps(analysis, "softmax"):
+    for _, softmax in _steps(analysis, Softmax):
         chain, scores = _score_chain(analysis, softmax)
-        scales = [s for s in chain if s.op == "scale"]
+        scales = [s for s in chain if isinstance(s, Scale)]
         if scores is None or not scales:
             continue
         left = analysis.metas[analysis.graph.data_inputs[scores.id][0]]
@@ -212,7 +203,7 @@ def lossy_head_split(analysis) -> list[Diagnostic]:
     checks that it multiplies out, and refuses a ``//`` dim that does not divide.)
     """
     groups: dict[tuple[str, int], list] = {}
-    for i, step in _steps(analysis, "index"):
+    for i, step in _steps(analysis, Index):
         if step.index is not None:
             continue
         source = analysis.graph.data_inputs[step.id][0]
@@ -270,7 +261,7 @@ def nan_risk_mask(analysis) -> list[Diagnostic]:
     Masks known only at run time are checked by :func:`runtime_warnings`.
     """
     found = []
-    for i, step in _steps(analysis, "mask"):
+    for i, step in _steps(analysis, Mask):
         if step.causal or step.fill != float("-inf"):
             continue
         rows = declared_mask_rows(analysis, step.mask)
@@ -311,7 +302,7 @@ def mask_polarity(analysis) -> list[Diagnostic]:
     nothing at all.
     """
     found = []
-    for i, step in _steps(analysis, "mask"):
+    for i, step in _steps(analysis, Mask):
         if step.mask is None:
             continue
         kind = _triangle(analysis, step.mask)
@@ -363,7 +354,7 @@ class SoftmaxNaNs:
 
     def __init__(self, analysis):
         self.analysis = analysis
-        self.softmax = {step.id: (i, step) for i, step in _steps(analysis, "softmax")}
+        self.softmax = {step.id: (i, step) for i, step in _steps(analysis, Softmax)}
         self.rows: dict[str, tuple[int, int]] = {}  # step id -> (NaN rows, rows)
 
     def __call__(self, record_id: str, tensor) -> None:
@@ -382,7 +373,7 @@ class SoftmaxNaNs:
                 continue
             i, step = self.softmax[step_id]
             chain, _ = _score_chain(self.analysis, step)
-            masks = [s for s in chain if s.op == "mask"]
+            masks = [s for s in chain if isinstance(s, Mask)]
             cause = (
                 (
                     f"; mask step '{masks[0].id}' fills {'-inf' if masks[0].fill == float('-inf') else f'{masks[0].fill:g}'}"

@@ -23,13 +23,11 @@ from urllib.parse import quote
 
 from .errors import Diagnostic, TracerError
 from .heatmap import node_rows
+from .steps.contract import STEP_KINDS
 from .trace import TensorRecord, Trace, human_bytes
 
 FORMATS = ("svg", "png", "pdf", "dot")
 FONT = "Helvetica"
-# Layout ops whose freshly allocated output is a copy of their input's data (the memory cost
-# users look for), as opposed to compute ops whose output is new data anyway.
-COPY_OPS = frozenset({"contiguous", "reshape", "repeat", "cat", "stack"})
 
 INK = "#333333"
 MUTED = "#666666"
@@ -372,7 +370,10 @@ def _output_node(name: str) -> str:
 def _storage_kind(record: TensorRecord) -> str:
     if record.view_of is not None:
         return "view"
-    return "copy" if record.op in COPY_OPS else "step"
+    # a layout op's new storage is a copy of its input's data (the memory cost users look for);
+    # a compute op's output is new data anyway
+    kind = STEP_KINDS.get(record.op)
+    return "copy" if kind is not None and kind.copies_data else "step"
 
 
 # ---------------------------------------------------------------- labels

@@ -31,6 +31,9 @@ from pathlib import Path
 from typing import Any
 
 from . import lints
+from .steps.attention import Dropout, Mask, Scale, Softmax
+from .steps.products import Matmul
+from .steps.projection import Linear
 
 __all__ = ["AttentionCore", "VerificationError", "against_mha", "against_sdpa", "attention_core"]
 
@@ -70,7 +73,7 @@ def attention_core(analysis, softmax: str | None = None) -> AttentionCore:
     ``softmax`` names the softmax step when there are several (one per head, say).
     """
     steps = analysis.pipeline.steps
-    candidates = [s.id for s in steps if s.op == "softmax"]
+    candidates = [s.id for s in steps if isinstance(s, Softmax)]
     if softmax is None:
         if len(candidates) != 1:
             raise VerificationError(
@@ -88,35 +91,48 @@ def attention_core(analysis, softmax: str | None = None) -> AttentionCore:
     core = AttentionCore(softmax, scores.id, query, keys_t, value="", context="", steps=[s.id for s in reversed(chain)])
     after_mask = 1.0  # scales between the mask and the softmax also scale the fill
     for s in chain:  # nearest the softmax first
-        if s.op == "scale":
+        if isinstance(s, Scale):
             core.scale *= lints._multiplier(analysis, s)[0]
             if core.mask is None and not core.causal:
                 after_mask *= lints._multiplier(analysis, s)[0]
-        elif s.op == "dropout" and s.training:
-            raise VerificationError(f"dropout step '{s.id}' runs in training mode; the references are compared in eval mode")
-        elif s.op == "mask":
-            if core.causal or core.mask is not None:
-                raise VerificationError(f"more than one mask between '{scores.id}' and '{softmax}'")
-            if s.fill > MASK_FILL_LIMIT:
-                raise VerificationError(
-                    f"mask step '{s.id}' fills {s.fill:g}: only -inf or a large negative fill (<= {MASK_FILL_LIMIT:g}) "
-                    "is a mask that scaled_dot_product_attention can express"
-                )
-            core.causal, core.mask, core.polarity = s.causal, s.mask, s.polarity
-            core.fill = s.fill * after_mask if math.isfinite(s.fill) else s.fill
+        elif isinstance(s, Dropout):
+            _require_eval(s)
+        elif isinstance(s, Mask):
+            _take_mask(core, s, scores.id, softmax, after_mask)
+        else:
+            raise VerificationError(
+                f"{s.op} step '{s.id}' between '{scores.id}' and '{softmax}' has no scaled_dot_product_attention equivalent "
+                "that tracer.verify knows"
+            )
     current = softmax
     while True:
         users = [s for s in steps if s.id in analysis.graph.data_inputs and analysis.graph.data_inputs[s.id][:1] == [current]]
-        product = next((s for s in users if s.op == "matmul"), None)
+        product = next((s for s in users if isinstance(s, Matmul)), None)
         if product is not None:
             core.value, core.context = analysis.graph.data_inputs[product.id][1], product.id
             return core
-        dropout = next((s for s in users if s.op == "dropout"), None)
+        dropout = next((s for s in users if isinstance(s, Dropout)), None)
         if dropout is None:
             raise VerificationError(f"no matmul applies the weights of '{softmax}' to values")
-        if dropout.training:
-            raise VerificationError(f"dropout step '{dropout.id}' runs in training mode; the references are compared in eval mode")
+        _require_eval(dropout)
         current = dropout.id
+
+
+def _require_eval(dropout: Dropout) -> None:
+    if dropout.training:
+        raise VerificationError(f"dropout step '{dropout.id}' runs in training mode; the references are compared in eval mode")
+
+
+def _take_mask(core: AttentionCore, mask: Mask, scores: str, softmax: str, after_mask: float) -> None:
+    if core.causal or core.mask is not None:
+        raise VerificationError(f"more than one mask between '{scores}' and '{softmax}'")
+    if mask.fill > MASK_FILL_LIMIT:
+        raise VerificationError(
+            f"mask step '{mask.id}' fills {mask.fill:g}: only -inf or a large negative fill (<= {MASK_FILL_LIMIT:g}) "
+            "is a mask that scaled_dot_product_attention can express"
+        )
+    core.causal, core.mask, core.polarity = mask.causal, mask.mask, mask.polarity
+    core.fill = mask.fill * after_mask if math.isfinite(mask.fill) else mask.fill
 
 
 def against_sdpa(
@@ -204,7 +220,7 @@ def against_mha(
     analysis = trace.analysis
     linears = {}
     for role, name in zip("qkvo", weights):
-        found = [s for s in analysis.pipeline.steps if s.op == "linear" and s.weight == name]
+        found = [s for s in analysis.pipeline.steps if isinstance(s, Linear) and s.weight == name]
         if len(found) != 1:
             raise VerificationError(f"'{trace.name}': expected one linear step with weight '{name}', found {len(found)}")
         linears[role] = found[0]

@@ -132,7 +132,7 @@ def coherent_fields(op: str, rng, ids: list, dims: list, rank: int) -> dict:
             if rng.random() < 0.3:
                 fields["layout"] = "in_out"
         return fields
-    from tracer.spec.base import STEP_KINDS
+    from tracer.steps.contract import STEP_KINDS
 
     kind = STEP_KINDS[op]  # a step kind this generator does not know yet: fill its required fields
     return {
@@ -144,7 +144,7 @@ def coherent_fields(op: str, rng, ids: list, dims: list, rank: int) -> dict:
 
 def gen_random_pipeline(rng) -> bytes:
     """A plausible pipeline from scratch: random dims (often degenerate), declarations and a chain of steps."""
-    from tracer.spec.base import STEP_KINDS
+    from tracer.steps.contract import STEP_KINDS
 
     names = ["B", "T", "H", "D"][: rng.randint(1, 4)]
     dims: dict[str, Any] = {n: rng.choice([0, 1, 1, 2, 2, 3, 4]) for n in names}

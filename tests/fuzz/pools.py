@@ -10,7 +10,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 PIPELINES = ROOT / "pipelines"
-KNOWN_OPS: list[str] = []  # filled lazily from tracer.spec.base.STEP_KINDS
+KNOWN_OPS: list[str] = []  # filled lazily from tracer.steps.contract.STEP_KINDS
 TOP_KEYS = ["name", "description", "dims", "seed", "dtype", "inputs", "params", "steps", "outputs", "expect"]
 STEP_KEYS = [
     "id",
@@ -126,7 +126,7 @@ STRINGS = [
 
 def known_ops() -> list[str]:
     if not KNOWN_OPS:
-        from tracer.spec.base import STEP_KINDS
+        from tracer.steps.contract import STEP_KINDS
 
         KNOWN_OPS.extend(sorted(STEP_KINDS))
     return KNOWN_OPS

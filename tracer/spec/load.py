@@ -10,7 +10,8 @@ from typing import Any
 from pydantic import ValidationError
 
 from ..errors import Diagnostic, TracerError
-from .base import ID_PATTERN, RECORD_PATTERN, STEP_KINDS
+from ..steps.contract import STEP_KINDS
+from .base import ID_PATTERN, RECORD_PATTERN
 from .pipeline import DIM_PATTERN, Expect, PipelineSpec, TensorDecl
 from .source import SourceMap, parse_document, read_document
 

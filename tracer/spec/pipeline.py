@@ -7,7 +7,8 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import Field, StrictBool, StrictFloat, StrictInt, field_validator, model_validator
 
 from .. import steps  # noqa: F401  (registers every step kind)
-from .base import STEP_KINDS, DimText, RecordId, Strict, TensorId
+from ..steps.contract import STEP_KINDS
+from .base import DimText, RecordId, Strict, TensorId
 
 DType = Literal["float32", "float64", "float16", "bfloat16", "int64", "int32", "bool"]
 FloatDType = Literal["float32", "float64", "float16", "bfloat16"]

@@ -8,8 +8,9 @@ from typing import ClassVar, Literal
 from pydantic import Field, StrictBool, StrictFloat, StrictInt, field_validator, model_validator
 
 from ..shapes.layout import fresh, same_layout
-from ..spec.base import DimText, StepBase, Strict, TensorId, register
+from ..spec.base import DimText, Strict, TensorId
 from ._rules import StepError, broadcast, norm_dim, require_float, show
+from .contract import StepBase, register
 
 
 class Sqrt(Strict):
@@ -21,6 +22,8 @@ class Scale(StepBase):
     """Multiply or divide by a number or by ``sqrt`` of a dim: ``scores / sqrt(Dh)``."""
 
     op: Literal["scale"] = "scale"
+    passes_scores = True
+    elementwise = True
     divide: StrictFloat | StrictInt | Sqrt | None = Field(None, description="divide by a number or by {sqrt: DIM}")
     multiply: StrictFloat | StrictInt | Sqrt | None = Field(None, description="multiply by a number or by {sqrt: DIM}")
     example = """\
@@ -40,10 +43,21 @@ class Scale(StepBase):
         return [f"{mode} √{by.sqrt}" if isinstance(by, Sqrt) else f"{mode} {by:g}"]
 
     def factor(self, value) -> float:
-        """The number to multiply by; ``value`` evaluates dim expressions."""
+        """The number written (``divide`` by it or ``multiply`` by it); ``value`` evaluates dim expressions."""
         by = self.divide if self.divide is not None else self.multiply
-        number = math.sqrt(value(by.sqrt)) if isinstance(by, Sqrt) else float(by)
-        return number
+        return math.sqrt(value(by.sqrt)) if isinstance(by, Sqrt) else float(by)
+
+    def multiplier(self, value) -> tuple[float, str]:
+        """What the scores are multiplied by, and how the file wrote it: ``(0.577, '1/√d_k (d_k=3)')``."""
+        by = self.divide if self.divide is not None else self.multiply
+        number = self.factor(value)
+        if isinstance(by, Sqrt):
+            text = f"√{by.sqrt}" + ("" if str(by.sqrt) == str(value(by.sqrt)) else f" ({by.sqrt}={value(by.sqrt)})")
+        else:
+            text = f"{by:g}"
+        if self.divide is not None:
+            return (1.0 / number if number else math.inf), f"1/{text}"
+        return number, text
 
     def infer(self, ins, ctx):
         x = ins[0]
@@ -85,6 +99,7 @@ class Mask(StepBase):
     """
 
     op: Literal["mask"] = "mask"
+    passes_scores = True
     causal: StrictBool = Field(False, description="block every key after its query (no mask input needed)")
     mask: TensorId | None = Field(None, description="a mask tensor broadcastable to the scores")
     polarity: Literal["keep", "block"] | None = Field(None, description="with 'mask': True means keep, or True means block")
@@ -175,6 +190,8 @@ class Dropout(StepBase):
     """``F.dropout(x, p, training)``; in eval mode (the default) it returns ``x`` itself."""
 
     op: Literal["dropout"] = "dropout"
+    passes_scores = True
+    elementwise = True
     p: float = Field(0.1, ge=0.0, le=1.0)
     training: StrictBool = Field(False, description="apply dropout (uses the RNG); false returns the input unchanged")
     example = """\
@@ -185,6 +202,9 @@ class Dropout(StepBase):
 
     def args(self):
         return [f"p={self.p:g}"] + (["training"] if self.training else [])
+
+    def is_random(self):
+        return self.training and self.p > 0
 
     def infer(self, ins, ctx):
         x = ins[0]

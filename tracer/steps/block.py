@@ -22,9 +22,10 @@ from pydantic import Field, StrictBool, StrictInt, model_validator
 from ..errors import Diagnostic, Position, TracerError
 from ..shapes.layout import view
 from ..spec import dims as dimexpr
-from ..spec.base import DimText, StepBase, register
+from ..spec.base import DimText
 from ..spec.source import SourceMap
 from ._rules import StepError, show
+from .contract import StepBase, register
 
 MAX_EXPANDED_STEPS = 20_000  # ~0.75 s to check; a 96-layer GPT-3 is ~3,000 steps
 

@@ -7,8 +7,9 @@ from typing import Literal
 from pydantic import Field
 
 from ..shapes.layout import fresh, same_layout
-from ..spec.base import StepBase, TensorId, register
+from ..spec.base import TensorId
 from ._rules import StepError, broadcast, require_float, show
+from .contract import StepBase, register
 
 
 @register
@@ -16,6 +17,7 @@ class Add(StepBase):
     """``a + b`` with broadcasting (residual connections, biases)."""
 
     op: Literal["add"] = "add"
+    elementwise = True
     arity = 2
     example = """\
 - id: residual_1
@@ -78,6 +80,7 @@ class Relu(StepBase):
     """``torch.relu(x)``."""
 
     op: Literal["relu"] = "relu"
+    elementwise = True
     example = """\
 - id: hidden_act
   op: relu
@@ -95,6 +98,7 @@ class Gelu(StepBase):
     """``F.gelu(x)`` (exact, or ``approximate: tanh`` as GPT-2 uses)."""
 
     op: Literal["gelu"] = "gelu"
+    elementwise = True
     approximate: Literal["none", "tanh"] = "none"
     example = """\
 - id: hidden_act

@@ -8,8 +8,9 @@ from typing import Literal
 from pydantic import Field, StrictInt, model_validator
 
 from ..shapes.layout import fresh, view, view_strides, with_root
-from ..spec.base import DimText, StepBase, register
+from ..spec.base import DimText
 from ._rules import StepError, norm_dim, show
+from .contract import StepBase, register
 
 
 def _target_shape(step, x, ctx):
@@ -78,6 +79,7 @@ class Reshape(StepBase):
     """``x.reshape(*shape)``: a view when the layout allows it, otherwise a contiguous copy."""
 
     op: Literal["reshape"] = "reshape"
+    copies_data = True  # when the layout forces it; a view otherwise (the record says which)
     shape: list[DimText] = Field(max_length=16, description="target shape; one entry may be -1")
     example = """\
 - id: attention_heads
@@ -159,6 +161,7 @@ class Contiguous(StepBase):
     """``x.contiguous()``: copies into row-major order, or returns ``x`` itself if it already is."""
 
     op: Literal["contiguous"] = "contiguous"
+    copies_data = True
     example = """\
 - id: ctx_c
   op: contiguous
@@ -206,6 +209,7 @@ class Repeat(StepBase):
     """``x.repeat(*repeats)``: tiles the tensor (a copy); extra leading repeats add dims."""
 
     op: Literal["repeat"] = "repeat"
+    copies_data = True
     repeats: list[DimText] = Field(max_length=16)
     example = """\
 - id: stacked_inputs
@@ -315,6 +319,7 @@ class Cat(StepBase):
     """``torch.cat(inputs, dim)``: joins tensors along an existing dim (a copy)."""
 
     op: Literal["cat"] = "cat"
+    copies_data = True
     arity = None
     dim: StrictInt = 0
     example = """\
@@ -352,6 +357,7 @@ class Stack(StepBase):
     """``torch.stack(inputs, dim)``: joins equal-shaped tensors along a new dim (a copy)."""
 
     op: Literal["stack"] = "stack"
+    copies_data = True
     arity = None
     dim: StrictInt = 0
     example = """\

@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Literal
 
 from ..shapes.layout import fresh
-from ..spec.base import StepBase, register
 from ._rules import StepError, show
+from .contract import StepBase, register
 
 
 def _batch(a, b, ctx):
@@ -30,6 +30,7 @@ class Matmul(StepBase):
     """``a @ b`` with torch.matmul's rules: (…, n, k) @ (…, k, m) → (…, n, m); 1-d operands allowed."""
 
     op: Literal["matmul"] = "matmul"
+    makes_scores = True
     arity = 2
     example = """\
 - id: scores
@@ -70,6 +71,7 @@ class Bmm(StepBase):
     """Batched matrix product of two 3-d tensors: (N, n, k) @ (N, k, m) → (N, n, m)."""
 
     op: Literal["bmm"] = "bmm"
+    makes_scores = True
     arity = 2
     example = """\
 - id: multihead_keys

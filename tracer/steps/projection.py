@@ -7,8 +7,9 @@ from typing import Literal
 from pydantic import Field
 
 from ..shapes.layout import fresh
-from ..spec.base import StepBase, TensorId, register
+from ..spec.base import TensorId
 from ._rules import StepError, require_float, show
+from .contract import StepBase, register
 
 
 @register

@@ -1,0 +1,159 @@
+"""The step contract: what a step kind is, what its shape rule and kernel receive and return.
+
+A step kind is one pydantic class, registered with ``@register``:
+
+- its **fields** are the YAML keys of the step (``op`` names the kind, as torch.fx's opcode names
+  the handler);
+- ``infer(ins, ctx: RuleContext)`` is its **shape rule**: the input ``Meta``s in, and out either
+  one ``Meta``, a ``Composite`` (a step that is several torch ops, each recorded, e.g. ``merge``),
+  or ``Outputs`` (several named tensors, e.g. ``split``);
+- ``kernel(ctx: KernelContext)`` builds its **torch function** once per (dims, device): it takes
+  the input tensors and returns one tensor, or a tuple in the order of the ``Composite``/``Outputs``;
+- **traits** (class attributes) tell every other layer what it needs to know about the kind, so
+  diagrams, lints, memory estimates, the interpreter and ``tracer.verify`` never list op names.
+
+Nothing here imports torch; shape rules run in ``tracer check`` without it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any, ClassVar, Protocol
+
+from pydantic import ConfigDict, Field, model_validator
+
+from ..shapes.layout import Meta
+from ..shapes.symbolic import Dim, DimAlgebra
+from ..spec.base import Strict, TensorId
+
+STEP_KINDS: dict[str, type[StepBase]] = {}
+
+
+class RuleContext(Protocol):
+    """What a shape rule may use (``tracer.shapes.check`` provides it)."""
+
+    alg: DimAlgebra  # the dims in force for this step (a block's own, inside a block)
+    input_ids: list[str]  # the ids of ``ins``, in order: data inputs, then param fields
+    dtype: str  # the pipeline's floating-point dtype
+    step_id: str
+
+    def dim(self, text: int | str, field: str) -> Dim:
+        """Evaluate a dim expression of field ``field``; a bad one is a located error there."""
+        ...
+
+    def warn_if_different(self, a: Dim, b: Dim, what: str, field: str) -> None:
+        """Warn when two dims that must match are equal today but are not the same dim."""
+        ...
+
+
+class KernelContext(Protocol):
+    """What a kernel builder may use (``tracer.interpreter`` provides it)."""
+
+    torch: ModuleType
+    F: ModuleType  # torch.nn.functional
+    device: Any  # a torch.device
+    ins: list[Meta]  # the static metadata of the inputs
+    out: Meta  # the static metadata of the (last) output
+
+    def value(self, text: int | str) -> int:
+        """The value of a dim expression at this run's dims."""
+        ...
+
+    def error(self, code: str, message: str, field: str | None = None) -> Exception:
+        """A located error for what only a run can see (a token id outside its table)."""
+        ...
+
+
+@dataclass(frozen=True)
+class Inner:
+    """One torch op inside a composite step, recorded as ``STEP/suffix``."""
+
+    suffix: str
+    op: str
+    meta: Meta
+
+
+class Composite(tuple):
+    """A shape rule's result for a step that is several ops in a chain: ``Composite([Inner, ...])``.
+
+    Each inner tensor is a record (``merged/contiguous``); the last one is the step's value.
+    """
+
+
+@dataclass(frozen=True)
+class Outputs:
+    """A shape rule's result for a step with several named outputs (``split`` into q, k, v).
+
+    Each name is a tensor id of its own; the kernel returns a tuple in this order.
+    """
+
+    metas: Mapping[str, Meta]
+
+
+Shape = Meta | Composite | Outputs
+
+
+class StepBase(Strict):
+    """Fields every step has, and the contract every kind fulfils."""
+
+    # a step kind is only ever validated inside PipelineSpec: skip building a validator per kind
+    model_config = ConfigDict(defer_build=True)
+
+    id: TensorId = Field(description="unique name of the step's output tensor")
+    input: TensorId | None = Field(None, description="the one input tensor (default: the previous step)")
+    inputs: list[TensorId] | None = Field(None, description="several input tensors, in order")
+    group: str | None = Field(None, max_length=80, description="label; diagrams draw a group as a cluster")
+    note: str | None = Field(None, max_length=500, description="free text shown under the node in diagrams")
+
+    arity: ClassVar[int | None] = 1  # number of data inputs; None means "one or more"
+    param_fields: ClassVar[tuple[str, ...]] = ()  # fields that name extra tensors (weights, masks)
+    example: ClassVar[str] = ""  # a YAML snippet for the format reference; a test validates it
+
+    # traits: what the other layers know about a kind without naming it
+    copies_data: ClassVar[bool] = False  # a layout op whose new storage is a copy of its input's data
+    passes_scores: ClassVar[bool] = False  # keeps attention scores (shape and meaning) between QK and softmax
+    makes_scores: ClassVar[bool] = False  # may compute attention scores (a product of queries and keys)
+    elementwise: ClassVar[bool] = False  # output element i reads input element i only (after broadcasting)
+    attention_weights: ClassVar[bool] = False  # output over its last dim is (…, T_q, T_kv) weights: reports draw heatmaps
+
+    @model_validator(mode="after")
+    def _one_input_form(self) -> StepBase:
+        if self.input is not None and self.inputs is not None:
+            raise ValueError("give either 'input' or 'inputs', not both")
+        return self
+
+    def data_inputs(self, previous: str | None) -> list[str]:
+        if self.inputs is not None:
+            return list(self.inputs)
+        if self.input is not None:
+            return [self.input]
+        return [previous] if previous is not None else []
+
+    def param_refs(self) -> list[str]:
+        return [getattr(self, f) for f in self.param_fields if getattr(self, f) is not None]
+
+    def output_ids(self) -> list[str]:
+        """The tensor ids this step defines: its own id, or the names of its several outputs."""
+        return [self.id]
+
+    def is_random(self) -> bool:
+        """Whether a run of this step draws from torch's RNG (training dropout)."""
+        return False
+
+    def args(self) -> list[str]:
+        """Key arguments for diagrams and tables, e.g. ``['dim=-1']``."""
+        return []
+
+    def infer(self, ins: list[Meta], ctx: RuleContext) -> Shape:  # pragma: no cover - every kind overrides
+        raise NotImplementedError
+
+    def kernel(self, ctx: KernelContext) -> Callable:  # pragma: no cover - every kind overrides
+        raise NotImplementedError
+
+
+def register(cls: type[StepBase]) -> type[StepBase]:
+    op = cls.model_fields["op"].default
+    STEP_KINDS[op] = cls
+    return cls
