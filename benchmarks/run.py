@@ -209,10 +209,10 @@ def worker_stack(rounds: int) -> dict:
     collapse = ["layers/*"]
     renders, fmt = [], "svg" if shutil.which("dot") else "dot"
     with tempfile.TemporaryDirectory() as tmp:
-        render_file(pipeline, Path(tmp) / f"warm.{fmt}", collapse=collapse)
+        render_file(pipeline.run(device="meta"), Path(tmp) / f"warm.{fmt}", collapse=collapse)
         for r in range(max(3, rounds // 3)):
             start = time.perf_counter()
-            render_file(tracer.load(STACK), Path(tmp) / f"stack{r}.{fmt}", collapse=collapse)
+            render_file(tracer.load(STACK).run(device="meta"), Path(tmp) / f"stack{r}.{fmt}", collapse=collapse)
             renders.append(time.perf_counter() - start)
     dims = {"B": 2, "T": 5, "d_model": 8, "H": 2}
     trace = pipeline.run(dims, keep_values=True)

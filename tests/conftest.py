@@ -9,6 +9,19 @@ ROOT = Path(__file__).resolve().parent.parent
 PIPELINES = ROOT / "pipelines"
 
 
+KERNEL_TESTED: set[str] = set()  # step kinds with a kernel test against plain torch (see test_architecture)
+
+
+def covers(*ops: str):
+    """Mark a test as the kernel test of these step kinds."""
+
+    def mark(test):
+        KERNEL_TESTED.update(ops)
+        return test
+
+    return mark
+
+
 def pipeline_text(body: str, dims: str = "", inputs: str = "", params: str = "") -> str:
     """A small pipeline file around some steps (each argument is YAML at the section's indent)."""
     parts = ["name: t"]

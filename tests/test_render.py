@@ -209,20 +209,19 @@ def test_cli_render_svg_is_valid_and_shows_both_shapes_and_dashes(tmp_path, caps
     root = ET.parse(out).getroot()
     dashed = [g for g in root.iter() if g.get("class") == "edge" and any(p.get("stroke-dasharray") for p in g.iter())]
     assert len(dashed) == 5
-    assert (tmp_path / "m.dot").exists()  # the DOT is always written too
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.dot", "m.svg"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.svg"]  # only the file asked for: no DOT beside it
 
 
 @needs_dot
 @pytest.mark.parametrize("suffix, magic", [(".png", b"\x89PNG"), (".pdf", b"%PDF")])
 def test_format_comes_from_the_suffix(tmp_path, suffix, magic):
-    out = render_file(str(CAUSAL), tmp_path / f"m{suffix}", dims={"T": 3}, collapse=["attention core"])
+    out = render_file(tracer.load(CAUSAL).run(dims={"T": 3}), tmp_path / f"m{suffix}", collapse=["attention core"])
     assert out.read_bytes().startswith(magic)
 
 
 def test_unknown_suffix_is_a_clear_error(tmp_path):
     with pytest.raises(TracerError) as info:
-        render_file(str(CAUSAL), tmp_path / "m.jpeg")
+        render_file(tracer.load(CAUSAL).run(), tmp_path / "m.jpeg")
     assert info.value.code == "output-format" and ".svg" in str(info.value)
     assert list(tmp_path.iterdir()) == []
 
@@ -239,9 +238,9 @@ def test_without_graphviz_dot_works_and_svg_fails_cleanly(tmp_path):
     assert (tmp_path / "m.dot").read_text().startswith("digraph causal_mha {")
     done = cli(["render", str(CAUSAL), "-o", "g.svg"], no_dot, tmp_path)
     assert done.returncode == 1
-    assert "no-renderer" in done.stderr and "g.dot" in done.stderr and "install graphviz" in done.stderr.lower()
+    assert "no-renderer" in done.stderr and "-o g.dot" in done.stderr and "install graphviz" in done.stderr.lower()
     assert "Traceback" not in done.stderr
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["g.dot", "m.dot"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.dot"]  # only the file asked for, and only on success
 
 
 def test_a_failing_renderer_leaves_no_partial_or_temporary_file(tmp_path, monkeypatch):
@@ -250,14 +249,15 @@ def test_a_failing_renderer_leaves_no_partial_or_temporary_file(tmp_path, monkey
     fake = bin_dir / "dot"  # writes half a file to -o, then fails
     fake.write_text('#!/bin/sh\nfor a; do out="$a"; done\necho "<svg" > "$out"\necho "Error: syntax error" >&2\nexit 1\n')
     fake.chmod(0o755)
+    trace = tracer.load(CAUSAL).run()
     monkeypatch.setenv("PATH", str(bin_dir))
     out_dir = tmp_path / "out"
     out_dir.mkdir()
     (out_dir / "m.svg").write_text("old picture")
     with pytest.raises(TracerError) as info:
-        render_file(str(CAUSAL), out_dir / "m.svg")
+        render_file(trace, out_dir / "m.svg")
     assert info.value.code == "render-failed" and "syntax error" in str(info.value)
-    assert sorted(p.name for p in out_dir.iterdir()) == ["m.dot", "m.svg"]
+    assert sorted(p.name for p in out_dir.iterdir()) == ["m.svg"]
     assert (out_dir / "m.svg").read_text() == "old picture"
 
 

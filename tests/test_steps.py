@@ -6,19 +6,25 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tests.conftest import pipeline_text, run_text
+import tracer
+from tests.conftest import covers, pipeline_text, run_text
 
 X = "x: {shape: [2, 3, 4], init: randn}"
 
 
 def trace_of(steps, inputs=X, params="", dims=""):
-    return run_text(pipeline_text(steps, dims=dims, inputs=inputs, params=params))
+    trace = run_text(pipeline_text(steps, dims=dims, inputs=inputs, params=params))
+    # every kernel test is also a static-vs-torch agreement case: the shape rules predicted every
+    # record's shape, stride, offset, dtype and storage owner exactly
+    assert trace.as_predicted, [r.id for r in trace.records]
+    return trace
 
 
 def close(a, b):
     return a.shape == b.shape and torch.allclose(a, b, atol=1e-6, equal_nan=True)
 
 
+@covers("embed")
 def test_embed_looks_up_rows():
     t = trace_of(
         "- {id: e, op: embed, input: ids, weight: E}",
@@ -29,6 +35,7 @@ def test_embed_looks_up_rows():
     assert t["e"].symbolic_shape == ("5", "2")
 
 
+@covers("linear")
 @pytest.mark.parametrize("layout", ["out_in", "in_out"])
 def test_linear_both_weight_layouts_with_bias(layout):
     shape = "[5, 4]" if layout == "out_in" else "[4, 5]"
@@ -54,6 +61,7 @@ def test_linear_init_matches_nn_linear_bit_for_bit():
     assert torch.equal(t["b"].tensor, reference.bias.detach())
 
 
+@covers("matmul")
 def test_matmul_broadcasts_like_torch():
     t = trace_of("- {id: y, op: matmul, inputs: [x, w]}", inputs=X + "\nw: {shape: [4, 6], init: randn}")
     assert close(t["y"].tensor, torch.matmul(t["x"].tensor, t["w"].tensor))
@@ -65,17 +73,20 @@ def test_matmul_vector_operands():
     assert close(t["y"].tensor, t["m"].tensor @ t["v"].tensor)
 
 
+@covers("bmm")
 def test_bmm():
     t = trace_of("- {id: y, op: bmm, inputs: [a, b]}", inputs="a: {shape: [3, 2, 4], init: randn}\nb: {shape: [3, 4, 5], init: randn}")
     assert close(t["y"].tensor, torch.bmm(t["a"].tensor, t["b"].tensor))
 
 
+@covers("view")
 def test_view_shares_storage_and_infers_minus_one():
     t = trace_of("- {id: y, op: view, shape: [2, -1, 2]}")
     assert close(t["y"].tensor, t["x"].tensor.view(2, -1, 2))
     assert t["y"].view_of == "x" and t["y"].contiguous
 
 
+@covers("reshape")
 def test_reshape_copies_only_when_it_must():
     t = trace_of("""
         - {id: xt, op: transpose, dims: [1, 2]}
@@ -86,6 +97,7 @@ def test_reshape_copies_only_when_it_must():
     assert t["copied"].view_of is None and t["viewed"].view_of == "x"
 
 
+@covers("transpose", "permute", "contiguous")
 def test_transpose_permute_contiguous():
     t = trace_of("""
         - {id: xt, op: transpose, dims: [0, 2]}
@@ -100,6 +112,7 @@ def test_transpose_permute_contiguous():
     assert t["same"].view_of == "x"  # contiguous() of a contiguous tensor is the tensor itself
 
 
+@covers("unsqueeze", "repeat")
 def test_unsqueeze_and_repeat():
     t = trace_of("""
         - {id: u, op: unsqueeze, dim: 1}
@@ -110,6 +123,7 @@ def test_unsqueeze_and_repeat():
     assert close(t["r"].tensor, x.repeat(3, 1, 2, 1))
 
 
+@covers("index")
 def test_index_select_and_slice():
     t = trace_of("""
         - {id: sel, op: index, dim: 1, index: -1}
@@ -120,6 +134,7 @@ def test_index_select_and_slice():
     assert close(t["sl"].tensor, x[:, :, 1:4:2]) and t["sl"].view_of == "x"
 
 
+@covers("cat", "stack")
 def test_cat_and_stack():
     t = trace_of("""
         - {id: c, op: cat, inputs: [x, x], dim: -1}
@@ -130,6 +145,7 @@ def test_cat_and_stack():
     assert close(t["s"].tensor, torch.stack([x, x, x], 1))
 
 
+@covers("scale")
 def test_scale_by_number_and_sqrt_of_dim():
     t = trace_of(
         """
@@ -142,6 +158,7 @@ def test_scale_by_number_and_sqrt_of_dim():
     assert close(t["d"].tensor, x / math.sqrt(4)) and close(t["m"].tensor, x * 0.5)
 
 
+@covers("mask")
 def test_mask_causal_and_both_polarities():
     t = trace_of(
         """
@@ -162,6 +179,7 @@ def test_mask_causal_and_both_polarities():
     assert close(t["kept"].tensor, s.masked_fill(keep == False, -1e9))  # noqa: E712 (tutorial 003's spelling)
 
 
+@covers("softmax", "dropout")
 def test_softmax_dropout_eval_and_training():
     t = trace_of("""
         - {id: w, op: softmax, dim: -1}
@@ -175,6 +193,7 @@ def test_softmax_dropout_eval_and_training():
     assert torch.allclose(t["train"].tensor[kept], w[kept] * 2)
 
 
+@covers("merge")
 def test_merge_records_transpose_contiguous_view():
     t = trace_of("- {id: m, op: merge}", inputs="x: {shape: [2, 3, 5, 4], init: randn}")
     x = t["x"].tensor
@@ -183,6 +202,7 @@ def test_merge_records_transpose_contiguous_view():
     assert not t["m/transpose"].contiguous and t["m/contiguous"].view_of is None and t["m/view"].view_of == "m/contiguous"
 
 
+@covers("add", "layernorm", "relu", "gelu")
 def test_add_layernorm_relu_gelu():
     t = trace_of(
         """
@@ -205,3 +225,34 @@ def test_tokens_build_tutorial_000_dictionary():
         inputs="ids: {shape: [8], tokens: {text: 'My shoes are small, my feet are big.', remove: [',']}}",
     )
     assert t["ids"].tensor.tolist() == [0, 6, 2, 7, 5, 4, 2, 3]
+
+
+@covers("split")
+@pytest.mark.parametrize("how", ["sizes: d", "sizes: [d, d, d]", "chunks: 3"])
+def test_split_gives_named_views_like_torch_split(how):
+    t = trace_of(
+        f"- {{id: qkv, op: split, dim: 2, {how}, outputs: [q, k, v]}}\n- {{id: both, op: add, inputs: [q, v]}}",
+        inputs="x: {shape: [2, 3, 3 * d], init: randn}",
+        dims="d: 4",
+    )
+    q, k, v = t["x"].tensor.split(4, dim=2)
+    for name, piece in zip("qkv", (q, k, v)):
+        record = t[name]
+        assert close(record.tensor, piece) and record.stride == piece.stride() and record.storage_offset == piece.storage_offset()
+        assert record.view_of == "x" and record.symbolic_shape == ("2", "3", "d") and record.op == "split"
+    assert close(t["both"].tensor, q + v)
+
+
+def test_split_outputs_are_ids_for_expect_and_outputs():
+    text = (
+        pipeline_text(
+            "- {id: qkv, op: split, sizes: [1, 3], outputs: [a, b]}",
+            inputs="x: {shape: [2, 4], init: randn}",
+        )
+        + "outputs: [b, a]\nexpect:\n  a: [2, 1]\n  b: {shape: [2, 3], contiguous: false}\n"
+    )
+    trace = run_text(text)
+    assert list(trace.outputs) == ["b", "a"] and trace.outputs["b"].shape == (2, 3)
+    wrong = text.replace("a: [2, 1]", "a: [2, 2]")
+    with pytest.raises(tracer.TracerError, match=r"expected 'a' to be \(2, 2\)"):
+        run_text(wrong)

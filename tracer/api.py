@@ -6,7 +6,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from .errors import Diagnostic, TracerError
+from .errors import Diagnostic, ExpectationError, TracerError
 from .shapes.check import Analysis, analyze
 from .spec.load import load_spec, load_spec_text
 from .spec.pipeline import SEED_MAX, SEED_MIN, PipelineSpec
@@ -93,6 +93,7 @@ class Pipeline:
             if rng_state is not None and plan.random:
                 torch.set_rng_state(rng_state)  # training dropout sees the same RNG as a fresh run
         trace = run_plan(plan, created, self, seed, keep_values, observe)
+        trace.draw = _draw
         if not trace.as_predicted:  # otherwise the static check of expect: already covers this run
             _enforce_expectations(trace)
         return trace
@@ -101,34 +102,28 @@ class Pipeline:
         return f"<Pipeline {self.name!r} from {self.path}: {len(self.spec.steps)} steps>"
 
 
+def _draw(trace: Trace, collapse: tuple[str, ...]):
+    from .render import diagram  # the API joins running and drawing; neither layer imports the other
+
+    return diagram(trace, collapse)
+
+
 def _enforce_expectations(trace: Trace) -> None:
     """``expect:`` is checked statically, and again here against what torch actually produced."""
-    from .errors import ExpectationError
-
     analysis = trace.analysis
-    if not analysis.pipeline.expect:
-        return
-    sizes = analysis.__dict__.get("_expected_sizes")
-    if sizes is None:  # evaluated once per analysis: a run pays only the comparisons
-        sizes = analysis.__dict__["_expected_sizes"] = {
-            name: None
-            if (shape := expected if isinstance(expected, list) else expected.shape) is None
-            else tuple(analysis.expect_alg_of(name).dim(t).value for t in shape)
-            for name, expected in analysis.pipeline.expect.items()
-        }
     problems = []
     for name, expected in analysis.pipeline.expect.items():
         record = trace[name]
         shape = expected if isinstance(expected, list) else expected.shape
-        if shape is not None and sizes[name] != record.shape:
-            problems.append(f"'{name}' ran with shape {list(record.shape)}, expected ({', '.join(map(str, shape))})")
+        if shape is not None and analysis.expected_sizes[name] != record.shape:
+            problems.append((name, f"'{name}' ran with shape {list(record.shape)}, expected ({', '.join(map(str, shape))})"))
         contiguous = getattr(expected, "contiguous", None)
         if contiguous is not None and contiguous != record.contiguous:
-            problems.append(
-                f"'{name}' ran {'non-' if contiguous else ''}contiguous (stride {record.stride}), expected {'contiguous' if contiguous else 'non-contiguous'}"
-            )
+            ran = "non-" if contiguous else ""
+            want = "contiguous" if contiguous else "non-contiguous"
+            problems.append((name, f"'{name}' ran {ran}contiguous (stride {record.stride}), expected {want}"))
     if problems:
-        raise ExpectationError([analysis.source.error(("expect", p.split("'")[1]), "expect", p, prefer_key=True) for p in problems])
+        raise ExpectationError([analysis.source.error(("expect", name), "expect", text, prefer_key=True) for name, text in problems])
 
 
 def _dims_key(dims: Mapping[str, int] | None) -> tuple:

@@ -171,7 +171,7 @@ def _size(text: str) -> int:
 
 
 def _peak_line(trace) -> str:
-    from .trace import human_bytes
+    from .formatting import human_bytes
 
     memory = trace.analysis.memory
     where = f" (while '{memory.peak_step}' runs)" if memory.peak_step else ""
@@ -193,14 +193,13 @@ def _render(args) -> int:
     output = Path(args.output or f"{Path(args.file).stem}.svg")
     if args.values and args.device == "meta":
         raise TracerError(Diagnostic(args.file, None, "values-on-meta", "--values needs real data: drop --device meta (or use cpu/cuda)"))
-    pipeline = _load_unchecked(args.file)
+    trace = _load_unchecked(args.file).run(dims=dict(args.dim), device=args.device, keep_values=args.values)
     if output.suffix.lower() == ".html":
         from .report import write_report
 
-        trace = pipeline.run(dims=dict(args.dim), device=args.device, keep_values=args.values)
         written = write_report(trace, output, args.collapse)
     else:
-        written = render_file(pipeline, output, dims=dict(args.dim), collapse=args.collapse, device=args.device, values=args.values)
+        written = render_file(trace, output, collapse=args.collapse)  # with values: heatmaps in softmax nodes
     print(f"wrote {written}")
     return 0
 

@@ -10,9 +10,11 @@ import glob
 import sys
 from pathlib import Path
 
+from .atomic import write_atomic
 from .errors import TracerError
-from .render import dot_source, render_dot, write_atomic
+from .render import render_file
 from .report import write_report
+from .steps.block import Block
 
 # Pipelines that also get an interactive HTML report with values (heatmaps): the tutorials'
 # sentence, a causal model and a sliding-window one. A path not in the folder is skipped.
@@ -43,13 +45,7 @@ def render_one(path: Path, svg: Path) -> str:
 
     pipeline = Pipeline(*load_spec(path))
     pipeline.check().raise_errors()
-    trace = _run(pipeline)
-    dot = svg.with_suffix(".dot")
-    write_atomic(dot, dot_source(trace, repeated_blocks(pipeline)).encode())
-    try:
-        render_dot(dot, svg, "svg", pipeline.path)
-    finally:
-        dot.unlink(missing_ok=True)  # the gallery keeps only the pictures
+    render_file(_run(pipeline), svg, repeated_blocks(pipeline))
     return (pipeline.spec.description or pipeline.name).strip().splitlines()[0]
 
 
@@ -68,7 +64,7 @@ def repeated_blocks(pipeline) -> list[str]:
     return [
         glob.escape(f"{step.group}/{step.id}" if step.group else step.id) + "/*"
         for step in pipeline.spec.steps
-        if step.op == "block" and step.repeat
+        if isinstance(step, Block) and step.repeat
     ]
 
 

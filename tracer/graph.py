@@ -23,13 +23,14 @@ if TYPE_CHECKING:
 
 @dataclass
 class StepGraph:
-    nodes: dict[str, str]  # tensor id -> kind: "input", "param" or "step" (first declaration wins)
+    nodes: dict[str, str]  # tensor id -> kind: "input", "param", "step" or "part" (first declaration wins)
     edges: list[tuple[str, str]]  # (producer, consumer), one per reference
     order: list[str]  # step ids in execution order
     refs: dict[str, list[str]]  # step id -> every tensor it reads (data inputs, then params)
     data_inputs: dict[str, list[str]]
     index: dict[str, int]  # step id -> position in the file's step list
     diagnostics: list[Diagnostic]
+    parts: dict[str, str] = field(default_factory=dict)  # output name of a multi-output step -> that step
     users: dict[str, list[str]] = field(init=False)  # tensor id -> the steps that read it, in file order
 
     def __post_init__(self) -> None:
@@ -45,7 +46,12 @@ class StepGraph:
         graph = nx.DiGraph()
         graph.add_nodes_from((node, {"kind": kind}) for node, kind in self.nodes.items())
         graph.add_edges_from(self.edges)
+        graph.add_edges_from((step, part) for part, step in self.parts.items())
         return graph
+
+    def position(self, tensor_id: str) -> int:
+        """The file position of the step that makes a tensor (-1 for inputs and params)."""
+        return self.index.get(self.parts.get(tensor_id, tensor_id), -1)
 
 
 def build_graph(pipeline: PipelineSpec, source: SourceMap) -> StepGraph:
@@ -65,18 +71,11 @@ def build_graph(pipeline: PipelineSpec, source: SourceMap) -> StepGraph:
     index, refs, data_inputs, edges = {}, {}, {}, []
     # the first step reads the pipeline's only input unless it says otherwise
     previous = next(iter(pipeline.inputs)) if len(pipeline.inputs) == 1 else None
+    parts: dict[str, str] = {}
     for i, step in enumerate(pipeline.steps):
-        if step.id in declared:
-            where = declared[step.id]
-            line = source.locate(where, prefer_key=True)
-            problems.append(
-                source.error(
-                    ("steps", i, "id"),
-                    "duplicate-id",
-                    f"id '{step.id}' is already used (line {line.line if line else '?'}); every tensor needs its own name",
-                    step.id,
-                )
-            )
+        clash = _clash(step, i, declared, source)
+        if clash:
+            problems.append(clash)
             previous = step.id
             continue
         declared[step.id] = ("steps", i)
@@ -84,6 +83,10 @@ def build_graph(pipeline: PipelineSpec, source: SourceMap) -> StepGraph:
         data_inputs[step.id] = step.data_inputs(previous)
         refs[step.id] = data_inputs[step.id] + step.param_refs()
         nodes[step.id] = "step"
+        if step.output_field is not None:
+            for j, name in enumerate(step.output_ids()):
+                declared[name] = ("steps", i, step.output_field, j)
+                nodes[name], parts[name] = "part", step.id
         previous = step.id
     for step_id, i in index.items():
         step = pipeline.steps[i]
@@ -100,17 +103,40 @@ def build_graph(pipeline: PipelineSpec, source: SourceMap) -> StepGraph:
         for ref, field_path in _ref_fields(step, data_inputs[step_id]):
             if ref not in declared:
                 problems.append(source.error(("steps", i) + field_path, "unknown-ref", _unknown(ref, declared), step_id))
+            elif ref in index and pipeline.steps[index[ref]].output_field is not None:
+                problems.append(source.error(("steps", i) + field_path, "several-outputs", _several(pipeline.steps[index[ref]]), step_id))
             else:
                 edges.append((ref, step_id))
-    result = StepGraph(nodes, edges, [], refs, data_inputs, index, problems)
+    result = StepGraph(nodes, edges, [], refs, data_inputs, index, problems, parts)
     # the common case: every edge runs forward in the file, so there is no cycle and the file's
     # order is the topological order (this is what makes 48-layer stacks cheap to check)
-    forward = all(index.get(u, -1) < index.get(v, -1) for u, v in edges)
+    forward = all(result.position(u) < result.position(v) for u, v in edges)
     if not forward:
         problems += _cycle_errors(result.graph, index, source)
     if not problems:
         result.order = sorted(index, key=index.__getitem__) if forward else _order(result.graph, index)
     return result
+
+
+def _clash(step, i: int, declared: dict, source: SourceMap) -> Diagnostic | None:
+    """A located error when the step's id, or one of its output names, is already taken."""
+    for name, path in [(step.id, ("steps", i, "id"))] + [
+        (name, ("steps", i, step.output_field, j)) for j, name in enumerate(step.output_ids()) if step.output_field is not None
+    ]:
+        if name in declared:
+            line = source.locate(declared[name], prefer_key=True)
+            where = f"line {line.line if line else '?'}"
+            return source.error(path, "duplicate-id", f"id '{name}' is already used ({where}); every tensor needs its own name", step.id)
+        if name == step.id and path[-1] != "id":
+            return source.error(
+                path, "duplicate-id", f"output '{name}' has the step's own id; name the split and its pieces apart", step.id
+            )
+    return None
+
+
+def _several(step) -> str:
+    names = ", ".join(step.output_ids())
+    return f"'{step.id}' is a {step.op} with several outputs ({names}): read one of them by its name"
 
 
 def _ref_fields(step, data_inputs: list[str]):

@@ -13,9 +13,10 @@ from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass, replace
 from operator import is_, itemgetter
-from typing import Any
+from typing import Any, NamedTuple
 
 from .errors import Diagnostic, InternalError, TracerError
+from .memory import last_reads
 from .shapes.check import Analysis
 from .shapes.layout import Meta
 from .spec.pipeline import TensorDecl
@@ -34,12 +35,12 @@ def torch_module():
 class KernelContext:
     """What a step kind's ``kernel`` may use to build its function."""
 
-    def __init__(self, analysis: Analysis, refs: list[str], out: Meta, device: Any, step_id: str | None = None):
+    def __init__(self, analysis: Analysis, refs: list[str], outs: list[Meta], device: Any, step_id: str | None = None):
         import torch.nn.functional as F
 
         self.torch, self.F, self.device = torch_module(), F, device
         self.ins = [analysis.metas[r] for r in refs]
-        self.out = out
+        self.outs, self.out = outs, outs[-1]
         self._alg = analysis.alg if step_id is None else analysis.alg_of(step_id)
         self._where = (analysis, step_id)
 
@@ -59,11 +60,27 @@ class PlannedStep:
     step_id: str
     fn: Callable
     refs: tuple[str, ...]
-    records: tuple[tuple[str, str, tuple[int, ...], tuple[str, ...], str | None], ...]  # id, op, sizes, symbolic, static view_of
-    free: tuple[str, ...]
-    # per record: (id, sizes, stride, offset, torch dtype, static view_of, the record a run matching all of them makes)
-    expected: tuple = ()
-    getter: Callable | None = None  # env -> the kernel's argument (one ref) or arguments (several)
+    free: tuple[str, ...]  # records that die after this step
+    expected: tuple[Expected, ...]  # one per record the step makes
+    getter: Callable  # env -> the kernel's argument (one ref) or arguments (several)
+
+
+class Expected(NamedTuple):
+    """What the static analysis predicts for one record; a run that matches it reuses ``template``."""
+
+    id: str
+    sizes: tuple[int, ...]
+    stride: tuple[int, ...]
+    offset: int
+    dtype: Any  # a torch.dtype
+    view_of: str | None
+    template: TensorRecord
+
+
+class RunResult(NamedTuple):
+    records: list[TensorRecord]
+    outputs: dict[str, Any]
+    as_predicted: bool  # every record matched the static prediction exactly
 
 
 class Plan:
@@ -82,12 +99,7 @@ class Plan:
         torch = torch_module()
         keep = {analysis.output_of(name) for name in analysis.outputs}
         declared = set(analysis.pipeline.inputs) | set(analysis.pipeline.params)
-        last_use: dict[str, str] = {}  # every record, inner ones too, dies after its last reader (or its own step)
-        for step_id in analysis.graph.order:
-            for rid, _ in analysis.inner.get(step_id) or [(step_id, None)]:
-                last_use[rid] = step_id
-            for ref in analysis.graph.refs[step_id]:
-                last_use[analysis.output_of(ref)] = step_id
+        order = analysis.graph.order
         self.random = False
         self.output_ids = tuple((name, analysis.output_of(name)) for name in analysis.outputs)
         self.inputs_expected = {
@@ -95,41 +107,33 @@ class Plan:
             for name in declared
             if name in analysis.metas
         }
-        dying: dict[str, list[str]] = {}
-        for rid, step_id in last_use.items():
+        dying: dict[str, list[str]] = {}  # every record, inner ones too, dies after its last reader (or its own step)
+        for rid, last in last_reads(analysis).items():
             if rid not in keep and rid not in declared:
-                dying.setdefault(step_id, []).append(rid)
+                dying.setdefault(order[last], []).append(rid)
         planned = []
         for step_id in analysis.graph.order:
             step = analysis.step(step_id)
             self.random = self.random or step.is_random()
             refs = analysis.graph.refs[step_id]
             inner = analysis.inner.get(step_id) or [(step_id, step.op)]
-            records = tuple(
-                (
-                    rid,
-                    op,
-                    analysis.metas[rid].sizes,
-                    tuple(str(d) for d in analysis.metas[rid].shape),
-                    _static_view_of(analysis.metas[rid], rid),
-                )
-                for rid, op in inner
-            )
-            fn = step.kernel(KernelContext(analysis, refs, analysis.metas[inner[-1][0]], self.device, step_id))
+            fn = step.kernel(KernelContext(analysis, refs, [analysis.metas[rid] for rid, _ in inner], self.device, step_id))
             free = tuple(dying.get(step_id, ()))
             ins = tuple(analysis.output_of(r) for r in refs)
-            expected = tuple(self._expect(rid, op, ins if j == 0 else (inner[j - 1][0],), torch) for j, (rid, op) in enumerate(inner))
-            planned.append(PlannedStep(step_id, fn, ins, records, free, expected, itemgetter(*ins) if ins else (lambda env: ())))
+            chained = analysis.chained(step_id)  # a composite's inner op reads the one before; several outputs read the inputs
+            expected = tuple(
+                self._expect(rid, op, (inner[j - 1][0],) if chained and j else ins, torch) for j, (rid, op) in enumerate(inner)
+            )
+            planned.append(PlannedStep(step_id, fn, ins, free, expected, itemgetter(*ins) if ins else (lambda env: ())))
         # the loop's view of the plan: flat tuples, so a run touches no attributes
         self._loop = tuple(
             (p.getter, p.fn, len(p.refs) == 1, p.expected[0] if len(p.expected) == 1 else None, p.expected, p.free, p.step_id)
             for p in planned
         )
         self._inputs_cache: tuple | None = None  # (tensors dict, its values, input records, storage roots)
-        self.divergent = 0  # records whose layout differed from the static prediction, over all runs
         return planned
 
-    def _expect(self, rid: str, op: str, inputs: tuple, torch) -> tuple:
+    def _expect(self, rid: str, op: str, inputs: tuple, torch) -> Expected:
         meta = self.analysis.metas[rid]
         view_of = _static_view_of(meta, rid)
         template = TensorRecord(
@@ -146,9 +150,9 @@ class Plan:
             view_of,
             meta.nbytes,
         )
-        return rid, meta.sizes, meta.stride, meta.offset, getattr(torch, meta.dtype), view_of, template
+        return Expected(rid, meta.sizes, meta.stride, meta.offset, getattr(torch, meta.dtype), view_of, template)
 
-    def run(self, tensors: dict[str, Any], keep_values: bool, observe: Callable | None = None) -> tuple[list[TensorRecord], dict[str, Any]]:
+    def run(self, tensors: dict[str, Any], keep_values: bool, observe: Callable | None = None) -> RunResult:
         """Run every kernel and record every tensor; ``observe(record_id, tensor)``, when given, sees
         each tensor a step produces (inner records too) while it is still alive.
 
@@ -162,6 +166,7 @@ class Plan:
         storages = _StorageIndex()
         owner = storages.owner
         cache = self._inputs_cache
+        diverged = False
         if (
             not keep_values
             and cache is not None
@@ -180,7 +185,7 @@ class Plan:
                         self._record(name, "input" if name in self.analysis.pipeline.inputs else "param", (), tensor, storages, keep_values)
                     )
                 else:
-                    self._append(records.append, expected, tensor, owner(tensor, name), keep_values, "")
+                    diverged |= self._append(records.append, expected, tensor, owner(tensor, name), keep_values, "")
             if not keep_values:
                 self._inputs_cache = (tensors, tuple(tensors.values()), tuple(records), dict(storages.roots))
         append = records.append
@@ -212,33 +217,39 @@ class Plan:
                     ):
                         append(template)
                     else:
-                        self._append(append, expect, result, view_of, keep_values, step_id)
+                        diverged |= self._append(append, expect, result, view_of, keep_values, step_id)
                 else:
                     for expect, tensor in zip(expected, result):
-                        env[expect[0]] = tensor
+                        env[expect.id] = tensor
                         if observe is not None:
-                            observe(expect[0], tensor)
-                        self._append(append, expect, tensor, owner(tensor, expect[0]), keep_values, step_id)
+                            observe(expect.id, tensor)
+                        diverged |= self._append(append, expect, tensor, owner(tensor, expect.id), keep_values, step_id)
                 if free and not keep_values:
                     for name in free:
                         del env[name]
         outputs = {name: env[rid] for name, rid in self.output_ids}
-        return records, outputs
+        return RunResult(records, outputs, not diverged)
 
-    def _append(self, append, expect, tensor, view_of, keep_values: bool, step_id: str) -> None:
-        rid, sizes, stride, offset, dtype, static_view_of, template = expect
-        if tensor.shape != sizes:
+    def _append(self, append, expect: Expected, tensor, view_of, keep_values: bool, step_id: str) -> bool:
+        """Append the record of ``tensor``; True when its layout differs from the prediction."""
+        template = expect.template
+        if tensor.shape != expect.sizes:
             raise InternalError(
-                f"step '{step_id}': the shape rule for '{template.op}' predicted {list(sizes)}, torch produced {list(tensor.shape)}"
+                f"step '{step_id}': the shape rule for '{template.op}' predicted {list(expect.sizes)}, torch produced {list(tensor.shape)}"
             )
-        if tensor.stride() == stride and tensor.storage_offset() == offset and tensor.dtype is dtype and view_of == static_view_of:
+        if (
+            tensor.stride() == expect.stride
+            and tensor.storage_offset() == expect.offset
+            and tensor.dtype is expect.dtype
+            and view_of == expect.view_of
+        ):
             append(replace(template, tensor=tensor) if keep_values else template)
-        else:
-            append(self._observed(template, tensor, view_of, keep_values))
+            return False
+        append(self._observed(template, tensor, view_of, keep_values))
+        return True
 
     def _observed(self, template: TensorRecord, tensor, view_of, keep_values: bool) -> TensorRecord:
         """The record of a tensor whose layout differs from the static prediction: torch's own values."""
-        self.divergent += 1
         return TensorRecord(
             template.id,
             template.op,
@@ -328,8 +339,9 @@ def create_tensors(analysis: Analysis, device: str, seed: int | None, given: dic
 
 def _declaration_order(analysis: Analysis):
     source, spec = analysis.source, analysis.pipeline
-    # the section written first in the file is created first (an absent section is empty anyway)
-    sections = sorted(("inputs", "params"), key=lambda s: source.keys[(s,)].line if (s,) in source.keys else 0)
+    # the section written first in the file is created first; a section the file lacks (blocks add
+    # params to a file without any) comes last, inputs before params
+    sections = sorted(("inputs", "params"), key=lambda s: source.keys[(s,)].line if (s,) in source.keys else math.inf)
     for section in sections:
         for name, decl in getattr(spec, section).items():
             yield section, name, decl
@@ -393,6 +405,5 @@ def _linear_init(decl: TensorDecl, meta: Meta, torch, device, dtype, alg):
 def run_plan(
     plan: Plan, tensors: dict[str, Any], pipeline: Any, seed: int | None, keep_values: bool, observe: Callable | None = None
 ) -> Trace:
-    divergent = plan.divergent
-    records, outputs = plan.run(tensors, keep_values, observe)
-    return Trace(pipeline, plan.analysis, records, outputs, seed, keep_values, as_predicted=plan.divergent == divergent)
+    records, outputs, as_predicted = plan.run(tensors, keep_values, observe)
+    return Trace(pipeline, plan.analysis, records, outputs, seed, keep_values, as_predicted=as_predicted)

@@ -144,7 +144,8 @@ def dead_steps(analysis) -> list[Diagnostic]:
     users, outputs = analysis.graph.users, set(analysis.outputs)
     found = []
     for step_id, i in analysis.graph.index.items():
-        if step_id in outputs or users.get(step_id):
+        made = analysis.pipeline.steps[i].output_ids()
+        if any(name in outputs or users.get(name) for name in made):
             continue
         found.append(
             _warn(

@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass, field
 
 from .errors import Diagnostic, TracerError
-from .trace import human_bytes
+from .formatting import human_bytes
 
 
 @dataclass(frozen=True)
@@ -32,6 +32,30 @@ class MemoryEstimate:
         return sorted(self.storages.items(), key=lambda kv: -kv[1])[:n]
 
 
+def created_at_steps(analysis) -> dict[str, int]:
+    """Record id -> position (in ``graph.order``) of the step that makes it; inner records too."""
+    created_at = {}
+    for i, step_id in enumerate(analysis.graph.order):
+        for rid, _ in analysis.inner.get(step_id) or [(step_id, None)]:
+            created_at[rid] = i
+    return created_at
+
+
+def last_reads(analysis) -> dict[str, int]:
+    """Record id -> position of the last step that reads it (its own step when nobody does).
+
+    The one liveness analysis: the interpreter frees each tensor after this step, and the memory
+    estimate counts its storage until then.
+    """
+    last = created_at_steps(analysis)
+    for i, step_id in enumerate(analysis.graph.order):
+        for ref in analysis.graph.refs[step_id]:
+            rid = analysis.output_of(ref)
+            if rid in last:
+                last[rid] = i
+    return last
+
+
 def estimate_peak(analysis) -> MemoryEstimate:
     """The peak bytes of tensor storage of a real run of ``analysis`` (see the module docstring)."""
     metas, graph = analysis.metas, analysis.graph
@@ -39,18 +63,10 @@ def estimate_peak(analysis) -> MemoryEstimate:
     declared = [name for section in ("inputs", "params") for name in getattr(analysis.pipeline, section) if name in metas]
     persistent = sum(metas[name].nbytes for name in declared)
     storages = {name: metas[name].nbytes for name in declared}
-    created_at: dict[str, int] = {}  # record id -> step index creating it
-    for i, step_id in enumerate(order):
-        for rid, _ in analysis.inner.get(step_id) or [(step_id, None)]:
-            created_at[rid] = i
-    last = dict(created_at)  # a tensor nobody reads lives during its own step only
-    for i, step_id in enumerate(order):
-        for ref in graph.refs[step_id]:
-            rid = analysis.output_of(ref)
-            if rid in last:
-                last[rid] = max(last[rid], i)
+    created_at = created_at_steps(analysis)
+    last = last_reads(analysis)
     end = len(order) - 1
-    for name in analysis.outputs:
+    for name in analysis.outputs:  # outputs live to the end of the run
         rid = analysis.output_of(name)
         if rid in last:
             last[rid] = end

@@ -1,7 +1,7 @@
 """Graphviz dataflow diagrams: both shapes on every edge, memory-layout marks, groups, a legend.
 
 ``diagram(trace)`` builds a ``graphviz.Digraph`` from a finished trace; ``render_file`` writes it
-as DOT and, unless DOT was asked for, runs the system ``dot`` on it. The DOT text is a pure
+as DOT or, through the system ``dot``, as SVG, PNG or PDF. The DOT text is a pure
 function of the trace's records and the pipeline spec (no paths, devices or times), so it can
 be snapshot-tested.
 """
@@ -15,16 +15,18 @@ import shutil
 import subprocess
 import tempfile
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+from .atomic import temporary_beside, write_atomic
 from .errors import Diagnostic, TracerError
+from .formatting import human_bytes
 from .heatmap import node_rows
 from .steps.contract import STEP_KINDS
-from .trace import TensorRecord, Trace, human_bytes
+from .trace import TensorRecord, Trace
 
 FORMATS = ("svg", "png", "pdf", "dot")
 FONT = "Helvetica"
@@ -160,15 +162,15 @@ class _Builder:
     # where a tensor's arrows start and end, given composites and collapsed groups
 
     def _tail(self, tensor_id: str) -> str:
-        group = self.fold.get(tensor_id)
-        return self.group_nodes[group] if group else self.analysis.output_of(tensor_id)
+        producer = self.analysis.parts.get(tensor_id, tensor_id)  # one of several outputs leaves its step's node
+        group = self.fold.get(producer)
+        return self.group_nodes[group] if group else self.analysis.output_of(producer)
 
     def _head(self, step_id: str) -> str:
         group = self.fold.get(step_id)
         if group:
             return self.group_nodes[group]
-        inner = self.analysis.inner.get(step_id)
-        return inner[0][0] if inner else step_id
+        return self.analysis.inner[step_id][0][0] if self.analysis.chained(step_id) else step_id
 
     def _edges(self) -> list[_Edge]:
         edges, seen = [], set()
@@ -189,7 +191,7 @@ class _Builder:
 
     def _inner_edges(self, step_id: str) -> list[_Edge]:
         inner = self.analysis.inner.get(step_id) or []
-        if step_id in self.fold:
+        if step_id in self.fold or not self.analysis.chained(step_id):
             return []
         return [_Edge(a, b, self.records[a]) for (a, _), (b, _) in zip(inner, inner[1:])]
 
@@ -244,6 +246,9 @@ class _Builder:
     def _step_node(self, graph, step_id: str) -> None:
         step = self.steps[step_id]
         inner = self.analysis.inner.get(step_id)
+        if inner and not self.analysis.chained(step_id):
+            self._multi_output_node(graph, step, [self.records[rid] for rid, _ in inner])
+            return
         if not inner:
             record = self.records[step_id]
             kind = _storage_kind(record)
@@ -264,6 +269,21 @@ class _Builder:
                 sub.node(
                     rid, _step_label(rid.split("/", 1)[1], op, [], record, kind, None, small=True), **self._about(record), **STYLES[kind]
                 )
+
+    def _multi_output_node(self, graph, step, records: list[TensorRecord]) -> None:
+        """A step with several outputs (split) is one node; each output leaves it on its own edge, named."""
+        kinds = {_storage_kind(r) for r in records}
+        kind = kinds.pop() if len(kinds) == 1 else "step"
+        self.marks.add(kind)
+        made = "views of " + _esc(records[0].view_of) if kind == "view" else human_bytes(sum(r.nbytes for r in records))
+        lines = [
+            f'<FONT POINT-SIZE="12"><B>{_esc(step.id)}</B></FONT>',
+            f'<FONT COLOR="{MUTED}">{_esc(_op_text(step.op, step.args()))}</FONT>',
+            f'<FONT POINT-SIZE="9" COLOR="{MUTED}">→ {_esc(", ".join(r.id for r in records))} · {made}</FONT>',
+        ]
+        if step.note:
+            lines.append(f'<FONT POINT-SIZE="9" COLOR="#555555"><I>{_esc(step.note)}</I></FONT>')
+        graph.node(step.id, _rows(lines), tooltip="; ".join(_tooltip(r) for r in records), **STYLES[kind])
 
     def _collapsed_node(self, graph, group: str, step_ids: list[str]) -> None:
         self.marks.add("collapsed")
@@ -300,7 +320,7 @@ class _Builder:
 
     def _draw_edge(self, graph, edge: _Edge) -> None:
         record = edge.record
-        attrs = {"label": _shape_label(record), **self._about(record)}
+        attrs = {"label": _shape_label(record, named=record.id in self.analysis.parts), **self._about(record)}
         if not record.contiguous:
             self.marks.add("strided")
             attrs.update(style="dashed", color=STRIDED, fontcolor=STRIDED, penwidth="1.4")
@@ -432,8 +452,10 @@ def _concrete(record: TensorRecord) -> str:
     return "[" + ", ".join(map(str, record.shape)) + "]"
 
 
-def _shape_label(record: TensorRecord) -> str:
+def _shape_label(record: TensorRecord, named: bool = False) -> str:
     lines = [_esc(record.symbolic), f'<FONT POINT-SIZE="8">{_concrete(record)}</FONT>']
+    if named:  # one of a step's several outputs: say which
+        lines.insert(0, f"<B>{_esc(record.id)}</B>")
     if record.dtype != "float32":
         lines.append(f'<FONT POINT-SIZE="8"><B>{_esc(record.dtype)}</B></FONT>')
     return _rows(lines, padding=2)
@@ -479,105 +501,52 @@ def _legend_row(mark: str, sample: str, text: str) -> str:
 # ---------------------------------------------------------------- files
 
 
-def render_file(
-    pipeline: Any,
-    output: str | Path,
-    dims: Mapping[str, int] | None = None,
-    collapse: Iterable[str] = (),
-    device: str = "meta",
-    seed: int | None = None,
-    values: bool = False,
-) -> Path:
-    """Run ``pipeline`` and write its diagram to ``output`` (format from the suffix); returns the path written.
+def render_file(trace: Trace, output: str | Path, collapse: Iterable[str] = ()) -> Path:
+    """Write the trace's diagram to ``output`` (format from the suffix: svg, png, pdf or dot); returns the path.
 
-    The DOT file is written first, next to ``output``; a missing Graphviz then fails with a
-    message naming it. Every file appears atomically: a failure leaves no partial output.
+    Only the file asked for is written, atomically: the DOT text of a picture lives in a temporary
+    folder, and a failure leaves every existing file as it was.
     """
-    pipeline = _as_pipeline(pipeline)
     output = Path(output)
     if not output.suffix:
         output = output.with_suffix(".svg")
     fmt = output.suffix[1:].lower()
+    pipeline_file = trace.analysis.source.file
     if fmt not in FORMATS:
-        raise TracerError(
-            Diagnostic(
-                str(output),
-                None,
-                "output-format",
-                f"cannot write '{output.suffix}': use one of " + ", ".join("." + f for f in FORMATS) + " (or .html with `tracer render`)",
-            )
-        )
-    trace = pipeline.run(dims=dims, device=device, seed=seed, keep_values=values)  # values: heatmaps in softmax nodes
+        formats = ", ".join("." + f for f in FORMATS)
+        message = f"cannot write '{output.suffix}': use one of {formats} (or .html with `tracer render`)"
+        raise TracerError(Diagnostic(str(output), None, "output-format", message))
     source = dot_source(trace, collapse)
-    dot_path = output if fmt == "dot" else output.with_suffix(".dot")
-    write_atomic(dot_path, source.encode())
-    if fmt != "dot":
-        render_dot(dot_path, output, fmt, pipeline.path)
+    if fmt == "dot":
+        return write_atomic(output, source, error_file=pipeline_file)
+    render_dot(source, output, fmt, pipeline_file)
     return output
 
 
-def _as_pipeline(pipeline: Any):
-    if isinstance(pipeline, (str, Path)):
-        from .api import Pipeline
-        from .spec.load import load_spec
-
-        return Pipeline(*load_spec(pipeline))
-    return pipeline
-
-
-def write_atomic(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with _temporary(path) as tmp:
-        tmp.write_bytes(data)
-        os.replace(tmp, path)
-
-
-class _temporary:
-    """A temporary name beside ``path`` (same filesystem, so os.replace is atomic), removed on failure."""
-
-    def __init__(self, path: Path):
-        self.path = path
-
-    def __enter__(self) -> Path:
-        fd, name = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".tmp", dir=self.path.parent)
-        os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes 0600; the result should look like any new file
-        os.close(fd)
-        self.tmp = Path(name)
-        return self.tmp
-
-    def __exit__(self, *exc) -> None:
-        self.tmp.unlink(missing_ok=True)
-
-
-def _umask() -> int:
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
-
-
-def render_dot(dot_path: Path, output: Path, fmt: str, pipeline_file: str) -> None:
-    """Run Graphviz's ``dot`` on a written DOT file; errors name the DOT file and how to get Graphviz."""
+def render_dot(source: str, output: Path, fmt: str, pipeline_file: str) -> None:
+    """Run Graphviz's ``dot`` on DOT text, writing ``output`` atomically; errors say how to get Graphviz."""
     exe = shutil.which("dot")
     if exe is None:
-        raise _no_renderer(pipeline_file, dot_path, output, fmt, "Graphviz's `dot` is not on PATH")
-    output.parent.mkdir(parents=True, exist_ok=True)
-    with _temporary(output) as tmp:
-        done = subprocess.run([exe, f"-T{fmt}", str(dot_path), "-o", str(tmp)], capture_output=True, text=True)
-        if done.returncode != 0 and "not recognized" in done.stderr:
-            raise _no_renderer(
-                pipeline_file, dot_path, output, fmt, f"this Graphviz cannot write {fmt} ({done.stderr.strip().splitlines()[0]})"
-            )
-        if done.returncode != 0:
-            raise TracerError(
-                Diagnostic(pipeline_file, None, "render-failed", f"wrote {dot_path}, but `dot -T{fmt}` failed: {done.stderr.strip()}")
-            )
-        os.replace(tmp, output)
+        raise _no_renderer(pipeline_file, output, fmt, "Graphviz's `dot` is not on PATH")
+    try:
+        with tempfile.TemporaryDirectory(prefix="tracer-") as folder, temporary_beside(output) as tmp:
+            dot_path = Path(folder) / "diagram.dot"
+            dot_path.write_text(source)
+            done = subprocess.run([exe, f"-T{fmt}", str(dot_path), "-o", str(tmp)], capture_output=True, text=True)
+            if done.returncode != 0 and "not recognized" in done.stderr:
+                raise _no_renderer(pipeline_file, output, fmt, f"this Graphviz cannot write {fmt} ({done.stderr.strip().splitlines()[0]})")
+            if done.returncode != 0:
+                raise TracerError(Diagnostic(pipeline_file, None, "render-failed", f"`dot -T{fmt}` failed: {done.stderr.strip()}"))
+            os.replace(tmp, output)
+    except OSError as exc:
+        reason = exc.strerror or str(exc)
+        raise TracerError(Diagnostic(pipeline_file, None, "output-failed", f"cannot write {output}: {reason}")) from None
 
 
-def _no_renderer(pipeline_file: str, dot_path: Path, output: Path, fmt: str, why: str) -> TracerError:
+def _no_renderer(pipeline_file: str, output: Path, fmt: str, why: str) -> TracerError:
     message = (
-        f"wrote {dot_path}, but cannot render {output}: {why}. Install Graphviz (Debian/Ubuntu: apt-get install graphviz; "
-        f"macOS: brew install graphviz; conda: conda install -c conda-forge graphviz), then run "
-        f"`dot -T{fmt} {dot_path} -o {output}`, or ask for `-o {dot_path.name}` to get DOT only"
+        f"cannot render {output}: {why}. Install Graphviz (Debian/Ubuntu: apt-get install graphviz; "
+        f"macOS: brew install graphviz; conda: conda install -c conda-forge graphviz), "
+        f"or ask for `-o {output.with_suffix('.dot').name}` to get DOT text, which needs no Graphviz"
     )
     return TracerError(Diagnostic(pipeline_file, None, "no-renderer", message))

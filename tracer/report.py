@@ -26,9 +26,10 @@ from typing import Any
 
 from .atomic import write_atomic
 from .errors import Diagnostic, TracerError
+from .formatting import human_bytes
 from .heatmap import is_attention_weights, leading_maps
 from .render import diagram
-from .trace import TensorRecord, Trace, human_bytes
+from .trace import TensorRecord, Trace
 
 MAX_SIDE = 64  # a heatmap keeps at most 64 x 64 cells: longer sequences are mean-pooled into blocks
 MAX_MAPS = 16  # ... and at most 16 (batch, head) maps per tensor, the first ones in row-major order

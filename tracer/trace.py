@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
+
+from .formatting import human_bytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +83,7 @@ class Trace:
         self.seed = seed
         self.keep_values = keep_values
         self._by_id = {r.id: r for r in records}
+        self.draw: Callable[[Trace, tuple[str, ...]], Any] | None = None  # set by the API: tracer.render.diagram
 
     @property
     def name(self) -> str:
@@ -126,10 +129,14 @@ class Trace:
         return self.diagram()._repr_image_svg_xml()
 
     def diagram(self, collapse: list[str] | tuple[str, ...] = ()):
-        """The dataflow as a ``graphviz.Digraph`` (displays inline in Jupyter)."""
-        from .render import diagram
+        """The dataflow as a ``graphviz.Digraph`` (displays inline in Jupyter).
 
-        return diagram(self, collapse=collapse)
+        Drawing is the renderer's job (``tracer.render.diagram(trace)``); a trace made by
+        ``Pipeline.run`` carries it as ``draw``, so this module never imports the renderer.
+        """
+        if self.draw is None:
+            raise TypeError("this trace has no renderer attached; call tracer.render.diagram(trace)")
+        return self.draw(self, tuple(collapse))
 
 
 def format_table(trace: Trace) -> str:
@@ -155,11 +162,3 @@ def format_table(trace: Trace) -> str:
         if n == 0:
             lines.append("  ".join("-" * w for w in widths))
     return "\n".join(lines)
-
-
-def human_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
-        if n < 1024 or unit == "PiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} EiB"

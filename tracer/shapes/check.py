@@ -10,12 +10,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 
+from .. import lints
 from ..errors import Diagnostic, TracerError, merge_copies
 from ..graph import StepGraph, build_graph
+from ..memory import estimate_peak
 from ..spec import dims as dimexpr
-from ..spec.pipeline import Expect, PipelineSpec, TensorDecl
+from ..spec.expand import expand_blocks
+from ..spec.pipeline import Expect, PipelineSpec, TensorDecl, tensor_dtype
 from ..spec.source import SourceMap
 from ..steps._rules import StepError, show
+from ..steps.block import Block
+from ..steps.contract import Composite, Outputs, Shape
 from .layout import DTYPE_BYTES, Meta, fresh, with_root
 from .symbolic import DimAlgebra, resolve
 
@@ -31,13 +36,16 @@ class Analysis:
     alg: DimAlgebra
     graph: StepGraph
     metas: dict[str, Meta] = field(default_factory=dict)
-    inner: dict[str, list[tuple[str, str]]] = field(default_factory=dict)  # step -> [(record id, op)]
+    inner: dict[str, list[tuple[str, str]]] = field(default_factory=dict)  # step -> [(record id, op)]: composites, multi-output
+    parts: dict[str, str] = field(default_factory=dict)  # output name of a multi-output step -> that step
     outputs: list[str] = field(default_factory=list)
     diagnostics: list[Diagnostic] = field(default_factory=list)
     algs: dict[str, DimAlgebra] = field(default_factory=dict)  # tensor id -> its block's dims (default: alg)
     aliases: dict[str, str] = field(default_factory=dict)  # block step id -> the record holding its output
     blocks: dict = field(default_factory=dict)  # block step id -> tracer.steps.block.BlockInfo
     expect_algs: dict[str, DimAlgebra] = field(default_factory=dict)  # expect entry of a block file -> its dims
+    # (dims, declaration, section) -> its shape: every copy of a block shares its declarations
+    declared_dims: dict[tuple, tuple] = field(default_factory=dict, repr=False)
 
     def alg_of(self, tensor_id: str) -> DimAlgebra:
         """The dims a tensor's rule reads: its block's, for the steps and params of an ``op: block``."""
@@ -50,9 +58,16 @@ class Analysis:
     @cached_property
     def memory(self):
         """Static memory estimate of a real run (``tracer.memory.MemoryEstimate``)."""
-        from ..memory import estimate_peak
-
         return estimate_peak(self)
+
+    @cached_property
+    def expected_sizes(self) -> dict[str, tuple[int, ...] | None]:
+        """Each ``expect:`` entry's shape at these dims (None where it pins contiguity only)."""
+        sizes = {}
+        for name, expected in self.pipeline.expect.items():
+            shape = expected if isinstance(expected, list) else expected.shape
+            sizes[name] = None if shape is None else tuple(self.expect_alg_of(name).dim(t).value for t in shape)
+        return sizes
 
     @property
     def peak_bytes(self) -> int:
@@ -78,7 +93,14 @@ class Analysis:
         """The record id holding a step's result (a composite's last inner tensor)."""
         step_id = self.aliases.get(step_id, step_id)
         inner = self.inner.get(step_id)
-        return inner[-1][0] if inner else step_id
+        if not inner or inner[0][0] in self.parts:  # a multi-output step has no single result
+            return step_id
+        return inner[-1][0]
+
+    def chained(self, step_id: str) -> bool:
+        """Whether a step's records form a chain (a composite: each inner op reads the previous one)."""
+        inner = self.inner.get(step_id)
+        return bool(inner) and inner[0][0] not in self.parts
 
     def bindings(self, alg: DimAlgebra | None = None) -> str:
         """``[B=2, T=6, ...]``: the file's dims, or ``alg``'s (a block's, for its steps)."""
@@ -119,9 +141,7 @@ class RuleContext:
 def analyze(pipeline: PipelineSpec, source: SourceMap, dims: Mapping[str, int] | None = None) -> Analysis:
     alg = _algebra(pipeline, source, dims or {})
     expanded = None
-    if any(step.op == "block" for step in pipeline.steps):
-        from ..steps.block import expand_blocks
-
+    if any(isinstance(step, Block) for step in pipeline.steps):
         expanded = expand_blocks(pipeline, source, alg)
         pipeline, source, alg = expanded.pipeline, expanded.source, expanded.alg
     graph = build_graph(pipeline, source)
@@ -139,8 +159,6 @@ def analyze(pipeline: PipelineSpec, source: SourceMap, dims: Mapping[str, int] |
             _infer_step(step_id, analysis)
     analysis.outputs = _outputs(analysis)
     _check_expectations(analysis)
-    from .. import lints  # lints read a finished analysis
-
     analysis.diagnostics = merge_copies(analysis.diagnostics + lints.run_lints(analysis))
     return analysis
 
@@ -191,7 +209,7 @@ def _dim_error(exc: dimexpr.DimError, exprs: dict, source: SourceMap) -> Diagnos
 def _declared_meta(name: str, decl: TensorDecl, path: tuple, analysis: Analysis) -> Meta | None:
     shape = []
     alg = analysis.alg_of(name)
-    cache = analysis.__dict__.setdefault("_declared_dims", {})  # every copy of a block shares its declarations
+    cache = analysis.declared_dims
     key = (id(alg), id(decl), path[0])
     if key in cache:
         return with_root(fresh(cache[key], tensor_dtype(decl, analysis.pipeline.dtype)), name)
@@ -227,20 +245,6 @@ def _declared_meta(name: str, decl: TensorDecl, path: tuple, analysis: Analysis)
         return None
     cache[key] = tuple(shape)
     return with_root(fresh(tuple(shape), tensor_dtype(decl, analysis.pipeline.dtype)), name)
-
-
-def tensor_dtype(decl: TensorDecl, default: str) -> str:
-    if decl.dtype:
-        return decl.dtype
-    if decl.tokens is not None:
-        return "int64"
-    if decl.values is not None and _all_bool(decl.values):
-        return "bool"
-    return default
-
-
-def _all_bool(values) -> bool:
-    return isinstance(values, bool) or (isinstance(values, list) and bool(values) and all(_all_bool(v) for v in values))
 
 
 def _source_problem(name: str, decl: TensorDecl, sizes: tuple[int, ...], section: str) -> tuple[str, str] | None:
@@ -314,32 +318,46 @@ def _infer_step(step_id: str, analysis: Analysis) -> None:
         message = " ".join(filter(None, (exc.message, analysis.bindings(ctx.alg)))) + (f" — {exc.hint}" if exc.hint else "")
         analysis.diagnostics.append(analysis.source.error(("steps", i) + ((exc.field,) if exc.field else ()), exc.code, message, step_id))
         return
-    too_large = next(
-        filter(None, (_too_large(m.sizes, m.dtype) for m in ([r[2] for r in result] if isinstance(result, list) else [result]))), None
-    )
+    metas = _result_metas(result)
+    too_large = next(filter(None, (_too_large(m.sizes, m.dtype) for m in metas.values())), None)
     if too_large:
         analysis.diagnostics.append(
             analysis.source.error(("steps", i), "tensor-too-large", f"{too_large} {analysis.bindings(ctx.alg)}", step_id, prefer_key=True)
         )
         return
-    for message, field in ctx.warnings:
-        analysis.diagnostics.append(analysis.source.error(("steps", i, field), "dim-mismatch", message, step_id, severity="warning"))
-    if isinstance(result, list):
-        inner = []
-        for suffix, op, meta in result:
-            record = f"{step_id}/{suffix}"
-            analysis.metas[record] = with_root(meta, record)
-            inner.append((record, op))
-        analysis.inner[step_id] = inner
-        analysis.metas[step_id] = analysis.metas[inner[-1][0]]
+    for message, field_name in ctx.warnings:
+        analysis.diagnostics.append(analysis.source.error(("steps", i, field_name), "dim-mismatch", message, step_id, severity="warning"))
+    _store(analysis, step, result, metas)
+
+
+def _result_metas(result: Shape) -> dict[str, Meta]:
+    """What a shape rule returned, keyed by inner suffix (composite), output name, or '' (one tensor)."""
+    if isinstance(result, Composite):
+        return {inner.suffix: inner.meta for inner in result}
+    if isinstance(result, Outputs):
+        return dict(result.metas)
+    return {"": result}
+
+
+def _store(analysis: Analysis, step, result: Shape, metas: dict[str, Meta]) -> None:
+    if isinstance(result, Outputs):
+        for name, meta in metas.items():
+            analysis.metas[name] = with_root(meta, name)
+            analysis.parts[name] = step.id
+        analysis.inner[step.id] = [(name, step.op) for name in metas]
+    elif isinstance(result, Composite):
+        analysis.inner[step.id] = [(f"{step.id}/{inner.suffix}", inner.op) for inner in result]
+        for (record, _), inner in zip(analysis.inner[step.id], result):
+            analysis.metas[record] = with_root(inner.meta, record)
+        analysis.metas[step.id] = analysis.metas[analysis.inner[step.id][-1][0]]
     else:
-        analysis.metas[step_id] = with_root(result, step_id)
+        analysis.metas[step.id] = with_root(result, step.id)
 
 
 def _outputs(analysis: Analysis) -> list[str]:
     pipeline = analysis.pipeline
     if pipeline.outputs is None:
-        return [pipeline.steps[-1].id]
+        return pipeline.steps[-1].output_ids()
     known = analysis.graph.nodes
     for j, name in enumerate(pipeline.outputs):
         if name not in known:
@@ -358,6 +376,11 @@ def _check_expectations(analysis: Analysis) -> None:
                 analysis.diagnostics.append(
                     analysis.source.error(path, "unknown-ref", f"expect: '{name}' is not a tensor of this pipeline", prefer_key=True)
                 )
+            continue
+        if name in analysis.graph.index and analysis.step(name).output_field is not None:
+            made = ", ".join(analysis.step(name).output_ids())
+            message = f"expect: '{name}' has several outputs ({made}); pin each by its name"
+            analysis.diagnostics.append(analysis.source.error(path, "several-outputs", message, name, prefer_key=True))
             continue
         meta = analysis.metas.get(name)
         if meta is None:

@@ -10,6 +10,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from ..errors import Diagnostic, TracerError
+from ..steps.block import Block
 from ..steps.contract import STEP_KINDS
 from .base import ID_PATTERN, RECORD_PATTERN
 from .pipeline import DIM_PATTERN, Expect, PipelineSpec, TensorDecl
@@ -91,7 +92,7 @@ def _block_hint(text: str, data: Any) -> str:
     if (
         "/" in text
         and isinstance(steps, list)
-        and any(isinstance(s, dict) and s.get("op") == "block" and s.get("id") == block for s in steps)
+        and any(isinstance(s, dict) and STEP_KINDS.get(s.get("op")) is Block and s.get("id") == block for s in steps)
     ):
         return f" — only expect: and outputs: can name a block's inner tensors; the block's own id ('{block}') names its output"
     return ""

@@ -128,3 +128,17 @@ def json_schema() -> dict:
     schema["$schema"] = "http://json-schema.org/draft-07/schema#"
     schema["title"] = "tracer pipeline"
     return schema
+
+
+def tensor_dtype(decl: TensorDecl, default: str) -> str:
+    if decl.dtype:
+        return decl.dtype
+    if decl.tokens is not None:
+        return "int64"
+    if decl.values is not None and _all_bool(decl.values):
+        return "bool"
+    return default
+
+
+def _all_bool(values) -> bool:
+    return isinstance(values, bool) or (isinstance(values, list) and bool(values) and all(_all_bool(v) for v in values))

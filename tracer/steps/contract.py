@@ -47,6 +47,10 @@ class RuleContext(Protocol):
         """Warn when two dims that must match are equal today but are not the same dim."""
         ...
 
+    def record(self, suffix: str) -> str:
+        """The id of a composite step's inner tensor, e.g. ``merged/contiguous``."""
+        ...
+
 
 class KernelContext(Protocol):
     """What a kernel builder may use (``tracer.interpreter`` provides it)."""
@@ -55,7 +59,8 @@ class KernelContext(Protocol):
     F: ModuleType  # torch.nn.functional
     device: Any  # a torch.device
     ins: list[Meta]  # the static metadata of the inputs
-    out: Meta  # the static metadata of the (last) output
+    outs: list[Meta]  # of every tensor the step makes: a composite's inner ones, or each of several outputs
+    out: Meta  # the last of ``outs``: the step's value
 
     def value(self, text: int | str) -> int:
         """The value of a dim expression at this run's dims."""
@@ -109,6 +114,7 @@ class StepBase(Strict):
 
     arity: ClassVar[int | None] = 1  # number of data inputs; None means "one or more"
     param_fields: ClassVar[tuple[str, ...]] = ()  # fields that name extra tensors (weights, masks)
+    output_field: ClassVar[str | None] = None  # a field listing the names of several outputs (split's 'outputs')
     example: ClassVar[str] = ""  # a YAML snippet for the format reference; a test validates it
 
     # traits: what the other layers know about a kind without naming it
@@ -136,7 +142,7 @@ class StepBase(Strict):
 
     def output_ids(self) -> list[str]:
         """The tensor ids this step defines: its own id, or the names of its several outputs."""
-        return [self.id]
+        return [self.id] if self.output_field is None else list(getattr(self, self.output_field))
 
     def is_random(self) -> bool:
         """Whether a run of this step draws from torch's RNG (training dropout)."""

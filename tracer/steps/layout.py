@@ -8,9 +8,9 @@ from typing import Literal
 from pydantic import Field, StrictInt, model_validator
 
 from ..shapes.layout import fresh, view, view_strides, with_root
-from ..spec.base import DimText
+from ..spec.base import DimText, TensorId
 from ._rules import StepError, norm_dim, show
-from .contract import StepBase, register
+from .contract import Composite, Inner, Outputs, StepBase, register
 
 
 def _target_shape(step, x, ctx):
@@ -409,7 +409,9 @@ class Merge(StepBase):
         copied = transposed if transposed.contiguous else with_root(fresh(transposed.shape, x.dtype), ctx.record("contiguous"))
         merged_shape = copied.shape[:-2] + (ctx.alg.mul(copied.shape[-2], copied.shape[-1]),)
         merged = view(copied, merged_shape, view_strides(copied.sizes, copied.stride, tuple(d.value for d in merged_shape)))
-        return [("transpose", "transpose", transposed), ("contiguous", "contiguous", copied), ("view", "view", merged)]
+        return Composite(
+            (Inner("transpose", "transpose", transposed), Inner("contiguous", "contiguous", copied), Inner("view", "view", merged))
+        )
 
     def kernel(self, k):
         sizes = k.out.sizes
@@ -420,3 +422,93 @@ class Merge(StepBase):
             return t, c, c.view(sizes)
 
         return merge
+
+
+@register
+class Split(StepBase):
+    """``x.split(sizes, dim)`` or ``x.chunk(chunks, dim)``: views of consecutive slices, each a tensor of its own.
+
+    GPT-2's fused projection, ``q, k, v = self.c_attn(x).split(self.n_embd, dim=2)``, is
+    ``{op: split, dim: 2, sizes: d_model, outputs: [q, k, v]}``. ``sizes`` is one size for equal
+    pieces (torch.split's int) or a list, one per output; ``chunks`` divides the dim evenly.
+    Every name in ``outputs`` is a tensor id later steps, ``expect:`` and ``outputs:`` read; the
+    step's own ``id`` names the split in diagrams and errors.
+    """
+
+    op: Literal["split"] = "split"
+    dim: StrictInt = -1
+    sizes: DimText | list[DimText] | None = Field(None, description="size of every piece, or a list with one size per output")
+    chunks: DimText | None = Field(None, description="number of equal pieces (torch.chunk); must divide the dim")
+    outputs: list[TensorId] = Field(min_length=1, max_length=64, description="the names of the pieces, in order")
+    output_field = "outputs"
+    example = """\
+- id: qkv_split
+  op: split
+  input: qkv               # (B, T, 3·d_model)
+  dim: 2
+  sizes: d_model           # three pieces of (B, T, d_model), views of qkv
+  outputs: [q, k, v]"""
+
+    @model_validator(mode="after")
+    def _one_way_to_split(self):
+        if (self.sizes is None) == (self.chunks is None):
+            raise ValueError("give exactly one of 'sizes' (a size, or one per output) or 'chunks'")
+        if len(set(self.outputs)) != len(self.outputs):
+            raise ValueError("every name in 'outputs' must be different")
+        return self
+
+    def args(self):
+        how = f"chunks={self.chunks}" if self.chunks is not None else f"sizes={self.sizes}"
+        return [f"dim={self.dim}", how]
+
+    def _pieces(self, x, ctx, d: int) -> list:
+        total, n = x.shape[d], len(self.outputs)
+        if isinstance(self.sizes, list):
+            pieces = [ctx.dim(t, "sizes") for t in self.sizes]
+            if len(pieces) != n:
+                raise StepError("split-outputs", f"{len(pieces)} sizes for {n} outputs; give one size per name in 'outputs'", "sizes")
+            found = sum(p.value for p in pieces)
+            if found != total.value:
+                listed = " + ".join(f"{p}={p.value}" if str(p) != str(p.value) else str(p) for p in pieces)
+                raise StepError("split-sizes", f"sizes {listed} = {found}, but dim {d} of {show(x)} is {total}={total.value}", "sizes")
+            return pieces
+        field, count = ("chunks", ctx.dim(self.chunks, "chunks")) if self.chunks is not None else ("sizes", None)
+        if count is None:
+            piece = ctx.dim(self.sizes, "sizes")
+            if piece.value <= 0 or total.value % piece.value:
+                raise StepError(
+                    "split-sizes",
+                    f"pieces of {piece}={piece.value} do not tile dim {d} of {show(x)} evenly",
+                    "sizes",
+                    "give one size per output as a list",
+                )
+            count = ctx.alg.floordiv(total, piece)
+        elif count.value <= 0 or total.value % count.value:
+            raise StepError(
+                "split-sizes",
+                f"{count}={count.value} chunks do not divide dim {d} of {show(x)} evenly",
+                "chunks",
+                "give one size per output as 'sizes: [...]'",
+            )
+        else:
+            piece = ctx.alg.floordiv(total, count)
+        if count.value != n:
+            raise StepError(
+                "split-outputs", f"dim {d} of {show(x)} splits into {count.value} pieces of {piece}, but 'outputs' names {n}", "outputs"
+            )
+        return [piece] * n
+
+    def infer(self, ins, ctx):
+        x = ins[0]
+        d = norm_dim(self.dim, len(x.shape))
+        offset, outs = x.offset, {}
+        for name, piece in zip(self.outputs, self._pieces(x, ctx, d)):
+            shape = x.shape[:d] + (piece,) + x.shape[d + 1 :]
+            outs[name] = view(x, shape, x.stride, offset)
+            offset += piece.value * x.stride[d]
+        return Outputs(outs)
+
+    def kernel(self, k):
+        sizes = [m.sizes[self.dim] for m in k.outs]
+        dim = self.dim
+        return lambda x: x.split(sizes, dim)
