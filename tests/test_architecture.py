@@ -93,3 +93,12 @@ def test_no_op_name_lists_outside_the_step_kinds():
         if pattern.search(line) and not line.lstrip().startswith("#")
     ]
     assert found == []
+
+
+def test_every_init_the_format_accepts_has_exactly_one_way_to_create_it():
+    from typing import get_args
+
+    from tracer.interpreter import INITS
+    from tracer.spec.pipeline import Init
+
+    assert set(INITS) == set(get_args(Init))

@@ -19,11 +19,11 @@ from .errors import Diagnostic, InternalError, TracerError
 from .memory import last_reads
 from .shapes.check import Analysis
 from .shapes.layout import Meta
+from .spec.base import DTYPE_BYTES
 from .spec.pipeline import TensorDecl
 from .trace import TensorRecord, Trace
 
 _NO_CONTEXT = nullcontext()  # grad already off: entering no_grad again costs a microsecond per run
-DTYPES = ("float32", "float64", "float16", "bfloat16", "int64", "int32", "bool")
 
 
 def torch_module():
@@ -92,7 +92,7 @@ class Plan:
         self.analysis = analysis
         self.device = torch.device(device)
         self.device_name = str(self.device)
-        self.dtypes = {getattr(torch, name): name for name in DTYPES}
+        self.dtypes = {getattr(torch, name): name for name in DTYPE_BYTES}
         self.steps = self._compile(analysis)
 
     def _compile(self, analysis: Analysis) -> list[PlannedStep]:
@@ -368,26 +368,24 @@ def _checked_given(name, tensor, meta: Meta, analysis: Analysis, section: str, d
 
 
 def _create(decl: TensorDecl, meta: Meta, torch, device, alg):
-    sizes, dtype = meta.sizes, getattr(torch, meta.dtype)
+    dtype = getattr(torch, meta.dtype)
     if decl.values is not None:
         return torch.tensor(decl.values, dtype=dtype, device=device)
     if decl.tokens is not None:
         return torch.tensor(decl.tokens.ids(), dtype=dtype, device=device)
-    init = decl.init
-    if init in ("randn", "embedding"):
-        return torch.empty(sizes, dtype=dtype, device=device).normal_()  # nn.Embedding: normal_(0, 1)
-    if init == "rand":
-        return torch.rand(sizes, dtype=dtype, device=device)
-    if init == "zeros":
-        return torch.zeros(sizes, dtype=dtype, device=device)
-    if init == "ones":
-        return torch.ones(sizes, dtype=dtype, device=device)
-    if init == "arange":
-        return torch.arange(meta.numel, device=device).to(dtype).reshape(sizes)
-    if init in ("triu", "tril"):
-        ones = torch.ones(sizes, dtype=dtype, device=device)
-        return ones.triu(1) if init == "triu" else ones.tril()
-    return _linear_init(decl, meta, torch, device, dtype, alg)
+    return INITS[decl.init](decl, meta, torch, device, dtype, alg)
+
+
+def _normal(decl, meta, torch, device, dtype, alg):
+    return torch.empty(meta.sizes, dtype=dtype, device=device).normal_()  # torch.randn's numbers; nn.Embedding: normal_(0, 1)
+
+
+def _triangle(upper: bool):
+    def ones_above_or_below(decl, meta, torch, device, dtype, alg):
+        ones = torch.ones(meta.sizes, dtype=dtype, device=device)
+        return ones.triu(1) if upper else ones.tril()
+
+    return ones_above_or_below
 
 
 def _linear_init(decl: TensorDecl, meta: Meta, torch, device, dtype, alg):
@@ -400,6 +398,20 @@ def _linear_init(decl: TensorDecl, meta: Meta, torch, device, dtype, alg):
     else:
         bound = 1 / math.sqrt(fan_in) if fan_in > 0 else 0.0
     return torch.empty(sizes, dtype=dtype, device=device).uniform_(-bound, bound)
+
+
+#: init name -> how it creates a tensor, as the tutorials do; exactly the inits the format accepts
+INITS: dict[str, Callable] = {
+    "randn": _normal,
+    "embedding": _normal,
+    "rand": lambda decl, meta, torch, device, dtype, alg: torch.rand(meta.sizes, dtype=dtype, device=device),
+    "zeros": lambda decl, meta, torch, device, dtype, alg: torch.zeros(meta.sizes, dtype=dtype, device=device),
+    "ones": lambda decl, meta, torch, device, dtype, alg: torch.ones(meta.sizes, dtype=dtype, device=device),
+    "arange": lambda decl, meta, torch, device, dtype, alg: torch.arange(meta.numel, device=device).to(dtype).reshape(meta.sizes),
+    "triu": _triangle(upper=True),
+    "tril": _triangle(upper=False),
+    "linear": _linear_init,
+}
 
 
 def run_plan(

@@ -15,13 +15,14 @@ from ..errors import Diagnostic, TracerError, merge_copies
 from ..graph import StepGraph, build_graph
 from ..memory import estimate_peak
 from ..spec import dims as dimexpr
+from ..spec.base import DTYPE_BYTES, FLOAT_DTYPES
 from ..spec.expand import expand_blocks
 from ..spec.pipeline import Expect, PipelineSpec, TensorDecl, tensor_dtype
 from ..spec.source import SourceMap
 from ..steps._rules import StepError, show
 from ..steps.block import Block
 from ..steps.contract import Composite, Outputs, Shape
-from .layout import DTYPE_BYTES, Meta, fresh, with_root
+from .layout import Meta, fresh, with_root
 from .symbolic import DimAlgebra, resolve
 
 MAX_TENSOR_BYTES = 2**62  # torch computes sizes, strides and byte counts in int64
@@ -250,7 +251,7 @@ def _declared_meta(name: str, decl: TensorDecl, path: tuple, analysis: Analysis)
 def _source_problem(name: str, decl: TensorDecl, sizes: tuple[int, ...], section: str) -> tuple[str, str] | None:
     if decl.init in ("linear", "embedding") and section != "params":
         return "init", f"'{name}': init: {decl.init} is a parameter init; declare '{name}' under params"
-    if decl.init in ("randn", "rand", "linear", "embedding") and decl.dtype in ("int64", "int32", "bool"):
+    if decl.init in ("randn", "rand", "linear", "embedding") and decl.dtype not in (None, *FLOAT_DTYPES):
         return (
             "dtype",
             f"'{name}': init: {decl.init} draws floating-point numbers, it cannot make {decl.dtype}; use values, tokens, arange, zeros or ones",

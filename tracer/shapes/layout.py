@@ -10,9 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..spec.base import DTYPE_BYTES
 from .symbolic import Dim
-
-DTYPE_BYTES = {"float32": 4, "float64": 8, "float16": 2, "bfloat16": 2, "int64": 8, "int32": 4, "bool": 1}
 
 
 @dataclass(frozen=True)

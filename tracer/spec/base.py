@@ -30,5 +30,10 @@ TensorId = Annotated[str, Field(pattern=ID_PATTERN, max_length=64)]
 RecordId = Annotated[str, Field(pattern=RECORD_PATTERN, max_length=200)]
 
 
+#: the one dtype table: every dtype the format knows, and its bytes per element
+DTYPE_BYTES = {"float32": 4, "float64": 8, "float16": 2, "bfloat16": 2, "int64": 8, "int32": 4, "bool": 1}
+FLOAT_DTYPES = ("float32", "float64", "float16", "bfloat16")
+
+
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)

@@ -8,10 +8,10 @@ from pydantic import Field, StrictBool, StrictFloat, StrictInt, field_validator,
 
 from .. import steps  # noqa: F401  (registers every step kind)
 from ..steps.contract import STEP_KINDS
-from .base import DimText, RecordId, Strict, TensorId
+from .base import DTYPE_BYTES, FLOAT_DTYPES, DimText, RecordId, Strict, TensorId
 
-DType = Literal["float32", "float64", "float16", "bfloat16", "int64", "int32", "bool"]
-FloatDType = Literal["float32", "float64", "float16", "bfloat16"]
+DType = Literal[tuple(DTYPE_BYTES)]  # type: ignore[valid-type]
+FloatDType = Literal[FLOAT_DTYPES]  # type: ignore[valid-type]
 Init = Literal["randn", "rand", "zeros", "ones", "arange", "linear", "embedding", "triu", "tril"]
 Scalar = StrictBool | StrictInt | StrictFloat
 MAX_VALUES = 1_000_000

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from ..shapes.layout import Meta
+from ..shapes.symbolic import Dim
+from ..spec.base import FLOAT_DTYPES
 
 
 class StepError(Exception):
@@ -24,11 +28,17 @@ def norm_dim(dim: int, ndim: int, field: str = "dim") -> int:
     return dim % ndim
 
 
-def broadcast(a: Meta, b: Meta, what: str, field: str | None = None):
-    """The broadcast shape of two tensors (numpy rules), keeping ``a``'s dim names."""
-    sa, sb = list(a.shape), list(b.shape)
+class Mismatch(NamedTuple):
+    """The first pair of dims that do not broadcast."""
+
+    a: Dim
+    b: Dim
+
+
+def broadcast_dims(sa, sb) -> tuple | Mismatch:
+    """numpy's broadcasting of two shapes of dims, keeping ``sa``'s names where sizes agree: the one rule."""
     n = max(len(sa), len(sb))
-    sa, sb = [None] * (n - len(sa)) + sa, [None] * (n - len(sb)) + sb
+    sa, sb = [None] * (n - len(sa)) + list(sa), [None] * (n - len(sb)) + list(sb)
     out = []
     for da, db in zip(sa, sb):
         if da is None or (db is not None and da.value == 1 and db.value != 1):
@@ -36,10 +46,19 @@ def broadcast(a: Meta, b: Meta, what: str, field: str | None = None):
         elif db is None or db.value == 1 or db.value == da.value:
             out.append(da)
         else:
-            raise StepError("broadcast", f"{what}: {show(a)} and {show(b)} do not broadcast ({da}={da.value} vs {db}={db.value})", field)
+            return Mismatch(da, db)
     return tuple(out)
 
 
+def broadcast(a: Meta, b: Meta, what: str, field: str | None = None):
+    """The broadcast shape of two tensors (numpy rules), keeping ``a``'s dim names."""
+    shape = broadcast_dims(a.shape, b.shape)
+    if isinstance(shape, Mismatch):
+        da, db = shape
+        raise StepError("broadcast", f"{what}: {show(a)} and {show(b)} do not broadcast ({da}={da.value} vs {db}={db.value})", field)
+    return shape
+
+
 def require_float(meta: Meta, name: str, what: str) -> None:
-    if meta.dtype in ("int64", "int32", "bool"):
+    if meta.dtype not in FLOAT_DTYPES:
         raise StepError("dtype", f"{what} needs a floating-point tensor, '{name}' is {meta.dtype}")

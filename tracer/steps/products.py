@@ -5,24 +5,17 @@ from __future__ import annotations
 from typing import Literal
 
 from ..shapes.layout import fresh
-from ._rules import StepError, show
+from ._rules import Mismatch, StepError, broadcast_dims, show
 from .contract import StepBase, register
 
 
 def _batch(a, b, ctx):
     """Broadcast the batch dims of a matmul, keeping the first operand's names."""
-    la, lb = list(a), list(b)
-    n = max(len(la), len(lb))
-    la, lb = [None] * (n - len(la)) + la, [None] * (n - len(lb)) + lb
-    out = []
-    for da, db in zip(la, lb):
-        if da is None or (db is not None and da.value == 1):
-            out.append(db)
-        elif db is None or db.value in (1, da.value):
-            out.append(da)
-        else:
-            raise StepError("matmul-batch", f"batch dims {da}={da.value} and {db}={db.value} do not broadcast", "inputs")
-    return tuple(out)
+    shape = broadcast_dims(a, b)
+    if isinstance(shape, Mismatch):
+        da, db = shape
+        raise StepError("matmul-batch", f"batch dims {da}={da.value} and {db}={db.value} do not broadcast", "inputs")
+    return shape
 
 
 @register
