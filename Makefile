@@ -32,7 +32,10 @@ chromium:
 		&& echo "installed chromium"; \
 	else echo "note: no chromium; the HTML report's browser tests will be skipped (Debian/Ubuntu: apt-get install chromium)."; fi
 
+# Style first (about a second): a lint or format slip fails before any test runs.
 test: install chromium
+	$(VENV)/bin/ruff check tracer tests benchmarks
+	$(VENV)/bin/ruff format --check tracer tests benchmarks
 	$(PY) -m pytest -q
 
 demo: install

@@ -1,12 +1,36 @@
+import contextlib
+import functools
+import io
 import textwrap
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 import tracer
+from tracer.cli import main
+
+pytest_plugins = ["pytester"]  # the pytest plugin's own tests run pytest in this process
 
 ROOT = Path(__file__).resolve().parent.parent
 PIPELINES = ROOT / "pipelines"
+# Bundled files that are examples of an error, with the one error each must raise. Every other
+# bundled file must load: the sweeps over them fail (not skip) on any TracerError.
+INVALID_EXAMPLES = {"lint_examples/view_non_contiguous.yaml": "view-non-contiguous"}
+
+
+def bundled_pipelines() -> list[Path]:
+    """Every bundled pipeline file that must load (blocks and seeds included)."""
+    found = sorted(PIPELINES.rglob("*.yaml"))
+    return [p for p in found if p.relative_to(PIPELINES).as_posix() not in INVALID_EXAMPLES]
+
+
+@functools.cache
+def shared_pipeline(path: Path) -> tracer.Pipeline:
+    """A bundled pipeline loaded once per session: its analyses and run plans (per dims and device) are
+    cached on it, so the sweeps and tests that read the same file pay for them once. Only for tests
+    that neither change it nor patch tracer's internals; tests about loading use ``tracer.load``."""
+    return tracer.load(path)
 
 
 KERNEL_TESTED: set[str] = set()  # step kinds with a kernel test against plain torch (see test_architecture)
@@ -45,3 +69,24 @@ def write(tmp_path):
 
 def run_text(text: str, **kwargs):
     return tracer.loads(text, "t.yaml").run(keep_values=True, **kwargs)
+
+
+@dataclass
+class Done:
+    """What ``tracer ARGV`` did, shaped like ``subprocess.CompletedProcess``."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def tracer_cli(*argv, cwd: Path | None = None) -> Done:
+    """``tracer ARGV`` in this process: the CLI's own behaviour (exit code, output, messages) without
+    a Python and torch start-up per call. Tests about the process itself start a real one."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.chdir(cwd or Path.cwd()), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main([str(a) for a in argv])
+        except SystemExit as exc:  # argparse: usage errors
+            code = exc.code
+    return Done(code, out.getvalue(), err.getvalue())

@@ -8,10 +8,11 @@ import torch
 import torch.nn.functional as F
 
 import tracer
-from tests.conftest import PIPELINES
+from tests.conftest import PIPELINES, shared_pipeline
 from tracer.errors import TracerError
 
 SMALL = {"B": 2, "T": 5, "d_model": 8, "H": 2}
+STACK = PIPELINES / "encoder_stack.yaml"
 
 
 def _layer(x, p, H):
@@ -36,7 +37,7 @@ def _params(trace, prefix):
 
 
 def test_stack_expanded_trace_equals_plain_torch():
-    trace = tracer.load(PIPELINES / "encoder_stack.yaml").run(dims=SMALL, keep_values=True)
+    trace = shared_pipeline(STACK).run(dims=SMALL, keep_values=True)
     x = trace["x"].tensor
     for i in range(48):
         x = _layer(x, _params(trace, f"layers/{i}"), SMALL["H"])
@@ -46,8 +47,7 @@ def test_stack_expanded_trace_equals_plain_torch():
 
 
 def test_stack_ids_are_namespaced_per_copy_and_chained():
-    pipeline = tracer.load(PIPELINES / "encoder_stack.yaml")
-    trace = pipeline.run(dims=SMALL)
+    trace = shared_pipeline(STACK).run(dims=SMALL)
     ids = [r.id for r in trace.records]
     assert ids[0] == "x"
     steps = [r.id for r in trace.records if r.op not in ("input", "param")]
@@ -78,7 +78,7 @@ def test_encoder_block_includes_the_layer_once():
 
 
 def test_stack_meta_run_at_gpt2_size_keeps_strides():
-    trace = tracer.load(PIPELINES / "encoder_stack.yaml").run(dims={"B": 8, "T": 512, "d_model": 768, "H": 12}, device="meta")
+    trace = shared_pipeline(STACK).run(dims={"B": 8, "T": 512, "d_model": 768, "H": 12}, device="meta")
     record = trace["layers/47/K_t"]
     assert record.shape == (8, 12, 64, 512) and not record.contiguous and record.view_of == "layers/47/K"
     assert trace["layers/47/context_m"].view_of is None  # the reshape of a transposed tensor copies
@@ -224,7 +224,7 @@ def test_a_blocks_own_expect_is_checked_on_every_copy_in_its_own_dims(tmp_path):
 
 
 def test_bundled_block_expectations_hold_on_all_48_copies():
-    analysis = tracer.load(PIPELINES / "encoder_stack.yaml").check()
+    analysis = shared_pipeline(STACK).check()
     # the file's own `layers: [B, T, d_model]` is the last copy's `out`
     assert len(analysis.pipeline.expect) == 48 * 3 and not analysis.errors
 

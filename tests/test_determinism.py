@@ -7,6 +7,7 @@ interrupted run leaves no partial file and never replaces a good file.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -16,94 +17,45 @@ from pathlib import Path
 import pytest
 
 import tracer
-from tests.conftest import PIPELINES, ROOT
-from tracer import render
+from tests.conftest import PIPELINES, ROOT, bundled_pipelines, shared_pipeline, tracer_cli
+from tests.fingerprint import fingerprints
 from tracer.atomic import write_atomic
 from tracer.errors import TracerError
+from tracer.render import render_file
 
 
 def _small(path: Path, limit: int = 8 * 1024 * 1024) -> bool:
     """Files whose tensors together fit in ``limit`` (their values are written to JSON twice)."""
-    try:
-        analysis = tracer.load(path).check()
-    except TracerError:
-        return True  # its error must repeat too
+    analysis = shared_pipeline(path).check()
     return sum(meta.nbytes for meta in analysis.metas.values()) <= limit
 
 
-FILES = sorted(str(p.relative_to(ROOT)) for p in PIPELINES.rglob("*.yaml") if "lint_examples" not in p.parts and _small(p))
-
-FINGERPRINT = r"""
-import hashlib, json, sys
-import tracer
-from tracer.errors import TracerError
-try:
-    from tracer.render import dot_source
-except ImportError:
-    dot_source = None
-out = {}
-for name in sys.argv[1:]:
-    try:
-        trace = tracer.load(name).run(keep_values=True)
-    except TracerError as exc:  # a file that does not run must fail the same way every time
-        out[name] = {"error": str(exc)}
-        continue
-    raw = hashlib.sha256()
-    for record in trace:
-        t = record.tensor.detach().contiguous().cpu()
-        raw.update(record.id.encode() + str(t.dtype).encode() + str(tuple(t.shape)).encode())
-        raw.update(t.view(-1).view(torch_uint8).numpy().tobytes() if t.numel() else b"")
-    out[name] = {"values": raw.hexdigest(), "json": hashlib.sha256(trace.to_json(values=True).encode()).hexdigest(),
-                 "dot": hashlib.sha256(dot_source(trace).encode()).hexdigest() if dot_source else None}
-print(json.dumps(out, sort_keys=True))
-""".replace("torch_uint8", "__import__('torch').uint8")
+FILES = sorted(str(p.relative_to(ROOT)) for p in bundled_pipelines() if _small(p))
 
 
-def _fingerprints(files: list[str], env: dict | None = None) -> dict:
-    done = subprocess.run([sys.executable, "-c", FINGERPRINT, *files], capture_output=True, text=True, timeout=300, cwd=ROOT, env=env)
+def _other_hash_seed() -> str:
+    return "2" if os.environ.get("PYTHONHASHSEED") == "1" else "1"
+
+
+def test_values_json_and_dot_are_bitwise_identical_across_processes(tmp_path):
+    """This process (after every earlier test) and a fresh one under another hash seed write the same
+    bytes: values, JSON, DOT, and the CLI's `run --json --values` and `render -o x.dot`."""
+    (tmp_path / "here").mkdir()
+    (tmp_path / "there").mkdir()
+    files = ["pipelines/causal_mha.yaml", *(f for f in FILES if f != "pipelines/causal_mha.yaml")]
+    with contextlib.chdir(ROOT):
+        here = fingerprints(tmp_path / "here", files)
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.fingerprint", str(tmp_path / "there"), *files],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+        env=dict(os.environ, PYTHONHASHSEED=_other_hash_seed()),  # set iteration order must not leak
+    )
     assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout)
-
-
-def test_values_json_and_dot_are_bitwise_identical_across_processes():
-    first = _fingerprints(FILES)
-    second = _fingerprints(FILES, env=dict(os.environ, PYTHONHASHSEED="12345"))  # set iteration order must not leak
-    assert first == second
-    assert sum("values" in v for v in first.values()) >= 3
-
-
-def test_cli_json_is_byte_identical_across_processes(tmp_path):
-    outputs = []
-    for i in range(2):
-        done = subprocess.run(
-            [sys.executable, "-m", "tracer", "run", "pipelines/causal_mha.yaml", "--json", "--values"],
-            capture_output=True,
-            timeout=120,
-            cwd=ROOT,
-            env=dict(os.environ, PYTHONHASHSEED=str(i)),
-        )
-        assert done.returncode == 0, done.stderr
-        outputs.append(done.stdout)
-    assert outputs[0] == outputs[1]
-    assert json.loads(outputs[0])["tensors"][0]["values"]
-
-
-def test_cli_dot_is_byte_identical_across_processes(tmp_path):
-    pytest.importorskip("tracer.render")
-    written = []
-    for i in range(2):
-        out = tmp_path / f"run{i}.dot"
-        done = subprocess.run(
-            [sys.executable, "-m", "tracer", "render", "pipelines/causal_mha.yaml", "-o", str(out)],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            cwd=ROOT,
-            env=dict(os.environ, PYTHONHASHSEED=str(i)),
-        )
-        assert done.returncode == 0, done.stderr
-        written.append(out.read_bytes())
-    assert written[0] == written[1] and written[0].startswith(b"digraph")
+    assert json.loads(done.stdout) == here
+    assert sorted(here) == sorted(FILES + ["cli"]) and len(FILES) >= 15
 
 
 DROPOUT = """\
@@ -136,36 +88,18 @@ def _leftovers(folder: Path) -> list[str]:
 
 def test_run_output_is_written_atomically_and_a_failed_run_keeps_the_good_file(tmp_path):
     out = tmp_path / "trace.json"
-    good = subprocess.run(
-        [sys.executable, "-m", "tracer", "run", "pipelines/causal_mha.yaml", "--json", "-o", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=ROOT,
-    )
+    good = tracer_cli("run", "pipelines/causal_mha.yaml", "--json", "-o", out, cwd=ROOT)
     assert good.returncode == 0, good.stderr
     before = out.read_bytes()
     assert json.loads(before)["pipeline"] == "causal_mha"
-    bad = subprocess.run(
-        [sys.executable, "-m", "tracer", "run", "pipelines/causal_mha.yaml", "--json", "-o", str(out), "--dim", "H=3"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=ROOT,
-    )
+    bad = tracer_cli("run", "pipelines/causal_mha.yaml", "--json", "-o", out, "--dim", "H=3", cwd=ROOT)
     assert bad.returncode == 1 and "dim-divide" in bad.stderr
     assert out.read_bytes() == before
     assert _leftovers(tmp_path) == []
 
 
 def test_run_output_into_a_missing_folder_is_a_located_error(tmp_path):
-    done = subprocess.run(
-        [sys.executable, "-m", "tracer", "run", "pipelines/causal_mha.yaml", "-o", str(tmp_path / "no" / "t.txt")],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=ROOT,
-    )
+    done = tracer_cli("run", "pipelines/causal_mha.yaml", "-o", tmp_path / "no" / "t.txt", cwd=ROOT)
     assert done.returncode == 1
     assert done.stderr.startswith("pipelines/causal_mha.yaml: error[output-failed]")
 
@@ -211,9 +145,9 @@ def test_atomic_files_get_ordinary_permissions(tmp_path):
 def test_render_keeps_the_good_file_when_the_run_fails(tmp_path):
     out = tmp_path / "d.dot"
     pipeline = tracer.load(PIPELINES / "causal_mha.yaml")
-    render.render_file(pipeline.run(), out)
+    render_file(pipeline.run(), out)
     before = out.read_bytes()
     with pytest.raises(TracerError):
-        render.render_file(pipeline.run(dims={"H": 3}), out)
+        render_file(pipeline.run(dims={"H": 3}), out)
     assert out.read_bytes() == before
     assert _leftovers(tmp_path) == []

@@ -1,13 +1,11 @@
 """The docs that are generated or quoted stay true."""
 
 import re
-import subprocess
-import sys
 
 import yaml
 
 import tracer
-from tests.conftest import ROOT
+from tests.conftest import ROOT, tracer_cli
 from tracer.docgen import format_reference, schema_text
 from tracer.steps.contract import STEP_KINDS
 
@@ -18,8 +16,8 @@ def test_format_reference_is_current():
 
 def test_committed_schema_is_current_and_matches_cli():
     assert (ROOT / "docs/pipeline.schema.json").read_text() == schema_text(), "run: python -m tracer.docgen docs"
-    proc = subprocess.run([sys.executable, "-m", "tracer", "schema"], capture_output=True, text=True, check=True)
-    assert proc.stdout == schema_text()
+    proc = tracer_cli("schema")
+    assert proc.returncode == 0 and proc.stdout == schema_text()
 
 
 def test_every_step_kind_has_docs_and_a_valid_example():

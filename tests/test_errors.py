@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from tests.conftest import PIPELINES
+from tests.conftest import PIPELINES, tracer_cli
 
 GOOD = (PIPELINES / "causal_mha.yaml").read_text()
 
@@ -18,8 +18,8 @@ CASES = {
     "unknown-op": (GOOD.replace("op: softmax", "op: softmaxx"), "unknown-op", None),
     "unknown-ref": (GOOD.replace("inputs: [q_h, k_t]", "inputs: [q_h, k_tt]"), "unknown-ref", None),
     "cycle": (GOOD.replace("{id: q, op: linear, input: x,", "{id: q, op: linear, input: out,"), "cycle", None),
-    "python-tag": ("name: !!python/object/apply:os.system ['echo pwned']\nsteps: []\n", "yaml-tag", 1),
-    "dim-expr-call": (GOOD.replace("Dh: d_model // H", "Dh: __import__('os').system('echo pwned')"), "invalid-value", None),
+    "python-tag": ("name: !!python/object/apply:os.system ['touch pwned']\nsteps: []\n", "yaml-tag", 1),
+    "dim-expr-call": (GOOD.replace("Dh: d_model // H", "Dh: __import__('os').system('touch pwned')"), "invalid-value", None),
     "not-divisible": (GOOD.replace("d_model: 4 ", "d_model: 5 "), "dim-divide", None),
     "view-non-contiguous": (
         GOOD.replace(
@@ -57,8 +57,8 @@ def test_malformed_file_is_one_located_error(case, command, tmp_path):
     text, code, line = CASES[case]
     path = tmp_path / "bad.yaml"
     path.write_bytes(text if isinstance(text, bytes) else text.encode())
-    marker = tmp_path / "pwned"
-    proc = subprocess.run([sys.executable, "-m", "tracer", command, str(path)], capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    marker = tmp_path / "pwned"  # where the payloads' `touch pwned` would land
+    proc = tracer_cli(command, path, cwd=tmp_path)
     assert proc.returncode == 1, proc.stderr
     assert "Traceback" not in proc.stderr
     first = proc.stderr.strip().splitlines()[0]
@@ -66,11 +66,11 @@ def test_malformed_file_is_one_located_error(case, command, tmp_path):
     assert match, first
     assert match.group(3) == code, first
     assert int(match.group(1)) == (line or EXPECTED_LINES[case]), first
-    assert "pwned" not in proc.stdout and not marker.exists()
+    assert not marker.exists()
 
 
 def test_missing_file_names_the_file(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "tracer", "check", str(tmp_path / "nope.yaml")], capture_output=True, text=True)
+    proc = tracer_cli("check", tmp_path / "nope.yaml")
     assert proc.returncode == 1 and proc.stderr.startswith(f"{tmp_path / 'nope.yaml'}: error[file-missing]")
 
 
@@ -78,14 +78,14 @@ def test_check_reports_every_independent_error(write):
     text = GOOD.replace("inputs: [q_h, k_t]", "inputs: [q_h, k_h]").replace(
         "{id: v_heads, op: view, input: v, shape: [B, T, H, Dh]", "{id: v_heads, op: view, input: v, shape: [B, T, H, d_model]"
     )
-    proc = subprocess.run([sys.executable, "-m", "tracer", "check", str(write(text))], capture_output=True, text=True)
+    proc = tracer_cli("check", write(text))
     codes = re.findall(r"error\[([\w-]+)\]", proc.stderr)
     assert sorted(codes) == ["matmul-shape", "view-shape"], proc.stderr
 
 
 def test_matmul_error_states_shapes_bindings_and_fix(write):
     text = GOOD.replace("inputs: [q_h, k_t]", "inputs: [q_h, k_h]")
-    proc = subprocess.run([sys.executable, "-m", "tracer", "check", str(write(text))], capture_output=True, text=True)
+    proc = tracer_cli("check", write(text))
     assert (
         "step 'scores': matmul needs (…, n, Dh) @ (…, Dh, m), got 'q_h' (B, H, T, Dh) [2, 2, 6, 2] @ 'k_h' (B, H, T, Dh) [2, 2, 6, 2]"
         in proc.stderr
@@ -94,9 +94,9 @@ def test_matmul_error_states_shapes_bindings_and_fix(write):
 
 
 def test_usage_errors_exit_2():
-    proc = subprocess.run([sys.executable, "-m", "tracer", "run"], capture_output=True, text=True)
+    proc = subprocess.run([sys.executable, "-m", "tracer", "run"], capture_output=True, text=True)  # the real entry point's exit code
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
-    proc = subprocess.run([sys.executable, "-m", "tracer", "run", "x.yaml", "--dim", "T"], capture_output=True, text=True)
+    proc = tracer_cli("run", "x.yaml", "--dim", "T")
     assert proc.returncode == 2 and "NAME=VALUE" in proc.stderr
 
 
@@ -118,11 +118,11 @@ def test_fan_in_is_checked_statically(write):
         "  b: {shape: [N], init: linear, fan_in: nope}\nsteps:\n  - {id: y, op: add, inputs: [x, b]}\n"
     )
     for command in ("check", "run"):
-        proc = subprocess.run([sys.executable, "-m", "tracer", command, str(path)], capture_output=True, text=True)
+        proc = tracer_cli(command, path)
         assert proc.returncode == 1 and proc.stderr.startswith(f"{path}:6:41: error[unknown-dim]: 'b': fan_in: unknown dim 'nope'")
 
 
 def test_an_invalid_id_being_declared_gets_a_spelling_not_a_block_hint(write):
     path = write('name: t\ndims: {N: 3}\ninputs:\n  a/b: {shape: [N], init: randn}\nsteps:\n  - {id: out/x, op: relu, input: "/x"}\n')
-    proc = subprocess.run([sys.executable, "-m", "tracer", "check", str(path)], capture_output=True, text=True)
+    proc = tracer_cli("check", path)
     assert [line.rsplit(" — ", 1)[1] for line in proc.stderr.splitlines()] == ["e.g. 'a_b'", "e.g. 'out_x'", "e.g. '_x'"]

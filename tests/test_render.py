@@ -4,7 +4,6 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -12,12 +11,13 @@ import graphviz
 import pytest
 
 import tracer
-from tests.conftest import PIPELINES, ROOT, pipeline_text
+from tests.conftest import PIPELINES, ROOT, bundled_pipelines, pipeline_text, shared_pipeline, tracer_cli
 from tracer.errors import TracerError
-from tracer.gallery import build, gallery_name, pipeline_files, repeated_blocks
+from tracer.gallery import build, gallery_name, repeated_blocks
 from tracer.render import dot_source, render_file
 
 CAUSAL = PIPELINES / "causal_mha.yaml"
+STACK = PIPELINES / "encoder_stack.yaml"
 SNAPSHOTS = Path(__file__).parent / "snapshots"
 needs_dot = pytest.mark.skipif(shutil.which("dot") is None, reason="Graphviz `dot` is not installed")
 EDGE = re.compile(r'^\s*("[^"]+"|\S+) -> ("[^"]+"|\S+) \[(.*)\]$')
@@ -94,7 +94,7 @@ def test_collapse_draws_one_node_per_group_with_input_to_output_shapes():
 
 @pytest.fixture(scope="module")
 def stack_trace():
-    return tracer.load(PIPELINES / "encoder_stack.yaml").run(device="meta")
+    return shared_pipeline(STACK).run(device="meta")
 
 
 def test_collapse_a_block_by_path_prefix_or_glob(stack_trace):
@@ -103,7 +103,7 @@ def test_collapse_a_block_by_path_prefix_or_glob(stack_trace):
         return [line for line in dot.splitlines() if " collapsed</FONT>" in line], dot
 
     steps_per_layer = sum(1 for s in stack_trace.analysis.pipeline.steps if s.group == "layers/0")
-    assert repeated_blocks(tracer.load(PIPELINES / "encoder_stack.yaml")) == ["layers/*"]  # how the gallery draws it
+    assert repeated_blocks(shared_pipeline(STACK)) == ["layers/*"]  # how the gallery draws it
     per_copy, dot = collapsed("layers/*")
     assert len(per_copy) == 48 and all(f"{steps_per_layer} steps and" in line for line in per_copy)
     assert "(B, T, d_model) → (B, T, d_model)" in per_copy[0] and "[2, 8, 16] → [2, 8, 16]" in per_copy[0]
@@ -173,18 +173,10 @@ def test_diagram_is_a_digraph_for_notebooks():
     assert isinstance(graph, graphviz.Digraph) and hasattr(graph, "_repr_mimebundle_")
 
 
-def bundled() -> list[Path]:
-    return pipeline_files(PIPELINES)
-
-
-@pytest.mark.parametrize("path", bundled(), ids=lambda p: gallery_name(p, PIPELINES))
+@pytest.mark.parametrize("path", bundled_pipelines(), ids=lambda p: gallery_name(p, PIPELINES))
 def test_dot_snapshot(path):
     """TRACER_UPDATE_SNAPSHOTS=1 rewrites tests/snapshots/ after an intended change."""
-    try:
-        pipeline = tracer.load(path)
-    except TracerError as exc:
-        pytest.skip(f"does not load (an error example?): {exc.code}")
-    dot = dot_source(pipeline.run(device="meta"))
+    dot = dot_source(shared_pipeline(path).run(device="meta"))
     snapshot = SNAPSHOTS / f"{gallery_name(path, PIPELINES)}.dot"
     if os.environ.get("TRACER_UPDATE_SNAPSHOTS") == "1":
         SNAPSHOTS.mkdir(exist_ok=True)
@@ -226,17 +218,14 @@ def test_unknown_suffix_is_a_clear_error(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-def cli(args, path_env, cwd):
-    env = dict(os.environ, PATH=path_env)
-    return subprocess.run([sys.executable, "-m", "tracer", *args], env=env, cwd=cwd, capture_output=True, text=True)
-
-
-def test_without_graphviz_dot_works_and_svg_fails_cleanly(tmp_path):
+def test_without_graphviz_dot_works_and_svg_fails_cleanly(tmp_path, monkeypatch):
     no_dot = os.pathsep.join(p for p in os.environ.get("PATH", "").split(os.pathsep) if p and not (Path(p) / "dot").exists())
-    done = cli(["render", str(CAUSAL), "-o", "m.dot"], no_dot, tmp_path)
+    monkeypatch.setenv("PATH", no_dot)
+    assert shutil.which("dot") is None
+    done = tracer_cli("render", CAUSAL, "-o", "m.dot", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert (tmp_path / "m.dot").read_text().startswith("digraph causal_mha {")
-    done = cli(["render", str(CAUSAL), "-o", "g.svg"], no_dot, tmp_path)
+    done = tracer_cli("render", CAUSAL, "-o", "g.svg", cwd=tmp_path)
     assert done.returncode == 1
     assert "no-renderer" in done.stderr and "-o g.dot" in done.stderr and "install graphviz" in done.stderr.lower()
     assert "Traceback" not in done.stderr
@@ -314,7 +303,7 @@ def test_collapse_matches_a_literal_group_first_then_a_glob_per_path_segment():
     assert folded("enc") == [("enc", "2")]  # groups are paths: 'enc/dec' is inside 'enc'
     assert folded("enc/*") == [("enc/dec", "1")]
     assert folded("e*") == [("enc", "2")]  # '*' stays within one path segment
-    stack = tracer.load(PIPELINES / "encoder_stack.yaml").run(device="meta")
+    stack = shared_pipeline(STACK).run(device="meta")
     assert dot_source(stack, collapse=["lay*"]).count(" collapsed</FONT>") == 1
 
 

@@ -1,12 +1,13 @@
 """tracer.testing helpers, the pytest plugin, and static shapes agreeing with torch."""
 
+import json
 import subprocess
 import sys
 
 import pytest
 
 import tracer
-from tests.conftest import PIPELINES, ROOT
+from tests.conftest import INVALID_EXAMPLES, PIPELINES, ROOT, bundled_pipelines, shared_pipeline, tracer_cli
 from tracer.errors import ExpectationError
 from tracer.testing import assert_contiguous, assert_shape, assert_view_of
 
@@ -46,35 +47,29 @@ def test_trace_pipeline_fixture(trace_pipeline):
 
 
 def test_run_json_carries_symbolic_shape():
-    proc = subprocess.run([sys.executable, "-m", "tracer", "run", str(CAUSAL), "--json"], capture_output=True, text=True, check=True)
-    import json
-
+    proc = tracer_cli("run", CAUSAL, "--json")
+    assert proc.returncode == 0, proc.stderr
     tensors = {t["id"]: t for t in json.loads(proc.stdout)["tensors"]}
     assert tensors["scores"]["symbolic_shape"] == ["B", "H", "T", "T"] and tensors["scores"]["op"] == "matmul"
     assert not tensors["k_t"]["contiguous"] and tensors["q_heads"]["view_of"] == "q"
     assert tensors["merged/contiguous"]["contiguous"] and tensors["merged/contiguous"]["view_of"] is None
 
 
-def test_wrong_expect_fails_check_and_pytest_plugin_with_file_and_line(tmp_path):
-    bad = tmp_path / "bad_mha.yaml"
+def test_wrong_expect_fails_check_and_pytest_plugin_with_file_and_line(pytester):
+    bad = pytester.path / "bad_mha.yaml"
     text = CAUSAL.read_text().replace("scores: [B, H, T, T]", "scores: [B, T, H, T]")
     bad.write_text(text)
     line = next(i for i, line_text in enumerate(text.splitlines(), 1) if line_text.strip().startswith("scores: [B, T, H, T]"))
-    check = subprocess.run([sys.executable, "-m", "tracer", "check", str(bad)], capture_output=True, text=True)
+    check = tracer_cli("check", bad)
     assert check.returncode == 1 and f"{bad}:{line}:3: error[expect]" in check.stderr
-    (tmp_path / "good.yaml").write_text(CAUSAL.read_text())
-    proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--tracer-pipelines=*.yaml", "-q"],
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-    )
-    assert proc.returncode == 1, proc.stdout
-    assert "1 failed, 1 passed" in proc.stdout and f"{bad}:{line}:3: error[expect]" in proc.stdout
+    (pytester.path / "good.yaml").write_text(CAUSAL.read_text())
+    result = pytester.runpytest("-p", "no:cacheprovider", "--tracer-pipelines=*.yaml")
+    result.assert_outcomes(passed=1, failed=1)
+    assert f"{bad}:{line}:3: error[expect]" in result.stdout.str()
 
 
 def test_check_of_every_bundled_pipeline_never_imports_torch():
-    files = [str(p) for p in sorted(PIPELINES.rglob("*.yaml")) if "lint_examples" not in p.parts]
+    files = [str(p) for p in bundled_pipelines()]
     # torch is made unimportable; networkx is only needed for out-of-order steps, cycles and diagrams
     code = (
         "import sys; sys.modules['torch'] = None; from tracer.cli import main; rc = main(sys.argv[1:]); "
@@ -86,14 +81,12 @@ def test_check_of_every_bundled_pipeline_never_imports_torch():
     assert len(files) > 15 and "error" not in proc.stderr
 
 
-def test_plugin_collects_nothing_unless_asked(tmp_path):
-    (tmp_path / "good.yaml").write_text(CAUSAL.read_text())
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q"], capture_output=True, text=True, cwd=tmp_path)
-    assert proc.returncode == 5  # "no tests collected"
+def test_plugin_collects_nothing_unless_asked(pytester):
+    (pytester.path / "good.yaml").write_text(CAUSAL.read_text())
+    assert pytester.runpytest("-p", "no:cacheprovider").ret == pytest.ExitCode.NO_TESTS_COLLECTED
 
 
-def bundled():
-    return sorted(p for p in PIPELINES.rglob("*.yaml"))
+CPU_BYTES = 64 << 20  # a variant past this (the tutorial-size seed files) runs on meta: torch's layouts, no minutes of matmuls
 
 
 def dims_variants(pipeline):
@@ -102,36 +95,45 @@ def dims_variants(pipeline):
     yield {}
     yield {name: 1 for name in base}
     yield {name: declared[name] * 2 for name in base}
+    if pipeline.check().peak_bytes > CPU_BYTES:
+        yield {name: min(declared[name], 8) for name in base}  # so a file too big for the CPU is still compared on it
 
 
-@pytest.mark.parametrize("path", bundled(), ids=lambda p: str(p.relative_to(PIPELINES)))
+def test_the_invalid_examples_fail_with_their_own_error():
+    """The sweeps leave out exactly these files; each must still fail, and for its own reason."""
+    for name, code in INVALID_EXAMPLES.items():
+        with pytest.raises(tracer.TracerError) as info:
+            tracer.load(PIPELINES / name)
+        assert [d.code for d in info.value.diagnostics] == [code], name
+
+
+@pytest.mark.parametrize("path", bundled_pipelines(), ids=lambda p: str(p.relative_to(PIPELINES)))
 def test_static_analysis_agrees_with_torch(path):
     """Shape rules are exact: shapes, strides, contiguity and storage sharing predicted before
     running equal what torch produces, over every bundled pipeline and several dims."""
-    try:
-        pipeline = tracer.load(path)
-    except tracer.TracerError:
-        pytest.skip("an error example: it must not load")
+    pipeline = shared_pipeline(path)
     checked = 0
     for dims in dims_variants(pipeline):
         try:
             analysis = pipeline.check(dims)
         except tracer.TracerError:
+            if not dims:
+                raise  # the declared dims must always check
             continue  # e.g. d_model=1 is not divisible by H=2: nothing to compare
-        if (
-            analysis.errors
-            or analysis.pipeline.inputs
-            and any(d.values is not None or d.tokens is not None for d in analysis.pipeline.inputs.values())
-            and dims
-        ):
-            continue
-        trace = pipeline.run(dims=dims)
+        if dims and (analysis.errors or _fixed_size_inputs(analysis)):
+            continue  # literal values and token lists fit the declared dims only
+        assert not analysis.errors, [str(d) for d in analysis.errors]
+        trace = pipeline.run(dims=dims, device="cpu" if analysis.peak_bytes <= CPU_BYTES else "meta")
         for record in trace.records:
             meta = analysis.metas[record.id]
             predicted = (meta.sizes, meta.stride, meta.contiguous, None if meta.root == record.id else meta.root)
             assert predicted == (record.shape, record.stride, record.contiguous, record.view_of), (record.id, dims)
         checked += 1
     assert checked >= 1
+
+
+def _fixed_size_inputs(analysis) -> bool:
+    return any(d.values is not None or d.tokens is not None for d in (analysis.pipeline.inputs or {}).values())
 
 
 def test_dims_that_are_only_coincidentally_equal_are_flagged(write):
