@@ -148,7 +148,7 @@ def test_binary_and_control_characters_give_one_located_line(data, code, tmp_pat
 
 
 def test_user_text_with_line_breaks_stays_on_one_line(tmp_path):
-    error = refused(with_dims('  E: "T\\nT\\r\\u2028x"'), tmp_path, "invalid-value")
+    error = refused(with_dims('  E: "T\\nT\\r\\u2028x"'), tmp_path, "control-character")
     assert len(str(error).splitlines()) == len(error.diagnostics)
 
 

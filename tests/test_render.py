@@ -201,7 +201,7 @@ def test_cli_render_svg_is_valid_and_shows_both_shapes_and_dashes(tmp_path, caps
     root = ET.parse(out).getroot()
     dashed = [g for g in root.iter() if g.get("class") == "edge" and any(p.get("stroke-dasharray") for p in g.iter())]
     assert len(dashed) == 5
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.svg"]  # only the file asked for: no DOT beside it
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.svg"]  # the DOT stays in a temporary folder
 
 
 @needs_dot
@@ -224,12 +224,12 @@ def test_without_graphviz_dot_works_and_svg_fails_cleanly(tmp_path, monkeypatch)
     assert shutil.which("dot") is None
     done = tracer_cli("render", CAUSAL, "-o", "m.dot", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
-    assert (tmp_path / "m.dot").read_text().startswith("digraph causal_mha {")
+    assert (tmp_path / "m.dot").read_text().startswith("digraph pipeline {")
     done = tracer_cli("render", CAUSAL, "-o", "g.svg", cwd=tmp_path)
     assert done.returncode == 1
-    assert "no-renderer" in done.stderr and "-o g.dot" in done.stderr and "install graphviz" in done.stderr.lower()
+    assert "no-renderer" in done.stderr and "-o NAME.dot" in done.stderr and "install graphviz" in done.stderr.lower()
     assert "Traceback" not in done.stderr
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.dot"]  # only the file asked for, and only on success
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.dot"]
 
 
 def test_a_failing_renderer_leaves_no_partial_or_temporary_file(tmp_path, monkeypatch):
@@ -243,11 +243,13 @@ def test_a_failing_renderer_leaves_no_partial_or_temporary_file(tmp_path, monkey
     out_dir = tmp_path / "out"
     out_dir.mkdir()
     (out_dir / "m.svg").write_text("old picture")
+    (out_dir / "m.dot").write_text("the user's own DOT")
     with pytest.raises(TracerError) as info:
         render_file(trace, out_dir / "m.svg")
     assert info.value.code == "render-failed" and "syntax error" in str(info.value)
-    assert sorted(p.name for p in out_dir.iterdir()) == ["m.svg"]
+    assert sorted(p.name for p in out_dir.iterdir()) == ["m.dot", "m.svg"]
     assert (out_dir / "m.svg").read_text() == "old picture"
+    assert (out_dir / "m.dot").read_text() == "the user's own DOT"
 
 
 # ------------------------------------------------------------------ gallery

@@ -4,15 +4,20 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
+import threading
 from pathlib import Path
 
-from .errors import Diagnostic, InternalError, TracerError
+from .errors import Diagnostic, InternalError, TracerError, printable
+
+RENDER_TIMEOUT = 120.0  # seconds; the same default as tracer.render.DOT_TIMEOUT (kept here: the parser imports no renderer)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
+    _terminate_cleanly()
     try:
         return args.handler(args)
     except TracerError as exc:
@@ -29,19 +34,38 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("tracer: interrupted", file=sys.stderr)
         return 130
+    except _Terminated:
+        print("tracer: terminated", file=sys.stderr)
+        return 143
     except Exception as exc:  # a bug in tracer, never the user's fault: say so without a traceback
         if args.debug:
             raise
-        print(f"tracer: internal error (please report it, rerun with --debug for details): {type(exc).__name__}: {exc}", file=sys.stderr)
+        message = printable(f"{type(exc).__name__}: {exc}")
+        print(f"tracer: internal error (please report it, rerun with --debug for details): {message}", file=sys.stderr)
         return 3
 
 
+class _Terminated(BaseException):
+    """SIGTERM, raised as an exception so that temporary files are removed on the way out."""
+
+
+def _terminate_cleanly() -> None:
+    def handler(signum, frame):
+        raise _Terminated
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, handler)
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # argparse quotes the user's arguments: escape them like every diagnostic
+        super().error(printable(message))
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="tracer", description="Declare attention pipelines in YAML, trace every tensor's shape, render and check them."
-    )
+    parser = _Parser(prog="tracer", description="Declare attention pipelines in YAML, trace every tensor's shape, render and check them.")
     parser.add_argument("--debug", action="store_true", help="show Python tracebacks for internal errors")
-    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
 
     check = commands.add_parser("check", help="validate pipelines and infer every shape without running them")
     check.add_argument("files", nargs="+", metavar="FILE")
@@ -61,7 +85,7 @@ def _parser() -> argparse.ArgumentParser:
         metavar="OUT",
         help="write the table (or with --json the JSON) to OUT instead of stdout; written atomically: a failed run leaves OUT as it was",
     )
-    run.add_argument("--device", default="cpu", help="torch device: cpu, cuda, meta (default: cpu)")
+    run.add_argument("--device", default="cpu", type=_device, help="torch device: cpu, cuda, meta (default: cpu)")
     run.add_argument(
         "--max-memory",
         type=_size,
@@ -86,11 +110,18 @@ def _parser() -> argparse.ArgumentParser:
         metavar="GROUP",
         help="draw a group as one node: a group name, a group path ('layers' folds all copies of a block, 'layers/3' one) or a glob ('layers/*': one node per copy); repeatable",
     )
-    render.add_argument("--device", default="cpu", help="torch device for the run (meta: no memory)")
+    render.add_argument("--device", default="cpu", type=_device, help="torch device for the run (meta: no memory)")
     render.add_argument(
         "--values",
         action="store_true",
         help="run on real data and show it: per-head attention heatmaps in softmax nodes; in an .html report also per-tensor statistics",
+    )
+    render.add_argument(
+        "--timeout",
+        type=float,
+        default=RENDER_TIMEOUT,
+        metavar="SECONDS",
+        help=f"give up when Graphviz takes longer than this to draw (default: {RENDER_TIMEOUT:g})",
     )
     render.set_defaults(handler=_render)
 
@@ -111,6 +142,21 @@ def _dim_pair(text: str) -> tuple[str, int]:
         return name.strip(), int(value)
     except ValueError:
         raise argparse.ArgumentTypeError(f"the value of {name.strip()} must be an integer, got '{value}'") from None
+
+
+def _device(text: str) -> str:
+    """A torch device this machine has: 'bogus' or 'cuda' without CUDA is a usage error (exit 2)."""
+    if text in ("cpu", "meta"):
+        return text
+    import torch
+
+    try:
+        device = torch.device(text)
+        torch.empty(0, device=device)
+    except (RuntimeError, ValueError, TypeError, AssertionError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise argparse.ArgumentTypeError(f"'{text}' is not a device torch can use here ({first}); try cpu or meta") from None
+    return text
 
 
 def _check(args) -> int:
@@ -148,7 +194,7 @@ def _run(args) -> int:
         from .atomic import write_atomic
 
         text = trace.to_json(values=args.values) if args.json else str(trace) + "\n" + _peak_line(trace)
-        print(f"wrote {write_atomic(args.output, text + chr(10), error_file=args.file)}", file=sys.stderr)
+        print(f"wrote {printable(write_atomic(args.output, text + chr(10), error_file=args.file))}", file=sys.stderr)
         return 0
     if args.json:
         print(trace.to_json(values=args.values))
@@ -199,8 +245,8 @@ def _render(args) -> int:
 
         written = write_report(trace, output, args.collapse)
     else:
-        written = render_file(trace, output, collapse=args.collapse)  # with values: heatmaps in softmax nodes
-    print(f"wrote {written}")
+        written = render_file(trace, output, collapse=args.collapse, timeout=args.timeout)  # with values: heatmaps in softmax nodes
+    print(f"wrote {printable(written)}")
     return 0
 
 

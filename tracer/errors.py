@@ -18,8 +18,15 @@ class Position:
     col: int
 
 
-# a message quoting the user's text stays on its line (every line of output starts FILE:LINE:COL:)
-_LINE_BREAKS = {c: repr(chr(c))[1:-1] for c in (0x0A, 0x0D, 0x0B, 0x0C, 0x1C, 0x1D, 0x1E, 0x85, 0x2028, 0x2029)}
+# Text quoted from the user (file names, ids, messages) leaves tracer escaped: every line of output
+# starts FILE:LINE:COL:, and no escape sequence, bidi override or line break reaches a terminal raw.
+_UNPRINTABLE = [*range(0x00, 0x20), *range(0x7F, 0xA0), 0x200E, 0x200F, *range(0x202A, 0x202F), *range(0x2066, 0x206A), 0x2028, 0x2029]
+_ESCAPES = {c: repr(chr(c))[1:-1] if c < 0x100 else f"\\u{c:04x}" for c in _UNPRINTABLE}
+
+
+def printable(text: object) -> str:
+    """``text`` with control characters, line breaks and bidi controls written as escapes (``\\x1b``)."""
+    return str(text).translate(_ESCAPES)
 
 
 @dataclass(frozen=True)
@@ -34,9 +41,10 @@ class Diagnostic:
     severity: str = "error"
 
     def __str__(self) -> str:
-        where = self.file if self.position is None else f"{self.file}:{self.position.line}:{self.position.col}"
-        step = f"step '{self.step}': " if self.step else ""
-        return f"{where}: {self.severity}[{self.code}]: {step}{self.message.translate(_LINE_BREAKS)}"
+        file = printable(self.file)
+        where = file if self.position is None else f"{file}:{self.position.line}:{self.position.col}"
+        step = f"step '{printable(self.step)}': " if self.step else ""
+        return f"{where}: {self.severity}[{self.code}]: {step}{printable(self.message)}"
 
 
 _COPY_INDEX = re.compile(r"(?<=/)\d+(?=/)|(?<=copy )\d+")  # layers/3/Q, "copy 3 included at"

@@ -46,7 +46,12 @@ def render_one(path: Path, svg: Path) -> str:
     pipeline = Pipeline(*load_spec(path))
     pipeline.check().raise_errors()
     render_file(_run(pipeline), svg, repeated_blocks(pipeline))
-    return (pipeline.spec.description or pipeline.name).strip().splitlines()[0]
+    return _markdown_text((pipeline.spec.description or pipeline.name).strip().splitlines()[0])
+
+
+def _markdown_text(text: str) -> str:
+    """A description as inert Markdown: no HTML tags, links or images from the pipeline's author."""
+    return text.translate({ord("<"): "&lt;", ord(">"): "&gt;", **{ord(c): "\\" + c for c in "\\`[]"}})
 
 
 def report_one(path: Path, html: Path) -> None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import fnmatch
 import html
-import os
 import shutil
 import subprocess
 import tempfile
@@ -21,7 +20,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from .atomic import temporary_beside, write_atomic
+from .atomic import write_atomic
 from .errors import Diagnostic, TracerError
 from .formatting import human_bytes
 from .heatmap import node_rows
@@ -29,6 +28,11 @@ from .steps.contract import STEP_KINDS
 from .trace import TensorRecord, Trace
 
 FORMATS = ("svg", "png", "pdf", "dot")
+# The graph's DOT id is never user text (the graphviz library passes a name written as '<...>'
+# through unquoted, which let a pipeline name close the graph and open its own); the title is
+# the escaped label.
+GRAPH_ID = "pipeline"
+DOT_TIMEOUT = 120.0  # seconds: `dot` lays out a few thousand nodes in seconds; an unfolded 600-copy stack never finishes
 FONT = "Helvetica"
 
 INK = "#333333"
@@ -139,7 +143,7 @@ class _Builder:
         import graphviz
 
         graph = graphviz.Digraph(
-            self.trace.name,
+            GRAPH_ID,
             graph_attr=_graph_attrs(self.trace),
             node_attr={"fontname": FONT, "fontsize": "11", "margin": "0.12,0.06"},
             edge_attr={"fontname": FONT, "fontsize": "9", "color": INK, "arrowsize": "0.7"},
@@ -501,52 +505,67 @@ def _legend_row(mark: str, sample: str, text: str) -> str:
 # ---------------------------------------------------------------- files
 
 
-def render_file(trace: Trace, output: str | Path, collapse: Iterable[str] = ()) -> Path:
+def render_file(trace: Trace, output: str | Path, collapse: Iterable[str] = (), timeout: float = DOT_TIMEOUT) -> Path:
     """Write the trace's diagram to ``output`` (format from the suffix: svg, png, pdf or dot); returns the path.
 
     Only the file asked for is written, atomically: the DOT text of a picture lives in a temporary
     folder, and a failure leaves every existing file as it was.
     """
-    output = Path(output)
-    if not output.suffix:
-        output = output.with_suffix(".svg")
-    fmt = output.suffix[1:].lower()
     pipeline_file = trace.analysis.source.file
-    if fmt not in FORMATS:
-        formats = ", ".join("." + f for f in FORMATS)
-        message = f"cannot write '{output.suffix}': use one of {formats} (or .html with `tracer render`)"
-        raise TracerError(Diagnostic(str(output), None, "output-format", message))
+    output = _output_path(Path(output))
+    fmt = output.suffix[1:].lower()
     source = dot_source(trace, collapse)
-    if fmt == "dot":
-        return write_atomic(output, source, error_file=pipeline_file)
-    render_dot(source, output, fmt, pipeline_file)
+    data = source.encode() if fmt == "dot" else render_bytes(source, fmt, pipeline_file, timeout)
+    return write_atomic(output, data, error_file=pipeline_file)
+
+
+def _output_path(output: Path) -> Path:
+    """The file to write: a directory is refused (never written into), no suffix means SVG."""
+
+    def fail(message: str):
+        raise TracerError(Diagnostic(str(output), None, "output-format", message))
+
+    if output.is_dir():
+        fail("is a directory; name the file to write, e.g. -o DIR/diagram.svg")
+    if not output.suffix:
+        output = output.with_name(output.name + ".svg")
+    if output.suffix[1:].lower() not in FORMATS:
+        formats = ", ".join("." + f for f in FORMATS)
+        fail(f"cannot write '{output.suffix}': use one of {formats} (or .html with `tracer render`)")
     return output
 
 
-def render_dot(source: str, output: Path, fmt: str, pipeline_file: str) -> None:
-    """Run Graphviz's ``dot`` on DOT text, writing ``output`` atomically; errors say how to get Graphviz."""
+def render_bytes(source: str, fmt: str, pipeline_file: str, timeout: float = DOT_TIMEOUT) -> bytes:
+    """Graphviz's ``dot`` run on DOT text in a private temporary folder, under a time limit; returns the picture."""
     exe = shutil.which("dot")
     if exe is None:
-        raise _no_renderer(pipeline_file, output, fmt, "Graphviz's `dot` is not on PATH")
-    try:
-        with tempfile.TemporaryDirectory(prefix="tracer-") as folder, temporary_beside(output) as tmp:
-            dot_path = Path(folder) / "diagram.dot"
-            dot_path.write_text(source)
-            done = subprocess.run([exe, f"-T{fmt}", str(dot_path), "-o", str(tmp)], capture_output=True, text=True)
-            if done.returncode != 0 and "not recognized" in done.stderr:
-                raise _no_renderer(pipeline_file, output, fmt, f"this Graphviz cannot write {fmt} ({done.stderr.strip().splitlines()[0]})")
-            if done.returncode != 0:
-                raise TracerError(Diagnostic(pipeline_file, None, "render-failed", f"`dot -T{fmt}` failed: {done.stderr.strip()}"))
-            os.replace(tmp, output)
-    except OSError as exc:
-        reason = exc.strerror or str(exc)
-        raise TracerError(Diagnostic(pipeline_file, None, "output-failed", f"cannot write {output}: {reason}")) from None
+        raise _no_renderer(pipeline_file, fmt, "Graphviz's `dot` is not on PATH")
+    with tempfile.TemporaryDirectory(prefix="tracer-") as folder:
+        dot_path, picture = Path(folder) / "diagram.dot", Path(folder) / f"diagram.{fmt}"
+        dot_path.write_text(source, encoding="utf-8")
+        try:
+            done = subprocess.run([exe, f"-T{fmt}", str(dot_path), "-o", str(picture)], capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise TracerError(Diagnostic(pipeline_file, None, "render-timeout", _too_slow(timeout))) from None
+        if done.returncode != 0 and "not recognized" in done.stderr:
+            raise _no_renderer(pipeline_file, fmt, f"this Graphviz cannot write {fmt} ({done.stderr.strip().splitlines()[0]})")
+        if done.returncode != 0:
+            raise TracerError(Diagnostic(pipeline_file, None, "render-failed", f"`dot -T{fmt}` failed: {done.stderr.strip()[:2000]}"))
+        return picture.read_bytes()
 
 
-def _no_renderer(pipeline_file: str, output: Path, fmt: str, why: str) -> TracerError:
+def _too_slow(timeout: float) -> str:
+    return (
+        f"Graphviz's `dot` did not finish drawing within {timeout:g} s: the diagram is too large to lay out. "
+        "Fold each copy of a repeated block into one node with --collapse 'BLOCK/*' (or a whole group with "
+        "--collapse GROUP), raise the limit with --timeout, or write the DOT text only with -o NAME.dot"
+    )
+
+
+def _no_renderer(pipeline_file: str, fmt: str, why: str) -> TracerError:
     message = (
-        f"cannot render {output}: {why}. Install Graphviz (Debian/Ubuntu: apt-get install graphviz; "
+        f"cannot render {fmt}: {why}. Install Graphviz (Debian/Ubuntu: apt-get install graphviz; "
         f"macOS: brew install graphviz; conda: conda install -c conda-forge graphviz), "
-        f"or ask for `-o {output.with_suffix('.dot').name}` to get DOT text, which needs no Graphviz"
+        f"or ask for `-o NAME.dot` to get DOT text, which needs no Graphviz"
     )
     return TracerError(Diagnostic(pipeline_file, None, "no-renderer", message))

@@ -25,10 +25,9 @@ from pathlib import Path
 from typing import Any
 
 from .atomic import write_atomic
-from .errors import Diagnostic, TracerError
 from .formatting import human_bytes
 from .heatmap import is_attention_weights, leading_maps
-from .render import diagram
+from .render import diagram, render_bytes
 from .trace import TensorRecord, Trace
 
 MAX_SIDE = 64  # a heatmap keeps at most 64 x 64 cells: longer sequences are mean-pooled into blocks
@@ -70,20 +69,8 @@ def _asset(name: str) -> str:
 
 
 def _svg(trace: Trace, collapse: Iterable[str]) -> str:
-    import graphviz
-
-    try:
-        svg = diagram(trace, collapse, links=True).pipe(format="svg", encoding="utf-8")
-    except graphviz.ExecutableNotFound:
-        raise TracerError(
-            Diagnostic(
-                trace.analysis.source.file,
-                None,
-                "no-renderer",
-                "the HTML report draws its diagram with Graphviz's `dot`, which is not on PATH. Install Graphviz "
-                "(Debian/Ubuntu: apt-get install graphviz; macOS: brew install graphviz; conda: conda install -c conda-forge graphviz)",
-            )
-        ) from None
+    source = diagram(trace, collapse, links=True).source
+    svg = render_bytes(source, "svg", trace.analysis.source.file).decode("utf-8")  # render's time limit and messages
     # inline SVG needs no XML prolog; Graphviz's comments only repeat node names
     return re.sub(r"<!--.*?-->", "", svg[svg.index("<svg") :], flags=re.S)
 

@@ -125,8 +125,10 @@ class Trace:
     def __repr__(self) -> str:
         return f"<Trace {self.name!r}: {len(self.records)} tensors, dims {self.dims}>"
 
-    def _repr_html_(self) -> str:  # notebooks show the diagram
-        return self.diagram()._repr_image_svg_xml()
+    def _repr_html_(self) -> str:  # notebooks show the diagram, drawn with render's time limit
+        from .render import dot_source, render_bytes
+
+        return render_bytes(dot_source(self), "svg", self.analysis.source.file).decode("utf-8")
 
     def diagram(self, collapse: list[str] | tuple[str, ...] = ()):
         """The dataflow as a ``graphviz.Digraph`` (displays inline in Jupyter).

@@ -406,8 +406,12 @@ def _load_block(step: Block, i: int, source: SourceMap, folder: Path, stack: tup
     if key in stack:
         chain = " -> ".join(Path(p).name for p in stack[stack.index(key) :] + (key,))
         fail("block-cycle", f"blocks include each other in a cycle: {chain}")
-    if not target.is_file():
+    try:
+        target.stat()  # a FIFO or device is refused by the loader, which checks before reading
+    except FileNotFoundError:
         fail("block-missing", f"'use: {use}': no such file ({target})")
+    except OSError as exc:  # a name over 255 bytes, a loop, no permission
+        fail("block-use", f"'use: {use}' cannot be opened: {exc.strerror or exc}")
     shown = os.path.relpath(target)
     try:
         spec, block_source = load_spec(target if shown.startswith("..") else shown)

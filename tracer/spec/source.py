@@ -8,6 +8,9 @@ errors, and the number of nodes produced is capped so alias bombs cannot expand.
 
 from __future__ import annotations
 
+import os
+import re
+import stat
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -36,6 +39,15 @@ _LIBYAML = hasattr(yaml, "CSafeLoader")
 _BaseLoader = yaml.CSafeLoader if _LIBYAML else yaml.SafeLoader
 _RESOLVER = yaml.resolver.Resolver()
 MAX_CACHED_SCALAR = 64
+# Text reaches terminals, diagnostics, tables and SVG: refuse control characters (YAML escapes such
+# as "\e" or "\x01" make them), bidi overrides, and line breaks other than newline. Tabs and
+# newlines stay allowed in values (notes and descriptions span lines), not in keys or one-line fields.
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069\u2028\u2029\ufeff]")
+_ONE_LINE = re.compile(r"[\t\n]")
+_ONE_LINE_FIELDS = frozenset({"name", "group", "id", "use", "op", "input"})
+# PyYAML counts these as line breaks, editors and `grep -n` do not: they would shift every
+# reported line number after them, so they are refused where they stand.
+_ODD_BREAKS = re.compile(r"\r(?!\n)|[\x85\u2028\u2029]")
 
 
 class _Loader(_BaseLoader):  # type: ignore[misc,valid-type]
@@ -111,6 +123,7 @@ def parse_document(text: str, name: str = "<string>") -> tuple[Any, SourceMap]:
         )
     if not text.strip():
         raise TracerError(Diagnostic(name, Position(1, 1), "empty-file", "the file is empty; a pipeline needs at least 'name' and 'steps'"))
+    _check_line_breaks(text, name)
     _check_depth(text, name)
     try:
         nodes = list(yaml.compose_all(text, Loader=_Loader))
@@ -142,6 +155,17 @@ def parse_document(text: str, name: str = "<string>") -> tuple[Any, SourceMap]:
         )
     walker = _Walker(source)
     return walker.convert(nodes[0], (), 0), source
+
+
+def _check_line_breaks(text: str, name: str) -> None:
+    odd = _ODD_BREAKS.search(text)
+    if odd:
+        before = text[: odd.start()]
+        where = Position(before.count("\n") + 1, odd.start() - (before.rfind("\n") + 1) + 1)
+        what = "a lone carriage return" if odd.group() == "\r" else f"the line separator U+{ord(odd.group()):04X}"
+        raise TracerError(
+            Diagnostic(name, where, "yaml-syntax", f"{what} is not allowed (it would shift line numbers); end lines with a newline")
+        )
 
 
 def _reader_position(text: str, offset: int) -> Position:
@@ -185,18 +209,7 @@ def _check_depth(text: str, name: str) -> None:
 
 
 def _read_text(path: Path, name: str) -> str:
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        raise TracerError(Diagnostic(name, None, "file-missing", "no such file")) from None
-    except IsADirectoryError:
-        raise TracerError(Diagnostic(name, None, "file-unreadable", "is a directory, not a pipeline file")) from None
-    except OSError as exc:
-        raise TracerError(Diagnostic(name, None, "file-unreadable", f"cannot read the file: {exc.strerror}")) from None
-    if len(data) > MAX_BYTES:
-        raise TracerError(
-            Diagnostic(name, None, "file-too-large", f"the file is {len(data)} bytes; pipeline files are limited to {MAX_BYTES} bytes")
-        )
+    data = _read_bounded(path, name)
     if b"\x00" in data:
         raise TracerError(Diagnostic(name, Position(1, 1), "file-binary", "the file is binary, not YAML text"))
     try:
@@ -204,6 +217,43 @@ def _read_text(path: Path, name: str) -> str:
     except UnicodeDecodeError as exc:
         line = data[: exc.start].count(b"\n") + 1
         raise TracerError(Diagnostic(name, Position(line, 1), "file-binary", "the file is not UTF-8 text")) from None
+
+
+def _read_bounded(path: Path, name: str) -> bytes:
+    """The file's bytes, checking its type and size on the open descriptor before reading: a
+    symlink to /dev/zero, a FIFO or a 10 GB file is refused without reading it (O_NONBLOCK keeps
+    opening a FIFO from waiting for a writer), and at most MAX_BYTES + 1 bytes are ever read (a
+    /proc file reports size 0)."""
+
+    def fail(code: str, message: str):
+        raise TracerError(Diagnostic(name, None, code, message))
+
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0))
+    except FileNotFoundError:
+        fail("file-missing", "no such file")
+    except OSError as exc:
+        fail("file-unreadable", f"cannot read the file: {exc.strerror or exc}")
+    with os.fdopen(fd, "rb") as handle:
+        info = os.fstat(fd)
+        if stat.S_ISDIR(info.st_mode):
+            fail("file-unreadable", "is a directory, not a pipeline file")
+        if not stat.S_ISREG(info.st_mode):
+            fail("file-unreadable", f"is {_file_kind(info.st_mode)}, not a regular file; a pipeline is a YAML text file")
+        if info.st_size > MAX_BYTES:
+            fail("file-too-large", f"the file is {info.st_size} bytes; pipeline files are limited to {MAX_BYTES} bytes")
+        try:
+            data = handle.read(MAX_BYTES + 1)
+        except OSError as exc:
+            fail("file-unreadable", f"cannot read the file: {exc.strerror or exc}")
+    if len(data) > MAX_BYTES:
+        fail("file-too-large", f"the file holds more than {MAX_BYTES} bytes; pipeline files are limited to {MAX_BYTES} bytes")
+    return data
+
+
+def _file_kind(mode: int) -> str:
+    kinds = ((stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"))
+    return next((what for test, what in kinds if test(mode)), "not a regular file")
 
 
 def _pos(node: yaml.Node) -> Position:
@@ -232,9 +282,23 @@ class _Walker:
         self._check_tag(node, *_SCALAR_TAGS)
         self._check_number(node)
         try:
-            return _scalar(node.tag, node.value)
+            value = _scalar(node.tag, node.value)
         except (yaml.YAMLError, ValueError, OverflowError, LookupError, TypeError) as exc:
             self._fail(node, "yaml-value", f"cannot read the value '{node.value[:40]}': {exc}")
+        if isinstance(value, str):
+            self._check_text(node, value, one_line=bool(path) and path[-1] in _ONE_LINE_FIELDS)
+        return value
+
+    def _check_text(self, node: yaml.Node, text: str, one_line: bool) -> None:
+        bad = _CONTROL.search(text) or (_ONE_LINE.search(text) if one_line else None)
+        if bad:
+            char = bad.group()
+            self._fail(
+                node,
+                "control-character",
+                f"the text holds the control character U+{ord(char):04X} ({char!r}); "
+                + ("write it on one line without tabs" if char in "\t\n" else "remove it (names, ids, notes and groups are plain text)"),
+            )
 
     def _mapping(self, node: yaml.MappingNode, path: tuple, depth: int) -> dict:
         self._check_tag(node, _MAP_TAG)
@@ -251,6 +315,8 @@ class _Walker:
                 self._fail(key_node, "yaml-key", f"cannot read the key '{key_node.value[:40]}': {exc}")
             if not isinstance(key, (str, int)) or isinstance(key, bool):
                 self._fail(key_node, "yaml-key", f"mapping keys must be names, found {key!r}")
+            if isinstance(key, str):
+                self._check_text(key_node, key, one_line=True)
             if key in result:
                 first = self.source.keys[path + (key,)]
                 self._fail(key_node, "duplicate-key", f"duplicate key '{key}' (first defined at line {first.line})")
