@@ -95,7 +95,12 @@ def _kind(op: str, cls: type[StepBase]) -> str:
     doc = inspect.cleandoc(cls.__doc__ or "")
     common = set(StepBase.model_fields) | {"op"}
     fields = _rows(cls, skip=common)
-    arity = {None: "one or more inputs (`inputs:`)", 1: "one input", 2: "two inputs (`inputs: [a, b]`)"}[cls.arity]
+    arity = {
+        None: "one or more inputs (`inputs:`)",
+        1: "one input",
+        2: "two inputs (`inputs: [a, b]`)",
+        3: "three inputs (`inputs: [q, k, v]`)",
+    }[cls.arity]
     parts = [f"### `{op}`", "", doc, "", f"Takes {arity}."]
     if fields:
         parts += ["", "| field | meaning |", "|---|---|", fields]

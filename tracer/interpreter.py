@@ -407,6 +407,7 @@ INITS: dict[str, Callable] = {
     "rand": lambda decl, meta, torch, device, dtype, alg: torch.rand(meta.sizes, dtype=dtype, device=device),
     "zeros": lambda decl, meta, torch, device, dtype, alg: torch.zeros(meta.sizes, dtype=dtype, device=device),
     "ones": lambda decl, meta, torch, device, dtype, alg: torch.ones(meta.sizes, dtype=dtype, device=device),
+    "full": lambda decl, meta, torch, device, dtype, alg: torch.full(meta.sizes, decl.value, dtype=dtype, device=device),
     "arange": lambda decl, meta, torch, device, dtype, alg: torch.arange(meta.numel, device=device).to(dtype).reshape(meta.sizes),
     "triu": _triangle(upper=True),
     "tril": _triangle(upper=False),

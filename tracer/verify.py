@@ -65,6 +65,7 @@ class AttentionCore:
     polarity: str | None = None  # 'keep' or 'block' for ``mask``
     fill: float = float("-inf")  # the masked score as softmax sees it (the fill times later scales)
     steps: list[str] = field(default_factory=list)  # mask/scale/dropout steps between scores and softmax
+    mask_step: str | None = None  # the mask step (its causal pattern: alignment, window)
 
 
 def attention_core(analysis, softmax: str | None = None) -> AttentionCore:
@@ -131,7 +132,7 @@ def _take_mask(core: AttentionCore, mask: Mask, scores: str, softmax: str, after
             f"mask step '{mask.id}' fills {mask.fill:g}: only -inf or a large negative fill (<= {MASK_FILL_LIMIT:g}) "
             "is a mask that scaled_dot_product_attention can express"
         )
-    core.causal, core.mask, core.polarity = mask.causal, mask.mask, mask.polarity
+    core.causal, core.mask, core.polarity, core.mask_step = mask.causal, mask.mask, mask.polarity, mask.id
     core.fill = mask.fill * after_mask if math.isfinite(mask.fill) else mask.fill
 
 
@@ -168,15 +169,22 @@ def against_sdpa(
         raise VerificationError(
             f"queries '{core.query}' and keys '{core.keys_t}' must have at least 2 dims for scaled_dot_product_attention"
         )
-    attn_mask = None
+    attn_mask, hide = None, None
     if core.mask is not None:
         mask = _tensor(trace, core.mask).bool()
-        attn_mask = _additive(~mask if core.polarity == "keep" else mask, core, q.dtype)
+        hide = ~mask if core.polarity == "keep" else mask
+    pattern = _causal_pattern(trace, core, q.shape[-2], k_t.shape[-1], q.device)
+    is_causal = core.causal and pattern is None and hide is None
+    if core.causal and not is_causal:  # SDPA's is_causal is top-left and takes no other mask
+        pattern = pattern if pattern is not None else _causal_pattern(trace, core, q.shape[-2], k_t.shape[-1], q.device, always=True)
+        hide = pattern if hide is None else hide | pattern
+    if hide is not None:
+        attn_mask = _additive(hide, core, q.dtype)
         if attn_mask.dtype == torch.bool:
             attn_mask = ~attn_mask  # SDPA's boolean mask means "attend"
     with torch.no_grad():
         expected = F.scaled_dot_product_attention(
-            q, k_t.transpose(-2, -1), v, attn_mask=attn_mask, dropout_p=0.0, is_causal=core.causal, scale=core.scale
+            q, k_t.transpose(-2, -1), v, attn_mask=attn_mask, dropout_p=0.0, is_causal=is_causal, scale=core.scale
         )
     return _compare(
         f"'{trace.name}': context '{core.context}' vs F.scaled_dot_product_attention", _tensor(trace, core.context), expected, atol
@@ -280,12 +288,13 @@ def _mha_masks(trace, core: AttentionCore, query, key, heads: int):
 
     batched = query.dim() == 3
     length, source = query.shape[-2], key.shape[-2]
-    if core.causal:
-        return torch.ones(length, source, dtype=torch.bool, device=query.device).triu(1), None
+    causal = _causal_pattern(trace, core, length, source, query.device, always=True) if core.causal else None
     if core.mask is None:
-        return None, None
+        return causal, None
     mask = _tensor(trace, core.mask).bool()
     hide = ~mask if core.polarity == "keep" else mask
+    if causal is not None:
+        hide = hide | causal
     if batched and hide.dim() == 4 and hide.shape[1] == 1 and hide.shape[2] == 1 and hide.shape[0] == query.shape[0]:
         return None, _additive(hide.reshape(hide.shape[0], hide.shape[3]), core, query.dtype)  # key_padding_mask (B, S)
     if not batched:
@@ -294,6 +303,20 @@ def _mha_masks(trace, core: AttentionCore, query, key, heads: int):
         return _additive(torch.broadcast_to(hide, (heads, length, source)), core, query.dtype), None
     full = torch.broadcast_to(hide, (query.shape[0], heads, length, source))
     return _additive(full.reshape(query.shape[0] * heads, length, source), core, query.dtype), None
+
+
+def _causal_pattern(trace, core: AttentionCore, length: int, source: int, device, always: bool = False):
+    """The mask step's causal pattern (True = hidden), or None when it is SDPA's own ``is_causal``
+    (top-left, no window; the same as bottom-right for square scores) and ``always`` is False."""
+    if not core.causal:
+        return None
+    step = trace.analysis.step(core.mask_step)
+    window = trace.analysis.alg_of(step.id).dim(step.window).value if step.window is not None else None
+    if not always and window is None and (length == source or step.align == "top-left"):
+        return None
+    import torch
+
+    return step.hidden(torch, length, source, window, device)
 
 
 def _additive(hide, core: AttentionCore, dtype):

@@ -12,7 +12,7 @@ from .base import DTYPE_BYTES, FLOAT_DTYPES, DimText, RecordId, Strict, TensorId
 
 DType = Literal[tuple(DTYPE_BYTES)]  # type: ignore[valid-type]
 FloatDType = Literal[FLOAT_DTYPES]  # type: ignore[valid-type]
-Init = Literal["randn", "rand", "zeros", "ones", "arange", "linear", "embedding", "triu", "tril"]
+Init = Literal["randn", "rand", "zeros", "ones", "full", "arange", "linear", "embedding", "triu", "tril"]
 Scalar = StrictBool | StrictInt | StrictFloat
 MAX_VALUES = 1_000_000
 DIM_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
@@ -52,6 +52,7 @@ class TensorDecl(Strict):
         description="float32, float64, float16, bfloat16, int64, int32 or bool (default: the pipeline's dtype; int64 for tokens, bool for all-boolean values)",
     )
     fan_in: DimText | None = Field(None, description="fan-in for init: linear (default: the last dim of a 2-D weight)")
+    value: Scalar | None = Field(None, description="the fill value of init: full, e.g. 1.0 or -10000.0 (torch.full)")
     note: str | None = Field(None, max_length=500, description="free text shown in diagrams")
 
     @model_validator(mode="after")
@@ -62,6 +63,8 @@ class TensorDecl(Strict):
             raise ValueError(f"needs exactly one of 'init', 'values' or 'tokens'; found {found}")
         if self.fan_in is not None and self.init != "linear":
             raise ValueError("'fan_in' only applies to init: linear")
+        if (self.value is not None) != (self.init == "full"):
+            raise ValueError("init: full needs 'value' (the number to fill with), and 'value' only applies to init: full")
         return self
 
     @field_validator("values")

@@ -92,19 +92,38 @@ def _fill_value(value):
 
 @register
 class Mask(StepBase):
-    """``masked_fill``: a built-in causal mask, or a boolean mask input with an explicit polarity.
+    """``masked_fill``: a built-in causal (or sliding-window) mask, a boolean mask input with an
+    explicit polarity, or both.
 
     ``polarity: block`` fills where the mask is True (tutorial 002: ``masked_fill(mask.bool(), -inf)``);
     ``polarity: keep`` fills where it is False (tutorial 003: ``masked_fill(mask == False, -1e9)``).
+
+    ``causal: true`` aligns the last query with the last key (bottom-right, as flash-attention
+    >= 2.1 and transformers' KV cache do): query ``i`` of ``T_q`` sees keys ``j <= i + T_kv - T_q``.
+    For square scores that is ``triu(ones(T, T), 1)``; for a decode step (``T_q = 1``) the query
+    sees every cached key. ``align: top-left`` is ``scaled_dot_product_attention(is_causal=True)``'s
+    rule, ``j <= i``. ``window: W`` also hides keys more than ``W - 1`` behind the query (Mistral's
+    ``sliding_window``: query ``i`` sees keys ``i-W+1 .. i``)::
+
+        T_q = T_kv = 4, causal        T_q = 2, T_kv = 4, causal        T_q = T_kv = 4, window: 2
+        q0  x . . .                   bottom-right  x x x .           x . . .
+        q1  x x . .                   q1 = key 3    x x x x           x x . .
+        q2  x x x .                   top-left      x . . .           . x x .
+        q3  x x x x                   q1 = key 1    x x . .           . . x x
     """
 
     op: Literal["mask"] = "mask"
     passes_scores = True
     causal: StrictBool = Field(False, description="block every key after its query (no mask input needed)")
-    mask: TensorId | None = Field(None, description="a mask tensor broadcastable to the scores")
+    window: DimText | None = Field(None, description="with causal: each query sees only its last W keys, itself included (sliding window)")
+    align: Literal["bottom-right", "top-left"] = Field(
+        "bottom-right", description="causal alignment when T_q != T_kv: the last query is the last key, or the first is the first"
+    )
+    mask: TensorId | None = Field(None, description="a mask tensor broadcastable to the scores (may be combined with causal)")
     polarity: Literal["keep", "block"] | None = Field(None, description="with 'mask': True means keep, or True means block")
     fill: float = Field(float("-inf"), description="value written at blocked positions: -inf, -1e9 or any number")
     param_fields = ("mask",)
+    passes_scores: ClassVar[bool] = True
     example = """\
 - id: masked
   op: mask
@@ -116,25 +135,35 @@ class Mask(StepBase):
 
     @model_validator(mode="after")
     def _one_pattern(self):
-        if self.causal == (self.mask is not None):
-            raise ValueError("give either 'causal: true' or a 'mask' tensor")
+        if not self.causal and self.mask is None:
+            raise ValueError("give 'causal: true', a 'mask' tensor, or both")
         if self.mask is not None and self.polarity is None:
             raise ValueError(
                 "a mask tensor needs 'polarity: keep' (True = attend) or 'polarity: block' (True = hide); the tutorials disagree, so tracer asks"
             )
-        if self.causal and self.polarity is not None:
+        if self.mask is None and self.polarity is not None:
             raise ValueError("'polarity' only applies to a mask tensor")
+        if not self.causal and (self.window is not None or self.align != "bottom-right"):
+            raise ValueError("'window' and 'align' shape the causal mask: add 'causal: true'")
         return self
 
     def args(self):
         fill = "-inf" if self.fill == float("-inf") else f"{self.fill:g}"
-        return (["causal"] if self.causal else [f"{self.polarity}"]) + [f"fill={fill}"]
+        pattern = (["causal"] if self.causal else []) + ([f"window={self.window}"] if self.window is not None else [])
+        pattern += ["top-left"] if self.align == "top-left" else []
+        return pattern + ([f"{self.polarity}"] if self.mask is not None else []) + [f"fill={fill}"]
+
+    def hidden(self, torch, t_q: int, t_k: int, window: int | None, device=None):
+        """The (T_q, T_k) bool pattern that ``causal``/``window``/``align`` hide (True = filled)."""
+        return causal_hidden(torch, t_q, t_k, window, self.align == "top-left", device)
 
     def infer(self, ins, ctx):
         scores = ins[0]
         require_float(scores, ctx.input_ids[0], "mask")
         if len(scores.shape) < 2:
             raise StepError("mask-shape", f"masking needs (…, T_q, T_k) scores, got {show(scores)}", "input")
+        if self.window is not None and ctx.dim(self.window, "window").value < 1:
+            raise StepError("mask-window", f"window {self.window} must be at least 1 (the query's own key)", "window")
         if self.mask is not None:
             out = broadcast(scores, ins[1], f"mask '{self.mask}' against scores", "mask")
             if tuple(d.value for d in out) != scores.sizes:
@@ -143,9 +172,12 @@ class Mask(StepBase):
 
     def kernel(self, k):
         fill = self.fill
+        future = None
         if self.causal:
             t_q, t_k = k.ins[0].sizes[-2:]
-            future = k.torch.ones(t_q, t_k, dtype=k.torch.bool, device=k.device).triu(1)
+            window = k.value(self.window) if self.window is not None else None
+            future = self.hidden(k.torch, t_q, t_k, window, k.device)
+        if self.mask is None:
             return lambda scores: scores.masked_fill(future, fill)
         to_bool = k.ins[1].dtype != "bool"
         keep = self.polarity == "keep"
@@ -153,9 +185,21 @@ class Mask(StepBase):
         def masked(scores, mask):
             if to_bool:
                 mask = mask.bool()
-            return scores.masked_fill(~mask if keep else mask, fill)
+            hide = ~mask if keep else mask
+            return scores.masked_fill(hide if future is None else hide | future, fill)
 
         return masked
+
+
+def causal_hidden(torch, t_q: int, t_k: int, window: int | None = None, top_left: bool = False, device=None):
+    """True where query ``i`` may not see key ``j``: ``j > i + shift`` (shift = T_k - T_q aligns the
+    last query with the last key; 0 aligns the first with the first), and with a window also
+    ``j <= i + shift - W``, as transformers' ``sliding_window_overlay`` (``kv_idx > q_idx - W`` kept)."""
+    shift = 0 if top_left else t_k - t_q
+    query = torch.arange(t_q, device=device)[:, None] + shift
+    key = torch.arange(t_k, device=device)[None, :]
+    hidden = key > query
+    return hidden if window is None else hidden | (key <= query - window)
 
 
 @register

@@ -1,0 +1,148 @@
+"""Fused attention: one ``F.scaled_dot_product_attention`` step, whose (T_q, T_kv) scores and
+weights never exist as tensors (so the memory estimate holds none)."""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+from pydantic import Field, StrictBool, StrictFloat, StrictInt, model_validator
+
+from ..shapes.layout import fresh
+from ..spec.base import DimText, TensorId
+from ._rules import StepError, broadcast, preserve_format, require_float, show
+from .attention import causal_hidden
+from .contract import StepBase, register
+
+
+@register
+class Sdpa(StepBase):
+    """``F.scaled_dot_product_attention(q, k, v, …)`` on (…, H, T_q, Dh), (…, H_kv, T_kv, Dh), (…, H_kv, T_kv, Dv).
+
+    ``causal``, ``window`` and ``align`` mean what they mean for ``op: mask`` (bottom-right by
+    default: a decode query sees the whole cache); square, window-less causal attention is passed
+    to torch as ``is_causal=True``, any other pattern as an explicit mask. A bool/int ``mask`` needs
+    a ``polarity`` (keep: True attends, as SDPA's bool ``attn_mask``; block: True is hidden); a
+    float mask is added to the scores (transformers' additive masks). ``gqa: true`` is
+    ``enable_gqa=True``: kv head ``h`` serves query heads ``h*n_rep … h*n_rep+n_rep-1``.
+    """
+
+    op: Literal["sdpa"] = "sdpa"
+    arity = 3
+    causal: StrictBool = Field(False, description="hide keys after each query (bottom-right aligned unless align: top-left)")
+    window: DimText | None = Field(None, description="with causal: each query sees only its last W keys (sliding window)")
+    align: Literal["bottom-right", "top-left"] = Field("bottom-right", description="causal alignment when T_q != T_kv")
+    mask: TensorId | None = Field(None, description="attn_mask: a bool/int mask (with polarity) or a float mask added to the scores")
+    polarity: Literal["keep", "block"] | None = Field(None, description="for a bool/int mask: True means attend (keep) or hidden (block)")
+    scale: StrictFloat | StrictInt | None = Field(None, description="multiplies q @ k^T (default: 1/sqrt(Dh), SDPA's default)")
+    dropout: float = Field(0.0, ge=0.0, le=1.0, description="dropout_p on the attention weights (only with training: true)")
+    training: StrictBool = Field(False, description="apply dropout (uses the RNG)")
+    gqa: StrictBool = Field(False, description="enable_gqa: fewer kv heads than query heads, each shared by H // H_kv")
+    param_fields = ("mask",)
+    example = """\
+- id: context
+  op: sdpa
+  inputs: [q_rot, k_rot, v_h]   # (B, H, T, Dh), (B, H_kv, T, Dh), (B, H_kv, T, Dh)
+  causal: true
+  gqa: true                     # -> (B, H, T, Dh); no (T, T) scores are stored"""
+
+    @model_validator(mode="after")
+    def _pattern(self):
+        if not self.causal and (self.window is not None or self.align != "bottom-right"):
+            raise ValueError("'window' and 'align' shape the causal mask: add 'causal: true'")
+        if self.mask is None and self.polarity is not None:
+            raise ValueError("'polarity' only applies to a mask tensor")
+        return self
+
+    def is_random(self) -> bool:
+        return self.training and self.dropout > 0
+
+    def args(self):
+        shown = (["causal"] if self.causal else []) + ([f"window={self.window}"] if self.window is not None else [])
+        shown += ["top-left"] if self.align == "top-left" else []
+        shown += [self.polarity or "add"] if self.mask is not None else []
+        shown += [f"scale={self.scale:g}"] if self.scale is not None else []
+        return shown + (["gqa"] if self.gqa else []) + ([f"p={self.dropout:g}"] if self.training else [])
+
+    def infer(self, ins, ctx):
+        q, k, v = ins[:3]
+        names = ctx.input_ids
+        for name, meta in zip(names, (q, k, v)):
+            require_float(meta, name, "sdpa")
+            if len(meta.shape) < 2:
+                raise StepError("sdpa-shape", f"sdpa needs (…, T, Dh) tensors, '{name}' is {show(meta)}", "inputs")
+            if meta.dtype != q.dtype:
+                raise StepError("dtype", f"sdpa of {q.dtype} '{names[0]}' and {meta.dtype} '{name}'", "inputs")
+        if q.sizes[-1] != k.sizes[-1] or k.sizes[-2] != v.sizes[-2]:
+            raise StepError(
+                "sdpa-shape",
+                f"sdpa needs q (…, T_q, Dh), k (…, T_kv, Dh), v (…, T_kv, Dv); got '{names[0]}' {show(q)}, '{names[1]}' {show(k)}, '{names[2]}' {show(v)}",
+                "inputs",
+            )
+        self._check_heads(q, k, v, names)
+        if self.window is not None and ctx.dim(self.window, "window").value < 1:
+            raise StepError("mask-window", f"window {self.window} must be at least 1 (the query's own key)", "window")
+        scores = q.shape[:-1] + (k.shape[-2],)
+        if self.mask is not None:
+            mask = ins[3]
+            if mask.dtype in ("bool", "int32", "int64") and self.polarity is None:
+                raise StepError(
+                    "mask-polarity", f"a {mask.dtype} mask needs polarity: keep (True attends) or block (True is hidden)", "mask"
+                )
+            if mask.dtype not in ("bool", "int32", "int64") and self.polarity is not None:
+                raise StepError("mask-polarity", f"a {mask.dtype} mask is added to the scores; polarity applies to bool masks", "polarity")
+            out = broadcast(fresh(scores, q.dtype), mask, f"mask '{self.mask}' against the scores", "mask")
+            if tuple(d.value for d in out) != tuple(d.value for d in scores):
+                raise StepError(
+                    "broadcast", f"mask '{self.mask}' {show(mask)} would enlarge the scores ({', '.join(map(str, scores))})", "mask"
+                )
+        shape = q.shape[:-1] + v.shape[-1:]
+        return preserve_format(q, shape) if v.sizes[-1] == q.sizes[-1] else fresh(shape, q.dtype)
+
+    def _check_heads(self, q, k, v, names):
+        lead_q, lead_k, lead_v = q.sizes[:-2], k.sizes[:-2], v.sizes[:-2]
+        if lead_k != lead_v:
+            raise StepError(
+                "sdpa-shape", f"keys '{names[1]}' {show(k)} and values '{names[2]}' {show(v)} need the same leading dims", "inputs"
+            )
+        if lead_q == lead_k:
+            return
+        grouped = self.gqa and len(lead_q) == len(lead_k) and lead_q[:-1] == lead_k[:-1] and lead_k and lead_k[-1]
+        if grouped and lead_q[-1] % lead_k[-1] == 0:
+            return
+        hint = "set gqa: true (enable_gqa) when the query heads are a multiple of the kv heads" if not self.gqa else None
+        raise StepError(
+            "sdpa-shape",
+            f"queries '{names[0]}' {show(q)} and keys '{names[1]}' {show(k)} differ in leading dims"
+            + (" (the query heads must be a multiple of the kv heads)" if self.gqa else ""),
+            "inputs",
+            hint,
+        )
+
+    def kernel(self, k):
+        torch, F = k.torch, k.F
+        q, key = k.ins[0], k.ins[1]
+        t_q, t_k = q.sizes[-2], key.sizes[-2]
+        window = k.value(self.window) if self.window is not None else None
+        top_left = self.align == "top-left"
+        plain = self.causal and window is None and (t_q == t_k or top_left) and self.mask is None
+        hidden = causal_hidden(torch, t_q, t_k, window, top_left, k.device) if self.causal and not plain else None
+        as_bool = self.mask is not None and k.ins[3].dtype in ("bool", "int32", "int64")
+        keep = self.polarity == "keep"
+        scale = self.scale if self.scale is None else float(self.scale)
+        p = self.dropout if self.training else 0.0
+        gqa = self.gqa
+
+        def sdpa(q, k, v, mask=None):
+            if mask is not None and as_bool:
+                mask = mask.bool() if keep else ~mask.bool()  # SDPA's bool mask: True attends
+            if hidden is not None:
+                if mask is None:
+                    mask = ~hidden
+                elif as_bool:
+                    mask = mask & ~hidden
+                else:
+                    mask = torch.where(hidden, -math.inf, mask)  # broadcasts, as masked_fill would not
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, is_causal=plain, scale=scale, enable_gqa=gqa)
+
+        return sdpa

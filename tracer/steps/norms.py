@@ -1,0 +1,76 @@
+"""RMSNorm as Llama, Mistral, Qwen (and, with ``unit_offset``, Gemma) compute it."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, StrictBool
+
+from ..shapes.layout import fresh
+from ..spec.base import TensorId
+from ._rules import StepError, pointwise, preserve_format, promote, require_float, show
+from .contract import StepBase, register
+
+
+@register
+class RMSNorm(StepBase):
+    """Root-mean-square norm over the last dim, computed as transformers' ``LlamaRMSNorm``::
+
+        h = x.to(float32)
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+        out = weight * h.to(x.dtype)
+
+    ``unit_offset: true`` is Gemma's variant: ``(h * (1 + weight.float())).to(x.dtype)``.
+    """
+
+    op: Literal["rmsnorm"] = "rmsnorm"
+    weight: TensorId | None = Field(None, description="(D,) scale param (default: none, i.e. ones)")
+    eps: float = Field(1e-6, gt=0, description="added to the mean square (LlamaRMSNorm's variance_epsilon; config.rms_norm_eps)")
+    unit_offset: StrictBool = Field(False, description="scale by (1 + weight) in float32 before casting back, as GemmaRMSNorm does")
+    param_fields = ("weight",)
+    example = """\
+- id: h_norm
+  op: rmsnorm
+  input: x                 # (B, T, d_model)
+  weight: w_ln1            # (d_model,), init: ones
+  eps: 1.0e-6"""
+
+    def args(self):
+        return [f"eps={self.eps:g}"] + (["1+w"] if self.unit_offset else [])
+
+    def infer(self, ins, ctx):
+        x = ins[0]
+        require_float(x, ctx.input_ids[0], "rmsnorm")
+        if not x.shape:
+            raise StepError("shape", "rmsnorm needs at least one dim", "input")
+        if self.unit_offset and self.weight is None:
+            raise StepError("rmsnorm-weight", "unit_offset scales by (1 + weight): give a weight", "unit_offset")
+        # x.to(float32) is x itself for float32; the mean is a fresh (…, 1) tensor
+        h = x if x.dtype == "float32" else preserve_format(x, dtype="float32")
+        mean = fresh(x.shape[:-1] + (ctx.alg.const(1),), "float32")
+        normed = pointwise([h, mean], x.shape, "float32")
+        if self.weight is None:
+            return normed if x.dtype == "float32" else preserve_format(normed, dtype=x.dtype)
+        w = ins[1]
+        if w.sizes != (x.sizes[-1],):
+            raise StepError("shape", f"'{self.weight}' must be ({x.shape[-1]}) [{x.sizes[-1]}], got {show(w)}", "weight")
+        if self.unit_offset:
+            scale = pointwise([w], w.shape, "float32")
+            scaled = pointwise([normed, scale], x.shape, "float32")
+            return scaled if x.dtype == "float32" else preserve_format(scaled, dtype=x.dtype)
+        back = normed if x.dtype == "float32" else preserve_format(normed, dtype=x.dtype)
+        return pointwise([w, back], x.shape, promote([w, back]))
+
+    def kernel(self, k):
+        torch, eps, has_weight, unit_offset = k.torch, self.eps, self.weight is not None, self.unit_offset
+
+        def rmsnorm(x, weight=None):
+            h = x.to(torch.float32)
+            h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+            if not has_weight:
+                return h.to(x.dtype)
+            if unit_offset:
+                return (h * (1.0 + weight.float())).to(x.dtype)
+            return weight * h.to(x.dtype)
+
+        return rmsnorm
