@@ -123,7 +123,6 @@ class Mask(StepBase):
     polarity: Literal["keep", "block"] | None = Field(None, description="with 'mask': True means keep, or True means block")
     fill: float = Field(float("-inf"), description="value written at blocked positions: -inf, -1e9 or any number")
     param_fields = ("mask",)
-    passes_scores: ClassVar[bool] = True
     example = """\
 - id: masked
   op: mask

@@ -74,9 +74,7 @@ class Einsum(StepBase):
             lead = len(meta.shape) - named
             dims = list(meta.shape)
             if cut >= 0:
-                ellipsis = list(
-                    broadcast_dims(ellipsis, dims[cut : cut + lead], f"the '...' dims of '{name}' {show(meta)} and the others", "equation")
-                )
+                ellipsis = _broadcast(ellipsis, dims[cut : cut + lead], f"the '...' dims of '{name}' {show(meta)} and the others")
                 dims = dims[:cut] + ["."] + dims[cut + lead :]
             for letter, dim in zip(term, dims):
                 if letter == ".":
