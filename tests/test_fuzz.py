@@ -76,6 +76,12 @@ def test_the_oracle_rejects_unlocated_lines():
 def test_a_hang_is_reported_as_a_hang(tmp_path, monkeypatch):
     import time
 
+    def spin(path, rng, cpu):  # an endless loop in tracer: CPU time runs out
+        while True:
+            pass
+
     monkeypatch.setattr(oracle, "CASE_SECONDS", 0.2)
-    monkeypatch.setattr(oracle, "_exercise", lambda path, rng, cpu: time.sleep(5))
+    monkeypatch.setattr(oracle, "_exercise", spin)
+    assert oracle.run_case(b"name: x", tmp_path, random.Random(0)).kind == "hang"
+    monkeypatch.setattr(oracle, "_exercise", lambda path, rng, cpu: time.sleep(5))  # blocked, no CPU: the wall clock
     assert oracle.run_case(b"name: x", tmp_path, random.Random(0)).kind == "hang"

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 import tracer
-from tests.conftest import pipeline_text, run_text
+from tests.conftest import covers, pipeline_text, run_text
 
 
 def trace_of(steps, inputs, params="", dims=""):
@@ -23,6 +23,7 @@ def close(a, b, atol=1e-6):
     return a.shape == b.shape and a.dtype == b.dtype and torch.allclose(a, b, atol=atol, equal_nan=True)
 
 
+@covers("mul", "sub", "div")
 def test_binary_ops_broadcast_and_promote_like_torch():
     t = trace_of(
         """
@@ -49,6 +50,7 @@ def test_binary_ops_broadcast_and_promote_like_torch():
     assert t["mixed"].dtype == "float64" and close(t["mixed"].tensor, i * torch.tensor(0.5, dtype=torch.float64))
 
 
+@covers("silu", "sigmoid", "tanh", "exp", "neg", "cast")
 def test_unary_ops_and_cast():
     t = trace_of(
         """
@@ -88,6 +90,7 @@ def llama_rmsnorm(x, weight, eps):
     return weight * h.to(x.dtype)
 
 
+@covers("rmsnorm")
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_rmsnorm_is_llama_rmsnorm(dtype):
     t = trace_of(
@@ -131,6 +134,7 @@ def gptj_rope(x, rot):
     return torch.cat([x_rot * cos + turned * sin, x_pass], dim=-1)
 
 
+@covers("rope")
 def test_rope_matches_llama_neox_and_gptj():
     t = trace_of(
         """
@@ -152,6 +156,7 @@ def test_rope_matches_llama_neox_and_gptj():
     assert t["decode/cos"].shape == (5, 8) and t["decode/cos"].view_of is None
 
 
+@covers("repeat_interleave", "expand")
 def test_repeat_interleave_is_repeat_kv_and_expand_is_a_view():
     t = trace_of(
         """
@@ -222,6 +227,7 @@ def paper_slopes(n):
     return power_of_2(closest) + paper_slopes(2 * closest)[0::2][: n - closest]
 
 
+@covers("alibi")
 @pytest.mark.parametrize("heads", [8, 6, 1, 12])
 def test_alibi_slopes_and_bias(heads):
     t = trace_of(
@@ -239,6 +245,7 @@ def test_alibi_slopes_and_bias(heads):
     assert close(t["rel"].tensor, s + slopes[:, None, None] * distance)
 
 
+@covers("einsum")
 def test_einsum_shapes_values_and_errors():
     t = trace_of(
         """
@@ -274,6 +281,7 @@ def unfused(q, k, v, hide=None, additive=None, scale=None):
     return torch.softmax(scores, -1) @ v
 
 
+@covers("sdpa")
 @pytest.mark.parametrize(
     "fields",
     [

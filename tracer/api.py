@@ -93,7 +93,7 @@ class Pipeline:
             if rng_state is not None and plan.random:
                 torch.set_rng_state(rng_state)  # training dropout sees the same RNG as a fresh run
         trace = run_plan(plan, created, self, seed, keep_values, observe)
-        trace.draw = _draw
+        trace.renderer = _renderer()
         if not trace.as_predicted:  # otherwise the static check of expect: already covers this run
             _enforce_expectations(trace)
         return trace
@@ -102,10 +102,10 @@ class Pipeline:
         return f"<Pipeline {self.name!r} from {self.path}: {len(self.spec.steps)} steps>"
 
 
-def _draw(trace: Trace, collapse: tuple[str, ...]):
-    from .render import diagram  # the API joins running and drawing; neither layer imports the other
+def _renderer():
+    from . import render  # the API joins running and drawing; neither layer imports the other
 
-    return diagram(trace, collapse)
+    return render
 
 
 def _enforce_expectations(trace: Trace) -> None:

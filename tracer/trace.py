@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -83,7 +83,7 @@ class Trace:
         self.seed = seed
         self.keep_values = keep_values
         self._by_id = {r.id: r for r in records}
-        self.draw: Callable[[Trace, tuple[str, ...]], Any] | None = None  # set by the API: tracer.render.diagram
+        self.renderer: Any = None  # the tracer.render module, attached by the API
 
     @property
     def name(self) -> str:
@@ -125,20 +125,19 @@ class Trace:
     def __repr__(self) -> str:
         return f"<Trace {self.name!r}: {len(self.records)} tensors, dims {self.dims}>"
 
-    def _repr_html_(self) -> str:  # notebooks show the diagram, drawn with render's time limit
-        from .render import dot_source, render_bytes
-
-        return render_bytes(dot_source(self), "svg", self.analysis.source.file).decode("utf-8")
+    def _repr_html_(self) -> str:  # notebooks show the diagram, drawn with the renderer's time limit
+        return self._renderer().svg_text(self)
 
     def diagram(self, collapse: list[str] | tuple[str, ...] = ()):
-        """The dataflow as a ``graphviz.Digraph`` (displays inline in Jupyter).
+        """The dataflow as a ``graphviz.Digraph`` (displays inline in Jupyter)."""
+        return self._renderer().diagram(self, collapse=tuple(collapse))
 
-        Drawing is the renderer's job (``tracer.render.diagram(trace)``); a trace made by
-        ``Pipeline.run`` carries it as ``draw``, so this module never imports the renderer.
-        """
-        if self.draw is None:
+    def _renderer(self):
+        # drawing is tracer.render's job; a trace made by Pipeline.run carries that module as
+        # ``renderer``, so this layer never imports the one above it
+        if self.renderer is None:
             raise TypeError("this trace has no renderer attached; call tracer.render.diagram(trace)")
-        return self.draw(self, tuple(collapse))
+        return self.renderer
 
 
 def format_table(trace: Trace) -> str:
