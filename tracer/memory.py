@@ -3,8 +3,9 @@
 Every tensor that owns its storage (its ``Meta.root`` is its own id) costs its bytes from the step
 that creates it until the last step that reads it or any view of it; inputs and params live for
 the whole run; outputs live to the end. That is exactly the lifetime the interpreter gives them
-(it drops each tensor after its last use), so the peak below is what a real run holds in tensors,
-kernels' transient workspaces aside. No torch: ``tracer check`` and the guard stay cheap.
+(it drops each tensor after its last use), so the peak below is what a real run holds in tensors.
+While a step runs, the copies its kernel makes and frees again (``StepBase.workspace_bytes``: the
+operands torch.matmul broadcasts) count too. No torch: ``tracer check`` and the guard stay cheap.
 """
 
 from __future__ import annotations
@@ -90,10 +91,20 @@ def estimate_peak(analysis) -> MemoryEstimate:
     live, running, peak, peak_step = {}, persistent, persistent, None
     for i, step_id in enumerate(order):
         running += delta[i]
-        live[step_id] = running
-        if running > peak or peak_step is None:
-            peak, peak_step = max(peak, running), step_id
+        live[step_id] = running + _workspace(analysis, step_id)
+        if live[step_id] > peak or peak_step is None:
+            peak, peak_step = max(peak, live[step_id]), step_id
     return MemoryEstimate(peak, peak_step, persistent, storages, live)
+
+
+def _workspace(analysis, step_id: str) -> int:
+    """Transient bytes the step's kernel allocates beyond its output (see ``StepBase.workspace_bytes``)."""
+    metas = analysis.metas
+    if analysis.inner.get(step_id) or step_id not in metas:
+        return 0
+    step = analysis.pipeline.steps[analysis.graph.index[step_id]]
+    ins = [metas.get(analysis.output_of(ref)) for ref in analysis.graph.data_inputs[step_id]]
+    return 0 if None in ins else step.workspace_bytes(ins, metas[step_id])
 
 
 # ---------------------------------------------------------------- budgets

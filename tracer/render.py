@@ -155,6 +155,9 @@ class _Builder:
         for edge in edges:
             self._draw_edge(graph, edge)
         self._legend(graph)
+        pipeline_file = self.analysis.source.file
+        # notebooks (trace._repr_html_, a displayed diagram) draw through render_bytes: its time limit and messages
+        graph._repr_image_svg_xml = lambda: render_bytes(graph.source, "svg", pipeline_file).decode("utf-8")
         return graph
 
     def _about(self, record: TensorRecord) -> dict[str, str]:

@@ -12,6 +12,7 @@ from pydantic import ValidationError
 from ..errors import Diagnostic, TracerError
 from ..steps.block import Block
 from ..steps.contract import STEP_KINDS
+from . import dims as dimexpr
 from .base import ID_PATTERN, RECORD_PATTERN
 from .pipeline import DIM_PATTERN, Expect, PipelineSpec, TensorDecl
 from .source import SourceMap, parse_document, read_document
@@ -33,8 +34,30 @@ def validate(data: Any, source: SourceMap) -> PipelineSpec:
     try:
         return PipelineSpec.model_validate(data)
     except ValidationError as exc:
-        diagnostics = [_diagnostic(err, data, source) for err in exc.errors(include_url=False)]
+        errors = exc.errors(include_url=False)
+        diagnostics = [_diagnostic(err, data, source) for err in errors] + _dim_problems(data, source, errors)
         raise TracerError(_dedupe(diagnostics)) from None
+
+
+def _dim_problems(data: dict, source: SourceMap, errors: list[dict]) -> list[Diagnostic]:
+    """The dims' own errors (not divisible, a cycle, an unknown name), reported beside the file's
+    other errors: they are independent of them, and fixing one should not reveal the other."""
+    dims = data.get("dims")
+    if not isinstance(dims, dict) or any(err["loc"][:1] == ("dims",) for err in errors):
+        return []
+    from ..shapes.symbolic import resolve
+
+    exprs: dict = {}
+    try:
+        for name, text in dims.items():
+            exprs[name] = dimexpr.parse(text)
+        resolve(exprs)
+    except dimexpr.DimError as exc:
+        name = getattr(exc, "dim", None)
+        if name in exprs:
+            return [source.error(("dims", name), exc.code, f"dim {name} = {exprs[name]}: {exc}")]
+        return [source.error(("dims",), exc.code, str(exc), prefer_key=True)]
+    return []
 
 
 def _diagnostic(err: dict, data: Any, source: SourceMap) -> Diagnostic:

@@ -169,15 +169,29 @@ class Mask(StepBase):
                 raise StepError("broadcast", f"mask '{self.mask}' {show(ins[1])} would enlarge the scores {show(scores)}", "mask")
         return fresh(scores.shape, scores.dtype)
 
+    def workspace_bytes(self, ins, out) -> int:
+        """The bool masks the kernel builds and drops within the step: the causal pattern (from two
+        int64 ranges), the mask tensor as bool, inverted, and combined with the pattern."""
+        total = 0
+        if self.causal:
+            t_q, t_k = ins[0].sizes[-2:]
+            total += 8 * (t_q + t_k) + t_q * t_k + (8 * t_q + 2 * t_q * t_k if self.window is not None else 0)
+        if self.mask is not None:
+            mask = ins[1] if len(ins) > 1 else None
+            total += mask.numel * ((mask.dtype != "bool") + (self.polarity == "keep")) if mask is not None else 0
+            total += out.numel if self.causal else 0
+        return total
+
     def kernel(self, k):
         fill = self.fill
-        future = None
-        if self.causal:
-            t_q, t_k = k.ins[0].sizes[-2:]
-            window = k.value(self.window) if self.window is not None else None
-            future = self.hidden(k.torch, t_q, t_k, window, k.device)
+        torch, device = k.torch, k.device
+        window = k.value(self.window) if self.causal and self.window is not None else None
+
+        def future(scores):  # built per call: workspace the memory estimate counts, no constant outliving it
+            return self.hidden(torch, *scores.shape[-2:], window, device) if self.causal else None
+
         if self.mask is None:
-            return lambda scores: scores.masked_fill(future, fill)
+            return lambda scores: scores.masked_fill(future(scores), fill)
         to_bool = k.ins[1].dtype != "bool"
         keep = self.polarity == "keep"
 
@@ -185,7 +199,8 @@ class Mask(StepBase):
             if to_bool:
                 mask = mask.bool()
             hide = ~mask if keep else mask
-            return scores.masked_fill(hide if future is None else hide | future, fill)
+            pattern = future(scores)
+            return scores.masked_fill(hide if pattern is None else hide | pattern, fill)
 
         return masked
 

@@ -144,6 +144,11 @@ class StepBase(Strict):
         """The tensor ids this step defines: its own id, or the names of its several outputs."""
         return [self.id] if self.output_field is None else list(getattr(self, self.output_field))
 
+    def workspace_bytes(self, ins: list[Meta], out: Meta) -> int:
+        """Bytes the kernel allocates besides its output and frees before it returns (torch.matmul
+        copies operands it broadcasts); the memory estimate counts them while the step runs."""
+        return 0
+
     def is_random(self) -> bool:
         """Whether a run of this step draws from torch's RNG (training dropout)."""
         return False

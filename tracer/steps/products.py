@@ -4,18 +4,43 @@ from __future__ import annotations
 
 from typing import Literal
 
-from ..shapes.layout import fresh
+from ..shapes.layout import DTYPE_BYTES, fresh
 from ._rules import Mismatch, StepError, broadcast_dims, show
 from .contract import StepBase, register
 
 
 def _batch(a, b, ctx):
-    """Broadcast the batch dims of a matmul, keeping the first operand's names."""
-    shape = broadcast_dims(a, b)
+    """Broadcast the batch dims (all but the last two) of a matmul's operands, keeping the first one's names."""
+    shape = broadcast_dims(a.shape[:-2], b.shape[:-2])
     if isinstance(shape, Mismatch):
         da, db = shape
-        raise StepError("matmul-batch", f"batch dims {da}={da.value} and {db}={db.value} do not broadcast", "inputs")
+        first, second = ctx.input_ids
+        raise StepError(
+            "matmul-batch",
+            f"matmul's batch dims (all but the last two) do not broadcast: '{first}' {show(a)} @ '{second}' {show(b)} "
+            f"pairs {da}={da.value} with {db}={db.value}",
+            "inputs",
+            "bring both operands to the same dim order first (e.g. transpose the heads into place before taking kᵀ)",
+        )
     return shape
+
+
+def _merge_copy_bytes(meta, sizes: tuple[int, ...], merged: int, swap_last: bool = False) -> int:
+    """Bytes torch allocates to reshape ``meta`` (its last two dims swapped with ``swap_last``),
+    expanded to ``sizes``, with its first ``merged`` dims flattened into one: 0 when that is a
+    view, a full copy when it is not (a broadcast dim has stride 0 and never merges with a real one)."""
+    have, stride = list(meta.sizes), list(meta.stride)
+    if swap_last:
+        have[-2:], stride[-2:] = have[:-3:-1], stride[:-3:-1]
+    pad = len(sizes) - len(have)
+    strides = [0] * pad + [st if n == want else 0 for st, n, want in zip(stride, have, sizes[pad:])]
+    kept = [(n, st) for n, st in zip(sizes[:merged], strides[:merged]) if n != 1]
+    if all(outer == inner * n for (_, outer), (n, inner) in zip(kept, kept[1:])):
+        return 0
+    numel = 1
+    for n in sizes:
+        numel *= n
+    return numel * DTYPE_BYTES[meta.dtype]
 
 
 @register
@@ -52,8 +77,22 @@ class Matmul(StepBase):
         ctx.warn_if_different(ka, kb, f"matmul contracts '{ctx.input_ids[0]}' over {ka} with '{ctx.input_ids[1]}' over {kb}", "inputs")
         rows = a.shape[-2:-1] if len(a.shape) > 1 else ()
         cols = b.shape[-1:] if len(b.shape) > 1 else ()
-        batch = _batch(a.shape[:-2], b.shape[:-2], ctx)
+        batch = _batch(a, b, ctx)
         return fresh(batch + rows + cols, a.dtype)
+
+    def workspace_bytes(self, ins, out) -> int:
+        """torch.matmul folds a batched operand times a matrix into one mm (``a.reshape(-1, k)``), and
+        otherwise expands both operands to the broadcast batch and reshapes them to 3-d for bmm:
+        each reshape that cannot be a view copies (a (B, 1, N, K) @ (1, H, K, M) copies both at B x H)."""
+        a, b = ins
+        if len(a.shape) < 3 and len(b.shape) < 3:
+            return 0
+        if len(b.shape) <= 2:
+            return _merge_copy_bytes(a, a.sizes, len(a.shape) - 1)
+        if len(a.shape) <= 2:  # folds b's transpose: (b.mT @ a.mT).mT
+            return _merge_copy_bytes(b, b.sizes[:-2] + b.sizes[:-3:-1], len(b.shape) - 1, swap_last=True)
+        batch = tuple(d.value for d in out.shape[:-2])
+        return _merge_copy_bytes(a, batch + a.sizes[-2:], len(batch)) + _merge_copy_bytes(b, batch + b.sizes[-2:], len(batch))
 
     def kernel(self, k):
         return k.torch.matmul
