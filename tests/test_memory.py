@@ -32,8 +32,8 @@ def test_estimate_of_causal_mha_by_hand():
     assert persistent == estimate.persistent_bytes == 464
     assert estimate.peak_bytes == analysis.peak_bytes == peak == 2000
     assert estimate.peak_step == "scores"
-    # While 'masked' runs: v, scores and masked, and the causal mask with the ones it is cut from (bool).
-    assert estimate.live["masked"] == persistent + f32 * (B * T * d + 2 * B * H * T * T) + 2 * T * T
+    # While 'masked' runs: v, scores and masked, and the causal mask (bool) with the two int64 ranges it is compared from.
+    assert estimate.live["masked"] == persistent + f32 * (B * T * d + 2 * B * H * T * T) + 8 * (T + T) + T * T
     assert estimate.storages["merged/contiguous"] == f32 * B * T * d and "merged/view" not in estimate.storages
     assert "weights_d" not in estimate.storages  # eval dropout returns its input: no new storage
     assert estimate_peak(analysis) == estimate
