@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..errors import Diagnostic, TracerError
 from ..shapes.symbolic import DimAlgebra, resolve
@@ -164,7 +164,7 @@ def _shared_algebra(pipeline, alg, algs: dict):
         values.pop(name, None)
     try:
         return DimAlgebra(declared, values)
-    except Exception:  # a block dim defined through a clashing one: keep the file's dims only
+    except dimexpr.DimError:  # a block dim defined through a clashing one: keep the file's dims only
         return alg
 
 
@@ -187,11 +187,9 @@ def _folder_of(file: str) -> Path:
 def _flatten(spec, source: SourceMap, alg, stack: tuple, folder: Path, cache: dict, top: bool = False) -> _Flat:
     """Flatten one file's steps (recursively expanding its blocks), ids local to that file."""
     _refuse_block_id_clashes(spec, source)
-    steps: list[_Item] = []
     params = {name: _Item(decl, source, ("params", name), None, alg) for name, decl in spec.params.items()}
-    expect: dict[str, _Item] = {}
-    aliases: dict[str, str] = {}
-    blocks: dict[str, BlockInfo] = {}
+    out = _Flat([], params, {}, {}, {}, list(spec.inputs), "")
+    steps, expect, aliases, blocks = out.steps, out.expect, out.aliases, out.blocks
     previous = None
     for i, step in enumerate(spec.steps):
         data = [_resolve(r, aliases) for r in step.data_inputs(previous)]
@@ -242,35 +240,20 @@ def _flatten(spec, source: SourceMap, alg, stack: tuple, folder: Path, cache: di
         for c, prefix in enumerate(copies):
             where = f"in block '{step.id}'" + (f" copy {c}" if step.repeat else "") + f" included at {here}"
             shared = f"{step.id}/" if step.share_params else prefix + "/"
-            _inline(
-                inner,
-                prefix + "/",
-                shared,
-                first,
-                where,
-                step.group,
-                block_spec,
-                block_source,
-                block_alg,
-                steps,
-                params,
-                expect,
-                blocks,
-                alg,
-            )
-            out = f"{prefix}/{inner.output}"
-            aliases[prefix] = out
+            _inline(out, inner, _Copy(prefix + "/", shared, first, where, step.group, block_spec, block_source, block_alg))
+            made = f"{prefix}/{inner.output}"
+            aliases[prefix] = made
             aliases.update({f"{prefix}/{name}": f"{prefix}/{target}" for name, target in inner.aliases.items()})  # nested blocks
-            first = [out] + data[1:]
+            first = [made] + data[1:]
         aliases[step.id] = first[0]
         blocks[step.id] = BlockInfo(step.id, step.use, block_path, step.repeat, copies, first[0], dict(block_alg.values))
         previous = step.id
-    inputs = list(spec.inputs)
     last = spec.outputs[0] if spec.outputs else spec.steps[-1].id
     if not top:  # the top file's expectations stay where they are
         for name, (written, value) in _own_expect(spec, source, aliases).items():
             expect[name] = _Item(value, source, ("expect", written), None, alg)
-    return _Flat(steps, params, expect, aliases, blocks, inputs, _resolve(last, aliases))
+    out.output = _resolve(last, aliases)
+    return out
 
 
 def _spend_copies(cache: dict, n: int, source: SourceMap, i: int, step_id: str) -> None:
@@ -337,31 +320,30 @@ def _explicit_inputs(step, data: list[str]) -> dict:
     return {"inputs": data}
 
 
-def _inline(
-    inner: _Flat,
-    prefix: str,
-    param_prefix: str,
-    bound: list[str],
-    where: str,
-    group: str | None,
-    block_spec,
-    block_source,
-    block_alg,
-    steps: list,
-    params: dict,
-    expect: dict,
-    blocks: dict,
-    alg,
-) -> None:
-    """Add one copy of a flattened block: its tensors under ``prefix``, its params under
-    ``param_prefix`` (the same for every copy when they share params)."""
+class _Copy(NamedTuple):
+    """One copy of a block, as ``_inline`` adds it."""
+
+    prefix: str  # its tensors' ids start with this: 'layers/3/'
+    param_prefix: str  # its params' ids: the same, or 'layers/' when the copies share params
+    bound: list[str]  # the outer tensors its declared inputs read
+    where: str  # "in block 'layers' copy 3 included at F:L", for its errors
+    group: str | None  # the block step's own group
+    spec: Any  # the block file: spec, source and dims
+    source: SourceMap
+    alg: DimAlgebra
+
+
+def _inline(out: _Flat, inner: _Flat, copy: _Copy) -> None:
+    """Add one copy of a flattened block to ``out``: its tensors under ``copy.prefix``, its params
+    under ``copy.param_prefix`` (the same for every copy when they share params)."""
+    prefix, where = copy.prefix, copy.where
 
     def ref(name: str) -> str:
-        return (param_prefix if name in inner.params else prefix) + name
+        return (copy.param_prefix if name in inner.params else prefix) + name
 
-    cluster = prefix[:-1] if group is None else f"{group}/{prefix[:-1]}"
-    for name, outer in zip(inner.inputs, bound):
-        decl = block_spec.inputs[name]
+    cluster = prefix[:-1] if copy.group is None else f"{copy.group}/{prefix[:-1]}"
+    for name, outer in zip(inner.inputs, copy.bound):
+        decl = copy.spec.inputs[name]
         step = BlockInput.model_construct(
             id=prefix + name,
             input=outer,
@@ -371,7 +353,7 @@ def _inline(
             dtype=tensor_dtype(decl, None),
             group=cluster,
         )
-        steps.append(_Item(step, block_source, ("inputs", name), where, block_alg, True))
+        out.steps.append(_Item(step, copy.source, ("inputs", name), where, copy.alg, True))
     for item in inner.steps:
         step = item.value
         # one cluster per block copy ('layers/3'); a nested block's copy nests under it ('layers/3/attn')
@@ -388,13 +370,13 @@ def _inline(
         if isinstance(step, BlockInput):
             update["block"] = prefix + step.block
         nested = _join(item.where, where)
-        steps.append(_Item(step.model_copy(update=update), item.source, item.path, nested, item.alg, True))
+        out.steps.append(_Item(step.model_copy(update=update), item.source, item.path, nested, item.alg, True))
     for name, item in inner.params.items():
-        params.setdefault(param_prefix + name, _Item(item.value, item.source, item.path, _join(item.where, where), item.alg, True))
+        out.params.setdefault(copy.param_prefix + name, _Item(item.value, item.source, item.path, _join(item.where, where), item.alg, True))
     for name, item in inner.expect.items():
-        expect.setdefault(ref(name), _Item(item.value, item.source, item.path, _join(item.where, where), item.alg, True))
+        out.expect.setdefault(ref(name), _Item(item.value, item.source, item.path, _join(item.where, where), item.alg, True))
     for block_id, info in inner.blocks.items():
-        blocks[prefix + block_id] = BlockInfo(
+        out.blocks[prefix + block_id] = BlockInfo(
             prefix + block_id, info.use, info.path, info.repeat, [prefix + c for c in info.copies], prefix + info.output, info.dims
         )
 
