@@ -9,7 +9,7 @@ through the CLI (``tracer check`` and ``tracer run --json``), and some re-run at
 
 The oracle: nothing but ``TracerError`` may escape, every line of its message (and of every
 diagnostic) starts ``FILE:LINE:COL:`` or ``FILE:``, the CLI never exits 3, and no case takes longer
-than ``CASE_SECONDS`` (a hang). Case ``i`` of seed ``S`` is generated from ``random.Random(f"S:i")``,
+than ``CASE_SECONDS`` of CPU time (a hang). Case ``i`` of seed ``S`` is generated from ``random.Random(f"S:i")``,
 so ``python -m tests.fuzz 1 --seed S --start i --show`` replays any reported case.
 
 The generators take any ``random.Random``-like object, so ``tests/test_fuzz.py`` drives the very
