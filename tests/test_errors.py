@@ -1,6 +1,7 @@
 """Malformed pipelines: each gives one located error from `check` and `run`, exit 1, no traceback."""
 
 import re
+import signal
 import subprocess
 import sys
 
@@ -126,3 +127,11 @@ def test_an_invalid_id_being_declared_gets_a_spelling_not_a_block_hint(write):
     path = write('name: t\ndims: {N: 3}\ninputs:\n  a/b: {shape: [N], init: randn}\nsteps:\n  - {id: out/x, op: relu, input: "/x"}\n')
     proc = tracer_cli("check", path)
     assert [line.rsplit(" — ", 1)[1] for line in proc.stderr.splitlines()] == ["e.g. 'a_b'", "e.g. 'out_x'", "e.g. '_x'"]
+
+
+def test_the_cli_in_process_leaves_sigterm_as_it_found_it(tmp_path):
+    """main() turns SIGTERM into a clean exit while it runs; afterwards the caller's handler is back
+    (a test runner or notebook calling main() must still stop on SIGTERM)."""
+    before = signal.getsignal(signal.SIGTERM)
+    assert tracer_cli("check", tmp_path / "nope.yaml").returncode == 1
+    assert signal.getsignal(signal.SIGTERM) is before

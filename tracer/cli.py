@@ -17,7 +17,15 @@ RENDER_TIMEOUT = 120.0  # seconds; the same default as tracer.render.DOT_TIMEOUT
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
-    _terminate_cleanly()
+    previous = _terminate_cleanly()
+    try:
+        return _handle(args)
+    finally:  # a caller running main() in its own process keeps its own SIGTERM handling
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _handle(args) -> int:
     try:
         return args.handler(args)
     except TracerError as exc:
@@ -49,12 +57,15 @@ class _Terminated(BaseException):
     """SIGTERM, raised as an exception so that temporary files are removed on the way out."""
 
 
-def _terminate_cleanly() -> None:
+def _terminate_cleanly():
+    """Install the SIGTERM handler; returns the one it replaced (None off the main thread, where none is set)."""
+
     def handler(signum, frame):
         raise _Terminated
 
     if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, handler)
+        return signal.signal(signal.SIGTERM, handler)
+    return None
 
 
 class _Parser(argparse.ArgumentParser):
