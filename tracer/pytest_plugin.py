@@ -1,18 +1,34 @@
-"""pytest plugin: ``pytest --tracer-pipelines=GLOB`` turns pipeline files into test items.
+"""pytest plugin: pipeline files as test items, and the ``trace_pipeline`` fixture.
 
-Each item checks the file statically, runs it, and enforces its ``expect:`` block; a failure is
-reported as ``FILE:LINE:COL: error[CODE]: …``. Nothing is collected unless asked. The plugin also
-provides the ``trace_pipeline`` fixture from ``tracer.testing``.
+``pytest --tracer-pipelines='pipelines/**/*.yaml'`` (or ``tracer_pipelines`` in the ini file) makes
+each matching file a test item with the node id ``FILE::NAME`` (``NAME`` is the pipeline's
+``name:``). The item checks the file statically, runs it on the CPU and enforces its ``expect:``
+block; a failure is reported as the pipeline's own ``FILE:LINE:COL: error[CODE]: …`` message, and
+each lint becomes a ``PipelineWarning`` located at its line.
+
+Items are collected like any test: ``--collect-only`` lists and counts them, ``-k`` and node ids
+select them, ``--ignore-glob``/``--deselect`` leave files out. When paths are named on the command
+line only those are collected (``pytest tests/test_x.py`` runs no pipeline; ``pytest
+pipelines/causal_mha.yaml`` runs that one); with none named, the matching files join the default
+test paths. Nothing is collected unless asked.
 """
 
 from __future__ import annotations
 
 import glob
+import warnings
 from pathlib import Path
 
 import pytest
 
 from .testing import trace_pipeline  # noqa: F401  (fixture)
+
+SUFFIXES = (".yaml", ".yml")
+_FILES = pytest.StashKey[frozenset]()
+
+
+class PipelineWarning(UserWarning):
+    """A lint of a collected pipeline (``-W error::tracer.pytest_plugin.PipelineWarning`` makes lints fail)."""
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -22,48 +38,79 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         action="append",
         default=[],
         metavar="GLOB",
-        help="check, run and enforce expect: of every pipeline file matching GLOB (repeatable)",
+        help="collect every pipeline file matching GLOB as a test item: check, run, enforce expect: (repeatable)",
     )
-    parser.addini("tracer_pipelines", type="linelist", default=[], help="globs of pipeline files to test")
+    parser.addini("tracer_pipelines", type="linelist", default=[], help="globs of pipeline files to collect as test items")
 
 
-def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list) -> None:
-    patterns = config.getoption("tracer_pipelines") + config.getini("tracer_pipelines")
+def pytest_configure(config: pytest.Config) -> None:
+    files = _matching_files(config)
+    config.stash[_FILES] = frozenset(files)
+    if config.args_source != pytest.Config.ArgsSource.ARGS:  # no paths named: the pipelines join the default ones
+        config.args.extend(str(path) for path in files if not config.hook.pytest_ignore_collect(collection_path=path, config=config))
+
+
+def _matching_files(config: pytest.Config) -> list[Path]:
     base = config.invocation_params.dir
-    seen = set()
-    for pattern in patterns:
-        for name in sorted(glob.glob(str(base / pattern) if not Path(pattern).is_absolute() else pattern, recursive=True)):
+    found: dict[Path, None] = {}
+    for pattern in config.getoption("tracer_pipelines") + config.getini("tracer_pipelines"):
+        full = pattern if Path(pattern).is_absolute() else str(base / pattern)
+        for name in sorted(glob.glob(full, recursive=True)):
             path = Path(name).resolve()
-            if path.is_file() and path not in seen:
-                seen.add(path)
-                items.append(
-                    PipelineItem.from_parent(session, name=str(path.relative_to(base) if path.is_relative_to(base) else path), path=path)
-                )
+            if path.is_file() and path.suffix in SUFFIXES:
+                found[path] = None
+    return list(found)
 
 
-class PipelineFailure(Exception):
-    pass
+def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Collector | None:
+    if file_path.suffix not in SUFFIXES:
+        return None
+    if file_path.resolve() in parent.config.stash[_FILES] or parent.session.isinitpath(file_path):
+        return PipelineFile.from_parent(parent, path=file_path)
+    return None
+
+
+class PipelineFile(pytest.File):
+    def collect(self):
+        yield PipelineItem.from_parent(self, name=_pipeline_name(self.path))
+
+
+def _pipeline_name(path: Path) -> str:
+    """The file's ``name:`` as the item's name; the file's stem when it has none usable in a node id
+    (the file is not loaded here: a broken one is collected, and fails when it runs)."""
+    from .errors import TracerError
+    from .spec.source import read_document
+
+    try:
+        data, _ = read_document(path)
+    except TracerError:
+        return path.stem
+    name = data.get("name") if isinstance(data, dict) else None
+    usable = isinstance(name, str) and name.strip() and name.isprintable() and "::" not in name and "/" not in name
+    return name.strip() if usable else path.stem
 
 
 class PipelineItem(pytest.Item):
-    def __init__(self, *, path: Path, **kwargs):
-        super().__init__(path=path, **kwargs)
-        self.pipeline_path = path
-        self._nodeid = f"{self.name}::tracer"
-
     def runtest(self) -> None:
+        __tracebackhide__ = True  # a failure is the pipeline's located message, not tracer's frames
         from .api import load
-        from .errors import TracerError
 
-        try:
-            load(self.pipeline_path).run(device="cpu")
-        except TracerError as exc:
-            raise PipelineFailure(str(exc)) from None
+        trace = load(self._shown_path()).run(device="cpu")
+        for lint in trace.analysis.warnings:
+            line = lint.position.line if lint.position else 1
+            warnings.warn_explicit(str(lint), PipelineWarning, filename=lint.file, lineno=line)
+
+    def _shown_path(self) -> Path:
+        """The file as messages name it: relative to where pytest was started, as the user typed it."""
+        base = self.config.invocation_params.dir
+        return self.path.relative_to(base) if self.path.is_relative_to(base) else self.path
 
     def repr_failure(self, excinfo, style=None):
-        if isinstance(excinfo.value, PipelineFailure):
+        from .errors import TracerError
+
+        if isinstance(excinfo.value, TracerError | PipelineWarning):
             return str(excinfo.value)
         return super().repr_failure(excinfo, style)
 
     def reportinfo(self):
-        return self.pipeline_path, 0, f"tracer pipeline {self.name}"
+        return self.path, None, f"pipeline {self.name}"

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import math
 from typing import Annotated, Any, Literal, Union
 
 from pydantic import Field, StrictBool, StrictFloat, StrictInt, field_validator, model_validator
+from pydantic.json_schema import GenerateJsonSchema
 
 from .. import steps  # noqa: F401  (registers every step kind)
 from ..steps.contract import STEP_KINDS
@@ -126,8 +128,44 @@ class PipelineSpec(Strict):
     )
 
 
+# How a number is written when YAML 1.1 (tracer's reader, PyYAML) reads it as text but a lax float
+# field converts it: `1e-5` and `-inf` are strings to PyYAML and numbers to YAML 1.2 editors.
+NUMBER_TEXT = r"^\s*[-+]?((\d[\d_]*(\.[\d_]*)?|\.\d[\d_]*)([eE][-+]?\d[\d_]*)?|inf|Inf|INF|infinity|Infinity|INFINITY)\s*$"
+
+
+class _SchemaGenerator(GenerateJsonSchema):
+    """Pydantic's generator, made to describe what tracer accepts in strict JSON: a lax float field
+    also takes its number as text (the YAML reading above), and a non-finite default is written as
+    that text ("-inf"), since JSON has no Infinity."""
+
+    def float_schema(self, schema):
+        number = super().float_schema(schema)
+        if schema.get("strict"):
+            return number
+        return {"anyOf": [number, {"type": "string", "pattern": NUMBER_TEXT}]}
+
+    def encode_default(self, dft):
+        if isinstance(dft, float) and math.isinf(dft):
+            return "-inf" if dft < 0 else "inf"
+        return super().encode_default(dft)
+
+
+def _dispatch_on_op(union: dict) -> dict:
+    """A step's schema chosen by its ``op``, in draft-07's terms: ``if op is X then X's schema``.
+    Pydantic's ``oneOf`` + OpenAPI ``discriminator`` makes a draft-07 validator try all kinds on
+    every step and report a mismatch against each; this reports the chosen kind's problems only."""
+    mapping = union["discriminator"]["mapping"]
+    return {
+        "type": "object",
+        "required": ["op"],
+        "properties": {"op": {"enum": sorted(mapping)}},
+        "allOf": [{"if": {"properties": {"op": {"const": op}}}, "then": {"$ref": ref}} for op, ref in sorted(mapping.items())],
+    }
+
+
 def json_schema() -> dict:
-    schema = PipelineSpec.model_json_schema()
+    schema = PipelineSpec.model_json_schema(schema_generator=_SchemaGenerator)
+    schema["properties"]["steps"]["items"] = _dispatch_on_op(schema["properties"]["steps"]["items"])
     schema["$schema"] = "http://json-schema.org/draft-07/schema#"
     schema["title"] = "tracer pipeline"
     return schema
