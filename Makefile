@@ -11,18 +11,19 @@ $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
 	# torch first, pinned: on these machines 2.13.0 is a local CPU wheel; other specs download gigabytes
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[dev]' --config-settings editable_mode=compat  # a plain .pth: no import-hook cost at startup
+	$(PY) -m pip install -q -e '.[dev,diagrams]' --config-settings editable_mode=compat  # a plain .pth: no import-hook cost at startup
 	$(PY) -m compileall -q tracer  # bytecode, as a wheel install has: keeps `tracer check` fast where PYTHONDONTWRITEBYTECODE is set
 	@command -v dot >/dev/null 2>&1 || $(MAKE) --no-print-directory graphviz
 	@$(MAKE) --no-print-directory chromium
 	touch $(STAMP)
 
-# The Graphviz renderer (`dot`). Debian/Ubuntu as root; elsewhere see README.
+# The Graphviz renderer (`dot`). Debian/Ubuntu as root; elsewhere the `diagrams` extra's graphviz-pure
+# (pip, no root) draws SVG and PNG, and tracer finds it in .venv/bin.
 graphviz:
 	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 		(apt-get install -y -qq graphviz >/dev/null 2>&1 || (apt-get update -qq >/dev/null && apt-get install -y -qq graphviz >/dev/null)) \
 		&& echo "installed graphviz"; \
-	else echo "note: Graphviz 'dot' not found; install it (see README) to render SVG/PNG/PDF. DOT output works without it."; fi
+	else echo "note: no Graphviz 'dot' (it needs root here): diagrams use graphviz-pure (SVG, PNG); for PDF install Graphviz (see README)."; fi
 
 # Headless Chromium for the HTML report's browser tests (Debian's package; they skip without it).
 chromium:

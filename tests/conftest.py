@@ -1,6 +1,7 @@
 import contextlib
 import functools
 import io
+import os
 import textwrap
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,6 +54,17 @@ def pipeline_text(body: str, dims: str = "", inputs: str = "", params: str = "")
         if text.strip():
             parts.append(f"{section}:\n" + textwrap.indent(textwrap.dedent(text).strip("\n"), "  "))
     return "\n".join(parts) + "\n"
+
+
+@pytest.fixture
+def no_renderer(monkeypatch, tmp_path_factory):
+    """No program that draws DOT: neither `dot` nor `graphviz-pure` on PATH or beside Python, no TRACER_DOT."""
+    programs = ("dot", "graphviz-pure")
+    path = [p for p in os.environ.get("PATH", "").split(os.pathsep) if p and not any((Path(p) / n).exists() for n in programs)]
+    monkeypatch.setenv("PATH", os.pathsep.join(path))
+    monkeypatch.delenv("TRACER_DOT", raising=False)
+    empty = str(tmp_path_factory.mktemp("no-scripts"))
+    monkeypatch.setattr("tracer.renderer.sysconfig.get_path", lambda name: empty)
 
 
 @pytest.fixture

@@ -218,9 +218,7 @@ def test_unknown_suffix_is_a_clear_error(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-def test_without_graphviz_dot_works_and_svg_fails_cleanly(tmp_path, monkeypatch):
-    no_dot = os.pathsep.join(p for p in os.environ.get("PATH", "").split(os.pathsep) if p and not (Path(p) / "dot").exists())
-    monkeypatch.setenv("PATH", no_dot)
+def test_without_graphviz_dot_works_and_svg_fails_cleanly(tmp_path, no_renderer):
     assert shutil.which("dot") is None
     done = tracer_cli("render", CAUSAL, "-o", "m.dot", cwd=tmp_path)
     assert done.returncode == 0, done.stderr

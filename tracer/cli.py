@@ -134,6 +134,11 @@ def _parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         help=f"give up when Graphviz takes longer than this to draw (default: {RENDER_TIMEOUT:g})",
     )
+    render.add_argument(
+        "--dot",
+        metavar="PATH",
+        help="the program that draws DOT text (default: $TRACER_DOT, else Graphviz's `dot`, else `graphviz-pure`)",
+    )
     render.set_defaults(handler=_render)
 
     schema = commands.add_parser("schema", help="print the JSON Schema of the pipeline format (for editors: see docs/format.md)")
@@ -246,6 +251,13 @@ def _load_unchecked(path: str):
 
 
 def _render(args) -> int:
+    from .renderer import chosen_renderer
+
+    with chosen_renderer(args.dot):
+        return _draw(args)
+
+
+def _draw(args) -> int:
     from .render import render_file
 
     output = Path(args.output or f"{Path(args.file).stem}.svg")

@@ -13,6 +13,7 @@ from pathlib import Path
 from .atomic import write_atomic
 from .errors import TracerError
 from .render import render_file
+from .renderer import find_renderer
 from .report import write_report
 from .steps.block import Block
 
@@ -115,6 +116,11 @@ def main(argv: list[str] | None = None) -> int:
     if len(args) != 2:
         print("usage: python -m tracer.gallery PIPELINES_DIR OUT_DIR", file=sys.stderr)
         return 2
+    try:  # no renderer would skip every file and leave an empty index: say so once, change nothing
+        find_renderer(args[0], "svg")
+    except TracerError as exc:
+        print(exc, file=sys.stderr)
+        return 1
     build(Path(args[0]), Path(args[1]))
     return 0  # skipped files are reported, not fatal: others may be mid-edit
 

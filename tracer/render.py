@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import fnmatch
 import html
-import shutil
 import subprocess
 import tempfile
 from collections import Counter
@@ -24,6 +23,7 @@ from .atomic import write_atomic
 from .errors import Diagnostic, TracerError
 from .formatting import human_bytes
 from .heatmap import node_rows
+from .renderer import find_renderer, no_renderer
 from .steps.contract import STEP_KINDS
 from .trace import TensorRecord, Trace
 
@@ -544,10 +544,9 @@ def svg_text(trace: Trace) -> str:
 
 
 def render_bytes(source: str, fmt: str, pipeline_file: str, timeout: float = DOT_TIMEOUT) -> bytes:
-    """Graphviz's ``dot`` run on DOT text in a private temporary folder, under a time limit; returns the picture."""
-    exe = shutil.which("dot")
-    if exe is None:
-        raise _no_renderer(pipeline_file, fmt, "Graphviz's `dot` is not on PATH")
+    """Graphviz's ``dot`` (or the renderer ``find_renderer`` picks) run on DOT text in a private
+    temporary folder, under a time limit; returns the picture."""
+    exe = find_renderer(pipeline_file, fmt)
     with tempfile.TemporaryDirectory(prefix="tracer-") as folder:
         dot_path, picture = Path(folder) / "diagram.dot", Path(folder) / f"diagram.{fmt}"
         dot_path.write_text(source, encoding="utf-8")
@@ -556,7 +555,7 @@ def render_bytes(source: str, fmt: str, pipeline_file: str, timeout: float = DOT
         except subprocess.TimeoutExpired:
             raise TracerError(Diagnostic(pipeline_file, None, "render-timeout", _too_slow(timeout))) from None
         if done.returncode != 0 and "not recognized" in done.stderr:
-            raise _no_renderer(pipeline_file, fmt, f"this Graphviz cannot write {fmt} ({done.stderr.strip().splitlines()[0]})")
+            raise no_renderer(pipeline_file, fmt, f"`{Path(exe).name}` cannot write {fmt} ({done.stderr.strip().splitlines()[0]})")
         if done.returncode != 0:
             raise TracerError(Diagnostic(pipeline_file, None, "render-failed", f"`dot -T{fmt}` failed: {done.stderr.strip()[:2000]}"))
         return picture.read_bytes()
@@ -568,12 +567,3 @@ def _too_slow(timeout: float) -> str:
         "Fold each copy of a repeated block into one node with --collapse 'BLOCK/*' (or a whole group with "
         "--collapse GROUP), raise the limit with --timeout, or write the DOT text only with -o NAME.dot"
     )
-
-
-def _no_renderer(pipeline_file: str, fmt: str, why: str) -> TracerError:
-    message = (
-        f"cannot render {fmt}: {why}. Install Graphviz (Debian/Ubuntu: apt-get install graphviz; "
-        f"macOS: brew install graphviz; conda: conda install -c conda-forge graphviz), "
-        f"or ask for `-o NAME.dot` to get DOT text, which needs no Graphviz"
-    )
-    return TracerError(Diagnostic(pipeline_file, None, "no-renderer", message))
