@@ -8,6 +8,7 @@ from typing import Any
 
 from .errors import Diagnostic, ExpectationError, TracerError
 from .shapes.check import Analysis, analyze
+from .shapes.layout import CONTIGUITY_RULE, meets_contiguity
 from .spec.load import load_spec, load_spec_text
 from .spec.pipeline import SEED_MAX, SEED_MIN, PipelineSpec
 from .spec.source import SourceMap
@@ -118,10 +119,11 @@ def _enforce_expectations(trace: Trace) -> None:
         if shape is not None and analysis.expected_sizes[name] != record.shape:
             problems.append((name, f"'{name}' ran with shape {list(record.shape)}, expected ({', '.join(map(str, shape))})"))
         contiguous = getattr(expected, "contiguous", None)
-        if contiguous is not None and contiguous != record.contiguous:
+        if contiguous is not None and not meets_contiguity(record.shape, record.stride, contiguous):
             ran = "non-" if contiguous else ""
             want = "contiguous" if contiguous else "non-contiguous"
-            problems.append((name, f"'{name}' ran {ran}contiguous (stride {record.stride}), expected {want}"))
+            rule = f" ({CONTIGUITY_RULE})" if 1 in record.shape else ""
+            problems.append((name, f"'{name}' ran {ran}contiguous (stride {record.stride}), expected {want}{rule}"))
     if problems:
         raise ExpectationError([analysis.source.error(("expect", name), "expect", text, prefer_key=True) for name, text in problems])
 

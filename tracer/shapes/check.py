@@ -22,7 +22,7 @@ from ..spec.source import SourceMap
 from ..steps._rules import StepError, show
 from ..steps.block import Block
 from ..steps.contract import Composite, Outputs, Shape
-from .layout import Meta, fresh, with_root
+from .layout import CONTIGUITY_RULE, Meta, fresh, meets_contiguity, with_root
 from .symbolic import DimAlgebra, resolve
 
 MAX_TENSOR_BYTES = 2**62  # torch computes sizes, strides and byte counts in int64
@@ -430,8 +430,11 @@ def expectation_problem(alg: DimAlgebra, name: str, meta: Meta, expected) -> str
         if tuple(d.value for d in want) != meta.sizes:
             wanted = "(" + ", ".join(map(str, want)) + ") [" + ", ".join(str(d.value) for d in want) + "]"
             return f"expected '{name}' to be {wanted}, found {show(meta)}"
-    if contiguous is not None and contiguous != meta.contiguous:
-        return f"expected '{name}' to be {'contiguous' if contiguous else 'non-contiguous'}, found stride {meta.stride} for {show(meta)}"
+    if contiguous is not None and not meets_contiguity(meta.sizes, meta.stride, contiguous):
+        rule = f" ({CONTIGUITY_RULE})" if 1 in meta.sizes else ""
+        return (
+            f"expected '{name}' to be {'contiguous' if contiguous else 'non-contiguous'}, found stride {meta.stride} for {show(meta)}{rule}"
+        )
     return None
 
 

@@ -92,6 +92,25 @@ def is_contiguous(sizes: tuple[int, ...], strides: tuple[int, ...]) -> bool:
     return True
 
 
+def meets_contiguity(sizes: tuple[int, ...], strides: tuple[int, ...], expected: bool) -> bool:
+    """Whether a layout meets ``expect: {contiguous: expected}``.
+
+    Contiguity is torch's ``is_contiguous()``, which ignores the strides of size-1 dims. So a
+    layout whose strides differ from row-major *only* at size-1 dims (a transposed ``(B, H, T, Dh)``
+    at ``T=1``, a slice of a fused projection at ``B=T=1``) is contiguous to torch although it is
+    the non-contiguous layout at any other size: it meets both ``contiguous: true`` and
+    ``contiguous: false``, so shrinking a dim to 1 never turns a true statement into a false alarm.
+    """
+    actual = is_contiguous(sizes, strides)
+    return actual == expected or (actual and tuple(strides) != contiguous_strides(sizes))
+
+
+CONTIGUITY_RULE = (
+    "contiguity is torch's is_contiguous(), which ignores size-1 dims; a layout that is row-major only because of "
+    "size-1 dims meets both contiguous: true and false"
+)
+
+
 def dense_like(sizes: tuple[int, ...], strides: tuple[int, ...]) -> tuple[int, ...]:
     """Dense strides with the same dim order as ``strides`` (torch's preserve_format)."""
     order = sorted(range(len(sizes)), key=lambda i: (-strides[i], -i))
