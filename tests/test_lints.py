@@ -11,7 +11,16 @@ from tracer.cli import main
 from tracer.lints import SoftmaxNaNs, runtime_warnings
 
 EXAMPLES = PIPELINES / "lint_examples"
-LINT_CODES = {"dead-step", "scale-mismatch", "lossy-head-split", "nan-risk-mask", "mask-polarity"}
+LINT_CODES = {
+    "dead-step",
+    "scale-mismatch",
+    "lossy-head-split",
+    "nan-risk-mask",
+    "mask-polarity",
+    "view-scrambles-dims",
+    "gqa-head-order",
+    "softmax-over-queries",
+}
 CANONICAL = ["self_attention", "causal_mha", "cross_attention"]
 
 
@@ -34,9 +43,9 @@ def test_each_example_trips_exactly_its_lint(code):
     assert [d.code for d in analysis.warnings] == [code]
 
 
-def test_strict_check_of_all_examples_shows_all_six_codes(capsys):
+def test_strict_check_of_all_examples_shows_every_code(capsys):
     files = sorted(str(p) for p in EXAMPLES.glob("*.yaml"))
-    assert len(files) == 6
+    assert len(files) == 9
     assert main(["check", "--strict", *files]) == 1
     err = capsys.readouterr().err
     found = set(re.findall(r"^\S+:\d+:\d+: error\[([a-z-]+)\]", err, re.M))
@@ -239,3 +248,89 @@ def test_cli_run_reports_nan_rows_without_keeping_values(tmp_path, capsys):
     path.write_text(example("nan_risk_mask").rstrip() + "\n  - {id: after, op: relu, input: attention_weights}\noutputs: [after]\n")
     assert main(["run", str(path)]) == 0
     assert "step 'attention_weights': softmax produced 2 NaN rows of 12" in capsys.readouterr().err
+
+
+# --- modern attention: view-scrambles-dims, gqa-head-order, softmax-over-queries ----------------
+
+
+@pytest.mark.parametrize("path", sorted((PIPELINES / "models").glob("*.yaml")), ids=lambda p: p.stem)
+def test_model_pipelines_are_clean_under_strict(path, capsys):
+    assert main(["check", "--strict", str(path)]) == 0
+    assert capsys.readouterr().err == ""
+
+
+def test_view_scrambles_dims_located_and_fixed():
+    text = example("view_scrambles_dims")
+    [warning] = warnings_of(text)
+    assert warning.position.line == line_of(text, "id: merged") and warning.step == "merged"
+    assert "(B, H, T, Dh) [2, 2, 6, 4] into (B, T, d_model)" in warning.message
+    fixed = text.replace(
+        "  - {id: merged, op: view, input: context, shape: [B, T, d_model]}",
+        "  - {id: context_t, op: transpose, input: context, dims: [1, 2]}\n  - {id: merged, op: reshape, shape: [B, T, d_model]}",
+    )
+    assert codes(fixed) == set()
+
+
+@pytest.mark.parametrize(
+    "before, after, scrambled",
+    [
+        ("[B, T, d_model]", "[B, T, H, Dh]", False),  # split heads
+        ("[B, T, H, Dh]", "[B, T, d_model]", False),  # merge heads
+        ("[B, H, T, Dh]", "[B, T, H, Dh]", True),  # a transpose written as a view
+        ("[B, H_kv, n_rep, T, Dh]", "[B, H, T, Dh]", False),  # repeat_kv's reshape
+        ("[B, T, H, Dh]", "[B, T, Dh, H]", True),
+        ("[1, T, d_model]", "[B, T, H, Dh]", False),  # an unsqueezed batch of 1 becomes B
+    ],
+)
+def test_view_scrambles_dims_reads_symbols(before, after, scrambled):
+    text = f"""
+name: v
+dims: {{B: 1, T: 4, H: 4, H_kv: 2, n_rep: H // H_kv, d_model: 8, Dh: d_model // H}}
+inputs:
+  x: {{shape: {before}, init: randn}}
+steps:
+  - {{id: y, op: reshape, input: x, shape: {after}}}
+"""
+    assert codes(text) == ({"view-scrambles-dims"} if scrambled else set())
+
+
+def test_gqa_head_order_located_and_fixed():
+    text = example("gqa_head_order")
+    [warning] = warnings_of(text)
+    assert warning.position.line == line_of(text, "id: k_rep") and "0, 1, 0, 1" in warning.message and "0, 0, 1, 1" in warning.message
+    fixed = text.replace("op: repeat, input: k, repeats: [1, n_rep, 1, 1]", "op: repeat_interleave, input: k, repeats: n_rep, dim: 1")
+    assert codes(fixed) == set()
+
+
+def test_softmax_over_queries_located_and_fixed():
+    text = example("softmax_over_queries")
+    [warning] = warnings_of(text)
+    assert warning.position.line == line_of(text, "id: weights") and "use dim: -1" in warning.message
+    assert codes(text.replace("dim: -2", "dim: -1")) == set()
+
+
+def test_softmax_over_queries_reads_einsum_axes():
+    base = """
+name: e
+inputs:
+  q: {shape: [2, 3, 4], init: randn}
+  k: {shape: [2, 5, 4], init: randn}
+steps:
+  - {id: s, op: einsum, inputs: [q, k], equation: EQ}
+  - {id: w, op: softmax, dim: DIM}
+"""
+    assert codes(base.replace("EQ", "'bqd,bkd->bqk'").replace("DIM", "-1")) == set()
+    assert codes(base.replace("EQ", "'bqd,bkd->bkq'").replace("DIM", "-1")) == {"softmax-over-queries"}
+    assert codes(base.replace("EQ", "'bqd,bkd->bkq'").replace("DIM", "-2")) == set()
+
+
+def test_bottom_right_causal_with_more_queries_than_keys_risks_nan():
+    text = """
+name: n
+inputs:
+  s: {shape: [3, 2], init: randn}
+steps:
+  - {id: m, op: mask, input: s, causal: true}
+"""
+    assert codes(text) == {"nan-risk-mask"}
+    assert codes(text.replace("causal: true", "causal: true, align: top-left")) == set()

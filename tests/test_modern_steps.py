@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 import tracer
-from tests.conftest import covers, pipeline_text, run_text
+from tests.conftest import PIPELINES, covers, pipeline_text, run_text
 
 
 def trace_of(steps, inputs, params="", dims=""):
@@ -340,3 +340,37 @@ def test_sdpa_memory_estimate_has_no_scores():
     inputs = 3 * 2 * 256 * 4 * 4
     assert fused.check().peak_bytes == inputs + 2 * 256 * 4 * 4
     assert manual.check().peak_bytes >= inputs + 2 * 2 * 256 * 256 * 4  # scores and weights alive together
+
+
+@pytest.mark.parametrize("dims", [{"T": 1}, {"B": 1, "T": 1}, {"B": 1, "T": 1, "H": 1}])
+def test_size_one_dims_do_not_turn_expect_contiguous_into_a_false_alarm(dims):
+    """causal_mha pins q_h as non-contiguous; at T=1 torch calls the transposed view contiguous
+    (it ignores size-1 dims), which is the same layout, not a broken promise."""
+    trace = tracer.load(PIPELINES / "causal_mha.yaml").run(dims=dims)
+    assert trace["q_h"].contiguous  # what torch says; the expectation holds all the same
+
+
+def test_a_truly_row_major_tensor_still_breaks_expect_contiguous_false():
+    text = pipeline_text("- {id: y, op: unsqueeze, input: x, dim: 0}", inputs="x: {shape: [2, 3], init: randn}")
+    with pytest.raises(tracer.TracerError) as info:
+        tracer.loads(text + "expect:\n  y: {contiguous: false}\n", "c.yaml")
+    assert info.value.code == "expect" and "ignores size-1 dims" in str(info.value)
+
+
+def bundled_with_t():
+    for path in sorted(PIPELINES.rglob("*.yaml")):
+        try:
+            pipeline = tracer.load(path)
+        except tracer.TracerError:
+            continue  # an error example
+        literal = any(d.values is not None or d.tokens is not None for d in pipeline.spec.inputs.values())
+        if "T" in pipeline.spec.dims and isinstance(pipeline.spec.dims["T"], int) and not literal:
+            yield path
+
+
+@pytest.mark.parametrize("path", list(bundled_with_t()), ids=lambda p: str(p.relative_to(PIPELINES)))
+def test_every_bundled_pipeline_runs_at_t_equal_one(path):
+    """--dim T=1 (one token: a decode step) checks and runs, expectations included."""
+    pipeline = tracer.load(path)
+    assert not pipeline.check({"T": 1}).errors
+    pipeline.run(dims={"T": 1}, device="meta")

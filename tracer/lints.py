@@ -10,6 +10,9 @@ one reproduces a bug from the seed tutorials (``docs/lints.md``, ``pipelines/lin
 ``lossy-head-split``          equal slices ("heads") that do not cover the dim they split (000)
 ``nan-risk-mask``             a -inf fill that hides every key of some query row: NaN (003)
 ``mask-polarity``             a causal pattern used with the polarity that keeps the future
+``view-scrambles-dims``       a view that regroups named dims out of order (merge without transpose)
+``gqa-head-order``            kv heads tiled by ``repeat`` where grouped-query attention interleaves
+``softmax-over-queries``      attention weights normalised over the queries instead of the keys
 ============================  ====================================================================
 
 ``view-non-contiguous`` is not here: a view of a non-contiguous tensor is a shape-rule *error*.
@@ -23,8 +26,10 @@ from collections.abc import Iterator
 from typing import Any
 
 from .errors import Diagnostic, merge_copies
+from .shapes.symbolic import Poly
 from .steps.attention import Mask, Scale, Softmax
-from .steps.layout import Index
+from .steps.fused import Sdpa
+from .steps.layout import Index, Repeat, Reshape, View
 
 #: a mask pattern larger than this many elements is not expanded by the lints
 _MAX_PATTERN = 1_000_000
@@ -258,12 +263,18 @@ def nan_risk_mask(analysis) -> list[Diagnostic]:
     softmax of a row that is all -inf is 0/0 = NaN, and the NaN spreads through every later
     step. Tutorial 003 warns about it ("Please do not set this to '-inf'") and fills with -1e9,
     which gives such a row uniform weights instead. Checked on the mask's declared content
-    (literal values, ones/zeros/triu/tril); ``causal: true`` always keeps key 0, so it is safe.
+    (literal values, ones/zeros/triu/tril). ``causal: true`` keeps key 0 for every query, except
+    aligned bottom-right with more queries than keys: then the first T_q - T_kv queries see none.
     Masks known only at run time are checked by :func:`runtime_warnings`.
     """
     found = []
     for i, step in _steps(analysis, Mask):
-        if step.causal or step.fill != float("-inf"):
+        if step.fill != float("-inf"):
+            continue
+        if step.mask is None:
+            found.extend(_causal_without_keys(analysis, i, step))
+            continue
+        if step.causal:
             continue
         rows = declared_mask_rows(analysis, step.mask)
         if rows is None:
@@ -282,6 +293,17 @@ def nan_risk_mask(analysis) -> list[Diagnostic]:
         )
         found.append(_warn(analysis, ("steps", i, "fill"), "nan-risk-mask", message, step.id))
     return found
+
+
+def _causal_without_keys(analysis, i: int, step) -> list[Diagnostic]:
+    t_q, t_k = analysis.metas[analysis.graph.data_inputs[step.id][0]].sizes[-2:]
+    if step.align == "top-left" or t_q <= t_k:
+        return []
+    message = (
+        f"causal: true aligns the last query with the last key, and the scores have T_q={t_q} > T_kv={t_k}: the first "
+        f"{t_q - t_k} queries see no key, so their -inf rows become NaN — use align: top-left if query i is key i, or fill with -1e9"
+    )
+    return [_warn(analysis, ("steps", i, "causal"), "nan-risk-mask", message, step.id)]
 
 
 def _row_index(row: int, shape: tuple[int, ...]) -> str:
@@ -327,7 +349,154 @@ def mask_polarity(analysis) -> list[Diagnostic]:
     return found
 
 
-LINTS = [dead_steps, scale_mismatch, lossy_head_split, nan_risk_mask, mask_polarity]
+def view_scrambles_dims(analysis) -> list[Diagnostic]:
+    """``view-scrambles-dims``: a view or reshape that regroups named dims out of order.
+
+    A view only splits a dim into neighbours or merges neighbouring dims, in memory order. Merging
+    heads with ``view`` straight from (B, H, T, Dh) to (B, T, H·Dh) is legal (the sizes multiply
+    out) but each new row mixes tokens and heads: the transpose back to (B, T, H, Dh) is missing.
+    Dims are compared as symbols (``d_model = H * Dh``; ``n_rep = H // H_kv``), so equal sizes do
+    not hide the mistake; size-1 dims are skipped and shapes with literal numbers are not judged.
+    """
+    found = []
+    for kind in (View, Reshape):
+        for i, step in _steps(analysis, kind):
+            source = analysis.graph.data_inputs[step.id][0]
+            before, after = analysis.metas[source].shape, analysis.metas[step.id].shape
+            if _in_order(analysis.alg_of(step.id), before, after) is not False:
+                continue
+            message = (
+                f"{step.op} regroups '{source}' {_show(analysis, source)} into {_show(analysis, step.id)}, but a view only merges "
+                f"or splits neighbouring dims in order: the dims of '{source}' are not in the order the new shape names them, "
+                f"so every row mixes them up (no error, wrong numbers) — bring them into that order first (e.g. transpose, "
+                f"then contiguous or reshape; `op: merge` does all three for (…, H, T, Dh))"
+            )
+            found.append(_warn(analysis, ("steps", i, "shape"), "view-scrambles-dims", message, step.id))
+    return found
+
+
+def _in_order(alg, before, after) -> bool | None:
+    """Whether ``after`` merges/splits consecutive dims of ``before`` in order, as symbols; None
+    when a literal number (other than 1) makes that unknowable. Size-1 dims hold no order: one
+    that does not line up is skipped (an unsqueezed batch, a head of width 1)."""
+    one = Poly.const(1)
+    src = [(d.poly, d.value) for d in before if d.poly != one]
+    dst = [(d.poly, d.value) for d in after if d.poly != one]
+    if any(p.constant is not None for p, _ in src + dst):
+        return None
+    for want, size in dst:
+        if size == 1 and (not src or src[0][0] != want):
+            continue
+        have, have_size = one, 1
+        while have != want:
+            if not src:
+                return False
+            head, head_size = src[0]
+            if have * head == want:
+                have = want
+                src.pop(0)
+                break
+            need = want.divide(have)
+            rest = head.divide(need) if need is not None else None
+            if rest is not None and _natural(alg, need) and _natural(alg, rest):
+                src[0], have = (rest, head_size * have_size // max(size, 1)), want  # ``want`` ends inside ``head``: its outer part
+                break
+            left = want.divide(have * head)
+            if left is not None and _natural(alg, left):
+                have, have_size = have * head, have_size * head_size
+            elif head_size != 1:  # a size-1 dim that does not fit holds no data order: skip it
+                return False
+            src.pop(0)
+    return all(size == 1 for _, size in src)
+
+
+def _natural(alg, poly) -> bool:
+    """A size a dim can be: a declared dim or a product of dims (no division left over)."""
+    if poly in alg.names:
+        return True
+    if len(poly.terms) != 1:
+        return False
+    mono, coeff = poly.terms[0]
+    return coeff > 0 and coeff.denominator == 1 and all(exp > 0 for _, exp in mono)
+
+
+def gqa_head_order(analysis) -> list[Diagnostic]:
+    """``gqa-head-order``: kv heads tiled by ``repeat`` on their way to attention.
+
+    Grouped-query attention gives query head ``h`` the kv head ``h // n_rep`` (transformers'
+    ``repeat_kv``, SDPA's ``enable_gqa``): kv heads 0, 1 become 0, 0, 1, 1. ``repeat`` tiles
+    them, 0, 1, 0, 1: it runs, every shape is right, and the numbers are wrong. Flagged: a
+    ``repeat`` that multiplies an existing dim of size > 1 whose result reaches a product of
+    queries and keys or an ``sdpa`` step.
+    """
+    found = []
+    for i, step in _steps(analysis, Repeat):
+        source = analysis.graph.data_inputs[step.id][0]
+        meta = analysis.metas[source]
+        alg = analysis.alg_of(step.id)
+        reps = [alg.dim(r).value for r in step.repeats][len(step.repeats) - len(meta.shape) :]
+        tiled = [d for d, (r, size) in enumerate(zip(reps, meta.sizes)) if r > 1 and size > 1]
+        if not tiled or not _reaches_attention(analysis, step.id):
+            continue
+        d, r = tiled[0], reps[tiled[0]]
+        heads = meta.shape[d]
+        order = ", ".join(str(h % heads.value) for h in range(min(heads.value * r, 8)))
+        wanted = ", ".join(str(h // r) for h in range(min(heads.value * r, 8)))
+        message = (
+            f"repeat tiles the {heads}={heads.value} heads of '{source}' {_show(analysis, source)} along dim {d} as {order}…; "
+            f"grouped-query attention gives query head h the kv head h // n_rep ({wanted}…, transformers' repeat_kv) — "
+            f"use {{op: repeat_interleave, repeats: {step.repeats[len(step.repeats) - len(meta.shape) + d]}, dim: {d}}}"
+        )
+        found.append(_warn(analysis, ("steps", i, "repeats"), "gqa-head-order", message, step.id))
+    return found
+
+
+def _reaches_attention(analysis, start: str, depth: int = 8) -> bool:
+    frontier = [start]
+    for _ in range(depth):
+        frontier = [user for t in frontier for user in analysis.graph.users.get(t, ())]
+        for user in frontier:
+            step = _step_or_none(analysis, user)
+            if step is not None and (step.makes_scores or isinstance(step, Sdpa)):
+                return True
+    return False
+
+
+def softmax_over_queries(analysis) -> list[Diagnostic]:
+    """``softmax-over-queries``: softmax of attention scores along the query axis.
+
+    For scores (…, T_q, T_kv) = q @ k^T each query's weights over the keys must sum to 1:
+    ``dim: -1``. ``dim: -2`` normalises every key over the queries instead; for square scores
+    the shapes cannot tell. The query axis is the first operand's rows (for einsum, the last
+    output letter only the first operand has).
+    """
+    found = []
+    for i, softmax in _steps(analysis, Softmax):
+        _, scores = _score_chain(analysis, softmax)
+        if scores is None:
+            continue
+        ndim = len(analysis.metas[scores.id].shape)
+        query, key = scores.score_axes(ndim) if hasattr(scores, "score_axes") else (ndim - 2, ndim - 1)
+        if query is None or ndim < 2 or softmax.dim % ndim != query % ndim:
+            continue
+        message = (
+            f"softmax over dim {softmax.dim} normalises the scores '{scores.id}' {_show(analysis, scores.id)} over the queries: "
+            f"each key's column sums to 1, not each query's row — use dim: {key - ndim if key is not None else -1} (the keys)"
+        )
+        found.append(_warn(analysis, ("steps", i, "dim"), "softmax-over-queries", message, softmax.id))
+    return found
+
+
+LINTS = [
+    dead_steps,
+    scale_mismatch,
+    lossy_head_split,
+    nan_risk_mask,
+    mask_polarity,
+    view_scrambles_dims,
+    gqa_head_order,
+    softmax_over_queries,
+]
 
 
 def run_lints(analysis) -> list[Diagnostic]:

@@ -95,19 +95,22 @@ def is_contiguous(sizes: tuple[int, ...], strides: tuple[int, ...]) -> bool:
 def meets_contiguity(sizes: tuple[int, ...], strides: tuple[int, ...], expected: bool) -> bool:
     """Whether a layout meets ``expect: {contiguous: expected}``.
 
-    Contiguity is torch's ``is_contiguous()``, which ignores the strides of size-1 dims. So a
-    layout whose strides differ from row-major *only* at size-1 dims (a transposed ``(B, H, T, Dh)``
-    at ``T=1``, a slice of a fused projection at ``B=T=1``) is contiguous to torch although it is
-    the non-contiguous layout at any other size: it meets both ``contiguous: true`` and
-    ``contiguous: false``, so shrinking a dim to 1 never turns a true statement into a false alarm.
+    Contiguity is torch's ``is_contiguous()``, which ignores the strides of size-1 dims. A layout
+    that torch calls contiguous only for that reason (its strides differ from row-major at size-1
+    dims: a transposed ``(B, H, T, Dh)`` at ``T=1``), or that no layout could make non-contiguous
+    (at most one dim larger than 1, or no elements at all), meets ``contiguous: false`` as well:
+    it is the non-contiguous layout of the other sizes, so shrinking a dim is never a false alarm.
     """
     actual = is_contiguous(sizes, strides)
-    return actual == expected or (actual and tuple(strides) != contiguous_strides(sizes))
+    if actual == expected:
+        return True
+    vacuous = 0 in sizes or sum(size > 1 for size in sizes) < 2
+    return actual and (vacuous or tuple(strides) != contiguous_strides(sizes))
 
 
 CONTIGUITY_RULE = (
     "contiguity is torch's is_contiguous(), which ignores size-1 dims; a layout that is row-major only because of "
-    "size-1 dims meets both contiguous: true and false"
+    "size-1 dims (or empty) meets both contiguous: true and false"
 )
 
 
