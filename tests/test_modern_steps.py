@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 import tracer
+import tracer.verify as verify
 from tests.conftest import PIPELINES, covers, pipeline_text, run_text
 
 
@@ -374,3 +375,17 @@ def test_every_bundled_pipeline_runs_at_t_equal_one(path):
     pipeline = tracer.load(path)
     assert not pipeline.check({"T": 1}).errors
     pipeline.run(dims={"T": 1}, device="meta")
+
+
+def test_verify_shows_one_sdpa_step_equals_the_unfused_mistral_attention():
+    unfused = PIPELINES / "models" / "mistral_sliding_window.yaml"
+    text = unfused.read_text()
+    start, end = text.index("  - {id: k_rep"), text.index("  # merge heads")
+    fused = tracer.loads(
+        text[:start] + "  - {id: context, op: sdpa, inputs: [q_rot, k_rot, v_h], causal: true, window: W, gqa: true}\n\n" + text[end:].replace("  scores: [B, H, T, T]\n", ""),
+        "fused.yaml",
+    )
+    assert verify.against_pipeline(fused, unfused) <= 1e-5
+    assert verify.against_pipeline(fused, unfused, dims={"T": 1}) <= 1e-5
+    scores = 2 * 4 * 128 * 128 * 4  # (B, H, T, T) float32: the fused step never holds them
+    assert tracer.load(unfused).check({"T": 128}).peak_bytes - fused.check({"T": 128}).peak_bytes >= scores

@@ -35,7 +35,7 @@ from .steps.attention import Dropout, Mask, Scale, Softmax
 from .steps.products import Matmul
 from .steps.projection import Linear
 
-__all__ = ["AttentionCore", "VerificationError", "against_mha", "against_sdpa", "attention_core"]
+__all__ = ["AttentionCore", "VerificationError", "against_mha", "against_pipeline", "against_sdpa", "attention_core"]
 
 #: a finite fill at or below this counts as "minus infinity" (-1e9 in tutorial 003)
 MASK_FILL_LIMIT = -1e4
@@ -280,6 +280,43 @@ def against_mha(
         if tuple(mine.shape) == tuple(attn.shape):
             diff = max(diff, _compare(f"'{trace.name}': weights '{core.softmax}' vs nn.MultiheadAttention's", mine, attn, atol))
     return diff
+
+
+def against_pipeline(
+    pipeline: Any,
+    reference: Any,
+    *,
+    output: str | None = None,
+    reference_output: str | None = None,
+    dims: Mapping[str, int] | None = None,
+    seed: int | None = None,
+    tensors: Mapping[str, Any] | None = None,
+    atol: float = 1e-5,
+) -> float:
+    """Compare two pipelines on the same inputs and weights; return the max abs difference.
+
+    ``pipeline`` runs first; every input and param of ``reference`` that ``pipeline`` also
+    declares gets ``pipeline``'s tensor (by name), so a fused design (one ``sdpa`` step) and the
+    unfused one it replaces see the same numbers::
+
+        verify.against_pipeline("fused.yaml", "pipelines/models/mistral_sliding_window.yaml")
+
+    ``output`` (default: the first output of ``pipeline``) is compared with ``reference_output``
+    (default: the same id).
+    """
+    from .api import Pipeline, load
+
+    trace = _values(pipeline, dims, seed, tensors)
+    if isinstance(reference, (str, Path)):
+        reference = load(reference)
+    if not isinstance(reference, Pipeline):
+        raise TypeError(f"expected a path or a tracer.Pipeline as the reference, got {type(reference).__name__}")
+    declared = list(reference.spec.inputs) + list(reference.spec.params)
+    shared = {name: _tensor(trace, name) for name in declared if name in trace}
+    expected = reference.run(dims=dims, seed=seed, tensors=shared, keep_values=True)
+    mine = output or trace.analysis.outputs[0]
+    theirs = reference_output or mine
+    return _compare(f"'{trace.name}': '{mine}' vs '{expected.name}': '{theirs}'", _tensor(trace, mine), _tensor(expected, theirs), atol)
 
 
 def _mha_masks(trace, core: AttentionCore, query, key, heads: int):
