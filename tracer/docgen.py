@@ -89,7 +89,10 @@ Every step has these fields, then its op's own:
 ### `expect`
 
 `id: [B, H, T, T]` or `id: {{shape: [B, H, T, T], contiguous: false}}`. Checked by `tracer check`
-before anything runs, and again on every run against what torch produced.
+before anything runs, and again on every run against what torch produced. Contiguity is torch's
+`is_contiguous()`, which ignores size-1 dims; a layout that is row-major only because of them
+(a transposed `(B, H, T, Dh)` at `T=1`), or that no layout could make non-contiguous (empty, or
+at most one dim above 1), meets `contiguous: false` too, so `--dim T=1` is never a false alarm.
 
 ## Step kinds
 """
