@@ -382,7 +382,9 @@ def test_verify_shows_one_sdpa_step_equals_the_unfused_mistral_attention():
     text = unfused.read_text()
     start, end = text.index("  - {id: k_rep"), text.index("  # merge heads")
     fused = tracer.loads(
-        text[:start] + "  - {id: context, op: sdpa, inputs: [q_rot, k_rot, v_h], causal: true, window: W, gqa: true}\n\n" + text[end:].replace("  scores: [B, H, T, T]\n", ""),
+        text[:start]
+        + "  - {id: context, op: sdpa, inputs: [q_rot, k_rot, v_h], causal: true, window: W, gqa: true}\n\n"
+        + text[end:].replace("  scores: [B, H, T, T]\n", ""),
         "fused.yaml",
     )
     assert verify.against_pipeline(fused, unfused) <= 1e-5

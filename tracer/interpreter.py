@@ -227,6 +227,7 @@ class Plan:
                 if free and not keep_values:
                     for name in free:
                         del env[name]
+                result = base = tensor = None  # no local keeps a freed tensor alive into the next step
         outputs = {name: env[rid] for name, rid in self.output_ids}
         return RunResult(records, outputs, not diverged)
 

@@ -100,11 +100,16 @@ def estimate_peak(analysis) -> MemoryEstimate:
 def _workspace(analysis, step_id: str) -> int:
     """Transient bytes the step's kernel allocates beyond its output (see ``StepBase.workspace_bytes``)."""
     metas = analysis.metas
-    if analysis.inner.get(step_id) or step_id not in metas:
+    if step_id not in metas:
         return 0
     step = analysis.pipeline.steps[analysis.graph.index[step_id]]
     ins = [metas.get(analysis.output_of(ref)) for ref in analysis.graph.data_inputs[step_id]]
-    return 0 if None in ins else step.workspace_bytes(ins, metas[step_id])
+    if None in ins:
+        return 0
+    inner = analysis.inner.get(step_id)
+    if inner:
+        return step.workspace_bytes(ins, metas[step_id], inner=tuple(metas[record] for record, _ in inner))
+    return step.workspace_bytes(ins, metas[step_id])
 
 
 # ---------------------------------------------------------------- budgets

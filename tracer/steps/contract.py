@@ -144,9 +144,10 @@ class StepBase(Strict):
         """The tensor ids this step defines: its own id, or the names of its several outputs."""
         return [self.id] if self.output_field is None else list(getattr(self, self.output_field))
 
-    def workspace_bytes(self, ins: list[Meta], out: Meta) -> int:
+    def workspace_bytes(self, ins: list[Meta], out: Meta, inner: tuple[Meta, ...] = ()) -> int:
         """Bytes the kernel allocates besides its output and frees before it returns (torch.matmul
-        copies operands it broadcasts); the memory estimate counts them while the step runs."""
+        copies operands it broadcasts); the memory estimate counts them while the step runs.
+        A composite step also gets its inner records' metas, in order, as ``inner``."""
         return 0
 
     def is_random(self) -> bool:

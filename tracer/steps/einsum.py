@@ -125,6 +125,11 @@ class Einsum(StepBase):
         second = [positions[c] for c in out if c != "." and c in terms[1] and c not in terms[0]]
         return (first[-1] if first else None), (second[-1] if second else None)
 
+    def workspace_bytes(self, ins, out) -> int:
+        """torch.einsum copies operands into the layout of its batched product; its raw result
+        may then need the copy that makes it contiguous, after those copies are freed."""
+        return max(sum(m.nbytes for m in ins), out.nbytes)
+
     def kernel(self, k):
         einsum, equation = k.torch.einsum, self.equation
         return lambda *xs: einsum(equation, *xs).contiguous()

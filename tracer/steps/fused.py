@@ -119,6 +119,21 @@ class Sdpa(StepBase):
             hint,
         )
 
+    def workspace_bytes(self, ins, out) -> int:
+        """Small next to the (T_q, T_kv) scores it never stores: the kernel's float32 log-sum-exp
+        per query, and an explicit mask (the causal pattern and its bool/float conversions)."""
+        q, key = ins[0], ins[1]
+        t_q, t_k = q.sizes[-2], key.sizes[-2]
+        total = 4 * q.numel // max(q.sizes[-1], 1)
+        mask = ins[3] if len(ins) > 3 else None
+        plain = self.causal and self.window is None and (t_q == t_k or self.align == "top-left") and mask is None
+        if self.causal and not plain:
+            total += 16 * (t_q + t_k) + 5 * t_q * t_k
+        if mask is not None or (self.causal and not plain):
+            elements = max(mask.numel if mask is not None else 0, t_q * t_k)
+            total += 6 * elements  # bool conversions, and SDPA's additive float copy
+        return total
+
     def kernel(self, k):
         torch, F = k.torch, k.F
         q, key = k.ins[0], k.ins[1]

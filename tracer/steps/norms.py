@@ -61,6 +61,14 @@ class RMSNorm(StepBase):
         back = normed if x.dtype == "float32" else preserve_format(normed, dtype=x.dtype)
         return pointwise([w, back], x.shape, promote([w, back]))
 
+    def workspace_bytes(self, ins, out) -> int:
+        """The float32 normalised copy (and the float32 copy of a narrower input, and its cast
+        back), plus the (…, 1) mean-square column."""
+        x = ins[0]
+        n, width = x.numel, max(x.sizes[-1], 1)
+        narrow = x.dtype != "float32"
+        return 4 * n * (2 if narrow else 1) + (x.nbytes if narrow else 0) + 8 * (n // width)
+
     def kernel(self, k):
         torch, eps, has_weight, unit_offset = k.torch, self.eps, self.weight is not None, self.unit_offset
 

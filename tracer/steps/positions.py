@@ -81,6 +81,15 @@ class Rope(StepBase):
         out = rotated if rot.value == head.value else fresh(x.shape, x.dtype)
         return Composite((Inner("cos", "cos", table), Inner("sin", "sin", table), Inner("rotated", "rope", out)))
 
+    def workspace_bytes(self, ins, out, inner=()) -> int:
+        """The kernel's temporaries: the float32 frequency tables, and x_rot * cos, the rotation
+        and rotation * sin alive together (plus x_rot's result before a partial rotary's cat)."""
+        x, (length, rot) = ins[0], inner[0].sizes
+        head = x.sizes[-1]
+        part = x.nbytes // head * rot if head else 0
+        tables = 6 * length * rot + 2 * rot + 8 * length
+        return tables + (3 * part if rot == head else max(4 * part - x.nbytes, part))
+
     def kernel(self, k):
         torch, x = k.torch, k.ins[0]
         seq = self.seq_dim % len(x.shape)
@@ -164,6 +173,15 @@ class Alibi(StepBase):
             raise StepError("alibi-shape", f"alibi needs at least one head, got {heads}={heads.value}", "input")
         bias = fresh((heads, t_q if self.relative else ctx.alg.const(1), t_k), scores.dtype)
         return Composite((Inner("bias", "alibi", bias), Inner("biased", "alibi", pointwise([scores, bias], scores.shape, scores.dtype))))
+
+    def workspace_bytes(self, ins, out, inner=()) -> int:
+        """Slopes and key positions (int64), the relative distances, and a float32 bias before
+        its cast to a narrower dtype."""
+        heads, t_q, t_k = ins[0].sizes[-3:]
+        total = 8 * (t_k + heads)
+        if self.relative:
+            total += 8 * t_q * t_k + 8 * t_q
+        return total + (4 * inner[0].numel if inner and inner[0].dtype != "float32" else 0)
 
     def kernel(self, k):
         torch, relative = k.torch, self.relative
