@@ -368,7 +368,7 @@ def view_scrambles_dims(analysis) -> list[Diagnostic]:
             message = (
                 f"{step.op} regroups '{source}' {_show(analysis, source)} into {_show(analysis, step.id)}, but a view only merges "
                 f"or splits neighbouring dims in order: the dims of '{source}' are not in the order the new shape names them, "
-                f"so every row mixes them up (no error, wrong numbers) — bring them into that order first (e.g. transpose, "
+                f"so every row mixes them up (it runs, with wrong numbers) — bring them into that order first (e.g. transpose, "
                 f"then contiguous or reshape; `op: merge` does all three for (…, H, T, Dh))"
             )
             found.append(_warn(analysis, ("steps", i, "shape"), "view-scrambles-dims", message, step.id))

@@ -62,12 +62,8 @@ def view(source: Meta, shape: tuple[Dim, ...], stride: tuple[int, ...], offset: 
 
 
 def same_layout(source: Meta, shape: tuple[Dim, ...] | None = None, dtype: str | None = None) -> Meta:
-    """A new tensor laid out like ``source`` (what torch's elementwise ops allocate)."""
-    shape = source.shape if shape is None else tuple(shape)
-    sizes = tuple(d.value for d in shape)
-    if sizes != source.sizes:
-        return fresh(shape, dtype or source.dtype)
-    return Meta(shape, dense_like(sizes, source.stride), dtype or source.dtype)
+    """A new tensor laid out like ``source`` (what torch's elementwise ops allocate): :func:`pointwise`."""
+    return pointwise([source], source.shape if shape is None else tuple(shape), dtype or source.dtype)
 
 
 def contiguous_strides(sizes: tuple[int, ...]) -> tuple[int, ...]:
@@ -114,16 +110,6 @@ CONTIGUITY_RULE = (
 )
 
 
-def dense_like(sizes: tuple[int, ...], strides: tuple[int, ...]) -> tuple[int, ...]:
-    """Dense strides with the same dim order as ``strides`` (torch's preserve_format)."""
-    order = sorted(range(len(sizes)), key=lambda i: (-strides[i], -i))
-    result, step = [0] * len(sizes), 1
-    for i in reversed(order):
-        result[i] = step
-        step *= max(sizes[i], 1)
-    return tuple(result)
-
-
 def view_strides(old_sizes: tuple[int, ...], old_strides: tuple[int, ...], new_sizes: tuple[int, ...]) -> tuple[int, ...] | None:
     """Port of ATen's ``computeStride``: the strides of ``view(new_sizes)``, or None if impossible."""
     if not old_sizes or 0 in old_sizes:
@@ -151,3 +137,109 @@ def with_root(meta: Meta, root: str) -> Meta:
     if meta.root is not None:
         return meta
     return Meta(meta.shape, meta.stride, meta.dtype, meta.offset, root)  # dataclasses.replace is ~4x slower
+
+
+# ---------------------------------------------------------------- TensorIterator's output layout
+
+
+def non_overlapping_and_dense(sizes: tuple[int, ...], strides: tuple[int, ...]) -> bool:
+    """torch's ``is_non_overlapping_and_dense``: a permutation of a contiguous layout."""
+    if len(sizes) == 1:
+        return sizes[0] < 2 or strides[0] == 1
+    order = sorted(range(len(sizes)), key=lambda i: (sizes[i] < 2, strides[i] if sizes[i] >= 2 else 0))
+    required = 1
+    for i in order:
+        if sizes[i] < 2:
+            return True
+        if strides[i] != required:
+            return False
+        required *= sizes[i]
+    return True
+
+
+def preserve_format(meta: Meta, shape=None, dtype: str | None = None) -> Meta:
+    """What ``empty_like(x)`` / ``x.to(dtype)`` allocate: x's strides when x is dense, else dense
+    strides in x's dim order (torch's ``infer_dense_strides``)."""
+    shape = meta.shape if shape is None else tuple(shape)
+    dtype = dtype or meta.dtype
+    if non_overlapping_and_dense(meta.sizes, meta.stride):
+        return Meta(shape, meta.stride, dtype)
+    return Meta(shape, _dense_in_order(meta.sizes, [list(meta.stride)], size_one_steps=False), dtype)
+
+
+def pointwise(metas: list[Meta], shape, dtype: str) -> Meta:
+    """The result of an elementwise torch op on ``metas`` (broadcast to ``shape``): a port of
+    TensorIterator's output layout (fast set-up, then ``reorder_dimensions``), so strides are exact."""
+    sizes = tuple(d.value for d in shape)
+    if all(m.sizes == sizes for m in metas):
+        if all(m.contiguous for m in metas):
+            return fresh(shape, dtype)
+        if len(sizes) in (4, 5) and all(_channels_last(m.sizes, m.stride) for m in metas):
+            return Meta(tuple(shape), _channels_last_strides(sizes), dtype)
+        first = metas[0]
+        if all(non_overlapping_and_dense(m.sizes, m.stride) and m.stride == first.stride for m in metas):
+            return Meta(tuple(shape), first.stride, dtype)
+    return Meta(tuple(shape), _dense_in_order(sizes, [_broadcast_strides(m, sizes) for m in metas]), dtype)
+
+
+def _dense_in_order(sizes: tuple[int, ...], strides: list[list[int]], size_one_steps: bool = True) -> tuple[int, ...]:
+    """Dense strides whose dim order follows the operands' strides: the insertion sort of
+    TensorIterator's ``reorder_dimensions`` (and of ``infer_dense_strides`` for one operand)."""
+    ndim = len(sizes)
+
+    def should_swap(d0: int, d1: int) -> int:
+        for st in strides:
+            s0, s1 = st[d0], st[d1]
+            if s0 == 0 or s1 == 0:
+                continue
+            if s0 != s1:
+                return -1 if s0 < s1 else 1
+            if sizes[d0] > sizes[d1]:
+                return 1
+        return 0
+
+    perm = list(reversed(range(ndim)))  # perm[0] is the fastest-moving dim
+    for i in range(1, ndim):
+        d1 = i
+        for d0 in range(i - 1, -1, -1):
+            comparison = should_swap(perm[d0], perm[d1])
+            if comparison > 0:
+                perm[d0], perm[d1] = perm[d1], perm[d0]
+                d1 = d0
+            elif comparison < 0:
+                break
+    result, step = [0] * ndim, 1
+    for d in perm:
+        result[d] = step
+        if size_one_steps or sizes[d] > 1:
+            step *= sizes[d]
+    return tuple(result)
+
+
+_CHANNELS_LAST_ORDER = {4: (1, 3, 2, 0), 5: (1, 4, 3, 2, 0)}
+
+
+def _channels_last(sizes: tuple[int, ...], strides: tuple[int, ...]) -> bool:
+    expected = 1
+    for d in _CHANNELS_LAST_ORDER[len(sizes)]:
+        if sizes[d] != 1:
+            if strides[d] != expected:
+                return False
+            expected *= sizes[d]
+    return True
+
+
+def _channels_last_strides(sizes: tuple[int, ...]) -> tuple[int, ...]:
+    result, step = [0] * len(sizes), 1
+    for d in _CHANNELS_LAST_ORDER[len(sizes)]:
+        result[d] = step
+        step *= sizes[d]
+    return tuple(result)
+
+
+def _broadcast_strides(meta: Meta, sizes: tuple[int, ...]) -> list[int]:
+    pad = len(sizes) - len(meta.sizes)
+    strides = [0] * pad
+    for i, (size, stride) in enumerate(zip(meta.sizes, meta.stride)):
+        strides.append(0 if size == 1 and sizes[pad + i] != 1 else stride)
+    return strides

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from ..shapes.layout import fresh, same_layout
+from ..shapes.layout import fresh, pointwise, same_layout
 from ..spec.base import TensorId
 from ._rules import StepError, broadcast, require_float, show
 from .contract import StepBase, register
@@ -29,7 +29,7 @@ class Add(StepBase):
         if a.dtype != b.dtype:
             raise StepError("dtype", f"add of {a.dtype} and {b.dtype}", "inputs")
         shape = broadcast(a, b, f"add '{ctx.input_ids[0]}' + '{ctx.input_ids[1]}'", "inputs")
-        return same_layout(a, shape)
+        return pointwise([a, b], shape, a.dtype)
 
     def kernel(self, k):
         return lambda a, b: a + b

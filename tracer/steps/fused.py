@@ -8,9 +8,9 @@ from typing import Literal
 
 from pydantic import Field, StrictBool, StrictFloat, StrictInt, model_validator
 
-from ..shapes.layout import fresh
+from ..shapes.layout import fresh, preserve_format
 from ..spec.base import DimText, TensorId
-from ._rules import StepError, broadcast, preserve_format, require_float, show
+from ._rules import StepError, broadcast, require_float, show
 from .attention import causal_hidden
 from .contract import StepBase, register
 

@@ -6,9 +6,9 @@ from typing import Literal
 
 from pydantic import Field, StrictBool
 
-from ..shapes.layout import fresh
+from ..shapes.layout import fresh, pointwise, preserve_format
 from ..spec.base import TensorId
-from ._rules import StepError, pointwise, preserve_format, promote, require_float, show
+from ._rules import StepError, promote, require_float, show
 from .contract import StepBase, register
 
 

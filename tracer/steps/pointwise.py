@@ -8,7 +8,8 @@ from typing import ClassVar, Literal
 
 from pydantic import Field
 
-from ._rules import StepError, broadcast, pointwise, preserve_format, promote, require_float
+from ..shapes.layout import pointwise, preserve_format
+from ._rules import StepError, broadcast, promote, require_float
 from .contract import StepBase, register
 
 DType = Literal["float32", "float64", "float16", "bfloat16", "int64", "int32", "bool"]

@@ -11,9 +11,9 @@ from typing import Literal
 
 from pydantic import Field, StrictBool, StrictInt
 
-from ..shapes.layout import Meta, fresh, view
+from ..shapes.layout import Meta, fresh, pointwise, view
 from ..spec.base import DimText
-from ._rules import StepError, norm_dim, pointwise, require_float, show
+from ._rules import StepError, norm_dim, require_float, show
 from .contract import Composite, Inner, StepBase, register
 
 
