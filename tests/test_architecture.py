@@ -12,7 +12,7 @@ import tests.test_modern_steps  # noqa: F401  (their @covers marks fill KERNEL_T
 import tests.test_steps  # noqa: F401
 from tests.conftest import KERNEL_TESTED, ROOT
 from tracer.spec.load import load_spec_text
-from tracer.steps.contract import STEP_KINDS
+from tracer.steps.contract import STEP_KINDS, StepBase
 
 PACKAGE = ROOT / "tracer"
 EXPANDED_BEFORE_ANALYSIS = {"block", "block_input"}  # spec-level kinds: no kernel of their own
@@ -82,6 +82,7 @@ def test_every_step_kind_fulfils_the_contract(op):
     assert op in KERNEL_TESTED, (
         f"{op}: no kernel test against plain torch (mark it @covers('{op}') in tests/test_steps.py or test_modern_steps.py)"
     )
+    assert kind.emit is not StepBase.emit, f"{op}: no emit (tracer export writes each step from its kind's emit)"
 
 
 def test_no_op_name_lists_outside_the_step_kinds():

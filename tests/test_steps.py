@@ -8,6 +8,7 @@ import torch.nn.functional as F
 
 import tracer
 from tests.conftest import covers, pipeline_text, run_text
+from tests.test_export import check_export
 
 X = "x: {shape: [2, 3, 4], init: randn}"
 
@@ -17,6 +18,7 @@ def trace_of(steps, inputs=X, params="", dims=""):
     # every kernel test is also a static-vs-torch agreement case: the shape rules predicted every
     # record's shape, stride, offset, dtype and storage owner exactly
     assert trace.as_predicted, [r.id for r in trace.records]
+    check_export(trace.pipeline, trace)  # and the step's emitted PyTorch source computes the same
     return trace
 
 

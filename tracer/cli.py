@@ -1,4 +1,4 @@
-"""The ``tracer`` command: check, run, render, schema."""
+"""The ``tracer`` command: check, run, render, export, schema."""
 
 from __future__ import annotations
 
@@ -141,6 +141,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     render.set_defaults(handler=_render)
 
+    export = commands.add_parser("export", help="write the pipeline as a standalone PyTorch module (nn.Module source)")
+    export.add_argument("file", metavar="FILE")
+    export.add_argument("-o", "--output", metavar="OUT", help="the .py file to write, atomically (default: stdout)")
+    _dims_option(export)
+    export.set_defaults(handler=_export)
+
     schema = commands.add_parser("schema", help="print the JSON Schema of the pipeline format (for editors: see docs/format.md)")
     schema.add_argument("--path", action="store_true", help="print where the installed schema file is instead, for a $schema line")
     schema.set_defaults(handler=_schema)
@@ -271,6 +277,19 @@ def _draw(args) -> int:
     else:
         written = render_file(trace, output, collapse=args.collapse, timeout=args.timeout)  # with values: heatmaps in softmax nodes
     print(f"wrote {printable(written)}")
+    return 0
+
+
+def _export(args) -> int:
+    from .export import export_source
+
+    source = export_source(_load_unchecked(args.file), dict(args.dim))
+    if not args.output:
+        sys.stdout.write(source)
+        return 0
+    from .atomic import write_atomic
+
+    print(f"wrote {printable(write_atomic(args.output, source, error_file=args.file))}", file=sys.stderr)
     return 0
 
 

@@ -35,10 +35,12 @@ def torch_module():
 class KernelContext:
     """What a step kind's ``kernel`` may use to build its function."""
 
-    def __init__(self, analysis: Analysis, refs: list[str], outs: list[Meta], device: Any, step_id: str | None = None):
+    def __init__(
+        self, analysis: Analysis, refs: list[str], outs: list[Meta], device: Any, step_id: str | None = None, training: bool | None = None
+    ):
         import torch.nn.functional as F
 
-        self.torch, self.F, self.device = torch_module(), F, device
+        self.torch, self.F, self.device, self.training = torch_module(), F, device, training
         self.ins = [analysis.metas[r] for r in refs]
         self.outs, self.out = outs, outs[-1]
         self._alg = analysis.alg if step_id is None else analysis.alg_of(step_id)
@@ -86,10 +88,11 @@ class RunResult(NamedTuple):
 class Plan:
     """A pipeline compiled for fixed dims and device: kernels built, lifetimes known."""
 
-    def __init__(self, analysis: Analysis, device: str):
+    def __init__(self, analysis: Analysis, device: str, training: bool | None = None):
+        """``training`` turns every dropout on or off whatever its step says (``tracer.to_module``)."""
         analysis.raise_errors()
         torch = torch_module()
-        self.analysis = analysis
+        self.analysis, self.training = analysis, training
         self.device = torch.device(device)
         self.device_name = str(self.device)
         self.dtypes = {getattr(torch, name): name for name in DTYPE_BYTES}
@@ -117,7 +120,7 @@ class Plan:
             self.random = self.random or step.is_random()
             refs = analysis.graph.refs[step_id]
             inner = analysis.inner.get(step_id) or [(step_id, step.op)]
-            fn = step.kernel(KernelContext(analysis, refs, [analysis.metas[rid] for rid, _ in inner], self.device, step_id))
+            fn = step.kernel(KernelContext(analysis, refs, [analysis.metas[rid] for rid, _ in inner], self.device, step_id, self.training))
             free = tuple(dying.get(step_id, ()))
             ins = tuple(analysis.output_of(r) for r in refs)
             chained = analysis.chained(step_id)  # a composite's inner op reads the one before; several outputs read the inputs
@@ -152,14 +155,15 @@ class Plan:
         )
         return Expected(rid, meta.sizes, meta.stride, meta.offset, getattr(torch, meta.dtype), view_of, template)
 
-    def run(self, tensors: dict[str, Any], keep_values: bool, observe: Callable | None = None) -> RunResult:
+    def run(self, tensors: dict[str, Any], keep_values: bool, observe: Callable | None = None, grad: bool = False) -> RunResult:
         """Run every kernel and record every tensor; ``observe(record_id, tensor)``, when given, sees
         each tensor a step produces (inner records too) while it is still alive.
 
         Each step's records were built at compile time from the static analysis; a record is reused
         only after checking that torch's tensor has exactly the predicted shape, strides, offset,
         dtype and storage owner, so the trace is still what torch did (any difference is recorded
-        as observed). That check is all a run adds to the kernels themselves.
+        as observed). That check is all a run adds to the kernels themselves. ``grad`` keeps
+        autograd on (``tracer.to_module``); otherwise a run records no graph.
         """
         torch = torch_module()
         env = dict(tensors)
@@ -190,7 +194,7 @@ class Plan:
                 self._inputs_cache = (tensors, tuple(tensors.values()), tuple(records), dict(storages.roots))
         append = records.append
         roots, ref = storages.roots, weakref.ref
-        with torch.no_grad() if torch.is_grad_enabled() else _NO_CONTEXT:
+        with torch.no_grad() if torch.is_grad_enabled() and not grad else _NO_CONTEXT:
             for getter, fn, single, expect, expected, free, step_id in self._loop:
                 result = fn(getter(env)) if single else fn(*getter(env))
                 if expect is not None:
@@ -390,15 +394,18 @@ def _triangle(upper: bool):
 
 
 def _linear_init(decl: TensorDecl, meta: Meta, torch, device, dtype, alg):
-    """nn.Linear's reset_parameters, bit for bit: kaiming_uniform_(a=√5) for W, U(±1/√fan_in) for b."""
     sizes = meta.sizes
     fan_in = alg.dim(decl.fan_in).value if decl.fan_in is not None else sizes[-1]
-    if len(sizes) >= 2:
-        gain = math.sqrt(2.0 / (1 + 5))
-        bound = math.sqrt(3.0) * gain / math.sqrt(fan_in) if fan_in else 0.0
-    else:
-        bound = 1 / math.sqrt(fan_in) if fan_in > 0 else 0.0
+    bound = linear_bound(fan_in, len(sizes))
     return torch.empty(sizes, dtype=dtype, device=device).uniform_(-bound, bound)
+
+
+def linear_bound(fan_in: int, ndim: int) -> float:
+    """nn.Linear's reset_parameters, bit for bit: kaiming_uniform_(a=√5) for a weight, U(±1/√fan_in) for a bias."""
+    if ndim >= 2:
+        gain = math.sqrt(2.0 / (1 + 5))
+        return math.sqrt(3.0) * gain / math.sqrt(fan_in) if fan_in else 0.0
+    return 1 / math.sqrt(fan_in) if fan_in > 0 else 0.0
 
 
 #: init name -> how it creates a tensor, as the tutorials do; exactly the inits the format accepts

@@ -94,3 +94,31 @@ def promote(metas: list[Meta]) -> str:
     if len(tiers) == 2 and _CATEGORY[tiers[1]] > _CATEGORY[tiers[0]]:
         return tiers[1]
     return tiers[0]
+
+
+# ---------------------------------------------------------------- source text for emit()
+
+
+def py_float(value: float) -> str:
+    """A float as Python source that reads back bit for bit: ``0.2``, ``-1000000000.0``, ``-math.inf``."""
+    value = float(value)
+    if value != value:
+        return "math.nan"
+    if value in (float("inf"), float("-inf")):
+        return "math.inf" if value > 0 else "-math.inf"
+    return repr(value)
+
+
+def py_tuple(items: list[str]) -> str:
+    """``(a, b)``, and ``(a,)`` for one item."""
+    return "(" + ", ".join(items) + ("," if len(items) == 1 else "") + ")"
+
+
+def py_shape(ctx, texts) -> str:
+    """A list of dim texts (``-1`` kept) as the arguments of ``view``/``reshape``/``expand``."""
+    return ", ".join("-1" if t == -1 else ctx.dim(t) for t in texts)
+
+
+def atom(text: str) -> str:
+    """Source text safe as an operand: a name or an int as is, anything else in parentheses."""
+    return text if text.isidentifier() or text.lstrip("-").isdigit() else f"({text})"

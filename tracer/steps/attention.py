@@ -9,7 +9,7 @@ from pydantic import Field, StrictBool, StrictFloat, StrictInt, field_validator,
 
 from ..shapes.layout import fresh, same_layout
 from ..spec.base import DimText, Strict, TensorId
-from ._rules import StepError, broadcast, norm_dim, require_float, show
+from ._rules import StepError, atom, broadcast, norm_dim, py_float, require_float, show
 from .contract import StepBase, register
 
 
@@ -72,6 +72,11 @@ class Scale(StepBase):
         if self.divide is not None:
             return lambda x: x / number
         return lambda x: x * number
+
+    def emit(self, e):
+        by = self.divide if self.divide is not None else self.multiply
+        number = f"math.sqrt({e.dim(by.sqrt)})" if isinstance(by, Sqrt) else py_float(by)
+        return f"{e.args[0]} {'/' if self.divide is not None else '*'} {number}"
 
 
 def _fill_value(value):
@@ -204,6 +209,16 @@ class Mask(StepBase):
 
         return masked
 
+    def emit(self, e):
+        scores = e.args[0]
+        hide = []
+        if self.mask is not None:
+            mask = e.args[1] if e.ins[1].dtype == "bool" else f"{e.args[1]}.bool()"
+            hide.append(f"~{mask}" if self.polarity == "keep" else mask)
+        if self.causal:
+            hide.append(causal_source(e, scores, e.ins[0].shape[-2], e.ins[0].shape[-1], self.window, self.align == "top-left"))
+        return f"{scores}.masked_fill({' | '.join(hide)}, {py_float(self.fill)})"
+
 
 def causal_hidden(torch, t_q: int, t_k: int, window: int | None = None, top_left: bool = False, device=None):
     """True where query ``i`` may not see key ``j``: ``j > i + shift`` (shift = T_k - T_q aligns the
@@ -214,6 +229,17 @@ def causal_hidden(torch, t_q: int, t_k: int, window: int | None = None, top_left
     key = torch.arange(t_k, device=device)[None, :]
     hidden = key > query
     return hidden if window is None else hidden | (key <= query - window)
+
+
+def causal_source(e, like: str, t_q, t_k, window, top_left: bool) -> str:
+    """Source for ``causal_hidden``: ``ones(T_q, T_kv).triu(shift + 1)`` hides keys after each query
+    (nanoGPT's ``tril`` buffer, negated), ``.tril(shift - W)`` the keys before its window."""
+    shift = "" if top_left or t_q.same_symbol(t_k) else f"{e.size(t_k)} - {atom(e.size(t_q))}"
+    ones = f"torch.ones({e.size(t_q)}, {e.size(t_k)}, dtype=torch.bool, device={like}.device)"
+    hidden = f"{ones}.triu({shift + ' + 1' if shift else '1'})"
+    if window is None:
+        return hidden
+    return f"({hidden} | {ones}.tril({shift + ' - ' if shift else '-'}{atom(e.dim(window))}))"
 
 
 @register
@@ -241,6 +267,9 @@ class Softmax(StepBase):
     def kernel(self, k):
         softmax, d = k.torch.softmax, self.dim
         return lambda x: softmax(x, d)
+
+    def emit(self, e):
+        return f"torch.softmax({e.args[0]}, dim={self.dim})"
 
 
 @register
@@ -270,5 +299,9 @@ class Dropout(StepBase):
         return same_layout(x) if self.training else x
 
     def kernel(self, k):
-        dropout, p, training = k.F.dropout, self.p, self.training
+        dropout, p = k.F.dropout, self.p
+        training = self.training if k.training is None else k.training
         return lambda x: dropout(x, p, training)
+
+    def emit(self, e):
+        return f"F.dropout({e.args[0]}, p={py_float(self.p)}, training={e.training})"

@@ -9,6 +9,8 @@ A step kind is one pydantic class, registered with ``@register``:
   or ``Outputs`` (several named tensors, e.g. ``split``);
 - ``kernel(ctx: KernelContext)`` builds its **torch function** once per (dims, device): it takes
   the input tensors and returns one tensor, or a tuple in the order of the ``Composite``/``Outputs``;
+- ``emit(ctx: EmitContext)`` writes the same computation as **PyTorch source** for ``tracer export``:
+  one Python expression, or statements assigning the step's variables;
 - **traits** (class attributes) tell every other layer what it needs to know about the kind, so
   diagrams, lints, memory estimates, the interpreter and ``tracer.verify`` never list op names.
 
@@ -68,6 +70,35 @@ class KernelContext(Protocol):
 
     def error(self, code: str, message: str, field: str | None = None) -> Exception:
         """A located error for what only a run can see (a token id outside its table)."""
+        ...
+
+    training: bool | None  # dropout on or off whatever the step says (tracer.to_module's train()/eval()); None: as written
+
+
+class EmitContext(Protocol):
+    """What ``emit`` may use to write a step as PyTorch source (``tracer.export`` provides it)."""
+
+    args: list[str]  # Python expressions of the inputs, in the kernel's order: data inputs, then param fields
+    ins: list[Meta]  # their static metadata
+    outs: list[Meta]  # as for kernels: a composite's inner tensors, or each of several outputs
+    out: Meta
+    targets: list[str]  # the variable(s) the step assigns: one, or one per output of a several-output step
+    training: str  # the expression that says whether dropout is on: "self.training"
+
+    def dim(self, text: int | str) -> str:
+        """A field's dim expression as Python source over the module's dims: ``'d_model // H'``."""
+        ...
+
+    def size(self, dim: Dim) -> str:
+        """A symbolic dim of a ``Meta`` (``ins[0].shape[-1]``) as Python source."""
+        ...
+
+    def local(self, name: str) -> str:
+        """A fresh variable name for a helper value of this step (``'q_rot_cos'``)."""
+        ...
+
+    def helper(self, name: str, source: str) -> str:
+        """Define a module-level function once (``source`` is its ``def``); returns its name."""
         ...
 
 
@@ -162,6 +193,12 @@ class StepBase(Strict):
         raise NotImplementedError
 
     def kernel(self, ctx: KernelContext) -> Callable:  # pragma: no cover - every kind overrides
+        raise NotImplementedError
+
+    def emit(self, ctx: EmitContext) -> str | list[str]:  # pragma: no cover - every kind overrides
+        """The step as PyTorch source, computing exactly what ``kernel`` computes: one expression
+        (for several outputs, a tuple in ``ctx.targets``' order; for a composite, its last tensor),
+        or a list of statements that assign every name in ``ctx.targets``."""
         raise NotImplementedError
 
 

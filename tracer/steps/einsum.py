@@ -134,6 +134,10 @@ class Einsum(StepBase):
         einsum, equation = k.torch.einsum, self.equation
         return lambda *xs: einsum(equation, *xs).contiguous()
 
+    def emit(self, e):
+        # contiguous, as the trace records it: a later view must not depend on how torch planned the contraction
+        return f"torch.einsum({self.equation!r}, {', '.join(e.args)}).contiguous()"
+
 
 def _broadcast(a: list, b: list, what: str) -> list:
     shape = broadcast_dims(a, b)

@@ -8,7 +8,7 @@ from pydantic import Field
 
 from ..shapes.layout import fresh, pointwise, same_layout
 from ..spec.base import TensorId
-from ._rules import StepError, broadcast, require_float, show
+from ._rules import StepError, broadcast, py_float, require_float, show
 from .contract import StepBase, register
 
 
@@ -33,6 +33,9 @@ class Add(StepBase):
 
     def kernel(self, k):
         return lambda a, b: a + b
+
+    def emit(self, e):
+        return f"{e.args[0]} + {e.args[1]}"
 
 
 @register
@@ -74,6 +77,11 @@ class LayerNorm(StepBase):
 
         return norm
 
+    def emit(self, e):
+        weight = e.args[1] if self.weight is not None else "None"
+        bias = e.args[-1] if self.bias is not None else "None"
+        return f"F.layer_norm({e.args[0]}, ({e.size(e.ins[0].shape[-1])},), {weight}, {bias}, eps={py_float(self.eps)})"
+
 
 @register
 class Relu(StepBase):
@@ -91,6 +99,9 @@ class Relu(StepBase):
 
     def kernel(self, k):
         return k.torch.relu
+
+    def emit(self, e):
+        return f"torch.relu({e.args[0]})"
 
 
 @register
@@ -116,3 +127,6 @@ class Gelu(StepBase):
     def kernel(self, k):
         gelu, approximate = k.F.gelu, self.approximate
         return lambda x: gelu(x, approximate=approximate)
+
+    def emit(self, e):
+        return f"F.gelu({e.args[0]})" if self.approximate == "none" else f'F.gelu({e.args[0]}, approximate="tanh")'

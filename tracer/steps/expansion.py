@@ -13,7 +13,7 @@ from pydantic import Field, StrictInt
 
 from ..shapes.layout import fresh, view
 from ..spec.base import DimText
-from ._rules import StepError, norm_dim, show
+from ._rules import StepError, norm_dim, py_shape, show
 from .contract import StepBase, register
 
 
@@ -47,6 +47,9 @@ class RepeatInterleave(StepBase):
     def kernel(self, k):
         repeat_interleave, reps, d = k.torch.repeat_interleave, k.value(self.repeats), self.dim
         return lambda x: repeat_interleave(x, reps, dim=d)
+
+    def emit(self, e):
+        return f"torch.repeat_interleave({e.args[0]}, {e.dim(self.repeats)}, dim={self.dim})"
 
 
 @register
@@ -99,3 +102,6 @@ class Expand(StepBase):
     def kernel(self, k):
         sizes = k.out.sizes
         return lambda x: x.expand(sizes)
+
+    def emit(self, e):
+        return f"{e.args[0]}.expand({py_shape(e, self.shape)})"

@@ -10,8 +10,8 @@ from pydantic import Field, StrictBool, StrictFloat, StrictInt, model_validator
 
 from ..shapes.layout import fresh, preserve_format
 from ..spec.base import DimText, TensorId
-from ._rules import StepError, broadcast, require_float, show
-from .attention import causal_hidden
+from ._rules import StepError, broadcast, py_float, require_float, show
+from .attention import causal_hidden, causal_source
 from .contract import StepBase, register
 
 
@@ -145,7 +145,7 @@ class Sdpa(StepBase):
         as_bool = self.mask is not None and k.ins[3].dtype in ("bool", "int32", "int64")
         keep = self.polarity == "keep"
         scale = self.scale if self.scale is None else float(self.scale)
-        p = self.dropout if self.training else 0.0
+        p = self.dropout if (self.training if k.training is None else k.training) else 0.0
         gqa = self.gqa
 
         def sdpa(q, k, v, mask=None):
@@ -161,3 +161,30 @@ class Sdpa(StepBase):
             return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, is_causal=plain, scale=scale, enable_gqa=gqa)
 
         return sdpa
+
+    def emit(self, e):
+        q, k = e.ins[0], e.ins[1]
+        t_q, t_k = q.shape[-2], k.shape[-2]
+        top_left = self.align == "top-left"
+        plain = self.causal and self.window is None and (t_q.same_symbol(t_k) or top_left) and self.mask is None
+        lines, mask = [], None
+        if self.mask is not None:
+            mask = e.args[3]
+            if e.ins[3].dtype in ("bool", "int32", "int64"):  # SDPA's bool mask: True attends
+                mask = f"{mask}.bool()" if self.polarity == "keep" else f"~{mask}.bool()"
+        if self.causal and not plain:
+            hidden = e.local("hidden")
+            lines.append(f"{hidden} = {causal_source(e, e.args[0], t_q, t_k, self.window, top_left)}")
+            if mask is None:
+                mask = f"~{hidden}"
+            elif e.ins[3].dtype in ("bool", "int32", "int64"):
+                mask = f"{mask} & ~{hidden}"
+            else:
+                mask = f"torch.where({hidden}, -math.inf, {mask})"
+        options = [f"attn_mask={mask}"] if mask is not None else []
+        options += [f"dropout_p={py_float(self.dropout)} if {e.training} else 0.0"] if self.dropout > 0 else []
+        options += ["is_causal=True"] if plain else []
+        options += [f"scale={py_float(self.scale)}"] if self.scale is not None else []
+        options += ["enable_gqa=True"] if self.gqa else []
+        call = f"F.scaled_dot_product_attention({', '.join(e.args[:3] + options)})"
+        return lines + [f"{e.targets[0]} = {call}"] if lines else call

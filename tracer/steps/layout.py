@@ -9,7 +9,7 @@ from pydantic import Field, StrictInt, model_validator
 
 from ..shapes.layout import fresh, view, view_strides, with_root
 from ..spec.base import DimText, TensorId
-from ._rules import StepError, norm_dim, show
+from ._rules import StepError, norm_dim, py_shape, py_tuple, show
 from .contract import Composite, Inner, Outputs, StepBase, register
 
 
@@ -73,6 +73,9 @@ class View(StepBase):
         sizes = k.out.sizes
         return lambda x: x.view(sizes)
 
+    def emit(self, e):
+        return f"{e.args[0]}.view({py_shape(e, self.shape)})"
+
 
 @register
 class Reshape(StepBase):
@@ -99,6 +102,9 @@ class Reshape(StepBase):
     def kernel(self, k):
         sizes = k.out.sizes
         return lambda x: x.reshape(sizes)
+
+    def emit(self, e):
+        return f"{e.args[0]}.reshape({py_shape(e, self.shape)})"
 
 
 @register
@@ -128,6 +134,9 @@ class Transpose(StepBase):
         a, b = self.dims
         return lambda x: x.transpose(a, b)
 
+    def emit(self, e):
+        return f"{e.args[0]}.transpose({self.dims[0]}, {self.dims[1]})"
+
 
 @register
 class Permute(StepBase):
@@ -155,6 +164,9 @@ class Permute(StepBase):
         dims = tuple(self.dims)
         return lambda x: x.permute(dims)
 
+    def emit(self, e):
+        return f"{e.args[0]}.permute({', '.join(map(str, self.dims))})"
+
 
 @register
 class Contiguous(StepBase):
@@ -173,6 +185,9 @@ class Contiguous(StepBase):
 
     def kernel(self, k):
         return lambda x: x.contiguous()
+
+    def emit(self, e):
+        return f"{e.args[0]}.contiguous()"
 
 
 @register
@@ -202,6 +217,9 @@ class Unsqueeze(StepBase):
     def kernel(self, k):
         d = self.dim
         return lambda x: x.unsqueeze(d)
+
+    def emit(self, e):
+        return f"{e.args[0]}.unsqueeze({self.dim})"
 
 
 @register
@@ -235,6 +253,9 @@ class Repeat(StepBase):
     def kernel(self, k):
         reps = tuple(k.value(r) for r in self.repeats)
         return lambda x: x.repeat(reps)
+
+    def emit(self, e):
+        return f"{e.args[0]}.repeat({py_shape(e, self.repeats)})"
 
 
 @register
@@ -309,6 +330,13 @@ class Index(StepBase):
         where = (slice(None),) * (d % len(k.ins[0].shape)) + (slice(start, stop, step),)
         return lambda x: x[where]
 
+    def emit(self, e):
+        if self.index is not None:
+            return f"{e.args[0]}.select({self.dim}, {e.dim(self.index)})"
+        bounds = ["" if t is None else e.dim(t) for t in (self.start, self.stop)]
+        cut = ":".join(bounds) + ("" if self.step is None else f":{e.dim(self.step)}")
+        return f"{e.args[0]}[{':, ' * (self.dim % len(e.ins[0].shape))}{cut}]"
+
 
 def _clamp(i: int, size: int) -> int:
     return max(0, min(i, size))
@@ -351,6 +379,9 @@ class Cat(StepBase):
         cat, d = k.torch.cat, self.dim
         return lambda *xs: cat(xs, d)
 
+    def emit(self, e):
+        return f"torch.cat({py_tuple(e.args)}, dim={self.dim})"
+
 
 @register
 class Stack(StepBase):
@@ -382,6 +413,9 @@ class Stack(StepBase):
     def kernel(self, k):
         stack, d = k.torch.stack, self.dim
         return lambda *xs: stack(xs, d)
+
+    def emit(self, e):
+        return f"torch.stack({py_tuple(e.args)}, dim={self.dim})"
 
 
 @register
@@ -422,6 +456,10 @@ class Merge(StepBase):
             return t, c, c.view(sizes)
 
         return merge
+
+    def emit(self, e):
+        # tutorial 002 / nanoGPT: y.transpose(1, 2).contiguous().view(B, T, C)
+        return f"{e.args[0]}.transpose(-3, -2).contiguous().view({', '.join(e.size(d) for d in e.out.shape)})"
 
 
 @register
@@ -512,3 +550,10 @@ class Split(StepBase):
         sizes = [m.sizes[self.dim] for m in k.outs]
         dim = self.dim
         return lambda x: x.split(sizes, dim)
+
+    def emit(self, e):
+        if self.chunks is not None:
+            return f"{e.args[0]}.chunk({e.dim(self.chunks)}, dim={self.dim})"
+        if isinstance(self.sizes, list):
+            return f"{e.args[0]}.split({py_tuple([e.dim(t) for t in self.sizes])}, dim={self.dim})"
+        return f"{e.args[0]}.split({e.dim(self.sizes)}, dim={self.dim})"

@@ -8,7 +8,7 @@ from pydantic import Field, StrictBool
 
 from ..shapes.layout import fresh, pointwise, preserve_format
 from ..spec.base import TensorId
-from ._rules import StepError, promote, require_float, show
+from ._rules import StepError, promote, py_float, require_float, show
 from .contract import StepBase, register
 
 
@@ -82,3 +82,15 @@ class RMSNorm(StepBase):
             return weight * h.to(x.dtype)
 
         return rmsnorm
+
+    def emit(self, e):
+        x, h = e.args[0], e.local("h")
+        lines = [
+            f"{h} = {x}.to(torch.float32)",
+            f"{h} = {h} * torch.rsqrt({h}.pow(2).mean(-1, keepdim=True) + {py_float(self.eps)})",
+        ]
+        if self.weight is None:
+            return lines + [f"{e.targets[0]} = {h}.to({x}.dtype)"]
+        if self.unit_offset:
+            return lines + [f"{e.targets[0]} = ({h} * (1.0 + {e.args[1]}.float())).to({x}.dtype)"]
+        return lines + [f"{e.targets[0]} = {e.args[1]} * {h}.to({x}.dtype)"]

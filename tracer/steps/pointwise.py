@@ -43,6 +43,9 @@ class _Binary(StepBase):
     def kernel(self, k):
         return getattr(k.torch, self.torch_name)
 
+    def emit(self, e):
+        return f"{e.args[0]} {self.symbol} {e.args[1]}"
+
 
 @register
 class Mul(_Binary):
@@ -100,6 +103,9 @@ class _Unary(StepBase):
     def kernel(self, k):
         return getattr(k.torch, self.torch_name)
 
+    def emit(self, e):
+        return f"torch.{self.torch_name}({e.args[0]})"
+
 
 @register
 class Silu(_Unary):
@@ -113,6 +119,9 @@ class Silu(_Unary):
 
     def kernel(self, k):
         return k.F.silu
+
+    def emit(self, e):
+        return f"F.silu({e.args[0]})"
 
 
 @register
@@ -176,6 +185,9 @@ class Neg(StepBase):
     def kernel(self, k):
         return k.torch.neg
 
+    def emit(self, e):
+        return f"-{e.args[0]}"
+
 
 @register
 class Cast(StepBase):
@@ -200,3 +212,6 @@ class Cast(StepBase):
     def kernel(self, k):
         dtype = getattr(k.torch, self.dtype)
         return lambda x: x.to(dtype)
+
+    def emit(self, e):
+        return f"{e.args[0]}.to(torch.{self.dtype})"

@@ -6,6 +6,7 @@ tensors (``ID/cos``, ``ID/sin``; ``ID/bias``), the way ``merge`` records its cop
 
 from __future__ import annotations
 
+import inspect
 import math
 from typing import Literal
 
@@ -13,7 +14,7 @@ from pydantic import Field, StrictBool, StrictInt
 
 from ..shapes.layout import Meta, fresh, pointwise, view
 from ..spec.base import DimText
-from ._rules import StepError, norm_dim, require_float, show
+from ._rules import StepError, norm_dim, py_float, require_float, show
 from .contract import Composite, Inner, StepBase, register
 
 
@@ -111,6 +112,31 @@ class Rope(StepBase):
 
         return rope
 
+    def emit(self, e):
+        x, meta = e.args[0], e.ins[0]
+        seq = self.seq_dim % len(meta.shape)
+        length, head = e.size(meta.shape[seq]), e.size(meta.shape[-1])
+        rot = head if self.rotary_dim is None else e.dim(self.rotary_dim)
+        partial = self.rotary_dim is not None and e.outs[0].sizes[-1] != meta.sizes[-1]
+        offset = e.dim(self.offset)
+        positions = f"torch.arange({length}" if offset == "0" else f"torch.arange({offset}, {offset} + {length}"
+        inv_freq, freqs, emb, cos, sin = (e.local(n) for n in ("inv_freq", "freqs", "emb", "cos", "sin"))
+        turn = _rotate_half if self.style == "half" else _rotate_every_two
+        rotate = e.helper(turn.__name__, inspect.getsource(turn))
+        part = f"{x}[..., :{rot}]" if partial else x
+        table = ", ".join([length] + ["1"] * (len(meta.shape) - 2 - seq) + [rot])
+        view = "" if seq == len(meta.shape) - 2 else f".view({table})"
+        rotated = f"{part} * {cos}{view} + {rotate}(torch, {part}) * {sin}{view}"
+        return [
+            f"{inv_freq} = 1.0 / ({py_float(self.theta)} ** (torch.arange(0, {rot}, 2, dtype=torch.int64, device={x}.device).float() / {rot}))",
+            f"{freqs} = {positions}, device={x}.device).float()[:, None] * {inv_freq}",
+            f"{emb} = torch.cat(({freqs}, {freqs}), dim=-1)"
+            if self.style == "half"
+            else f"{emb} = torch.repeat_interleave({freqs}, 2, dim=-1)",
+            f"{cos}, {sin} = {emb}.cos().to({x}.dtype), {emb}.sin().to({x}.dtype)",
+            f"{e.targets[0]} = torch.cat(({rotated}, {x}[..., {rot}:]), dim=-1)" if partial else f"{e.targets[0]} = {rotated}",
+        ]
+
 
 def _table_view(table: Meta, gap: int, ctx) -> Meta:
     """The (T, R) table viewed as (T, 1, …, 1, R) so it broadcasts against (…, T, …, R)."""
@@ -200,3 +226,19 @@ class Alibi(StepBase):
             return bias, scores + bias
 
         return alibi
+
+    def emit(self, e):
+        scores, meta = e.args[0], e.ins[0]
+        heads, t_q, t_k = (e.size(d) for d in meta.shape[-3:])
+        slopes, bias = e.local("slopes"), e.local("bias")
+        keys = f"torch.arange({t_k}, device={scores}.device)"
+        if self.relative:
+            shift = "" if meta.shape[-2].same_symbol(meta.shape[-1]) else f" + ({t_k} - {t_q})"
+            distance = f"({keys}[None, :] - (torch.arange({t_q}, device={scores}.device)[:, None]{shift}))[None]"
+        else:
+            distance = f"{keys}[None, None, :]"
+        return [
+            f"{slopes} = {e.helper('alibi_slopes', inspect.getsource(alibi_slopes))}(torch, {heads}).to({scores}.device)",
+            f"{bias} = ({slopes}[:, None, None] * {distance}).to({scores}.dtype)",
+            f"{e.targets[0]} = {scores} + {bias}",
+        ]

@@ -97,6 +97,9 @@ class Matmul(StepBase):
     def kernel(self, k):
         return k.torch.matmul
 
+    def emit(self, e):
+        return f"{e.args[0]} @ {e.args[1]}"
+
 
 @register
 class Bmm(StepBase):
@@ -122,3 +125,6 @@ class Bmm(StepBase):
 
     def kernel(self, k):
         return k.torch.bmm
+
+    def emit(self, e):
+        return f"torch.bmm({e.args[0]}, {e.args[1]})"

@@ -54,6 +54,9 @@ class Embed(StepBase):
 
         return embed
 
+    def emit(self, e):
+        return f"F.embedding({e.args[0]}, {e.args[1]})"
+
 
 @register
 class Linear(StepBase):
@@ -113,3 +116,10 @@ class Linear(StepBase):
             return lambda x, w, b=None: linear(x, w, b)
         matmul = k.torch.matmul
         return lambda x, w, b=None: matmul(x, w) if b is None else matmul(x, w) + b
+
+    def emit(self, e):
+        x, w = e.args[:2]
+        bias = e.args[2] if self.bias is not None else None
+        if self.layout == "out_in":
+            return f"F.linear({x}, {w})" if bias is None else f"F.linear({x}, {w}, {bias})"
+        return f"{x} @ {w}" if bias is None else f"{x} @ {w} + {bias}"

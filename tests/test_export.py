@@ -1,0 +1,175 @@
+"""``tracer export``: every bundled pipeline as a standalone nn.Module that computes its traced run."""
+
+import subprocess
+import sys
+import types
+
+import pytest
+import torch
+
+import tracer
+from tests.conftest import PIPELINES, bundled_pipelines, shared_pipeline, tracer_cli
+from tracer.export import export_source
+from tracer.interpreter import create_tensors
+
+
+def load_module(source: str, name: str = "exported") -> types.ModuleType:
+    """The generated source as a module, as `import` would make it."""
+    module = types.ModuleType(name)
+    exec(compile(source, f"<{name}>", "exec"), module.__dict__)
+    return module
+
+
+def exported(pipeline: tracer.Pipeline, dims=None):
+    """(source, the pipeline's module class)."""
+    source = export_source(pipeline, dims)
+    module = load_module(source)
+    return source, getattr(module, module.__all__[0])
+
+
+def assert_module_equals_trace(module: torch.nn.Module, trace: tracer.Trace, atol: float = 1e-6, load: bool = True) -> float:
+    """Load the trace's params, feed its inputs, compare every output; the largest difference."""
+    analysis = trace.analysis
+    inputs = [trace[name].tensor for name in trace.pipeline.spec.inputs]
+    if load:
+        module.load_state_dict({name.replace("/", "."): trace[name].tensor for name in analysis.pipeline.params})
+        module.eval()
+    with torch.no_grad():
+        result = module(*inputs)
+    results = result if isinstance(result, tuple) else (result,)
+    assert len(results) == len(analysis.outputs)
+    worst = 0.0
+    for name, got in zip(analysis.outputs, results):
+        want = trace.outputs[name]
+        assert got.shape == want.shape and got.dtype == want.dtype, name
+        assert torch.equal(got.isnan(), want.isnan()), name
+        if got.numel() and got.is_floating_point():
+            worst = max(worst, float((got.double() - want.double()).nan_to_num(0.0).abs().max()))
+        else:
+            assert torch.equal(got, want), name
+    assert worst <= atol
+    return worst
+
+
+def check_export(pipeline: tracer.Pipeline, trace: tracer.Trace) -> float:
+    """What the kernel tests add for every kind: the exported module computes the traced run.
+
+    A run with training dropout is repeated with a seed, and the module, in train mode, draws
+    from the RNG as the run did: right after the inputs and params were created."""
+    dims = {k: v for k, v in trace.dims.items() if k in pipeline.spec.dims}
+    _, cls = exported(pipeline, dims)
+    if not any(step.is_random() for step in trace.analysis.pipeline.steps):
+        return assert_module_equals_trace(cls(), trace)
+    seed = 0 if trace.seed is None else trace.seed
+    trace = pipeline.run(dims=dims, seed=seed, keep_values=True)
+    module = cls()
+    module.load_state_dict({name.replace("/", "."): trace[name].tensor for name in trace.analysis.pipeline.params})
+    create_tensors(trace.analysis, "cpu", seed)  # the RNG as the run left it for its first dropout
+    return assert_module_equals_trace(module.train(), trace, load=False)
+
+
+BUNDLED = bundled_pipelines()
+
+
+@pytest.fixture(scope="module")
+def sources():
+    return {path: export_source(shared_pipeline(path)) for path in BUNDLED}
+
+
+@pytest.mark.parametrize("path", BUNDLED, ids=lambda p: p.relative_to(PIPELINES).as_posix())
+def test_every_bundled_pipeline_exports_to_its_traced_run(path, sources):
+    pipeline = shared_pipeline(path)
+    assert export_source(pipeline) == sources[path]  # deterministic: the same bytes again
+    dims = small_dims(pipeline)
+    _, module_class = exported(pipeline, dims)
+    trace = pipeline.run(dims=dims, keep_values=True)
+    module = module_class()
+    # the constructor creates the params as the run does: same seed, same tensors
+    state = module.state_dict()
+    assert state.keys() == {n.replace("/", ".") for n in trace.analysis.pipeline.params}
+    for name in trace.analysis.pipeline.params:
+        assert torch.equal(state[name.replace("/", ".")], trace[name].tensor), name
+    assert_module_equals_trace(module, trace)
+
+
+def small_dims(pipeline: tracer.Pipeline) -> dict[str, int] | None:
+    """Tutorial 001's 4096 x 4608 runs take 450 MB: shrink large plain dims to 16 (when they still check)."""
+    if pipeline.check().peak_bytes < 2**24:
+        return None
+    dims = {name: 16 for name, text in pipeline.spec.dims.items() if isinstance(text, int) and text > 64}
+    return dims if not pipeline.check(dims).errors else None
+
+
+def test_exported_sources_pass_ruff_and_import_only_torch_and_math(sources, tmp_path):
+    for path, source in sources.items():
+        (tmp_path / f"{path.stem}_{abs(hash(path)) % 1000}.py").write_text(source)
+        imports = {line.split()[1] for line in source.splitlines() if line.startswith(("import ", "from "))}
+        assert imports <= {"math", "torch", "torch.nn.functional"}, imports
+    ruff = subprocess.run(
+        [sys.executable, "-m", "ruff", "check", "--isolated", "--no-cache", str(tmp_path)], capture_output=True, text=True
+    )
+    assert ruff.returncode == 0, ruff.stdout + ruff.stderr
+
+
+def test_every_line_of_forward_says_its_shape_and_step(sources):
+    source = sources[PIPELINES / "causal_mha.yaml"]
+    forward = source.split("def forward")[1].splitlines()[1:]
+    assert all("  # " in line for line in forward if line.strip())
+    assert "scores = q_h @ k_t  # (B, H, T, T) scores" in source
+    assert "merged = context.transpose(-3, -2).contiguous().view(B, T, d_model)" in source
+    assert "F.dropout(weights, p=0.2, training=self.training)" in source
+
+
+def test_blocks_become_submodule_classes_and_repeat_a_module_list(sources):
+    source = sources[PIPELINES / "encoder_stack.yaml"]
+    assert "class EncoderLayer(nn.Module):" in source and "class EncoderStack(nn.Module):" in source
+    assert "nn.ModuleList([EncoderLayer(B=B, T=T, d_model=d_model, H=H, d_ff=4 * d_model) for _ in range(48)])" in source
+    assert source.index('__all__ = ["EncoderStack"') > 0
+
+
+def test_constructor_takes_dims_and_checks_them_with_tracers_message(sources):
+    cls = load_module(sources[PIPELINES / "causal_mha.yaml"]).CausalMha
+    small = cls(B=1, T=3, d_model=6, H=3)
+    assert small.W_q.shape == (6, 6) and small.Dh == 2
+    assert small.eval()(torch.randn(1, 3, 6)).shape == (1, 3, 6)
+    with pytest.raises(tracer.TracerError) as tracer_error:
+        tracer.load(PIPELINES / "causal_mha.yaml").run(dims={"H": 3})
+    with pytest.raises(ValueError) as module_error:
+        cls(H=3)
+    assert str(module_error.value) in str(tracer_error.value)
+
+
+def test_other_dims_export_and_match(tmp_path):
+    pipeline = tracer.load(PIPELINES / "causal_mha.yaml")
+    dims = {"B": 1, "T": 5, "d_model": 8, "H": 4}
+    source, cls = exported(pipeline, dims)
+    assert "def __init__(self, *, B=1, T=5, d_model=8, H=4, seed=0):" in source
+    assert_module_equals_trace(cls(), pipeline.run(dims=dims, keep_values=True))
+
+
+def test_dropout_follows_self_training(sources):
+    cls = load_module(sources[PIPELINES / "causal_mha.yaml"]).CausalMha
+    module, x = cls(), torch.randn(2, 6, 4)
+    with torch.no_grad():
+        assert torch.equal(module.eval()(x), module(x))
+        assert not torch.equal(module.train()(x), module.eval()(x))
+
+
+def test_cli_writes_the_module(tmp_path):
+    out = tmp_path / "causal.py"
+    done = tracer_cli("export", str(PIPELINES / "causal_mha.yaml"), "-o", str(out), "--dim", "T=4")
+    assert done.returncode == 0, done.stderr
+    assert "def __init__(self, *, B=2, T=4, d_model=4, H=2, seed=0):" in out.read_text()
+    assert tracer_cli("export", str(PIPELINES / "causal_mha.yaml")).stdout == export_source(tracer.load(PIPELINES / "causal_mha.yaml"))
+
+
+@pytest.mark.parametrize("name", ["causal_mha.yaml", "encoder_block.yaml"])
+def test_torch_export_accepts_the_canonical_modules(name, sources):
+    pipeline = shared_pipeline(PIPELINES / name)
+    cls = getattr(load_module(sources[PIPELINES / name]), load_module(sources[PIPELINES / name]).__all__[0])
+    trace = pipeline.run(keep_values=True)
+    inputs = tuple(trace[n].tensor for n in pipeline.spec.inputs)
+    module = cls()
+    module.load_state_dict({name.replace("/", "."): trace[name].tensor for name in trace.analysis.pipeline.params})
+    program = torch.export.export(module.eval(), inputs)
+    assert_module_equals_trace(program.module(), trace, load=False)
