@@ -51,8 +51,12 @@ class Pipeline:
         tensors: Mapping[str, Any] | None = None,
         max_memory: int | str | None = None,
         observe: Callable[[str, Any], None] | None = None,
+        params: Mapping[str, Any] | None = None,
+        inputs: Mapping[str, Any] | None = None,
     ) -> Trace:
-        """Execute on torch and record every tensor. ``tensors`` replaces inputs or params by name.
+        """Execute on torch and record every tensor. ``params`` and ``inputs`` replace declared
+        tensors by name (a param's id, with ``/`` or ``.``: ``layers.3.W_q``), ``tensors`` either;
+        every shape and dtype is checked against the declaration, all problems reported at once.
 
         ``observe(record_id, tensor)`` is called for every tensor a step produces, right after the
         step and before the tensor is freed: a hook for statistics (NaN rows, norms) that keeps no
@@ -83,8 +87,9 @@ class Pipeline:
             _remember(self._plans, plan_key, Plan(analysis, device))
         plan = self._plans[plan_key]
         torch = torch_module()
-        if tensors:
-            created = create_tensors(analysis, device, seed, tensors)
+        given = _given(analysis, tensors, params, inputs)
+        if given:
+            created = create_tensors(analysis, device, seed, given)
         else:
             tensor_key = plan_key + (seed,)
             if tensor_key not in self._tensors:
@@ -107,6 +112,21 @@ def _renderer():
     from . import render  # the API joins running and drawing; neither layer imports the other
 
     return render
+
+
+def _given(analysis: Analysis, tensors, params, inputs) -> dict[str, Any]:
+    """Every tensor given by name, checked against its declaration; all problems in one error."""
+    from .weights import match
+
+    given, problems = {}, []
+    for what, section, tensors_given in (("tensors=", None, tensors), ("params=", "params", params), ("inputs=", "inputs", inputs)):
+        try:
+            given.update(match(analysis, tensors_given or {}, section, what))
+        except TracerError as exc:
+            problems += exc.diagnostics
+    if problems:
+        raise TracerError(problems)
+    return given
 
 
 def _enforce_expectations(trace: Trace) -> None:
@@ -163,8 +183,18 @@ def run(
     tensors: Mapping[str, Any] | None = None,
     max_memory: int | str | None = None,
     observe: Callable[[str, Any], None] | None = None,
+    params: Mapping[str, Any] | None = None,
+    inputs: Mapping[str, Any] | None = None,
 ) -> Trace:
     """``load(path).run(...)`` in one call."""
     return load(path).run(
-        dims=dims, seed=seed, keep_values=keep_values, device=device, tensors=tensors, max_memory=max_memory, observe=observe
+        dims=dims,
+        seed=seed,
+        keep_values=keep_values,
+        device=device,
+        tensors=tensors,
+        max_memory=max_memory,
+        observe=observe,
+        params=params,
+        inputs=inputs,
     )

@@ -104,6 +104,16 @@ def _parser() -> argparse.ArgumentParser:
         help="refuse a real run whose estimated peak exceeds SIZE, e.g. 8GiB or 500MB "
         "(default: half of the available RAM; --device meta allocates nothing)",
     )
+    run.add_argument(
+        "--weights",
+        metavar="W",
+        help="the params from a .safetensors file or a torch.save'd state_dict (keys: param ids, with / or .); every param must be there",
+    )
+    run.add_argument(
+        "--weights-map",
+        metavar="MAP",
+        help="a YAML file renaming a foreign checkpoint's keys: KEY: PARAM, KEY: [P1, P2, P3] (split a packed tensor), KEY: null (drop)",
+    )
     run.set_defaults(handler=_run)
 
     render = commands.add_parser("render", help="draw the dataflow with shapes on every edge (svg, png, pdf or dot)")
@@ -208,8 +218,15 @@ def _run(args) -> int:
     from .lints import SoftmaxNaNs
 
     nans = SoftmaxNaNs(pipeline.check(dict(args.dim)))
+    params = _weights(args, pipeline.check(dict(args.dim))) if args.weights or args.weights_map else None
     trace = pipeline.run(
-        dims=dict(args.dim), seed=args.seed, keep_values=args.values, device=args.device, max_memory=args.max_memory, observe=nans
+        dims=dict(args.dim),
+        seed=args.seed,
+        keep_values=args.values,
+        device=args.device,
+        max_memory=args.max_memory,
+        observe=nans,
+        params=params,
     )
     for warning in trace.analysis.warnings + nans.warnings():
         print(warning, file=sys.stderr)
@@ -228,6 +245,18 @@ def _run(args) -> int:
         for record in trace.records:
             print(f"\n{record.id} {record.symbolic}:\n{record.tensor}")
     return 0
+
+
+def _weights(args, analysis) -> dict:
+    """Every param from the checkpoint (renamed by the map): unknown, missing and mis-shaped keys together."""
+    from . import weights
+
+    if args.weights_map and not args.weights:
+        raise TracerError(Diagnostic(args.weights_map, None, "weights-map", "--weights-map renames the keys of --weights: give both"))
+    state = weights.read(args.weights)
+    if args.weights_map:
+        state = weights.rename(state, weights.read_map(args.weights_map))
+    return weights.match(analysis, state, "params", f"--weights {printable(args.weights)}", complete=True)
 
 
 def _size(text: str) -> int:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from operator import is_, itemgetter
 from typing import Any, NamedTuple
 
-from .errors import Diagnostic, InternalError, TracerError
+from .errors import InternalError, TracerError
 from .memory import last_reads
 from .shapes.check import Analysis
 from .shapes.layout import Meta
@@ -318,27 +318,20 @@ class _StorageIndex:
 
 
 def create_tensors(analysis: Analysis, device: str, seed: int | None, given: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Inputs and params in declaration order, seeded exactly as the tutorials seed them."""
+    """Inputs and params in declaration order, seeded exactly as the tutorials seed them; ``given``
+    tensors (checked by ``tracer.weights.match``) take their places, moved to ``device``."""
     torch = torch_module()
-    given = dict(given or {})
+    given = given or {}
     if seed is not None:
         torch.manual_seed(seed)
     created = {}
-    for section, name, decl in _declaration_order(analysis):
-        meta = analysis.metas[name]
+    for _, name, decl in _declaration_order(analysis):
         if name in given:
-            created[name] = _checked_given(name, given.pop(name), meta, analysis, section, device)
+            created[name] = given[name].to(device)
             continue
         if decl.seed is not None:
             torch.manual_seed(decl.seed)
-        created[name] = _create(decl, meta, torch, torch.device(device), analysis.alg_of(name))
-    if given:
-        unknown = ", ".join(sorted(given))
-        raise TracerError(
-            Diagnostic(
-                analysis.source.file, None, "unknown-tensor", f"tensors= names {unknown}, which are not inputs or params of this pipeline"
-            )
-        )
+        created[name] = _create(decl, analysis.metas[name], torch, torch.device(device), analysis.alg_of(name))
     return created
 
 
@@ -350,26 +343,6 @@ def _declaration_order(analysis: Analysis):
     for section in sections:
         for name, decl in getattr(spec, section).items():
             yield section, name, decl
-
-
-def _checked_given(name, tensor, meta: Meta, analysis: Analysis, section: str, device: str):
-    torch = torch_module()
-    if not isinstance(tensor, torch.Tensor):
-        raise TracerError(
-            analysis.source.error(
-                (section, name), "tensor-given", f"tensors['{name}'] must be a torch.Tensor, got {type(tensor).__name__}", prefer_key=True
-            )
-        )
-    if tuple(tensor.shape) != meta.sizes:
-        raise TracerError(
-            analysis.source.error(
-                (section, name),
-                "tensor-given",
-                f"tensors['{name}'] has shape {list(tensor.shape)}, the pipeline declares {meta.symbolic} {meta.concrete}",
-                prefer_key=True,
-            )
-        )
-    return tensor.to(device)
 
 
 def _create(decl: TensorDecl, meta: Meta, torch, device, alg):
