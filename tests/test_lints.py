@@ -280,6 +280,9 @@ def test_view_scrambles_dims_located_and_fixed():
         ("[B, H_kv, n_rep, T, Dh]", "[B, H, T, Dh]", False),  # repeat_kv's reshape
         ("[B, T, H, Dh]", "[B, T, Dh, H]", True),
         ("[1, T, d_model]", "[B, T, H, Dh]", False),  # an unsqueezed batch of 1 becomes B
+        ("[B, T, 3 * d_model]", "[B, T, H, 3 * Dh]", False),  # GPT-NeoX's fused qkv per head
+        ("[B, T, (H + 2) * Dh]", "[B, T, H + 2, Dh]", False),  # Falcon's multi-query qkv: sums are not judged
+        ("[B, T, H, 3 * Dh]", "[B, H, T, 3 * Dh]", True),
     ],
 )
 def test_view_scrambles_dims_reads_symbols(before, after, scrambled):

@@ -398,11 +398,15 @@ def _in_order(alg, before, after) -> bool | None:
                 break
             need = want.divide(have)
             rest = head.divide(need) if need is not None else None
-            if rest is not None and _natural(alg, need) and _natural(alg, rest):
+            if rest is None:
+                return None  # a sum of dims (H + 2) does not divide: not judged
+            if _natural(alg, need) and _natural(alg, rest):
                 src[0], have = (rest, head_size * have_size // max(size, 1)), want  # ``want`` ends inside ``head``: its outer part
                 break
             left = want.divide(have * head)
-            if left is not None and _natural(alg, left):
+            if left is None:
+                return None
+            if _natural(alg, left):
                 have, have_size = have * head, have_size * head_size
             elif head_size != 1:  # a size-1 dim that does not fit holds no data order: skip it
                 return False
@@ -410,14 +414,20 @@ def _in_order(alg, before, after) -> bool | None:
     return all(size == 1 for _, size in src)
 
 
-def _natural(alg, poly) -> bool:
-    """A size a dim can be: a declared dim or a product of dims (no division left over)."""
+def _natural(alg, poly, depth: int = 0) -> bool:
+    """A size a dim can be: a product of dims and a whole number, where declared quotients count
+    as dims (``3 * d_model // H`` is ``3 * Dh``); ``H // T`` is not."""
     if poly in alg.names:
         return True
     if len(poly.terms) != 1:
         return False
     mono, coeff = poly.terms[0]
-    return coeff > 0 and coeff.denominator == 1 and all(exp > 0 for _, exp in mono)
+    if coeff <= 0 or coeff.denominator != 1:
+        return False
+    if all(exp > 0 for _, exp in mono):
+        return True
+    quotients = (p for p in alg.names if len(p.terms) == 1 and any(exp < 0 for _, exp in p.terms[0][0]))
+    return depth < 4 and any((rest := poly.divide(p)) is not None and _natural(alg, rest, depth + 1) for p in quotients)
 
 
 def gqa_head_order(analysis) -> list[Diagnostic]:
