@@ -151,7 +151,7 @@ def test_a_dot_that_takes_too_long_is_stopped_with_a_hint_to_fold(tmp_path, monk
     def slow(*args, timeout=None, **kwargs):
         raise subprocess.TimeoutExpired(args[0], timeout)
 
-    monkeypatch.setattr(render.shutil, "which", lambda name: "/bin/dot")
+    monkeypatch.setattr(render, "find_renderer", lambda pipeline_file, fmt: "/bin/dot")
     monkeypatch.setattr(render.subprocess, "run", slow)
     with pytest.raises(TracerError) as info:
         render_file(tracer.load(CAUSAL).run(device="meta"), tmp_path / "m.svg", timeout=3)
