@@ -10,5 +10,14 @@ from .api import Pipeline, load, loads, run
 from .errors import Diagnostic, ExpectationError, TracerError
 from .trace import TensorRecord, Trace
 
-__all__ = ["Diagnostic", "ExpectationError", "Pipeline", "TensorRecord", "Trace", "TracerError", "load", "loads", "run"]
+__all__ = ["Diagnostic", "ExpectationError", "Pipeline", "TensorRecord", "Trace", "TracerError", "load", "loads", "run", "to_module"]
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+    """``tracer.to_module`` imports torch's nn only when asked: ``tracer check`` stays fast."""
+    if name == "to_module":
+        from .module import to_module
+
+        return to_module
+    raise AttributeError(f"module 'tracer' has no attribute {name!r}")

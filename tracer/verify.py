@@ -35,7 +35,7 @@ from .steps.attention import Dropout, Mask, Scale, Softmax
 from .steps.products import Matmul
 from .steps.projection import Linear
 
-__all__ = ["AttentionCore", "VerificationError", "against_mha", "against_pipeline", "against_sdpa", "attention_core"]
+__all__ = ["AttentionCore", "VerificationError", "against_mha", "against_module", "against_pipeline", "against_sdpa", "attention_core"]
 
 #: a finite fill at or below this counts as "minus infinity" (-1e9 in tutorial 003)
 MASK_FILL_LIMIT = -1e4
@@ -317,6 +317,101 @@ def against_pipeline(
     mine = output or trace.analysis.outputs[0]
     theirs = reference_output or mine
     return _compare(f"'{trace.name}': '{mine}' vs '{expected.name}': '{theirs}'", _tensor(trace, mine), _tensor(expected, theirs), atol)
+
+
+def against_module(
+    pipeline: Any,
+    module: Any,
+    *,
+    weights: Mapping[str, Any] | None = None,
+    inputs: Mapping[str, Any] | None = None,
+    names: Mapping[str, str] | None = None,
+    call: Any = None,
+    dims: Mapping[str, int] | None = None,
+    seed: int | None = None,
+    atol: float = 1e-5,
+) -> dict[str, float]:
+    """Run the pipeline and any ``nn.Module`` on the same inputs; per output, the max abs difference.
+
+    ``weights`` are the pipeline's params by id (``/`` or ``.``), e.g. the module's state_dict
+    renamed by :func:`tracer.weights.rename`; ``inputs`` by name (default: the pipeline's own).
+    The module, in eval mode, is called with the inputs in declaration order, or as
+    ``call(module, *inputs)`` (``lambda m, x: m(x, x, x)[0]`` for nn.MultiheadAttention); several
+    outputs are compared in order. Above ``atol`` it raises :class:`VerificationError` naming every
+    output's difference and the first recorded tensor, in run order, whose values differ from the
+    output of the module's submodule of the same name (forward hooks): ``names`` maps record ids to
+    submodule names (``{"encoder/normed_1": "norm1"}``); otherwise a submodule matches a record
+    whose id, with ``.`` for ``/``, is its name::
+
+        layer = nn.TransformerEncoderLayer(2, 2, 4, dropout=0.0, batch_first=True)
+        verify.against_module("pipelines/encoder_block.yaml", layer, weights=weights.rename(layer.state_dict(), MAP))
+    """
+
+    from .api import Pipeline, load
+
+    if isinstance(pipeline, (str, Path)):
+        pipeline = load(pipeline)
+    if not isinstance(pipeline, Pipeline):
+        raise TypeError(f"expected a path or a tracer.Pipeline, got {type(pipeline).__name__}")
+    trace = pipeline.run(dims=dims, seed=seed, keep_values=True, params=weights, inputs=inputs)
+    captured: dict[str, Any] = {}
+    hooks = [
+        sub.register_forward_hook(lambda _m, _args, out, name=name: captured.setdefault(name, _first_tensor(out)))
+        for name, sub in module.named_modules()
+        if name
+    ]
+    args = [_tensor(trace, name) for name in pipeline.spec.inputs]
+    try:
+        module.eval()
+        result = call(module, *args) if call is not None else module(*args)  # grad on: fused fast paths would skip the hooks
+    finally:
+        for hook in hooks:
+            hook.remove()
+    results = result if isinstance(result, (tuple, list)) else (result,)
+    diffs = {}
+    for name, theirs in zip(trace.analysis.outputs, results):
+        mine, theirs = _tensor(trace, name), theirs.detach()
+        if tuple(mine.shape) != tuple(theirs.shape):
+            raise VerificationError(f"'{trace.name}': output '{name}' is {list(mine.shape)}, the module's is {list(theirs.shape)}")
+        diffs[name] = _max_diff(mine, theirs)
+    if all(d <= atol for d in diffs.values()):
+        return diffs
+    shown = ", ".join(f"'{name}' {d:.3g}" for name, d in diffs.items())
+    raise VerificationError(
+        f"'{trace.name}' vs {type(module).__name__}: max abs difference per output {shown} > atol {atol:g}; "
+        + _divergence(trace, captured, names or {}, atol)
+    )
+
+
+def _first_tensor(out):
+    import torch
+
+    if isinstance(out, (tuple, list)):
+        out = next((o for o in out if isinstance(o, torch.Tensor)), None)
+    return out.detach() if isinstance(out, torch.Tensor) else None
+
+
+def _max_diff(a, b) -> float:
+    diff = (a.double() - b.double()).abs()
+    both_nan = a.isnan() & b.isnan()
+    return float(diff[~both_nan].max()) if bool((~both_nan).any()) else 0.0
+
+
+def _divergence(trace, captured: dict, names: Mapping[str, str], atol: float) -> str:
+    """The first record (in run order) that differs from the submodule of the same name."""
+    matched = 0
+    for record in trace.records:
+        sub = names.get(record.id) or record.id.replace("/", ".")
+        theirs = captured.get(sub)
+        if theirs is None or record.tensor is None or tuple(theirs.shape) != tuple(record.tensor.shape):
+            continue
+        matched += 1
+        worst = _max_diff(record.tensor, theirs)
+        if not worst <= atol:
+            return f"the first recorded tensor that differs is '{record.id}' vs submodule '{sub}' (max abs difference {worst:.3g})"
+    if not matched:
+        return "no recorded tensor matched a submodule by name: pass names={record id: submodule name}"
+    return f"the {matched} recorded tensors matched to submodules agree: the difference arises between them and the outputs"
 
 
 def _mha_masks(trace, core: AttentionCore, query, key, heads: int):
