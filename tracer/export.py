@@ -30,7 +30,7 @@ from .spec import dims as dimexpr
 from .spec.base import FLOAT_DTYPES
 from .spec.load import load_spec
 from .spec.pipeline import TensorDecl
-from .steps._rules import atom, py_float
+from .steps._rules import atom, py_float, py_tuple
 from .steps.block import Block
 
 # names the generated code needs for itself; a tensor or dim with one of these names is renamed
@@ -193,7 +193,8 @@ class _Writer:
         why = f"  # input {printable(name)!r} is drawn here in the traced run: same seed, same params"
         lines = [f"torch.manual_seed({decl.seed}){why}"] if decl.seed is not None else []
         if decl.init in ("randn", "rand", "embedding"):
-            lines.append(_init_source(decl, self.analysis.metas[scope.prefix + name], scope, self) + why)
+            setup, value = _init_source(decl, self.analysis.metas[scope.prefix + name], scope, self)
+            lines += setup + [value + why]
         return lines
 
     def _param(self, scope: _Scope, name: str, decl: TensorDecl, containers: set[str]) -> list[str]:
@@ -206,11 +207,13 @@ class _Writer:
                 lines.append(_assign(_access(parts[: j - 1]), parts[j - 1], "nn.Module()") + f"  # holds {printable(name)!r}")
         if decl.seed is not None:
             lines.append(f"torch.manual_seed({decl.seed})")
-        owner, value = _access(parts[:-1]), _init_source(decl, meta, scope, self)
+        setup, value = _init_source(decl, meta, scope, self)
+        lines += setup
+        owner, declared = _access(parts[:-1]), "(" + ", ".join(str(dimexpr.parse(t)) for t in decl.shape) + ")"
         if meta.dtype in FLOAT_DTYPES:
-            lines.append(_assign(owner, parts[-1], f"nn.Parameter({value})") + f"  # {meta.symbolic}")
+            lines.append(_assign(owner, parts[-1], f"nn.Parameter({value})") + f"  # {declared}")
         else:
-            lines.append(f'{owner}.register_buffer("{parts[-1]}", {value})  # {meta.symbolic}')
+            lines.append(f'{owner}.register_buffer("{parts[-1]}", {value})  # {declared}')
         scope.exprs[scope.param_prefix + name] = _access(parts)
         return lines
 
@@ -467,29 +470,34 @@ def _previous(spec, step) -> str | None:
     return spec.steps[i - 1].id if i else None
 
 
-def _init_source(decl: TensorDecl, meta: Meta, scope: _Scope, writer: _Writer) -> str:
-    """Source creating a declared tensor exactly as ``tracer.interpreter.INITS`` does."""
-    shape = ", ".join(size_source(d, scope) for d in meta.shape)
+def _init_source(decl: TensorDecl, meta: Meta, scope: _Scope, writer: _Writer) -> tuple[list[str], str]:
+    """(statements, expression) creating a declared tensor exactly as ``tracer.interpreter.INITS``
+    does; the shape as the file writes it."""
+    dims = [_source(dimexpr.parse(t), scope.names) for t in decl.shape]
+    shape = ", ".join(dims) if dims else "()"
     dtype = "" if meta.dtype == "float32" else f"dtype=torch.{meta.dtype}"
     with_dtype = ", ".join(filter(None, [shape, dtype]))
+    init = decl.init
     if decl.values is not None or decl.tokens is not None:
         values = decl.tokens.ids() if decl.tokens is not None else decl.values
-        return f"torch.tensor({_literal(values)}, dtype=torch.{meta.dtype})"
-    init = decl.init
+        return [], f"torch.tensor({_literal(values)}, dtype=torch.{meta.dtype})"
     if init in ("randn", "embedding"):
-        return f"torch.empty({with_dtype}).normal_()"
+        return [], f"torch.empty({with_dtype}).normal_()"
     if init in ("rand", "zeros", "ones"):
-        return f"torch.{init}({with_dtype})"
+        return [], f"torch.{init}({with_dtype})"
     if init == "full":
         value = py_float(decl.value) if isinstance(decl.value, float) else repr(decl.value)
-        return f"torch.full(({shape}{',' if len(meta.shape) == 1 else ''}), {value}{', ' + dtype if dtype else ''})"
+        return [], f"torch.full({py_tuple(dims)}, {value}{', ' + dtype if dtype else ''})"
     if init == "arange":
-        return f"torch.arange({' * '.join(atom(size_source(d, scope)) for d in meta.shape) or '1'}).to(torch.{meta.dtype}).reshape({shape})"
+        return [], f"torch.arange({' * '.join(atom(d) for d in dims) or '1'}).to(torch.{meta.dtype}).reshape({py_tuple(dims)})"
     if init in ("triu", "tril"):
-        return f"torch.ones({with_dtype}).{init}({'1' if init == 'triu' else ''})"
-    fan_in = _source(dimexpr.parse(decl.fan_in), scope.names) if decl.fan_in is not None else size_source(meta.shape[-1], scope)
-    bound = _helper(writer, "linear_bound", inspect.getsource(linear_bound))
-    return f"torch.empty({with_dtype}).uniform_(-{bound}({fan_in}, {len(meta.shape)}), {bound}({fan_in}, {len(meta.shape)}))"
+        return [], f"torch.ones({with_dtype}).{init}({'1' if init == 'triu' else ''})"
+    fan_in = _source(dimexpr.parse(decl.fan_in), scope.names) if decl.fan_in is not None else dims[-1]
+    helper = _helper(writer, "linear_bound", inspect.getsource(linear_bound))
+    bound = "bound" if "bound" not in scope.names.values() else "bound_"
+    return [
+        f"{bound} = {helper}({fan_in}, {len(dims)})  # as nn.Linear initialises it"
+    ], f"torch.empty({with_dtype}).uniform_(-{bound}, {bound})"
 
 
 def _helper(writer: _Writer, name: str, source: str) -> str:
