@@ -1,4 +1,4 @@
-"""``python -m tracer.gallery PIPELINES OUT``: every pipeline's diagram as SVG, plus a README.
+"""``python -m tracer.gallery PIPELINES OUT``: every pipeline's diagram as SVG and its exported PyTorch module (``tracer export``), plus a README.
 
 Output is deterministic (sorted files, DOT that depends only on the pipeline), so re-running it
 leaves committed files unchanged. A file that fails to load or run is reported and skipped.
@@ -23,7 +23,8 @@ REPORTS = ("seeds/000_encoder_block.yaml", "causal_mha.yaml", "models/mistral_sl
 
 HEADER = """# Gallery
 
-Every pipeline in `pipelines/`, drawn by `tracer render` (regenerate with `make demo`).
+Every pipeline in `pipelines/`, drawn by `tracer render` and written as a PyTorch module by
+`tracer export` ([export and verify](../export.md)); regenerate with `make demo`.
 How to read the marks: [reading a diagram](../reading-diagrams.md). Some have an interactive
 HTML report with attention heatmaps ([the report](../report.md)): download it and open it from disk.
 
@@ -53,6 +54,21 @@ def render_one(path: Path, svg: Path) -> str:
 def _markdown_text(text: str) -> str:
     """A description as inert Markdown: no HTML tags, links or images from the pipeline's author."""
     return text.translate({ord("<"): "&lt;", ord(">"): "&gt;", **{ord(c): "\\" + c for c in "\\`[]"}})
+
+
+def _export_one(path: Path, py: Path) -> str:
+    """The pipeline as a PyTorch module (``tracer export``); the README's link to it, or nothing."""
+    from .api import Pipeline
+    from .export import export_source
+    from .spec.load import load_spec
+
+    try:
+        write_atomic(py, export_source(Pipeline(*load_spec(path))))
+    except TracerError as exc:
+        print(f"not exported {path}:\n{exc}", file=sys.stderr)
+        return ""
+    print(f"wrote {py}")
+    return f" · [PyTorch module]({py.name})"
 
 
 def report_one(path: Path, html: Path) -> None:
@@ -97,15 +113,15 @@ def build(root: Path, out: Path) -> int:
             failed += 1
             continue
         print(f"wrote {out / name}.svg")
-        report = ""
+        report = _export_one(path, out / f"{name}.py")
         if path.relative_to(root).as_posix() in REPORTS:
             report_one(path, out / f"{name}.html")
             print(f"wrote {out / name}.html")
             report = f" · [interactive report]({name}.html)"
         lines.append(f"- **{path.relative_to(root).as_posix()}** — {about}{report}\n\n  ![{name}]({name}.svg)\n")
     write_atomic(out / "README.md", (HEADER + "\n".join(lines)).encode())
-    made = {f"{gallery_name(p, root)}.{kind}" for p in pipeline_files(root) for kind in ("svg", "html")}
-    for stale in [*out.glob("*.svg"), *out.glob("*.html")]:  # files of pipelines that were removed or renamed
+    made = {f"{gallery_name(p, root)}.{kind}" for p in pipeline_files(root) for kind in ("svg", "html", "py")}
+    for stale in [*out.glob("*.svg"), *out.glob("*.html"), *out.glob("*.py")]:  # files of pipelines that were removed or renamed
         if stale.name not in made:
             stale.unlink()
     return failed
