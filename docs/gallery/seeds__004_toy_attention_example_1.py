@@ -1,0 +1,29 @@
+# 004_toy_attention_example_1: written by `tracer export 004_toy_attention_example_1.yaml`.
+# Tutorial 004, toy scaled dot-product attention (example 1), scaled by sqrt(4) as printed.
+# Shapes are symbolic, as in the trace: each line says which YAML step it is.
+
+import math
+
+import torch
+from torch import nn
+
+__all__ = ["Pipeline004ToyAttentionExample1"]
+
+
+class Pipeline004ToyAttentionExample1(nn.Module):
+    # The pipeline '004_toy_attention_example_1', as PyTorch.
+
+    def __init__(self, *, n_q=1, n_k=4, d=3, d_k=4, seed=None):
+        super().__init__()
+        self.n_q, self.n_k, self.d, self.d_k = n_q, n_k, d, d_k
+        if seed is not None:
+            torch.manual_seed(seed)  # then every tensor in the order the file declares it
+
+    def forward(self, temp_q, temp_k, temp_v):
+        d_k = self.d_k  # dims
+        K_T = temp_k.transpose(0, 1)  # (d, n_k) K_T
+        QK = temp_q @ K_T  # (n_q, n_k) QK
+        matmul_scaled = QK / math.sqrt(d_k)  # (n_q, n_k) matmul_scaled
+        attention_weights = torch.softmax(matmul_scaled, dim=-1)  # (n_q, n_k) attention_weights
+        output = attention_weights @ temp_v  # (n_q, d) output
+        return output, attention_weights  # (n_q, d), (n_q, n_k)
