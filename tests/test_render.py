@@ -262,8 +262,8 @@ def test_gallery_renders_every_pipeline_skips_broken_ones_and_is_stable(tmp_path
     out = tmp_path / "gallery"
     assert build(src, out) == 1
     assert "skipped" in capsys.readouterr().err
-    assert sorted(p.name for p in out.iterdir()) == ["README.md", "seeds__mha.svg"]
-    assert "(seeds__mha.svg)" in (out / "README.md").read_text()
+    assert sorted(p.name for p in out.iterdir()) == ["README.md", "seeds__mha.py", "seeds__mha.svg"]
+    assert "(seeds__mha.svg)" in (out / "README.md").read_text() and "[PyTorch module](seeds__mha.py)" in (out / "README.md").read_text()
     assert "(B, H, T, T)" in svg_texts(out / "seeds__mha.svg")
     before = {p.name: p.read_bytes() for p in out.iterdir()}
     build(src, out)
@@ -272,8 +272,8 @@ def test_gallery_renders_every_pipeline_skips_broken_ones_and_is_stable(tmp_path
 
 def test_committed_gallery_links_only_existing_pictures():
     gallery = ROOT / "docs" / "gallery"
-    links = re.findall(r"\]\(([^)]+\.svg)\)", (gallery / "README.md").read_text())
-    assert "causal_mha.svg" in links
+    links = re.findall(r"\]\(([^)]+\.(?:svg|py))\)", (gallery / "README.md").read_text())
+    assert "causal_mha.svg" in links and "causal_mha.py" in links
     assert all((gallery / link).exists() for link in links)
 
 

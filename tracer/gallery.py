@@ -117,7 +117,7 @@ def build(root: Path, out: Path) -> int:
         if path.relative_to(root).as_posix() in REPORTS:
             report_one(path, out / f"{name}.html")
             print(f"wrote {out / name}.html")
-            report = f" · [interactive report]({name}.html)"
+            report += f" · [interactive report]({name}.html)"
         lines.append(f"- **{path.relative_to(root).as_posix()}** — {about}{report}\n\n  ![{name}]({name}.svg)\n")
     write_atomic(out / "README.md", (HEADER + "\n".join(lines)).encode())
     made = {f"{gallery_name(p, root)}.{kind}" for p in pipeline_files(root) for kind in ("svg", "html", "py")}
