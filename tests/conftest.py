@@ -83,6 +83,26 @@ def run_text(text: str, **kwargs):
     return tracer.loads(text, "t.yaml").run(keep_values=True, **kwargs)
 
 
+def assert_flops_as_counted(text: str) -> None:
+    """Each step's static FLOP count is what torch's FlopCounterMode counts while its kernel runs."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.utils.flop_counter import FlopCounterMode
+
+    counter = FlopCounterMode(display=False)
+    running = {}  # record id -> FLOPs counted so far, read right after its step ran
+    # the CPU's fused attention kernel has no formula in FlopCounterMode; the math backend's bmms
+    # do, and count what its flash and efficient kernels count on a GPU
+    with sdpa_kernel(SDPBackend.MATH), counter:
+        trace = run_text(text, observe=lambda rid, _: running.setdefault(rid, counter.get_total_flops()))
+    analysis, total = trace.analysis, 0
+    static = {}
+    for record in trace.records:
+        total += record.flops
+        static[record.id] = total
+    ends = [analysis.inner[s][-1][0] if s in analysis.inner else s for s in analysis.graph.order]
+    assert {e: static[e] for e in ends} == {e: running[e] for e in ends}
+
+
 @dataclass
 class Done:
     """What ``tracer ARGV`` did, shaped like ``subprocess.CompletedProcess``."""

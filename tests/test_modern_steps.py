@@ -11,14 +11,16 @@ import torch.nn.functional as F
 
 import tracer
 import tracer.verify as verify
-from tests.conftest import PIPELINES, covers, pipeline_text, run_text
+from tests.conftest import PIPELINES, assert_flops_as_counted, covers, pipeline_text, run_text
 from tests.test_export import check_export
 
 
 def trace_of(steps, inputs, params="", dims=""):
-    t = run_text(pipeline_text(steps, dims=dims, inputs=inputs, params=params))
+    text = pipeline_text(steps, dims=dims, inputs=inputs, params=params)
+    t = run_text(text)
     assert t.as_predicted, "static layout differs from torch's"
     check_export(t.pipeline, t)  # the steps' emitted PyTorch source computes the same
+    assert_flops_as_counted(text)
     return t
 
 

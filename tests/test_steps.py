@@ -7,18 +7,20 @@ import torch
 import torch.nn.functional as F
 
 import tracer
-from tests.conftest import covers, pipeline_text, run_text
+from tests.conftest import assert_flops_as_counted, covers, pipeline_text, run_text
 from tests.test_export import check_export
 
 X = "x: {shape: [2, 3, 4], init: randn}"
 
 
 def trace_of(steps, inputs=X, params="", dims=""):
-    trace = run_text(pipeline_text(steps, dims=dims, inputs=inputs, params=params))
+    text = pipeline_text(steps, dims=dims, inputs=inputs, params=params)
+    trace = run_text(text)
     # every kernel test is also a static-vs-torch agreement case: the shape rules predicted every
     # record's shape, stride, offset, dtype and storage owner exactly
     assert trace.as_predicted, [r.id for r in trace.records]
     check_export(trace.pipeline, trace)  # and the step's emitted PyTorch source computes the same
+    assert_flops_as_counted(text)  # and a FLOP-count agreement case
     return trace
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import shutil
 import signal
 import sys
 import threading
@@ -96,6 +97,10 @@ def _parser() -> argparse.ArgumentParser:
         metavar="OUT",
         help="write the table (or with --json the JSON) to OUT instead of stdout; written atomically: a failed run leaves OUT as it was",
     )
+    run.add_argument(
+        "--expand", action="store_true", help="list every copy of a repeated block (default: the first copy and one ×N row for the rest)"
+    )
+    run.add_argument("--depth", type=_positive, metavar="N", help="show groups nested deeper than N levels as one row each")
     run.add_argument("--device", default="cpu", type=_device, help="torch device: cpu, cuda, meta (default: cpu)")
     run.add_argument(
         "--max-memory",
@@ -130,6 +135,9 @@ def _parser() -> argparse.ArgumentParser:
         default=[],
         metavar="GROUP",
         help="draw a group as one node: a group name, a group path ('layers' folds all copies of a block, 'layers/3' one) or a glob ('layers/*': one node per copy); repeatable",
+    )
+    render.add_argument(
+        "--expand", action="store_true", help="draw every copy of a repeated block (default: the first copy and one ×N node for the rest)"
     )
     render.add_argument("--device", default="cpu", type=_device, help="torch device for the run (meta: no memory)")
     render.add_argument(
@@ -233,13 +241,13 @@ def _run(args) -> int:
     if args.output:
         from .atomic import write_atomic
 
-        text = trace.to_json(values=args.values) if args.json else str(trace) + "\n" + _peak_line(trace)
+        text = trace.to_json(values=args.values) if args.json else _table(trace, args) + "\n" + _peak_line(trace)
         print(f"wrote {printable(write_atomic(args.output, text + chr(10), error_file=args.file))}", file=sys.stderr)
         return 0
     if args.json:
         print(trace.to_json(values=args.values))
         return 0
-    print(trace)
+    print(_table(trace, args))
     print(_peak_line(trace))
     if args.values:
         for record in trace.records:
@@ -257,6 +265,16 @@ def _weights(args, analysis) -> dict:
     if args.weights_map:
         state = weights.rename(state, weights.read_map(args.weights_map))
     return weights.match(analysis, state, "params", f"--weights {printable(args.weights)}", complete=True)
+
+
+def _table(trace, args) -> str:
+    return trace.table(width=shutil.get_terminal_size((100, 24)).columns, depth=args.depth, expand=args.expand)
+
+
+def _positive(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number of at least 1, got '{text}'")
+    return int(text)
 
 
 def _size(text: str) -> int:
@@ -304,7 +322,9 @@ def _draw(args) -> int:
 
         written = write_report(trace, output, args.collapse)
     else:
-        written = render_file(trace, output, collapse=args.collapse, timeout=args.timeout)  # with values: heatmaps in softmax nodes
+        written = render_file(
+            trace, output, collapse=args.collapse, timeout=args.timeout, expand=args.expand
+        )  # with values: heatmaps in softmax nodes
     print(f"wrote {printable(written)}")
     return 0
 

@@ -152,6 +152,7 @@ class Plan:
             meta.contiguous,
             view_of,
             meta.nbytes,
+            self.analysis.flops.get(rid, 0),
         )
         return Expected(rid, meta.sizes, meta.stride, meta.offset, getattr(torch, meta.dtype), view_of, template)
 
@@ -268,6 +269,7 @@ class Plan:
             tensor.is_contiguous(),
             view_of,
             tensor.numel() * tensor.element_size(),
+            template.flops,
             tensor if keep_values else None,
         )
 
@@ -287,7 +289,7 @@ class Plan:
             tensor.is_contiguous(),
             storages.owner(tensor, rid),
             tensor.numel() * tensor.element_size(),
-            tensor if keep_values else None,
+            tensor=tensor if keep_values else None,
         )
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import fnmatch
 import html
 import subprocess
+import sys
 import tempfile
 from collections import Counter
 from collections.abc import Iterable
@@ -21,6 +22,7 @@ from urllib.parse import quote
 
 from .atomic import write_atomic
 from .errors import Diagnostic, TracerError
+from .folding import Fold, repeat_folds
 from .formatting import human_bytes
 from .heatmap import node_rows
 from .renderer import find_renderer, no_renderer
@@ -46,6 +48,7 @@ STYLES = {  # node kind -> Graphviz attributes
     "view": {"shape": "box", "style": "rounded,filled", "fillcolor": "#dde9f7", "color": "#3f6fb5"},
     "copy": {"shape": "box", "style": "rounded,filled,bold", "fillcolor": "#fbd9a6", "color": "#c77700"},
     "collapsed": {"shape": "box3d", "style": "filled", "fillcolor": "#f4f1e0", "color": INK},
+    "repeat": {"shape": "box3d", "style": "filled,bold", "fillcolor": "#efe6fa", "color": "#6a4c93"},
 }
 CLUSTER_GROUP = {"style": "rounded,filled", "fillcolor": "#f7f7f7", "color": "#bbbbbb", "fontcolor": MUTED}
 CLUSTER_COMPOSITE = {"style": "rounded,dashed", "color": "#c77700", "fillcolor": "#fff6e8", "fontcolor": "#c77700"}
@@ -57,6 +60,7 @@ LEGEND = (  # mark -> (sample shown in the legend, explanation); only used marks
     ("copy", "id", "copy: layout op that allocates and copies data"),
     ("composite", "merge", "composite step: its inner ops"),
     ("collapsed", "group", "collapsed group: input → output shapes"),
+    ("repeat", "×N", "more copies of the block above, folded (--expand draws each)"),
     ("output", "out", "pipeline output"),
     ("group", "group", "group of steps"),
     ("contiguous", "(B, T)  [2, 6]", "contiguous tensor: symbolic and concrete shape"),
@@ -65,15 +69,16 @@ LEGEND = (  # mark -> (sample shown in the legend, explanation); only used marks
 )
 
 
-def diagram(trace: Trace, collapse: Iterable[str] = (), links: bool = False):
-    """The trace's dataflow as a ``graphviz.Digraph`` (displays inline in Jupyter). ``links`` makes
-    every node and edge a link to ``#ID`` of the tensor it shows (``#group=NAME`` for a collapsed
-    group): the HTML report selects what was clicked through these."""
-    return _Builder(trace, tuple(collapse), links).build()
+def diagram(trace: Trace, collapse: Iterable[str] = (), links: bool = False, expand: bool = False):
+    """The trace's dataflow as a ``graphviz.Digraph`` (displays inline in Jupyter). A repeated
+    block is drawn as its first copy plus one "×N" node for the others, unless ``expand``.
+    ``links`` makes every node and edge a link to ``#ID`` of the tensor it shows (``#group=NAME``
+    for a collapsed group): the HTML report selects what was clicked through these."""
+    return _Builder(trace, tuple(collapse), links, expand).build()
 
 
-def dot_source(trace: Trace, collapse: Iterable[str] = ()) -> str:
-    return diagram(trace, collapse).source
+def dot_source(trace: Trace, collapse: Iterable[str] = (), expand: bool = False) -> str:
+    return diagram(trace, collapse, expand=expand).source
 
 
 # ---------------------------------------------------------------- building the graph
@@ -88,15 +93,20 @@ class _Edge:
 
 
 class _Builder:
-    def __init__(self, trace: Trace, collapse: tuple[str, ...], links: bool = False):
+    def __init__(self, trace: Trace, collapse: tuple[str, ...], links: bool = False, expand: bool = False):
         self.trace, self.analysis, self.links = trace, trace.analysis, links
         self.records = {r.id: r for r in trace.records}
         self.steps = {s.id: s for s in self.analysis.pipeline.steps}
         self.group_of = {s: self.steps[s].group for s in self.analysis.graph.order if self.steps[s].group}
         self.groups = list(dict.fromkeys(self.group_of.values()))
         self.collapsed = self._collapse_keys(collapse)
+        folds = repeat_folds(self.analysis)
+        self.repeated = {f.key: f for f in folds.values()}  # every repeated block: marker key -> its fold
+        self.repeats = {} if expand else folds
+        self.repeat_nodes = {} if expand else self.repeated  # the markers drawn
+        keys = self.groups + [k for k in [*self.collapsed, *self.repeat_nodes] if k not in self.groups]
         # node names: group names are free text (DOT reads ':' as a port), so number them
-        self.group_nodes = {key: f"group@{i}" for i, key in enumerate(self.groups + [k for k in self.collapsed if k not in self.groups])}
+        self.group_nodes = {key: f"group@{i}" for i, key in enumerate(keys)}
         self.fold = self._folds()
         self.folded_params = Counter(key for t, key in self.fold.items() if t in self.analysis.pipeline.params)
         self.marks: set[str] = set()
@@ -132,12 +142,25 @@ class _Builder:
             keys = [k for k in self.collapsed if _within(group, k)]
             if keys:
                 fold[step_id] = min(keys, key=len)
+        covered = {f.key for f in self.repeat_nodes.values() if self._collapsed_whole(f, fold)}
+        for step_id in self.analysis.graph.order:  # a repeat marker, unless a collapsed group holds the whole block
+            repeat = self.repeats.get(step_id)
+            if repeat is not None and repeat.key not in covered:
+                fold[step_id] = repeat.key
         for record in self.trace.records:
             if record.op == "param" and record.id not in self.analysis.outputs:
                 homes = {fold.get(s) for s in self.analysis.graph.users.get(record.id, ())}
                 if len(homes) == 1 and None not in homes:
                     fold[record.id] = homes.pop()
         return fold
+
+    def _collapsed_whole(self, repeat: Fold, fold: dict[str, str]) -> bool:
+        """Whether one collapsed group holds both the copy shown and the folded ones."""
+        ends = [self._first_step(repeat.shown), self._first_step(repeat.hidden[-1])]
+        return None not in ends and fold.get(ends[0]) is not None and fold.get(ends[0]) == fold.get(ends[1])
+
+    def _first_step(self, prefix: str) -> str | None:
+        return next((s for s in self.analysis.graph.order if s.startswith(prefix + "/")), None)
 
     def build(self):
         import graphviz
@@ -293,7 +316,6 @@ class _Builder:
         graph.node(step.id, _rows(lines), tooltip="; ".join(_tooltip(r) for r in records), **STYLES[kind])
 
     def _collapsed_node(self, graph, group: str, step_ids: list[str]) -> None:
-        self.marks.add("collapsed")
         inside = set(step_ids)
         ins = [
             self.records[self.analysis.output_of(ref)] for s in step_ids for ref in self.analysis.graph.data_inputs[s] if ref not in inside
@@ -301,13 +323,30 @@ class _Builder:
         outs = [self.records[self.analysis.output_of(s)] for s in step_ids if self._used_outside(s, inside)]
         params = self.folded_params[group]
         folded = _count(len(step_ids), "step") + (" and " + _count(params, "param") if params else "")
-        lines = [
-            f"<B>{_esc(group)}</B>",
-            f'<FONT COLOR="{MUTED}">{folded} collapsed</FONT>',
+        shapes = [
             _esc(_shapes(_unique(ins), "symbolic") + " → " + _shapes(_unique(outs), "symbolic")),
             f'<FONT POINT-SIZE="9" COLOR="{MUTED}">{_esc(_shapes(_unique(ins), "concrete") + " → " + _shapes(_unique(outs), "concrete"))}</FONT>',
         ]
-        graph.node(self.group_nodes[group], _rows(lines), **self._link("group=" + group), **STYLES["collapsed"])
+        repeat = self.repeat_nodes.get(group)
+        if repeat is not None:
+            self.marks.add("repeat")
+            lines = [
+                f'<FONT POINT-SIZE="16"><B>×{len(repeat.hidden)}</B></FONT>',
+                f"<B>{_esc(repeat.title)}</B>",
+                f'<FONT POINT-SIZE="9" COLOR="{MUTED}">{_esc(repeat.about)}</FONT>',
+                f'<FONT COLOR="{MUTED}">{folded} folded</FONT>',
+            ]
+            graph.node(self.group_nodes[group], _rows(lines + shapes), **STYLES["repeat"])
+            return
+        self.marks.add("collapsed")
+        blocks = sorted({f"{f.block} ×{f.copies}" for f in self.repeated.values() if f.key in self._covered_by(group)})
+        lines = [f"<B>{_esc(group)}</B>", f'<FONT COLOR="{MUTED}">{folded} collapsed</FONT>']
+        lines += [f'<FONT COLOR="{MUTED}">{_esc(b)}</FONT>' for b in blocks]
+        graph.node(self.group_nodes[group], _rows(lines + shapes), **self._link("group=" + group), **STYLES["collapsed"])
+
+    def _covered_by(self, group: str) -> set[str]:
+        """The repeat markers whose every copy this collapsed group holds."""
+        return {f.key for f in self.repeated.values() if self.fold.get(self._first_step(f.shown) or "") == group}
 
     def _used_outside(self, step_id: str, inside: set[str]) -> bool:
         users = set(self.analysis.graph.users.get(step_id, ()))
@@ -508,7 +547,7 @@ def _legend_row(mark: str, sample: str, text: str) -> str:
 # ---------------------------------------------------------------- files
 
 
-def render_file(trace: Trace, output: str | Path, collapse: Iterable[str] = (), timeout: float = DOT_TIMEOUT) -> Path:
+def render_file(trace: Trace, output: str | Path, collapse: Iterable[str] = (), timeout: float = DOT_TIMEOUT, expand: bool = False) -> Path:
     """Write the trace's diagram to ``output`` (format from the suffix: svg, png, pdf or dot); returns the path.
 
     Only the file asked for is written, atomically: the DOT text of a picture lives in a temporary
@@ -517,7 +556,7 @@ def render_file(trace: Trace, output: str | Path, collapse: Iterable[str] = (), 
     pipeline_file = trace.analysis.source.file
     output = _output_path(Path(output))
     fmt = output.suffix[1:].lower()
-    source = dot_source(trace, collapse)
+    source = dot_source(trace, collapse, expand)
     data = source.encode() if fmt == "dot" else render_bytes(source, fmt, pipeline_file, timeout)
     return write_atomic(output, data, error_file=pipeline_file)
 
@@ -558,12 +597,14 @@ def render_bytes(source: str, fmt: str, pipeline_file: str, timeout: float = DOT
             raise no_renderer(pipeline_file, fmt, f"`{Path(exe).name}` cannot write {fmt} ({done.stderr.strip().splitlines()[0]})")
         if done.returncode != 0:
             raise TracerError(Diagnostic(pipeline_file, None, "render-failed", f"`dot -T{fmt}` failed: {done.stderr.strip()[:2000]}"))
+        for line in dict.fromkeys(done.stderr.strip().splitlines()[:20]):  # e.g. a PNG scaled down to fit: say so
+            print(Diagnostic(pipeline_file, None, "dot-warning", f"Graphviz: {line.strip()}", severity="warning"), file=sys.stderr)
         return picture.read_bytes()
 
 
 def _too_slow(timeout: float) -> str:
     return (
         f"Graphviz's `dot` did not finish drawing within {timeout:g} s: the diagram is too large to lay out. "
-        "Fold each copy of a repeated block into one node with --collapse 'BLOCK/*' (or a whole group with "
-        "--collapse GROUP), raise the limit with --timeout, or write the DOT text only with -o NAME.dot"
+        "Draw repeated blocks folded (the default, without --expand), fold groups into one node each with "
+        "--collapse GROUP (or 'BLOCK/*'), raise the limit with --timeout, or write the DOT text only with -o NAME.dot"
     )

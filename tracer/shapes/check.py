@@ -45,6 +45,7 @@ class Analysis:
     aliases: dict[str, str] = field(default_factory=dict)  # block step id -> the record holding its output
     blocks: dict = field(default_factory=dict)  # block step id -> tracer.steps.block.BlockInfo
     expect_algs: dict[str, DimAlgebra] = field(default_factory=dict)  # expect entry of a block file -> its dims
+    flops: dict[str, int] = field(default_factory=dict)  # record id -> its step's FLOPs (on the step's last record; absent: 0)
     # (dims, declaration, section) -> its shape: every copy of a block shares its declarations
     declared_dims: dict[tuple, tuple] = field(default_factory=dict, repr=False)
 
@@ -69,6 +70,10 @@ class Analysis:
             shape = expected if isinstance(expected, list) else expected.shape
             sizes[name] = None if shape is None else tuple(self.expect_alg_of(name).dim(t).value for t in shape)
         return sizes
+
+    @property
+    def total_flops(self) -> int:
+        return sum(self.flops.values())
 
     @property
     def peak_bytes(self) -> int:
@@ -329,6 +334,9 @@ def _infer_step(step_id: str, analysis: Analysis) -> None:
     for message, field_name in ctx.warnings:
         analysis.diagnostics.append(analysis.source.error(("steps", i, field_name), "dim-mismatch", message, step_id, severity="warning"))
     _store(analysis, step, result, metas)
+    flops = step.flops(ins, list(metas.values())[-1])
+    if flops:
+        analysis.flops[analysis.inner[step_id][-1][0] if step_id in analysis.inner else step_id] = flops
 
 
 def _result_metas(result: Shape) -> dict[str, Meta]:

@@ -11,6 +11,8 @@ A step kind is one pydantic class, registered with ``@register``:
   the input tensors and returns one tensor, or a tuple in the order of the ``Composite``/``Outputs``;
 - ``emit(ctx: EmitContext)`` writes the same computation as **PyTorch source** for ``tracer export``:
   one Python expression, or statements assigning the step's variables;
+- ``flops(ins, out)`` is its **FLOP count**, static as the shape rule (what FlopCounterMode
+  counts when the kernel runs);
 - **traits** (class attributes) tell every other layer what it needs to know about the kind, so
   diagrams, lints, memory estimates, the interpreter and ``tracer.verify`` never list op names.
 
@@ -188,6 +190,16 @@ class StepBase(Strict):
     def args(self) -> list[str]:
         """Key arguments for diagrams and tables, e.g. ``['dim=-1']``."""
         return []
+
+    def flops(self, ins: list[Meta], out: Meta) -> int:
+        """Floating-point operations of the kernel, from the ``Meta``s of the inputs and of the
+        step's value (the last of several outputs) alone, so ``tracer check`` knows them too.
+
+        The count is ``torch.utils.flop_counter.FlopCounterMode``'s for the eager kernel: it counts
+        matrix products (mm, bmm, addmm, baddbmm, attention kernels), 2 per multiply-add, and nothing
+        else, so layout, elementwise, normalisation and softmax kinds keep this default of 0.
+        """
+        return 0
 
     def infer(self, ins: list[Meta], ctx: RuleContext) -> Shape:  # pragma: no cover - every kind overrides
         raise NotImplementedError

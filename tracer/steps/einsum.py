@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Literal
 
@@ -129,6 +130,45 @@ class Einsum(StepBase):
         """torch.einsum copies operands into the layout of its batched product; its raw result
         may then need the copy that makes it contiguous, after those copies are freed."""
         return max(sum(m.nbytes for m in ins), out.nbytes)
+
+    def flops(self, ins, out):
+        """torch.einsum contracts left to right, one pair at a time: a letter no later term or the
+        output needs is summed away first (free), a pair with a shared letter to contract is one bmm
+        (2 × the product of its letters' sizes), one without is an elementwise product (0)."""
+        terms, output = parse_equation(self.equation, len(ins))
+        sizes = self._sizes(terms, ins)
+        later = [set(self.output_term(terms, output))]
+        for term in reversed(terms[1:]):
+            later.insert(0, later[0] | set(term))
+        total, left = 0, set(terms[0])
+        for term, needed in zip(terms[1:], later[1:]):
+            right = set(term)
+            left, right = {c for c in left if c in right or c in needed}, {c for c in right if c in left or c in needed}
+            contracted = (left & right) - needed
+            if contracted:
+                total += 2 * math.prod(sizes[c] for c in left | right)
+            left = (left | right) - contracted
+        return total
+
+    def _sizes(self, terms: list[str], ins) -> dict[str, int]:
+        """Each letter's size after broadcasting; ``.`` stands for all the ``...`` dims together."""
+        sizes: dict[str, int] = {}
+        ellipsis: list[int] = []  # the broadcast '...' dims, right-aligned
+        for term, meta in zip(terms, ins):
+            lead = len(meta.sizes) - len(term) + 1
+            at = 0
+            for letter in term:
+                if letter == ".":
+                    dims = list(meta.sizes[at : at + lead])
+                    width = max(len(dims), len(ellipsis))
+                    dims, ellipsis = [1] * (width - len(dims)) + dims, [1] * (width - len(ellipsis)) + ellipsis
+                    ellipsis = [max(a, b) for a, b in zip(ellipsis, dims)]
+                    at += lead
+                else:
+                    sizes[letter] = max(sizes.get(letter, 1), meta.sizes[at])
+                    at += 1
+        sizes["."] = math.prod(ellipsis)
+        return sizes
 
     def kernel(self, k):
         einsum, equation = k.torch.einsum, self.equation

@@ -134,6 +134,12 @@ class Sdpa(StepBase):
             total += 6 * elements  # bool conversions, and SDPA's additive float copy
         return total
 
+    def flops(self, ins, out):
+        """torch's count for its attention kernels: q @ k^T and weights @ v (GQA shares kv heads, not work)."""
+        q, key, v = ins[:3]
+        pairs = math.prod(q.sizes[:-1]) * key.sizes[-2]  # (query, key) pairs over every batch and head
+        return 2 * pairs * (q.sizes[-1] + v.sizes[-1])
+
     def kernel(self, k):
         torch, F = k.torch, k.F
         q, key = k.ins[0], k.ins[1]

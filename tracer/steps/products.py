@@ -94,6 +94,12 @@ class Matmul(StepBase):
         batch = tuple(d.value for d in out.shape[:-2])
         return _merge_copy_bytes(a, batch + a.sizes[-2:], len(batch)) + _merge_copy_bytes(b, batch + b.sizes[-2:], len(batch))
 
+    def flops(self, ins, out):
+        a, b = ins
+        if len(b.shape) == 1:
+            return 0  # torch runs aten.dot / aten.mv for a vector on the right: FlopCounterMode counts neither
+        return 2 * out.numel * a.sizes[-1]
+
     def kernel(self, k):
         return k.torch.matmul
 
@@ -122,6 +128,9 @@ class Bmm(StepBase):
         if a.shape[0].value != b.shape[0].value or a.shape[2].value != b.shape[1].value:
             raise StepError("bmm-shape", f"bmm needs (N, n, k) @ (N, k, m), got {show(a)} @ {show(b)}", "inputs")
         return fresh((a.shape[0], a.shape[1], b.shape[2]), a.dtype)
+
+    def flops(self, ins, out):
+        return 2 * out.numel * ins[0].sizes[2]
 
     def kernel(self, k):
         return k.torch.bmm

@@ -110,6 +110,9 @@ class Linear(StepBase):
                 raise StepError("linear-width", f"bias '{self.bias}' must be ({d_out}) [{d_out.value}], got {show(b)}", "bias")
         return fresh(x.shape[:-1] + (d_out,), x.dtype)
 
+    def flops(self, ins, out):
+        return 2 * out.numel * ins[0].sizes[-1]  # the bias add is elementwise: not counted
+
     def kernel(self, k):
         if self.layout == "out_in":
             linear = k.F.linear

@@ -1,0 +1,67 @@
+"""Repeated blocks at a glance: copy 0 of a ``repeat:`` block is shown in full, the other copies
+as one "×N" marker. Diagrams and tables both fold this way unless asked to ``expand``.
+
+A block with ``repeat: 48`` expands into tensors ``layers/0/...`` to ``layers/47/...``; the copies
+are identical but for their params, so drawing or listing all of them only repeats copy 0.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Fold:
+    """Copies 1..N-1 of one repeated block, shown as one marker."""
+
+    block: str  # the block step's id: 'layers'
+    use: str  # the block file: 'blocks/encoder_layer.yaml'
+    shown: str  # the copy shown in full: 'layers/0'
+    hidden: tuple[str, ...]  # the id prefixes of the folded copies: 'layers/1' ... 'layers/47'
+
+    @property
+    def key(self) -> str:
+        """A name for the marker that no group or tensor id can have ('…' is not allowed in ids)."""
+        return f"{self.hidden[0]}…{self.hidden[-1].rsplit('/', 1)[-1]}" if len(self.hidden) > 1 else self.hidden[0]
+
+    @property
+    def copies(self) -> int:
+        return len(self.hidden) + 1
+
+    @property
+    def title(self) -> str:
+        return f"{self.hidden[0]} … {self.hidden[-1]}" if len(self.hidden) > 1 else self.hidden[0]
+
+    @property
+    def about(self) -> str:
+        n = len(self.hidden)
+        return f"copies 1–{n} of {self.copies} of {self.use}, each like {self.shown}" if n > 1 else f"copy 1 of 2 of {self.use}"
+
+
+def repeat_folds(analysis: Any) -> dict[str, Fold]:
+    """Tensor id (steps, their inner records, params) -> the fold that hides it. A copy nested in a
+    folded copy belongs to the outer fold; inside copy 0, a nested repeated block folds on its own."""
+    prefixes: dict[str, Fold] = {}
+    for info in analysis.blocks.values():
+        if info.repeat and len(info.copies) > 1:
+            fold = Fold(info.id, info.use, info.copies[0], tuple(info.copies[1:]))
+            prefixes.update(dict.fromkeys(fold.hidden, fold))
+    if not prefixes:
+        return {}
+    ids = list(analysis.metas) + list(analysis.graph.order)
+    folds = {}
+    for tensor_id in ids:
+        fold = _outermost(tensor_id, prefixes)
+        if fold is not None:
+            folds[tensor_id] = fold
+    return folds
+
+
+def _outermost(tensor_id: str, prefixes: dict[str, Fold]) -> Fold | None:
+    parts = tensor_id.split("/")
+    for n in range(1, len(parts)):
+        fold = prefixes.get("/".join(parts[:n]))
+        if fold is not None:
+            return fold
+    return None
