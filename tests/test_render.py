@@ -99,7 +99,7 @@ def stack_trace():
 
 def test_collapse_a_block_by_path_prefix_or_glob(stack_trace):
     def collapsed(*patterns):
-        dot = dot_source(stack_trace, collapse=patterns)
+        dot = dot_source(stack_trace, collapse=patterns, expand=True)
         return [line for line in dot.splitlines() if " collapsed</FONT>" in line], dot
 
     steps_per_layer = sum(1 for s in stack_trace.analysis.pipeline.steps if s.group == "layers/0")
@@ -112,11 +112,50 @@ def test_collapse_a_block_by_path_prefix_or_glob(stack_trace):
     whole, dot = collapsed("layers")
     assert len(whole) == 1 and f"{48 * steps_per_layer} steps" in whole[0]
     assert {(t, h) for t, h, _ in edges(dot)} == {("x", "group@48"), ("group@48", "output@layers/47/out")}
+    assert "layers ×48" in whole[0]  # the copies it holds
     one, _ = collapsed("layers/3")
     assert len(one) == 1 and "layers/3" in one[0]
     with pytest.raises(TracerError) as info:
         dot_source(stack_trace, collapse=["layer/*"])
     assert info.value.code == "unknown-group" and "'layers'" in str(info.value) and "'layers/*'" in str(info.value)
+
+
+def _marker(dot: str, text: str) -> tuple[str, str]:
+    """The node whose label holds ``text`` (a repeat marker): its name and its line."""
+    line = next(line for line in dot.splitlines() if text in line and " [" in line)
+    return line.strip().split(" [")[0].strip('"'), line
+
+
+def test_a_repeated_block_is_drawn_once_with_one_marker_for_the_other_copies(stack_trace, tmp_path):
+    dot = dot_source(stack_trace)
+    marker, line = _marker(dot, "×47")
+    assert "layers/1 … layers/47" in line and "copies 1–47 of 48 of blocks/encoder_layer.yaml" in line
+    assert "(B, T, d_model) → (B, T, d_model)" in line
+    chain = {(t, h) for t, h, _ in edges(dot)}
+    assert ("layers/0/out", marker) in chain and (marker, "output@layers/47/out") in chain
+    assert not any(t.startswith("layers/1/") or h.startswith("layers/1/") for t, h in chain)
+    # --collapse still applies to the copy drawn, and the marker stays
+    per_copy = dot_source(stack_trace, collapse=["layers/*"])
+    assert per_copy.count(" collapsed</FONT>") == 1 and "×47" in per_copy
+    # the picture does not grow with the number of copies
+    (tmp_path / "blocks").mkdir()
+    shutil.copy(PIPELINES / "blocks" / "encoder_layer.yaml", tmp_path / "blocks")
+    (tmp_path / "few.yaml").write_text(STACK.read_text().replace("repeat: 48", "repeat: 3"))
+    few = dot_source(tracer.load(tmp_path / "few.yaml").run(device="meta"))
+    assert "×2" in few and len(few.splitlines()) == len(dot.splitlines())
+
+
+def test_graphviz_warnings_reach_stderr(tmp_path, monkeypatch, capsys):
+    fake = tmp_path / "dot"  # says what dot says when a PNG is too large, and writes a picture
+    fake.write_text(
+        "#!/bin/sh\necho 'Warning: graph is too large for cairo-renderer bitmaps. Scaling by 0.25 to fit' >&2\n"
+        'while [ $# -gt 1 ]; do if [ "$1" = -o ]; then echo picture > "$2"; fi; shift; done\n'
+    )
+    fake.chmod(0o755)
+    monkeypatch.setenv("TRACER_DOT", str(fake))
+    render_file(causal_trace(), tmp_path / "x.png")
+    err = capsys.readouterr().err
+    assert "warning[dot-warning]: Graphviz: Warning: graph is too large" in err and "Scaling by 0.25" in err
 
 
 def test_collapse_of_an_unknown_group_names_the_groups():
@@ -315,4 +354,4 @@ def test_gallery_collapse_patterns_escape_group_names(tmp_path):
     )
     pipeline = tracer.load(tmp_path / "top.yaml")
     assert repeated_blocks(pipeline) == ["stack [[]A]/s/*"]
-    assert dot_source(pipeline.run(device="meta"), repeated_blocks(pipeline)).count(" collapsed</FONT>") == 3
+    assert dot_source(pipeline.run(device="meta"), repeated_blocks(pipeline), expand=True).count(" collapsed</FONT>") == 3

@@ -47,7 +47,7 @@ def render_one(path: Path, svg: Path) -> str:
 
     pipeline = Pipeline(*load_spec(path))
     pipeline.check().raise_errors()
-    render_file(_run(pipeline), svg, repeated_blocks(pipeline))
+    render_file(_run(pipeline), svg)  # a repeated block: its first copy and one ×N node
     return _markdown_text((pipeline.spec.description or pipeline.name).strip().splitlines()[0])
 
 
@@ -81,8 +81,8 @@ def report_one(path: Path, html: Path) -> None:
 
 
 def repeated_blocks(pipeline) -> list[str]:
-    """Collapse patterns that draw each copy of a ``repeat:`` block as one node: a 48-layer stack
-    fits on a page, and the block's own file is drawn in full beside it."""
+    """Collapse patterns that draw each copy of a ``repeat:`` block as one node: the report's
+    diagram shows every copy (each is clickable), and a 48-layer stack still fits on a page."""
     return [
         glob.escape(f"{step.group}/{step.id}" if step.group else step.id) + "/*"
         for step in pipeline.spec.steps

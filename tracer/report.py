@@ -69,7 +69,7 @@ def _asset(name: str) -> str:
 
 
 def _svg(trace: Trace, collapse: Iterable[str]) -> str:
-    source = diagram(trace, collapse, links=True).source
+    source = diagram(trace, collapse, links=True, expand=True).source  # every record has a node to select
     svg = render_bytes(source, "svg", trace.analysis.source.file).decode("utf-8")  # render's time limit and messages
     # inline SVG needs no XML prolog; Graphviz's comments only repeat node names
     return re.sub(r"<!--.*?-->", "", svg[svg.index("<svg") :], flags=re.S)

@@ -224,11 +224,11 @@ def _grouped(trace: Trace, depth: int | None, expand: bool) -> tuple[list, list]
         fold = folds.get(record.id)
         group = group_of.get(record.id)
         key = label = None
-        if fold is not None:
-            key, label, what = fold.key, fold.key, f"×{len(fold.hidden)}"
-        elif group is not None and group.count("/") + 1 > depth:
+        if group is not None and group.count("/") + 1 > depth:  # a group row holds every copy inside it
             key = label = "/".join(group.split("/")[:depth])
             what = "group"
+        elif fold is not None:
+            key, label, what = fold.key, fold.key, f"×{len(fold.hidden)}"
         target = params if record.op == "param" else tensors
         if key is None:
             target.append(record)
