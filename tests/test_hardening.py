@@ -155,7 +155,8 @@ def test_a_dot_that_takes_too_long_is_stopped_with_a_hint_to_fold(tmp_path, monk
     monkeypatch.setattr(render.subprocess, "run", slow)
     with pytest.raises(TracerError) as info:
         render_file(tracer.load(CAUSAL).run(device="meta"), tmp_path / "m.svg", timeout=3)
-    assert info.value.code == "render-timeout" and "--collapse" in str(info.value) and "3 s" in str(info.value)
+    message = str(info.value)
+    assert info.value.code == "render-timeout" and "--expand" in message and "--collapse" in message and "3 s" in message
     assert list(tmp_path.iterdir()) == []
 
 
