@@ -2,6 +2,7 @@
 
 import subprocess
 import sys
+import textwrap
 import types
 
 import pytest
@@ -179,3 +180,67 @@ def test_torch_export_accepts_the_canonical_modules(name, sources):
     module.load_state_dict({name.replace("/", "."): trace[name].tensor for name in trace.analysis.pipeline.params})
     program = torch.export.export(module.eval(), inputs)
     assert_module_equals_trace(program.module(), trace, load=False)
+
+
+NESTED = {
+    "blocks/inner.yaml": """
+        name: inner-block
+        dims: {N: 3, D: 4, E: 2 * D}
+        inputs:
+          h: {shape: [N, D], init: randn}
+          g: {shape: [N, D], init: randn}
+        params:
+          w-1.weight: {shape: [E, D], init: linear}
+          w-1.bias: {shape: [E], init: linear, fan_in: D}
+          back: {shape: [D, E], init: randn}
+        steps:
+          - {id: a, op: linear, input: h, weight: w-1.weight, bias: w-1.bias}
+          - {id: c, op: linear, input: a, weight: back}
+          - {id: out, op: add, inputs: [c, g]}
+    """,
+    "blocks/outer.yaml": """
+        name: outer
+        dims: {N: 3, D: 4}
+        inputs:
+          x: {shape: [N, D], init: randn}
+          y: {shape: [N, D], init: randn}
+        params:
+          scale-p: {shape: [D], init: full, value: 0.5}
+        steps:
+          - {id: first, op: block, use: inner.yaml, inputs: [x, y], repeat: 2}
+          - {id: scaled, op: mul, inputs: [first, scale-p]}
+    """,
+    "top.yaml": """
+        name: edge top
+        dims: {N: 3, sum: 4}
+        dtype: float64
+        seed: 5
+        params:
+          mask: {shape: [N, N], values: [[true, false, true], [true, true, false], [false, true, true]]}
+        inputs:
+          x: {shape: [N, sum], init: randn}
+        steps:
+          - {id: shared, op: block, use: blocks/outer.yaml, inputs: [x, x], dims: {D: sum}, repeat: 3, share_params: true}
+          - {id: nest, op: block, use: blocks/outer.yaml, inputs: [shared, x], dims: {D: sum}}
+          - {id: s, op: einsum, inputs: [nest, x], equation: "nd,md->nm"}
+          - {id: m, op: mask, input: s, mask: mask, polarity: keep, fill: -1.0e9}
+          - {id: parts, op: split, dim: 1, sizes: [1, 2], outputs: [p1, p2]}
+        outputs: [p2, x, nest]
+    """,
+}
+
+
+def test_nested_shared_blocks_odd_ids_buffers_and_float64(tmp_path):
+    """Blocks in blocks (one shared by 3 copies), ids that are not identifiers, a bool buffer."""
+    for name, text in NESTED.items():
+        (tmp_path / name).parent.mkdir(exist_ok=True)
+        (tmp_path / name).write_text(textwrap.dedent(text))
+    pipeline = tracer.load(tmp_path / "top.yaml")
+    trace = pipeline.run(keep_values=True)
+    source, cls = exported(pipeline)
+    assert '__all__ = ["EdgeTop", "InnerBlock", "Outer"]' in source and "class InnerBlock" in source.split("class Outer")[0]
+    assert 'setattr(self, "scale-p", nn.Parameter(' in source and 'self.register_buffer("mask"' in source
+    module = cls()
+    assert "shared.first.1.w-1.weight" in module.state_dict() and "nest.first.0.back" in module.state_dict()
+    assert all(torch.equal(module.state_dict()[n.replace("/", ".")], trace[n].tensor) for n in trace.analysis.pipeline.params)
+    assert_module_equals_trace(module, trace)

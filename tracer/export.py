@@ -13,7 +13,6 @@ by a fixed rule, and dim expressions are re-printed from tracer's own parse tree
 
 from __future__ import annotations
 
-import builtins
 import inspect
 import keyword
 import math
@@ -34,7 +33,7 @@ from .steps._rules import atom, py_float, py_tuple
 from .steps.block import Block
 
 # names the generated code needs for itself; a tensor or dim with one of these names is renamed
-RESERVED = {"self", "torch", "math", "F", "nn", "seed"}
+RESERVED = {"self", "torch", "math", "F", "nn", "seed", "super", "range", "getattr", "setattr", "ValueError", "bound"}
 _MODULE_ATTRIBUTES = None  # nn.Module's own attribute names, read once (a param cannot take one)
 
 
@@ -126,7 +125,7 @@ class _Writer:
         if not base.isidentifier():
             base = f"t_{base}"
         chosen, n = base, 1
-        while chosen in scope.used or chosen in self.reserved or keyword.iskeyword(chosen) or hasattr(builtins, chosen):
+        while chosen in scope.used or chosen in self.reserved or keyword.iskeyword(chosen):
             n += 1
             chosen = f"{base}_{n}"
         scope.used.add(chosen)
@@ -224,7 +223,7 @@ class _Writer:
             if not isinstance(step, Block):
                 continue
             info = self.analysis.blocks[scope.prefix + step.id]
-            call = f"{self._block_class(info, step)}({self._block_dims(scope, step, info)})"
+            call = f"{self._block_class(scope, info, step)}({self._block_dims(scope, step, info)})"
             if step.repeat and not step.share_params:
                 call = f"nn.ModuleList([{call} for _ in range({step.repeat})])"
             lines.append(_assign("self", step.id, call))
@@ -244,14 +243,19 @@ class _Writer:
                 given.append(f"{names[name]}={scope.names[name]}")
         return ", ".join(given)
 
-    def _block_class(self, info, step: Block) -> str:
+    def _block_class(self, parent: _Scope, info, step: Block) -> str:
+        """The block file's class, written from its first copy (its params' ids follow the parent's:
+        a block inside a block that shares its params shares them too)."""
         if info.path not in self.classes:
             spec, source = load_spec(info.path)
             prefix = info.copies[0] + "/"
-            scope = self._scope(spec, source, prefix, f"{step.id}/" if step.share_params else prefix, info.dims)
+            own = f"{step.id}/" if step.share_params else info.copies[0][len(parent.prefix) :] + "/"
+            scope = self._scope(spec, source, prefix, parent.param_prefix + own, info.dims)
             name = self._class_name(spec.name)
             self.classes[info.path] = (name, "", scope.names)  # reserved before writing: a nested block gets the next name
-            self.classes[info.path] = (name, self._class(scope, name, top=False), scope.names)
+            source = self._class(scope, name, top=False)
+            del self.classes[info.path]  # written after the blocks it includes, which are defined first
+            self.classes[info.path] = (name, source, scope.names)
         return self.classes[info.path][0]
 
     # ------------------------------------------------------------------ forward
@@ -302,7 +306,7 @@ class _Writer:
                     )
                 )
             exprs.append(expr)
-            shapes.append(self.analysis.metas[self.analysis.output_of(eid)].symbolic)
+            shapes.append(_shape(self.analysis.metas[self.analysis.output_of(eid)], scope))
         return [f"return {', '.join(exprs)}  # {', '.join(shapes)}"]
 
     def _step(self, scope: _Scope, step) -> list[str]:
@@ -319,7 +323,9 @@ class _Writer:
             scope.exprs[name] = var
         if step.output_field is None:
             scope.exprs[analysis.output_of(eid)] = targets[0]
-        shapes = ", ".join(analysis.metas[o].symbolic for o in expanded.output_ids()) if step.output_field else outs[-1].symbolic
+        shapes = (
+            ", ".join(_shape(analysis.metas[o], scope) for o in expanded.output_ids()) if step.output_field else _shape(outs[-1], scope)
+        )
         tag = f"# {shapes} {printable(step.id)}"
         if isinstance(code, str):
             return [f"{', '.join(targets)} = {code}  {tag}"]
@@ -332,7 +338,7 @@ class _Writer:
         var = self._free(scope, step.id)
         out_id = analysis.aliases[scope.prefix + step.id]
         scope.exprs[out_id] = scope.exprs[scope.prefix + step.id] = var
-        shape = analysis.metas[out_id].symbolic
+        shape = _shape(analysis.metas[out_id], scope)
         module = _access([step.id])
         rest = "".join(f", {x}" for x in inputs[1:])
         tag = f"# {shape} {printable(step.id)}"
@@ -378,6 +384,12 @@ def _mark_unused(body: list[str], outputs: list[str]) -> list[str]:
         read = target and any(re.search(rf"(?<![\w.]){target.group(1)}\b", later) for later in code[j + 1 :])
         marked.append(line if not target or read else f"{line}  # noqa: F841")
     return marked
+
+
+def _shape(meta: Meta, scope: _Scope) -> str:
+    """A tensor's symbolic shape in the scope's own dims (a block's output, seen from the including
+    file, is written in the including file's names, or numbers)."""
+    return "(" + ", ".join(size_source(d, scope) for d in meta.shape) + ")"
 
 
 def size_source(dim: Dim, scope: _Scope) -> str:
@@ -494,10 +506,7 @@ def _init_source(decl: TensorDecl, meta: Meta, scope: _Scope, writer: _Writer) -
         return [], f"torch.ones({with_dtype}).{init}({'1' if init == 'triu' else ''})"
     fan_in = _source(dimexpr.parse(decl.fan_in), scope.names) if decl.fan_in is not None else dims[-1]
     helper = _helper(writer, "linear_bound", inspect.getsource(linear_bound))
-    bound = "bound" if "bound" not in scope.names.values() else "bound_"
-    return [
-        f"{bound} = {helper}({fan_in}, {len(dims)})  # as nn.Linear initialises it"
-    ], f"torch.empty({with_dtype}).uniform_(-{bound}, {bound})"
+    return [f"bound = {helper}({fan_in}, {len(dims)})  # as nn.Linear initialises it"], f"torch.empty({with_dtype}).uniform_(-bound, bound)"
 
 
 def _helper(writer: _Writer, name: str, source: str) -> str:
