@@ -1,5 +1,7 @@
 """``tracer.to_module``: the pipeline as a trainable nn.Module."""
 
+import shutil
+
 import pytest
 import torch
 
@@ -59,12 +61,16 @@ def test_dropout_follows_train_and_eval_and_the_last_trace_is_kept(causal):
     assert trace["scores"].symbolic == "(B, H, T, T)"
 
 
-def test_state_dict_keys_are_the_exported_modules(causal):
-    """One naming: an exported module's weights load into to_module's, and back."""
-    pipeline = tracer.load(PIPELINES / "encoder_stack.yaml")
-    _, cls = exported(pipeline, {"d_model": 4, "H": 2})
-    exported_module = cls(d_model=4, H=2)
-    module = tracer.to_module(pipeline, dims={"d_model": 4, "H": 2})
+def test_state_dict_keys_are_the_exported_modules(tmp_path):
+    """One naming: an exported module's weights load into to_module's (a block repeated: layers.1.W_Q)."""
+    (tmp_path / "blocks").mkdir()
+    shutil.copy(PIPELINES / "blocks" / "encoder_layer.yaml", tmp_path / "blocks")
+    stack = (PIPELINES / "encoder_stack.yaml").read_text().replace("repeat: 48", "repeat: 2")
+    (tmp_path / "stack.yaml").write_text(stack.replace("d_model: 16", "d_model: 4").replace("H: 4", "H: 2"))
+    pipeline = tracer.load(tmp_path / "stack.yaml")
+    exported_module = exported(pipeline)[1]()
+    module = tracer.to_module(pipeline)
+    assert "layers.1.W_Q" in module.state_dict()
     module.load_state_dict(exported_module.state_dict())
     x = torch.randn(2, 8, 4)
     with torch.no_grad():
