@@ -3,7 +3,7 @@ VENV    := .venv
 PY      := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed
 
-.PHONY: install test demo fuzz bench schema clean graphviz chromium
+.PHONY: install test demo fuzz bench bench-docs schema clean graphviz chromium
 
 install: $(STAMP)
 
@@ -46,11 +46,14 @@ demo: install
 fuzz: install
 	$(PY) -m tests.fuzz 10000
 
-bench: install
+bench: install  # the report goes to build/benchmarks.md; `make bench-docs` updates the published docs/benchmarks.md
 	$(PY) benchmarks/run.py
 
-schema: install
-	$(PY) -m tracer schema > docs/pipeline.schema.json
+bench-docs: install
+	$(PY) benchmarks/run.py --output docs/benchmarks.md
+
+schema: install  # docs/format.md, docs/pipeline.schema.json and the copy in the package
+	$(PY) -m tracer.docgen docs
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

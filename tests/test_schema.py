@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 from jsonschema import Draft7Validator
 
-from tests.conftest import PIPELINES, ROOT
+import tracer
+from tests.conftest import PIPELINES, ROOT, tracer_cli
 from tracer.docgen import PACKAGED_SCHEMA, schema_text
 from tracer.errors import TracerError
 from tracer.spec.load import validate
@@ -112,3 +113,10 @@ def test_the_schema_rejects_what_tracer_rejects(validator, document):
     # no tensor, shapes
     assert not _tracer_accepts(document)
     assert _schema_errors(validator, document), textwrap.indent(document, "  ")
+
+
+def test_the_cli_prints_the_shipped_schema_its_path_and_its_version():
+    assert tracer_cli("schema").stdout == PACKAGED_SCHEMA.read_text()
+    assert tracer_cli("schema", "--path").stdout.strip() == str(PACKAGED_SCHEMA.resolve())
+    version = tracer_cli("--version")
+    assert version.returncode == 0 and version.stdout == f"tracer {tracer.__version__}\n"
