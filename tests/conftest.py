@@ -2,6 +2,8 @@ import contextlib
 import functools
 import io
 import os
+import sys
+import tempfile
 import textwrap
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,6 +56,27 @@ def pipeline_text(body: str, dims: str = "", inputs: str = "", params: str = "")
         if text.strip():
             parts.append(f"{section}:\n" + textwrap.indent(textwrap.dedent(text).strip("\n"), "  "))
     return "\n".join(parts) + "\n"
+
+
+@pytest.fixture
+def _keep_libraries_loaded(monkeypatch):
+    """pytester unloads every module that a test or an in-process run imported first. Libraries
+    cannot all be imported twice in one process (torch's operator registrations: torch._dynamo is
+    imported lazily on a first masked_fill; C extensions that refuse to load twice), so only the
+    modules of pytester's own temporary projects are unloaded."""
+    from _pytest.pytester import SysModulesSnapshot
+
+    scratch = tempfile.gettempdir()
+
+    def from_elsewhere(name: str) -> bool:
+        return not str(getattr(sys.modules.get(name), "__file__", None) or "").startswith(scratch)
+
+    monkeypatch.setattr(pytest.Pytester, "_Pytester__take_sys_modules_snapshot", lambda self: SysModulesSnapshot(preserve=from_elsewhere))
+
+
+@pytest.fixture
+def pytester(_keep_libraries_loaded, pytester):
+    return pytester
 
 
 @pytest.fixture

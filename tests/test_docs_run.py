@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-import torch  # noqa: F401  (pytester unloads what an in-process run imports first; torch cannot be imported twice)
 
 from tests.conftest import ROOT, tracer_cli
 

@@ -1,7 +1,6 @@
 """The pytest plugin's pipeline items behave as pytest items: collected, counted, selected, reported."""
 
 import pytest
-import torch  # noqa: F401  (the inner runs are in-process and pytester unloads what they import first; torch cannot be imported twice)
 
 from tests.conftest import PIPELINES
 
