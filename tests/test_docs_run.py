@@ -29,6 +29,7 @@ NOT_RUN = {  # (document, the block's first word) of the blocks that only illust
     ("README.md", "make"),  # make test, make demo: the test suite itself, and the gallery
     ("architecture.md", "@register"),  # adding a step kind would register it in this process
     ("quickstart.md", "make"),  # make install: sets up the environment these tests run in
+    ("export.md", "class"),  # an exported module, abridged: the export tests check the real one
 }
 
 
