@@ -67,3 +67,11 @@ def test_lints_are_warnings_at_their_line_and_can_be_made_errors(project):
 
 def test_ignore_glob_leaves_pipeline_files_out(project):
     run(project, "--ignore-glob=*/bad.yaml", "--ignore-glob=*/linted.yaml").assert_outcomes(passed=2)
+
+
+def test_the_ini_option_is_relative_to_the_ini_files_folder(project, monkeypatch):
+    project.makeini("[pytest]\ntracer_pipelines = pipes/good.yaml\n")
+    (project.path / "sub").mkdir()
+    monkeypatch.chdir(project.path / "sub")  # started elsewhere, as from an editor's terminal
+    result = project.runpytest("-p", "no:cacheprovider", "-p", "no:hypothesispytest", str(project.path))
+    result.assert_outcomes(passed=2)  # the pipeline and test_plain.py

@@ -51,9 +51,11 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def _matching_files(config: pytest.Config) -> list[Path]:
-    base = config.invocation_params.dir
+    """Command-line globs are relative to where pytest started, the ini file's to its folder (the rootdir)."""
+    here, root = config.invocation_params.dir, config.rootpath
+    patterns = [(here, p) for p in config.getoption("tracer_pipelines")] + [(root, p) for p in config.getini("tracer_pipelines")]
     found: dict[Path, None] = {}
-    for pattern in config.getoption("tracer_pipelines") + config.getini("tracer_pipelines"):
+    for base, pattern in patterns:
         full = pattern if Path(pattern).is_absolute() else str(base / pattern)
         for name in sorted(glob.glob(full, recursive=True)):
             path = Path(name).resolve()
