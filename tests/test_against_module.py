@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from tests.conftest import PIPELINES
+from tests.test_export import exported, small_stack
 from tracer import verify, weights
 
 ENCODER = PIPELINES / "encoder_block.yaml"
@@ -54,3 +55,15 @@ def test_multihead_attention_through_a_call(layer):
         PIPELINES / "causal_mha.yaml", mha, weights=renamed, call=lambda m, x: m(x, x, x, attn_mask=causal, need_weights=False)[0]
     )
     assert diffs["out"] <= 1e-6
+
+
+def test_an_exported_module_points_at_the_block_copy_that_differs(tmp_path):
+    """Against its own export, with one layer's weights changed: the copy is named by its submodule."""
+    pipeline = small_stack(tmp_path, 5)
+    module = exported(pipeline)[1]()
+    params = {name: tensor.clone() for name, tensor in module.state_dict().items()}
+    assert verify.against_module(pipeline, module, weights=params)["layers/4/out"] <= 1e-5
+    with torch.no_grad():
+        module.layers[3].b_1 += 1.0
+    with pytest.raises(verify.VerificationError, match=r"first recorded tensor that differs is 'layers/3/out' vs submodule 'layers.3'"):
+        verify.against_module(pipeline, module, weights=params)

@@ -1,5 +1,6 @@
 """``tracer export``: every bundled pipeline as a standalone nn.Module that computes its traced run."""
 
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -73,6 +74,15 @@ def check_export(pipeline: tracer.Pipeline, trace: tracer.Trace) -> float:
     for name, got in zip(trace.analysis.outputs, results):
         assert torch.allclose(got, outputs[name], atol=1e-6, equal_nan=True), name
     return 0.0
+
+
+def small_stack(folder, repeat: int) -> tracer.Pipeline:
+    """encoder_stack.yaml with ``repeat`` layers of width 4, written in ``folder`` beside its block."""
+    (folder / "blocks").mkdir(exist_ok=True)
+    shutil.copy(PIPELINES / "blocks" / "encoder_layer.yaml", folder / "blocks")
+    stack = (PIPELINES / "encoder_stack.yaml").read_text().replace("repeat: 48", f"repeat: {repeat}")
+    (folder / "stack.yaml").write_text(stack.replace("d_model: 16", "d_model: 4").replace("H: 4", "H: 2"))
+    return tracer.load(folder / "stack.yaml")
 
 
 BUNDLED = bundled_pipelines()

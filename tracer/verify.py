@@ -341,7 +341,8 @@ def against_module(
     output's difference and the first recorded tensor, in run order, whose values differ from the
     output of the module's submodule of the same name (forward hooks): ``names`` maps record ids to
     submodule names (``{"encoder/normed_1": "norm1"}``); otherwise a submodule matches a record
-    whose id, with ``.`` for ``/``, is its name::
+    whose id, with ``.`` for ``/``, is its name, and a block copy's output (``layers/3/out``) the
+    submodule of the copy (``layers.3``), as in an exported module::
 
         layer = nn.TransformerEncoderLayer(2, 2, 4, dropout=0.0, batch_first=True)
         verify.against_module("pipelines/encoder_block.yaml", layer, weights=weights.rename(layer.state_dict(), MAP))
@@ -399,9 +400,10 @@ def _max_diff(a, b) -> float:
 
 def _divergence(trace, captured: dict, names: Mapping[str, str], atol: float) -> str:
     """The first record (in run order) that differs from the submodule of the same name."""
+    blocks = {record: block for block, record in trace.analysis.aliases.items()}  # a block copy's output: its submodule's
     matched = 0
     for record in trace.records:
-        sub = names.get(record.id) or record.id.replace("/", ".")
+        sub = names.get(record.id) or blocks.get(record.id, record.id).replace("/", ".")
         theirs = captured.get(sub)
         if theirs is None or record.tensor is None or tuple(theirs.shape) != tuple(record.tensor.shape):
             continue
