@@ -78,7 +78,7 @@ class _Writer:
         self.reserved = RESERVED | set(reserved)
         self.helpers: dict[str, str] = {}
         self.classes: dict[str, tuple[str, str, dict]] = {}  # block file path -> (class name, source, its dims' Python names)
-        self.taken: set[str] = set()
+        self.taken: set[str] = {"F"}  # class names: torch.nn.functional is F
         self.used: set[str] = set()
 
     # ------------------------------------------------------------------ the module
@@ -158,7 +158,7 @@ class _Writer:
             lines.append(
                 ", ".join(f"self.{self._attr(scope, n)}" for n in spec.dims) + " = " + ", ".join(scope.names[n] for n in spec.dims)
             )
-        if top and (spec.inputs or spec.params):
+        if top:
             lines += ["if seed is not None:", "    torch.manual_seed(seed)  # then every tensor in the order the file declares it"]
         lines += self._tensors(scope, top)
         signature = ", ".join(["self", "*", *args]) if args else "self"
