@@ -170,7 +170,14 @@ def test_gallery_writes_reports_for_the_chosen_pipelines(tmp_path):
     (src / "other.yaml").write_text(CAUSAL.read_text().replace("name: causal_mha", "name: other"))
     out = tmp_path / "gallery"
     build(src, out)
-    assert sorted(p.name for p in out.iterdir()) == ["README.md", "causal_mha.html", "causal_mha.svg", "other.svg"]
+    assert sorted(p.name for p in out.iterdir()) == [
+        "README.md",
+        "causal_mha.html",
+        "causal_mha.py",
+        "causal_mha.svg",
+        "other.py",
+        "other.svg",
+    ]
     assert "(causal_mha.html)" in (out / "README.md").read_text()
 
 
