@@ -389,7 +389,15 @@ def _mark_unused(body: list[str], outputs: list[str]) -> list[str]:
 def _shape(meta: Meta, scope: _Scope) -> str:
     """A tensor's symbolic shape in the scope's own dims (a block's output, seen from the including
     file, is written in the including file's names, or numbers)."""
-    return "(" + ", ".join(size_source(d, scope) for d in meta.shape) + ")"
+    return "(" + ", ".join(d.label if size_source(d, scope) == _relabel(d, scope) else size_source(d, scope) for d in meta.shape) + ")"
+
+
+def _relabel(dim: Dim, scope: _Scope) -> str | None:
+    """The dim's own label in the scope's names, when it is written in them (the trace's spelling)."""
+    try:
+        return _source(dimexpr.parse(dim.label), scope.names)
+    except dimexpr.DimError:
+        return None
 
 
 def size_source(dim: Dim, scope: _Scope) -> str:
