@@ -53,11 +53,11 @@ class Pipeline003MhaStepByStep(nn.Module):
         bound = linear_bound(d_model, 1)  # as nn.Linear initialises it
         self.output_creator.bias = nn.Parameter(torch.empty(d_model).uniform_(-bound, bound))  # (d_model)
 
-    def forward(self, input_2, mask_random):
+    def forward(self, input, mask_random):
         batch_size, seq_len, d_model, num_heads, d_k = self.batch_size, self.seq_len, self.d_model, self.num_heads, self.d_k  # dims
-        queries = F.linear(input_2, self.query_creator.weight, self.query_creator.bias)  # (batch_size, seq_len, d_model) queries
-        keys = F.linear(input_2, self.key_creator.weight, self.key_creator.bias)  # (batch_size, seq_len, d_model) keys
-        values = F.linear(input_2, self.value_creator.weight, self.value_creator.bias)  # (batch_size, seq_len, d_model) values
+        queries = F.linear(input, self.query_creator.weight, self.query_creator.bias)  # (batch_size, seq_len, d_model) queries
+        keys = F.linear(input, self.key_creator.weight, self.key_creator.bias)  # (batch_size, seq_len, d_model) keys
+        values = F.linear(input, self.value_creator.weight, self.value_creator.bias)  # (batch_size, seq_len, d_model) values
         queries_view = queries.view(batch_size, seq_len, num_heads, d_k)  # (batch_size, seq_len, num_heads, d_k) queries_view
         keys_view = keys.view(batch_size, seq_len, num_heads, d_k)  # (batch_size, seq_len, num_heads, d_k) keys_view
         values_view = values.view(batch_size, seq_len, num_heads, d_k)  # (batch_size, seq_len, num_heads, d_k) values_view
