@@ -1,11 +1,14 @@
 """FLOPs as torch counts them, and big models at a glance: `tracer run`'s folded, sized table."""
 
+import io
 import json
 import math
+import time
 
 import pytest
 
 from tests.conftest import PIPELINES, assert_flops_as_counted, pipeline_text, shared_pipeline, tracer_cli
+from tracer import progress
 
 STACK = PIPELINES / "encoder_stack.yaml"
 
@@ -80,3 +83,24 @@ def test_json_carries_flops_per_record_and_totals():
     table = tracer_cli("run", PIPELINES / "causal_mha.yaml").stdout
     assert f"· {data['totals']['flops'] / 1000:.3g}K FLOPs ({data['totals']['flops']:,})" in table
     assert math.isclose(data["totals"]["peak_bytes"], shared_pipeline(PIPELINES / "causal_mha.yaml").check().peak_bytes)
+
+
+class _Terminal(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def test_progress_shows_on_a_terminal_only_and_erases_itself(monkeypatch):
+    monkeypatch.setattr(progress, "DELAY", 0.0)
+    terminal = _Terminal()
+    with progress.Progress("running", total=3, stream=terminal) as line:
+        line.step("q")
+    assert "tracer: running 1/3 · 0 s · q" in terminal.getvalue() and terminal.getvalue().endswith("\r\x1b[2K")
+    for stream, quiet in ((_Terminal(), True), (io.StringIO(), False)):  # --quiet, or a pipe
+        with progress.Progress("running", total=3, stream=stream, quiet=quiet) as line:
+            line.step("q")
+        assert stream.getvalue() == ""
+    ticking = _Terminal()
+    with progress.Progress("drawing x.svg", stream=ticking).ticking():
+        time.sleep(0.05)
+    assert "tracer: drawing x.svg · 0 s" in ticking.getvalue()

@@ -107,6 +107,11 @@ class Pipeline:
     def __repr__(self) -> str:
         return f"<Pipeline {self.name!r} from {self.path}: {len(self.spec.steps)} steps>"
 
+    def _repr_html_(self) -> str:
+        from .notebook import pipeline_html
+
+        return pipeline_html(self)
+
 
 def _renderer():
     from . import render  # the API joins running and drawing; neither layer imports the other

@@ -100,6 +100,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--expand", action="store_true", help="list every copy of a repeated block (default: the first copy and one ×N row for the rest)"
     )
+    _quiet_option(run)
     run.add_argument("--depth", type=_positive, metavar="N", help="show groups nested deeper than N levels as one row each")
     run.add_argument("--device", default="cpu", type=_device, help="torch device: cpu, cuda, meta (default: cpu)")
     run.add_argument(
@@ -136,6 +137,7 @@ def _parser() -> argparse.ArgumentParser:
         metavar="GROUP",
         help="draw a group as one node: a group name, a group path ('layers' folds all copies of a block, 'layers/3' one) or a glob ('layers/*': one node per copy); repeatable",
     )
+    _quiet_option(render)
     render.add_argument(
         "--expand", action="store_true", help="draw every copy of a repeated block (default: the first copy and one ×N node for the rest)"
     )
@@ -169,6 +171,10 @@ def _parser() -> argparse.ArgumentParser:
     schema.add_argument("--path", action="store_true", help="print where the installed schema file is instead, for a $schema line")
     schema.set_defaults(handler=_schema)
     return parser
+
+
+def _quiet_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("-q", "--quiet", action="store_true", help="no progress line (it only shows on a terminal, after a second)")
 
 
 def _dims_option(parser: argparse.ArgumentParser) -> None:
@@ -225,17 +231,19 @@ def _run(args) -> int:
     pipeline = load(args.file) if not args.dim else _load_unchecked(args.file)
     from .lints import SoftmaxNaNs
 
-    nans = SoftmaxNaNs(pipeline.check(dict(args.dim)))
-    params = _weights(args, pipeline.check(dict(args.dim))) if args.weights or args.weights_map else None
-    trace = pipeline.run(
-        dims=dict(args.dim),
-        seed=args.seed,
-        keep_values=args.values,
-        device=args.device,
-        max_memory=args.max_memory,
-        observe=nans,
-        params=params,
-    )
+    analysis = pipeline.check(dict(args.dim))
+    nans = SoftmaxNaNs(analysis)
+    params = _weights(args, analysis) if args.weights or args.weights_map else None
+    with _running(analysis, args.quiet) as progress:
+        trace = pipeline.run(
+            dims=dict(args.dim),
+            seed=args.seed,
+            keep_values=args.values,
+            device=args.device,
+            max_memory=args.max_memory,
+            observe=_with_progress(nans, progress),
+            params=params,
+        )
     for warning in trace.analysis.warnings + nans.warnings():
         print(warning, file=sys.stderr)
     if args.output:
@@ -265,6 +273,26 @@ def _weights(args, analysis) -> dict:
     if args.weights_map:
         state = weights.rename(state, weights.read_map(args.weights_map))
     return weights.match(analysis, state, "params", f"--weights {printable(args.weights)}", complete=True)
+
+
+def _running(analysis, quiet: bool):
+    from .progress import Progress
+
+    made = sum(len(analysis.inner.get(s) or [s]) for s in analysis.graph.order)  # every tensor a step makes
+    return Progress("running", total=made, quiet=quiet)
+
+
+def _with_progress(observe, progress):
+    """``observe``, plus a step of the progress line when one is shown (no cost when it is not)."""
+    if not progress.enabled:
+        return observe
+
+    def both(record_id, tensor):
+        if observe is not None:
+            observe(record_id, tensor)
+        progress.step(record_id)
+
+    return both
 
 
 def _table(trace, args) -> str:
@@ -316,15 +344,19 @@ def _draw(args) -> int:
     output = Path(args.output or f"{Path(args.file).stem}.svg")
     if args.values and args.device == "meta":
         raise TracerError(Diagnostic(args.file, None, "values-on-meta", "--values needs real data: drop --device meta (or use cpu/cuda)"))
-    trace = _load_unchecked(args.file).run(dims=dict(args.dim), device=args.device, keep_values=args.values)
-    if output.suffix.lower() == ".html":
-        from .report import write_report
+    from .progress import Progress
 
-        written = write_report(trace, output, args.collapse)
-    else:
-        written = render_file(
-            trace, output, collapse=args.collapse, timeout=args.timeout, expand=args.expand
-        )  # with values: heatmaps in softmax nodes
+    pipeline = _load_unchecked(args.file)
+    with _running(pipeline.check(dict(args.dim)), args.quiet) as progress:
+        observe = _with_progress(None, progress)
+        trace = pipeline.run(dims=dict(args.dim), device=args.device, keep_values=args.values, observe=observe)
+    with Progress(f"drawing {output.name}", quiet=args.quiet).ticking():
+        if output.suffix.lower() == ".html":
+            from .report import write_report
+
+            written = write_report(trace, output, args.collapse)
+        else:  # with values: heatmaps in softmax nodes
+            written = render_file(trace, output, collapse=args.collapse, timeout=args.timeout, expand=args.expand)
     print(f"wrote {printable(written)}")
     return 0
 

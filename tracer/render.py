@@ -577,11 +577,6 @@ def _output_path(output: Path) -> Path:
     return output
 
 
-def svg_text(trace: Trace) -> str:
-    """The trace's diagram as SVG text (notebooks), under the same time limit as ``tracer render``."""
-    return render_bytes(dot_source(trace), "svg", trace.analysis.source.file).decode("utf-8")
-
-
 def render_bytes(source: str, fmt: str, pipeline_file: str, timeout: float = DOT_TIMEOUT) -> bytes:
     """Graphviz's ``dot`` (or the renderer ``find_renderer`` picks) run on DOT text in a private
     temporary folder, under a time limit; returns the picture."""

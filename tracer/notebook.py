@@ -1,0 +1,123 @@
+"""What Jupyter shows for a trace, a record and a pipeline (their ``_repr_html_``).
+
+A trace shows a header (name, dims, totals), its table (repeated blocks folded) and its diagram
+(repeated blocks folded too, under a size cap). Drawing needs the renderer the API attaches to the
+trace (``trace.renderer``, the ``tracer.render`` module): this module imports no renderer, and any
+problem drawing (no Graphviz, a diagram too large) becomes one line under the table, never a traceback.
+"""
+
+from __future__ import annotations
+
+import html
+from typing import Any
+
+from .errors import TracerError
+from .formatting import human_bytes, human_count
+from .table import ACTIVATIONS, PARAMETERS, table_rows
+
+MAX_NODES = 400  # beyond this a diagram is unreadable inline; `tracer render` still draws it
+MAX_SVG_BYTES = 2_000_000
+DRAW_TIMEOUT = 30.0  # seconds: a notebook cell should not hang on a layout
+NO_RENDERER = (
+    "No diagram: drawing needs Graphviz's <code>dot</code> (apt-get install graphviz, brew install graphviz, "
+    "conda install graphviz) or <code>pip install graphviz-pure</code>."
+)
+# one scoped style per output: every cell of the tables is styled by class, not attribute by attribute
+_STYLE = (
+    "<style>.tracer { font-family: sans-serif; font-size: 12px }"
+    " .tracer td, .tracer th { padding: 1px 8px; text-align: left; white-space: nowrap }"
+    " .tracer .note { color: #666 }</style>"
+)
+
+
+def trace_html(trace: Any) -> str:
+    tensors, params = table_rows(trace)
+    parts = [_header(trace), _scrolling(_table(ACTIVATIONS, tensors), "28em")]
+    if params:
+        count = sum(1 for r in trace.records if r.op == "param")
+        parts.append(f"<details><summary>{count:,} parameter tensors</summary>{_table(PARAMETERS, params)}</details>")
+    parts.append(_diagram(trace))
+    return f'<div class="tracer trace">{_STYLE}{"".join(parts)}</div>'
+
+
+def record_html(record: Any) -> str:
+    layout = "contiguous" if record.contiguous else "non-contiguous"
+    rows = [
+        ("op", record.op + (f" (from {', '.join(record.inputs)})" if record.inputs else "")),
+        ("shape", f"{record.symbolic}  [{', '.join(map(str, record.shape))}]"),
+        ("dtype · device", f"{record.dtype} · {record.device}"),
+        ("stride · offset", f"{tuple(record.stride)} · {record.storage_offset} · {layout}"),
+        ("storage", f"view of {record.view_of}" if record.view_of else f"own, {human_bytes(record.nbytes)}"),
+        ("FLOPs", f"{record.flops:,}"),
+    ]
+    body = "".join(f"<tr><th>{_esc(k)}</th><td>{_esc(v)}</td></tr>" for k, v in rows)
+    return f'<div class="tracer record">{_STYLE}<b>{_esc(record.id)}</b><table>{body}</table></div>'
+
+
+def pipeline_html(pipeline: Any) -> str:
+    spec, analysis = pipeline.spec, pipeline.check()
+    dims = ", ".join(f"{k}={v}" for k, v in analysis.dims.items()) or "none"
+    expanded = len(analysis.graph.order)
+    rows = [
+        ("file", pipeline.path),
+        ("dims", dims),
+        ("inputs", ", ".join(spec.inputs) or "none"),
+        ("params", f"{len(analysis.pipeline.params):,}"),
+        ("steps", f"{len(spec.steps)}" + (f" ({expanded:,} once blocks are expanded)" if expanded != len(spec.steps) else "")),
+    ]
+    about = f"<p>{_esc(spec.description.strip())}</p>" if spec.description else ""
+    body = "".join(f"<tr><th>{_esc(k)}</th><td>{_esc(v)}</td></tr>" for k, v in rows)
+    hint = '<p class="note">.run() traces it on torch; .run(device="meta") without memory</p>'
+    return f'<div class="tracer pipeline">{_STYLE}<b>{_esc(spec.name)}</b>{about}<table>{body}</table>{hint}</div>'
+
+
+def _header(trace: Any) -> str:
+    dims = ", ".join(f"{k}={v}" for k, v in trace.dims.items()) or "no dims"
+    flops = trace.total_flops
+    totals = [
+        f"{trace.param_count:,} parameters ({human_bytes(trace.param_bytes)})",
+        f"estimated peak {human_bytes(trace.peak_bytes)}",
+        f"{human_count(flops)} FLOPs" + (f" ({flops:,})" if flops >= 1000 else ""),
+        f"{len(trace.records):,} tensors",
+    ]
+    return f"<p><b style='font-size:14px'>{_esc(trace.name)}</b> &#160; {_esc(dims)}<br/>{_esc(' · '.join(totals))}</p>"
+
+
+def _table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> str:
+    head = "".join(f"<th>{_esc(h)}</th>" for h in header)
+    body = "".join("<tr>" + "".join(f"<td>{_esc(c)}</td>" for c in row) + "</tr>" for row in rows)
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _scrolling(inner: str, height: str) -> str:
+    return f'<div style="max-height:{height}; overflow:auto">{inner}</div>'
+
+
+def _diagram(trace: Any) -> str:
+    renderer = getattr(trace, "renderer", None)
+    if renderer is None:
+        return _note("No diagram: this trace has no renderer attached (traces from tracer.load(...).run() have one).")
+    source = renderer.dot_source(trace)
+    nodes = sum(
+        1 for line in source.splitlines() if " [" in line and " -> " not in line and not line.lstrip().startswith(("graph", "node", "edge"))
+    )
+    if nodes > MAX_NODES:
+        return _note(
+            f"No inline diagram: {nodes:,} nodes (the limit here is {MAX_NODES}). Fold groups with "
+            "trace.diagram(collapse=[...]), or draw it with `tracer render FILE`."
+        )
+    try:
+        svg = renderer.render_bytes(source, "svg", trace.analysis.source.file, DRAW_TIMEOUT).decode("utf-8")
+    except TracerError as exc:
+        return _note(NO_RENDERER if exc.code == "no-renderer" else _esc(exc.diagnostics[0].message), escaped=True)
+    if len(svg) > MAX_SVG_BYTES:
+        return _note(f"No inline diagram: {human_bytes(len(svg))} of SVG; draw it with `tracer render FILE`.")
+    return _scrolling(svg[svg.find("<svg") :], "60em")
+
+
+def _note(text: str, escaped: bool = False) -> str:
+    return f'<p class="note">{text if escaped else _esc(text)}</p>'
+
+
+def _esc(text: Any) -> str:
+    return html.escape(str(text), quote=True)
