@@ -26,11 +26,12 @@ def _check(generator, rnd: random.Random, tmp_path_factory, cli: bool = False) -
 
 # strategy -> cases per CI run; `make fuzz` runs the same generators 10,000 times
 GENERATED = {
-    "mutated": 90,  # bundled pipelines after structural mutations
-    "gentle": 30,  # group names, collapse patterns and nested expect keys on runnable pipelines
+    "typed": 40,  # well-typed pipelines from the step vocabulary: layouts and memory against torch
+    "mutated": 70,  # bundled pipelines after structural mutations
+    "gentle": 20,  # group names, collapse patterns and nested expect keys on runnable pipelines
     "text_mutated": 40,  # truncations and edited lines
     "dims": 40,  # degenerate and huge dims of bundled pipelines
-    "random_pipeline": 70,
+    "random_pipeline": 50,
     "random_yaml": 25,
 }
 

@@ -211,6 +211,18 @@ def gen_random_pipeline(rng) -> bytes:
     return dump(doc, rng).encode()
 
 
+def gen_typed(rng) -> bytes:
+    """A well-typed pipeline built from the step vocabulary (``typed``): it should run, so kernels,
+    layouts, memory estimates and diagrams get fuzzed; sometimes at a huge batch (meta runs only),
+    sometimes nudged by one mutation into a near miss."""
+    from tests.fuzz.typed import build
+
+    doc = build(rng, small=rng.random() < 0.9)
+    if rng.random() < 0.08:
+        rng.choice(MUTATIONS)(doc, rng)
+    return dump(doc, rng).encode("utf-8", "surrogatepass")
+
+
 def gen_dims(rng) -> bytes:
     """A bundled pipeline, unchanged but for its dims: 0, 1, a few, or huge, one at a time or all at once."""
     doc = copy_doc(bundled_doc(rng.choice(bundled())))
@@ -271,14 +283,15 @@ def gen_hostile(rng) -> bytes:
 
 
 STRATEGIES: dict[str, tuple[Callable, float]] = {
-    "mutated": (gen_mutated, 0.22),
-    "gentle": (gen_gentle, 0.13),
-    "text": (gen_text_mutated, 0.1),
-    "dims": (gen_dims, 0.12),
-    "pipeline": (gen_random_pipeline, 0.22),
-    "yaml": (gen_random_yaml, 0.08),
-    "bytes": (gen_random_bytes, 0.07),
-    "hostile": (gen_hostile, 0.06),
+    "typed": (gen_typed, 0.35),  # well-typed: most of the campaign's runnable cases
+    "mutated": (gen_mutated, 0.16),
+    "gentle": (gen_gentle, 0.1),
+    "text": (gen_text_mutated, 0.07),
+    "dims": (gen_dims, 0.08),
+    "pipeline": (gen_random_pipeline, 0.1),
+    "yaml": (gen_random_yaml, 0.05),
+    "bytes": (gen_random_bytes, 0.05),
+    "hostile": (gen_hostile, 0.04),
 }
 
 

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import json
+import random
 import re
 import shutil
 import signal
@@ -70,22 +72,36 @@ def check_lines(text: str, file: str) -> None:
 class Outcome:
     kind: str  # "ran", "invalid" (located errors), "crash", "hang"
     detail: str = ""
+    ratio: float | None = None  # memory estimate / measured peak of the real run, when one ran
+
+
+@functools.cache
+def warm_up() -> None:
+    """Run a bundled pipeline on meta and CPU, watched, once per process before any time limit:
+    torch imports modules on first use (torch._dynamo, seconds on a loaded machine), and a time
+    limit that interrupts an import leaves it half-initialised for every later case."""
+    from tracer.api import load
+
+    pipeline = load(PIPELINES / "causal_mha.yaml")
+    pipeline.run(device="meta", observe=layout_into({}))
+    _real_runs(pipeline, random.Random(0))
 
 
 def run_case(data: bytes, folder: Path, rng, cpu: bool = True, cli: bool = False) -> Outcome:
     """Take one file through everything; ``crash``/``hang`` outcomes carry a traceback."""
     from tracer.errors import TracerError
 
+    warm_up()
     path = folder / "case.yaml"
     path.write_bytes(data)
     if not (folder / "blocks").exists():  # the bundled pipelines' includes resolve beside the case
         shutil.copytree(PIPELINES / "blocks", folder / "blocks")
     try:
         with time_limit(CASE_SECONDS):
-            kind = _exercise(path, rng, cpu)
+            kind, ratio = _exercise(path, rng, cpu)
             if cli:
                 _exercise_cli(path, rng)
-        return Outcome(kind)
+        return Outcome(kind, ratio=ratio)
     except Hang as exc:
         return Outcome("hang", f"{exc}\n{traceback.format_exc(limit=-8)}")
     except TracerError as exc:  # escaped from somewhere the oracle did not expect it: still fine if located
@@ -98,7 +114,8 @@ def run_case(data: bytes, folder: Path, rng, cpu: bool = True, cli: bool = False
         return Outcome("crash", f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=-12)}")
 
 
-def _exercise(path: Path, rng, cpu: bool) -> str:
+def _exercise(path: Path, rng, cpu: bool) -> tuple[str, float | None]:
+    """The outcome's kind, and the estimate/peak ratio of the real run (None when none ran)."""
     from tracer.api import Pipeline
     from tracer.errors import TracerError
     from tracer.spec.load import load_spec
@@ -108,7 +125,7 @@ def _exercise(path: Path, rng, cpu: bool) -> str:
         pipeline = Pipeline(*load_spec(path))
     except TracerError as exc:
         check_lines(str(exc), name)
-        return "invalid"
+        return "invalid", None
     analysis = pipeline.check()
     for d in analysis.diagnostics:
         check_lines(str(d), name)
@@ -117,28 +134,110 @@ def _exercise(path: Path, rng, cpu: bool) -> str:
             pipeline.run(device="meta")
         except TracerError as exc:
             check_lines(str(exc), name)
-            return "invalid"
+            return "invalid", None
         raise OracleFailure("a pipeline with static errors ran")
-    kind = "ran"
+    kind, ratio = "ran", None
     for attempt in _dims_to_try(analysis, rng):
+        seen: dict[str, tuple] = {}
         try:
-            trace = pipeline.run(dims=attempt, device="meta")
+            trace = pipeline.run(dims=attempt, device="meta", observe=layout_into(seen))
         except TracerError as exc:
             check_lines(str(exc), name)
             kind = "invalid" if not attempt else kind
             continue
+        check_prediction(trace, seen)
         str(trace)
         json.loads(trace.to_json())
         if rng.random() < 0.3:
             _render(trace, rng)
         if cpu and not attempt and _small(trace.analysis):
             try:
-                real = pipeline.run(keep_values=True)
+                ratio = _real_runs(pipeline, rng)
             except TracerError as exc:
                 check_lines(str(exc), name)
-                continue
-            json.loads(real.to_json(values=True))
-    return kind
+    return kind, ratio
+
+
+def layout_into(seen: dict[str, tuple]):
+    """An ``observe`` hook that keeps what torch made of each tensor (never the tensor itself)."""
+
+    def observe(record_id: str, tensor) -> None:
+        seen[record_id] = (tuple(tensor.shape), tuple(tensor.stride()), tensor.storage_offset(), str(tensor.dtype), tensor.is_contiguous())
+
+    return observe
+
+
+def check_prediction(trace, seen: dict[str, tuple]) -> None:
+    """Every record is what the static analysis predicted (shape, stride, offset, dtype, contiguity,
+    storage owner), and so is every tensor torch made (``seen``, from the run's ``observe``).
+
+    Strides are compared where they mean something: not on dims of size 1, and not in tensors of
+    no elements. There torch's own kernels disagree between devices (meta and CPU allocate a
+    (2, 1, 1, 3) masked_fill or a (0, 1, 5, 4, 8) linear result with different strides), so no
+    static prediction can match both; contiguity, which ignores them, is compared everywhere.
+    """
+    metas = trace.analysis.metas
+    differs = False
+    for record in trace.records:
+        meta = metas[record.id]
+        owner = None if meta.root in (None, record.id) else meta.root
+        predicted = (meta.sizes, _strides(meta.sizes, meta.stride), meta.offset, meta.dtype, meta.contiguous, owner)
+        found = (
+            record.shape,
+            _strides(record.shape, record.stride),
+            record.storage_offset,
+            record.dtype,
+            record.contiguous,
+            record.view_of,
+        )
+        differs |= (meta.stride, meta.offset, meta.dtype, owner) != (record.stride, record.storage_offset, record.dtype, record.view_of)
+        made = seen.get(record.id)
+        if made is not None:
+            made = (made[0], _strides(made[0], made[1]), made[2], made[3].removeprefix("torch."), made[4], owner)
+        if predicted != found or made not in (None, predicted):
+            fields = "(shape, stride, offset, dtype, contiguous, view_of)"
+            raise OracleFailure(
+                f"record '{record.id}' ({record.op}): predicted {fields} = {predicted}, the record says {found}"
+                + (f", torch made {made}" if made is not None else "")
+            )
+    if differs == trace.as_predicted:
+        raise OracleFailure(f"the run says as_predicted={trace.as_predicted}, but its records {'differ' if differs else 'do not'}")
+
+
+def _strides(sizes: tuple[int, ...], strides: tuple[int, ...]) -> tuple:
+    """The strides that carry layout: None for a dim of size 1, and for every dim of an empty tensor."""
+    if 0 in sizes:
+        return (None,) * len(sizes)
+    return tuple(None if size == 1 else stride for size, stride in zip(sizes, strides))
+
+
+def _real_runs(pipeline, rng) -> float | None:
+    """A real CPU run watched op by op: its layouts must be as predicted, and the memory estimate
+    must bound its measured peak. Returns estimate / peak. Sometimes also a run that keeps values."""
+    from tests.measure import PeakStorage
+
+    pipeline._tensors.clear()  # the inputs are created inside the watched run
+    seen: dict[str, tuple] = {}
+    peaks: list[tuple[int, str]] = []  # (peak so far, record) after each record: where the peak was reached
+    watch = layout_into(seen)
+
+    def observe(record_id: str, tensor) -> None:
+        watch(record_id, tensor)
+        peaks.append((mode.peak, record_id))
+
+    with PeakStorage() as mode:
+        trace = pipeline.run(observe=observe)
+    check_prediction(trace, seen)
+    estimate = trace.analysis.memory.peak_bytes
+    if mode.peak > estimate:
+        during = next((rid for peak, rid in peaks if peak == mode.peak), "the end")
+        raise OracleFailure(
+            f"the memory estimate {estimate} B (peak at step '{trace.analysis.memory.peak_step}') is below the "
+            f"measured peak {mode.peak} B (reached by '{during}')"
+        )
+    if rng.random() < 0.5:
+        json.loads(pipeline.run(keep_values=True).to_json(values=True))
+    return estimate / mode.peak if mode.peak else None
 
 
 def _dims_to_try(analysis, rng) -> list[dict]:
