@@ -66,11 +66,14 @@ class Pipeline:
         ``'8GiB'``; default: half of the available RAM) raises ``TracerError`` before anything is
         allocated; ``device='meta'`` traces every shape and stride without allocating at all.
         """
-        from .interpreter import Plan, create_tensors, run_plan, torch_module
+        from .interpreter import Plan, create_tensors, device_problem, run_plan, torch_module
         from .memory import check_budget
 
         analysis = self.check(dims)
         analysis.raise_errors()
+        problem = device_problem(device)
+        if problem is not None:
+            raise TracerError(Diagnostic(self.path, None, "device", problem))
         check_budget(analysis, device, max_memory)
         seed = self.spec.seed if seed is None else seed
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not SEED_MIN <= seed <= SEED_MAX):

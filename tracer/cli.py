@@ -193,16 +193,11 @@ def _dim_pair(text: str) -> tuple[str, int]:
 
 def _device(text: str) -> str:
     """A torch device this machine has: 'bogus' or 'cuda' without CUDA is a usage error (exit 2)."""
-    if text in ("cpu", "meta"):
-        return text
-    import torch
+    from .interpreter import device_problem
 
-    try:
-        device = torch.device(text)
-        torch.empty(0, device=device)
-    except (RuntimeError, ValueError, TypeError, AssertionError) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise argparse.ArgumentTypeError(f"'{text}' is not a device torch can use here ({first}); try cpu or meta") from None
+    problem = device_problem(text)
+    if problem is not None:
+        raise argparse.ArgumentTypeError(problem)
     return text
 
 

@@ -32,6 +32,21 @@ def torch_module():
     return torch
 
 
+def device_problem(device: Any) -> str | None:
+    """Why torch cannot use ``device`` on this machine ('bogus'; 'cuda' without CUDA), or None.
+    The one check behind ``--device`` and ``Pipeline.run(device=...)``."""
+    text = str(device)
+    if text in ("cpu", "meta"):
+        return None
+    torch = torch_module()
+    try:
+        torch.empty(0, device=torch.device(device))
+    except (RuntimeError, ValueError, TypeError, AssertionError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        return f"'{text}' is not a device torch can use here ({first}); try cpu or meta"
+    return None
+
+
 class KernelContext:
     """What a step kind's ``kernel`` may use to build its function."""
 
@@ -129,8 +144,9 @@ class Plan:
             )
             planned.append(PlannedStep(step_id, fn, ins, free, expected, itemgetter(*ins) if ins else (lambda env: ())))
         # the loop's view of the plan: flat tuples, so a run touches no attributes
+        # a step whose rule returned Outputs or a Composite gets a tuple from its kernel, even of one tensor
         self._loop = tuple(
-            (p.getter, p.fn, len(p.refs) == 1, p.expected[0] if len(p.expected) == 1 else None, p.expected, p.free, p.step_id)
+            (p.getter, p.fn, len(p.refs) == 1, None if p.step_id in analysis.inner else p.expected[0], p.expected, p.free, p.step_id)
             for p in planned
         )
         self._inputs_cache: tuple | None = None  # (tensors dict, its values, input records, storage roots)

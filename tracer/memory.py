@@ -5,7 +5,8 @@ that creates it until the last step that reads it or any view of it; inputs and 
 the whole run; outputs live to the end. That is exactly the lifetime the interpreter gives them
 (it drops each tensor after its last use), so the peak below is what a real run holds in tensors.
 While a step runs, the copies its kernel makes and frees again (``StepBase.workspace_bytes``: the
-operands torch.matmul broadcasts) count too. No torch: ``tracer check`` and the guard stay cheap.
+operands torch.matmul broadcasts) count too, and so does the temporary an init makes while
+the inputs are created (an int64 range before its cast). No torch: ``tracer check`` and the guard stay cheap.
 """
 
 from __future__ import annotations
@@ -88,7 +89,7 @@ def estimate_peak(analysis) -> MemoryEstimate:
         nbytes = storages.get(root, 0)
         delta[first] += nbytes
         delta[final + 1] -= nbytes
-    live, running, peak, peak_step = {}, persistent, persistent, None
+    live, running, peak, peak_step = {}, persistent, persistent + _making_inputs(analysis), None
     for i, step_id in enumerate(order):
         running += delta[i]
         live[step_id] = running + _workspace(analysis, step_id)
@@ -97,13 +98,29 @@ def estimate_peak(analysis) -> MemoryEstimate:
     return MemoryEstimate(peak, peak_step, persistent, storages, live)
 
 
+def _making_inputs(analysis) -> int:
+    """The largest temporary tensor an init makes while inputs and params are created (all of them
+    alive by the end): arange counts in int64 and then casts; triu and tril cut a ones tensor."""
+    largest = 0
+    for section in ("inputs", "params"):
+        for name, decl in getattr(analysis.pipeline, section).items():
+            meta = analysis.metas.get(name)
+            if meta is None:
+                continue
+            if decl.init == "arange" and meta.dtype != "int64":
+                largest = max(largest, 8 * meta.numel)
+            elif decl.init in ("triu", "tril"):
+                largest = max(largest, meta.nbytes)
+    return largest
+
+
 def _workspace(analysis, step_id: str) -> int:
     """Transient bytes the step's kernel allocates beyond its output (see ``StepBase.workspace_bytes``)."""
     metas = analysis.metas
     if step_id not in metas:
         return 0
     step = analysis.pipeline.steps[analysis.graph.index[step_id]]
-    ins = [metas.get(analysis.output_of(ref)) for ref in analysis.graph.data_inputs[step_id]]
+    ins = [metas.get(analysis.output_of(ref)) for ref in analysis.graph.refs[step_id]]  # what the kernel gets: params too
     if None in ins:
         return 0
     inner = analysis.inner.get(step_id)

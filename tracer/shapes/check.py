@@ -15,7 +15,7 @@ from ..errors import Diagnostic, TracerError, merge_copies
 from ..graph import StepGraph, build_graph
 from ..memory import estimate_peak
 from ..spec import dims as dimexpr
-from ..spec.base import DTYPE_BYTES, FLOAT_DTYPES
+from ..spec.base import DTYPE_BYTES, DTYPE_MAX, FLOAT_DTYPES, fits
 from ..spec.expand import expand_blocks
 from ..spec.pipeline import Expect, PipelineSpec, TensorDecl, tensor_dtype
 from ..spec.source import SourceMap
@@ -245,7 +245,7 @@ def _declared_meta(name: str, decl: TensorDecl, path: tuple, analysis: Analysis)
             analysis.source.error(path + ("shape",), "tensor-too-large", f"'{name}': {too_large} {analysis.bindings(alg)}")
         )
         return None
-    problem = _source_problem(name, decl, tuple(d.value for d in shape), path[0])
+    problem = _source_problem(name, decl, tuple(d.value for d in shape), path[0], tensor_dtype(decl, analysis.pipeline.dtype))
     if problem:
         analysis.diagnostics.append(analysis.source.error(path + (problem[0],), "tensor-source", problem[1]))
         return None
@@ -253,7 +253,7 @@ def _declared_meta(name: str, decl: TensorDecl, path: tuple, analysis: Analysis)
     return with_root(fresh(tuple(shape), tensor_dtype(decl, analysis.pipeline.dtype)), name)
 
 
-def _source_problem(name: str, decl: TensorDecl, sizes: tuple[int, ...], section: str) -> tuple[str, str] | None:
+def _source_problem(name: str, decl: TensorDecl, sizes: tuple[int, ...], section: str, dtype: str) -> tuple[str, str] | None:
     if decl.init in ("linear", "embedding") and section != "params":
         return "init", f"'{name}': init: {decl.init} is a parameter init; declare '{name}' under params"
     if decl.init in ("randn", "rand", "linear", "embedding") and decl.dtype not in (None, *FLOAT_DTYPES):
@@ -263,6 +263,11 @@ def _source_problem(name: str, decl: TensorDecl, sizes: tuple[int, ...], section
         )
     if decl.init == "linear" and decl.fan_in is None and len(sizes) < 2:
         return "init", f"'{name}': a 1-d init: linear tensor (a bias) needs 'fan_in' (the in-features of its layer)"
+    if decl.init == "full" and not fits(decl.value, dtype):
+        return (
+            "value",
+            f"'{name}': init: full with {decl.value!r} overflows {dtype} (largest: {DTYPE_MAX[dtype]:g}); use a smaller number or -inf",
+        )
     if decl.init in ("triu", "tril") and len(sizes) != 2:
         return "init", f"'{name}': init: {decl.init} builds a 2-d (T, T) pattern, the shape has {len(sizes)} dims"
     if decl.tokens is not None:

@@ -208,6 +208,8 @@ def _dense_in_order(sizes: tuple[int, ...], strides: list[list[int]], size_one_s
                 d1 = d0
             elif comparison < 0:
                 break
+    if size_one_steps and perm == list(reversed(range(ndim))):
+        return contiguous_strides(sizes)  # TensorIterator allocates row-major then (an empty dim multiplies by 1)
     result, step = [0] * ndim, 1
     for d in perm:
         result[d] = step

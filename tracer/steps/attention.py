@@ -7,8 +7,8 @@ from typing import ClassVar, Literal
 
 from pydantic import Field, StrictBool, StrictFloat, StrictInt, field_validator, model_validator
 
-from ..shapes.layout import fresh, same_layout
-from ..spec.base import DimText, Strict, TensorId
+from ..shapes.layout import fresh, pointwise, preserve_format
+from ..spec.base import DTYPE_BYTES, DTYPE_MAX, DimText, Strict, TensorId, fits
 from ._rules import StepError, atom, broadcast, norm_dim, py_float, require_float, show
 from .contract import StepBase, register
 
@@ -65,7 +65,8 @@ class Scale(StepBase):
         number = self.factor(lambda t: ctx.dim(t, "divide" if self.divide is not None else "multiply").value)
         if self.divide is not None and number == 0:
             raise StepError("scale-zero", "division by zero", "divide")
-        return same_layout(x)
+        # x / number: TensorIterator sees a 0-d operand, so no fast path: strides follow x's order, size-1 dims too
+        return pointwise([x, fresh((), x.dtype)], x.shape, x.dtype)
 
     def kernel(self, k):
         number = self.factor(k.value)
@@ -168,6 +169,13 @@ class Mask(StepBase):
             raise StepError("mask-shape", f"masking needs (…, T_q, T_k) scores, got {show(scores)}", "input")
         if self.window is not None and ctx.dim(self.window, "window").value < 1:
             raise StepError("mask-window", f"window {self.window} must be at least 1 (the query's own key)", "window")
+        if not fits(self.fill, scores.dtype):  # torch's masked_fill refuses it at run time
+            raise StepError(
+                "mask-fill",
+                f"fill {self.fill:g} overflows the {scores.dtype} scores of '{ctx.input_ids[0]}' (largest: {DTYPE_MAX[scores.dtype]:g})",
+                "fill",
+                "use fill: -inf, or a number the dtype holds (e.g. -1e4 for float16)",
+            )
         if self.mask is not None:
             out = broadcast(scores, ins[1], f"mask '{self.mask}' against scores", "mask")
             if tuple(d.value for d in out) != scores.sizes:
@@ -296,7 +304,18 @@ class Dropout(StepBase):
     def infer(self, ins, ctx):
         x = ins[0]
         require_float(x, ctx.input_ids[0], "dropout")
-        return same_layout(x) if self.training else x
+        if not self.training or self.p == 0 or x.numel == 0:
+            return x  # ATen's _dropout returns the input itself
+        # p = 1: x * zeros({}); otherwise x * noise, noise = empty_like(x).bernoulli_(1 - p)
+        other = fresh((), x.dtype) if self.p == 1 else preserve_format(x)
+        return pointwise([x, other], x.shape, x.dtype)
+
+    def workspace_bytes(self, ins, out) -> int:
+        """The noise tensor (or the 0-d zero for p = 1) that training dropout multiplies by."""
+        x = ins[0]
+        if not self.training or self.p == 0 or x.numel == 0:
+            return 0
+        return DTYPE_BYTES[x.dtype] * (1 if self.p == 1 else x.numel)
 
     def kernel(self, k):
         dropout, p = k.F.dropout, self.p

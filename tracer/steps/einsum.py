@@ -41,8 +41,8 @@ class Einsum(StepBase):
     """``torch.einsum(equation, *inputs)``: ``'bhqd,bhkd->bhqk'`` are the attention scores.
 
     Letters name dims (size-1 dims broadcast), ``...`` stands for any leading dims, and without
-    ``->`` the output is the letters used once, in alphabetical order. The result is recorded
-    contiguous (``.contiguous()`` of torch's result, whose own strides depend on how torch plans
+    ``->`` the output is the letters used once, in alphabetical order. The result is a contiguous
+    copy of torch's (whose strides, and whether it is a view of an input, depend on how torch plans
     the contraction), so its layout is known before running.
     """
 
@@ -128,8 +128,8 @@ class Einsum(StepBase):
 
     def workspace_bytes(self, ins, out) -> int:
         """torch.einsum copies operands into the layout of its batched product; its raw result
-        may then need the copy that makes it contiguous, after those copies are freed."""
-        return max(sum(m.nbytes for m in ins), out.nbytes)
+        lives on while the step copies it into the output."""
+        return max(sum(m.nbytes for m in ins), out.nbytes) + out.nbytes
 
     def flops(self, ins, out):
         """torch.einsum contracts left to right, one pair at a time: a letter no later term or the
@@ -171,12 +171,14 @@ class Einsum(StepBase):
         return sizes
 
     def kernel(self, k):
-        einsum, equation = k.torch.einsum, self.equation
-        return lambda *xs: einsum(equation, *xs).contiguous()
+        einsum, equation, contiguous = k.torch.einsum, self.equation, k.torch.contiguous_format
+        # .contiguous() would keep torch's result when it is already contiguous: a view of an input
+        # ('ij->ij'), or with size-1 dims strided as torch planned
+        return lambda *xs: einsum(equation, *xs).clone(memory_format=contiguous)
 
     def emit(self, e):
-        # contiguous, as the trace records it: a later view must not depend on how torch planned the contraction
-        return f"torch.einsum({self.equation!r}, {', '.join(e.args)}).contiguous()"
+        # a contiguous copy, as the trace records it: a later view must not depend on how torch planned the contraction
+        return f"torch.einsum({self.equation!r}, {', '.join(e.args)}).clone(memory_format=torch.contiguous_format)"
 
 
 def _broadcast(a: list, b: list, what: str) -> list:

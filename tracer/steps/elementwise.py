@@ -7,7 +7,7 @@ from typing import Literal
 from pydantic import Field
 
 from ..shapes.layout import fresh, pointwise, same_layout
-from ..spec.base import TensorId
+from ..spec.base import DTYPE_BYTES, TensorId
 from ._rules import StepError, broadcast, py_float, require_float, show
 from .contract import StepBase, register
 
@@ -63,6 +63,12 @@ class LayerNorm(StepBase):
             if p.dtype != x.dtype:
                 raise StepError("dtype", f"layernorm of {x.dtype} '{ctx.input_ids[0]}' with {p.dtype} '{name}'", "weight")
         return fresh(x.shape, x.dtype)
+
+    def workspace_bytes(self, ins, out) -> int:
+        """native_layer_norm also returns each row's mean and 1/std (in float32 at least)."""
+        x = ins[0]
+        rows = x.numel // x.sizes[-1] if x.sizes[-1] else 0
+        return 2 * rows * max(4, DTYPE_BYTES[x.dtype])
 
     def kernel(self, k):
         layer_norm, eps = k.F.layer_norm, self.eps

@@ -97,6 +97,9 @@ class Expand(StepBase):
                     "shape",
                     "insert a size-1 dim first (op: unsqueeze), or use repeat_interleave to copy",
                 )
+        for i in reversed(range(new)):  # a new leading dim of size 1 gets the stride torch's inferExpandGeometry gives it
+            if shape[i].value == 1:
+                stride[i] = shape[i + 1].value * stride[i + 1] if i + 1 < len(shape) else 0
         return view(x, tuple(shape), tuple(stride))
 
     def kernel(self, k):

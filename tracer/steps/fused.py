@@ -9,7 +9,7 @@ from typing import Literal
 from pydantic import Field, StrictBool, StrictFloat, StrictInt, model_validator
 
 from ..shapes.layout import fresh, preserve_format
-from ..spec.base import DimText, TensorId
+from ..spec.base import DTYPE_BYTES, DimText, TensorId
 from ._rules import StepError, broadcast, py_float, require_float, show
 from .attention import causal_hidden, causal_source
 from .contract import StepBase, register
@@ -120,9 +120,12 @@ class Sdpa(StepBase):
         )
 
     def workspace_bytes(self, ins, out) -> int:
-        """Small next to the (T_q, T_kv) scores it never stores: the kernel's float32 log-sum-exp
-        per query, and an explicit mask (the causal pattern and its bool/float conversions)."""
+        """With torch's CPU flash kernel, small next to the (T_q, T_kv) scores it never stores: the
+        float32 log-sum-exp per query, and an explicit mask (the causal pattern and its bool/float
+        conversions). Otherwise (:meth:`_math_path`) the scores and more."""
         q, key = ins[0], ins[1]
+        if self._math_path(q, key, ins[2]):
+            return self._math_workspace(ins, out)
         t_q, t_k = q.sizes[-2], key.sizes[-2]
         total = 4 * q.numel // max(q.sizes[-1], 1)
         mask = ins[3] if len(ins) > 3 else None
@@ -133,6 +136,33 @@ class Sdpa(StepBase):
             elements = max(mask.numel if mask is not None else 0, t_q * t_k)
             total += 6 * elements  # bool conversions, and SDPA's additive float copy
         return total
+
+    def _math_path(self, q, k, v) -> bool:
+        """Whether torch leaves its CPU flash kernel for the math path (sdp_utils_cpp's
+        use_flash_attention_cpp): training dropout, not 4-d, head dims or batches that differ, no
+        queries or keys, or rows whose last stride is not 1 (gqa's fewer kv heads stay flash)."""
+        metas = (q, k, v)
+        return (
+            self.is_random()
+            or any(len(m.sizes) != 4 or m.stride[-1] != 1 for m in metas)
+            or not q.sizes[0] == k.sizes[0] == v.sizes[0]
+            or not q.sizes[-1] == k.sizes[-1] == v.sizes[-1]
+            or q.sizes[-2] == 0
+            or k.sizes[-2] == 0
+        )
+
+    def _math_workspace(self, ins, out) -> int:
+        """The math path: q, k, v in float32 (k and v spread over the query heads with gqa),
+        scaled, the (…, T_q, T_kv) scores, the mask added, the weights, the causal pattern and the
+        mask as numbers (with no keys or queries: zeros and a few 0-d sums)."""
+        q, k, v = ins[:3]
+        acc = max(4, DTYPE_BYTES[q.dtype])
+        batch = out.numel // (out.sizes[-2] * out.sizes[-1]) if out.sizes[-2] * out.sizes[-1] else 0
+        t_q, t_k = q.sizes[-2], k.sizes[-2]
+        spread = batch * t_k * (k.sizes[-1] + v.sizes[-1])
+        scores = batch * t_q * t_k
+        operands = 2 * (q.numel + k.numel + v.numel + spread) + out.numel
+        return acc * (operands + 4 * scores) + 9 * scores + 16 * (t_q + t_k) + 64
 
     def flops(self, ins, out):
         """torch's count for its attention kernels: q @ k^T and weights @ v (GQA shares kv heads, not work)."""

@@ -154,17 +154,17 @@ def _rotate_every_two(torch, x):
     return torch.stack((-x[..., 1::2], x[..., ::2]), dim=-1).flatten(-2)
 
 
-def alibi_slopes(torch, heads: int):
+def alibi_slopes(torch, heads: int, device=None):
     """The ALiBi slopes of ``heads`` heads, as transformers' ``build_alibi_tensor`` computes them
     (the paper's reference code: a geometric sequence from 2^(-8/n); for a head count that is not a
     power of two, the closest power's slopes followed by every other slope of twice that many)."""
     closest = 2 ** math.floor(math.log2(heads))
-    base = torch.tensor(2 ** (-(2 ** -(math.log2(closest) - 3))), dtype=torch.float32)
-    slopes = torch.pow(base, torch.arange(1, 1 + closest, dtype=torch.int32))
+    base = torch.tensor(2 ** (-(2 ** -(math.log2(closest) - 3))), dtype=torch.float32, device=device)
+    slopes = torch.pow(base, torch.arange(1, 1 + closest, dtype=torch.int32, device=device))
     if closest != heads:
-        extra_base = torch.tensor(2 ** (-(2 ** -(math.log2(2 * closest) - 3))), dtype=torch.float32)
+        extra_base = torch.tensor(2 ** (-(2 ** -(math.log2(2 * closest) - 3))), dtype=torch.float32, device=device)
         remaining = min(closest, heads - closest)
-        slopes = torch.cat([slopes, torch.pow(extra_base, torch.arange(1, 1 + 2 * remaining, 2, dtype=torch.int32))], dim=0)
+        slopes = torch.cat([slopes, torch.pow(extra_base, torch.arange(1, 1 + 2 * remaining, 2, dtype=torch.int32, device=device))], dim=0)
     return slopes
 
 
@@ -215,7 +215,7 @@ class Alibi(StepBase):
         dtype = getattr(torch, k.ins[0].dtype)
 
         def alibi(scores):
-            slopes = alibi_slopes(torch, heads).to(scores.device)
+            slopes = alibi_slopes(torch, heads, scores.device)  # on meta, no real memory for 2**33 heads
             keys = torch.arange(t_k, device=scores.device)
             if relative:
                 distance = keys[None, :] - (torch.arange(t_q, device=scores.device)[:, None] + (t_k - t_q))

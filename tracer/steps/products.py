@@ -25,7 +25,7 @@ def _batch(a, b, ctx):
     return shape
 
 
-def _merge_copy_bytes(meta, sizes: tuple[int, ...], merged: int, swap_last: bool = False) -> int:
+def merge_copy_bytes(meta, sizes: tuple[int, ...], merged: int, swap_last: bool = False) -> int:
     """Bytes torch allocates to reshape ``meta`` (its last two dims swapped with ``swap_last``),
     expanded to ``sizes``, with its first ``merged`` dims flattened into one: 0 when that is a
     view, a full copy when it is not (a broadcast dim has stride 0 and never merges with a real one)."""
@@ -88,11 +88,11 @@ class Matmul(StepBase):
         if len(a.shape) < 3 and len(b.shape) < 3:
             return 0
         if len(b.shape) <= 2:
-            return _merge_copy_bytes(a, a.sizes, len(a.shape) - 1)
+            return merge_copy_bytes(a, a.sizes, len(a.shape) - 1)
         if len(a.shape) <= 2:  # folds b's transpose: (b.mT @ a.mT).mT
-            return _merge_copy_bytes(b, b.sizes[:-2] + b.sizes[:-3:-1], len(b.shape) - 1, swap_last=True)
+            return merge_copy_bytes(b, b.sizes[:-2] + b.sizes[:-3:-1], len(b.shape) - 1, swap_last=True)
         batch = tuple(d.value for d in out.shape[:-2])
-        return _merge_copy_bytes(a, batch + a.sizes[-2:], len(batch)) + _merge_copy_bytes(b, batch + b.sizes[-2:], len(batch))
+        return merge_copy_bytes(a, batch + a.sizes[-2:], len(batch)) + merge_copy_bytes(b, batch + b.sizes[-2:], len(batch))
 
     def flops(self, ins, out):
         a, b = ins

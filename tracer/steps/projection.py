@@ -7,9 +7,10 @@ from typing import Literal
 from pydantic import Field
 
 from ..shapes.layout import fresh
-from ..spec.base import TensorId
+from ..spec.base import DTYPE_BYTES, TensorId
 from ._rules import StepError, require_float, show
 from .contract import StepBase, register
+from .products import merge_copy_bytes
 
 
 @register
@@ -109,6 +110,13 @@ class Linear(StepBase):
             if [d.value for d in b.shape] != [d_out.value]:
                 raise StepError("linear-width", f"bias '{self.bias}' must be ({d_out}) [{d_out.value}], got {show(b)}", "bias")
         return fresh(x.shape[:-1] + (d_out,), x.dtype)
+
+    def workspace_bytes(self, ins, out) -> int:
+        """torch folds (…, in) into one matrix product: a copy of x when its leading dims do not
+        merge into a view; with a bias, the product before the bias is added to it."""
+        x = ins[0]
+        folded = merge_copy_bytes(x, x.sizes, len(x.shape) - 1) if len(x.shape) > 2 else 0
+        return folded + (out.numel * DTYPE_BYTES[out.dtype] if self.bias else 0)
 
     def flops(self, ins, out):
         return 2 * out.numel * ins[0].sizes[-1]  # the bias add is elementwise: not counted
