@@ -255,3 +255,25 @@ def test_nested_shared_blocks_odd_ids_buffers_and_float64(tmp_path):
     assert "shared.first.1.w-1.weight" in module.state_dict() and "nest.first.0.back" in module.state_dict()
     assert all(torch.equal(module.state_dict()[n.replace("/", ".")], trace[n].tensor) for n in trace.analysis.pipeline.params)
     assert_module_equals_trace(module, trace)
+
+
+def test_one_piece_splits_compound_dims_and_0d_tensors():
+    """What the typed fuzzer found: a split into one piece is still a tuple, a dim expression in an
+    operand position keeps its parentheses (rope's R = 2 * A), a 0-d tensor permutes and views."""
+    text = """
+        name: corners
+        dims: {A: 2, T: 3}
+        inputs:
+          x: {shape: [T, 4 * A], init: randn}
+          s: {shape: [], init: randn}
+        steps:
+          - {id: r, op: rope, input: x, rotary_dim: 2 * A, style: interleaved, offset: A + 1}
+          - {id: one, op: split, input: r, dim: 0, chunks: 1, outputs: [whole]}
+          - {id: p, op: permute, input: s, dims: []}
+          - {id: v, op: view, input: p, shape: []}
+        outputs: [whole, v]
+    """
+    pipeline = tracer.loads(textwrap.dedent(text), "corners.yaml")
+    source = export_source(pipeline)
+    assert "(whole,) = r.chunk(1, dim=0)" in source and ".float() / (2 * A)" in source
+    check_export(pipeline, pipeline.run(keep_values=True))

@@ -139,4 +139,9 @@ def test_alibi_on_meta_allocates_nothing_for_many_heads():
 def test_a_number_the_dtype_cannot_hold_is_a_located_error(text, code):
     with pytest.raises(TracerError) as info:
         tracer.loads("name: t\n" + text, "t.yaml").run()
-    assert info.value.code == code and "overflows" in str(info.value) and "float16" in str(info.value) and str(info.value).startswith("t.yaml:")
+    assert (
+        info.value.code == code
+        and "overflows" in str(info.value)
+        and "float16" in str(info.value)
+        and str(info.value).startswith("t.yaml:")
+    )

@@ -328,7 +328,8 @@ class _Writer:
         )
         tag = f"# {shapes} {printable(step.id)}"
         if isinstance(code, str):
-            return [f"{', '.join(targets)} = {code}  {tag}"]
+            assigned = f"({targets[0]},)" if step.output_field is not None and len(targets) == 1 else ", ".join(targets)
+            return [f"{assigned} = {code}  {tag}"]
         return [line if "  # " in line else f"{line}  # {printable(step.id)}" for line in code[:-1]] + [f"{code[-1]}  {tag}"]
 
     def _block_call(self, scope: _Scope, step: Block) -> list[str]:

@@ -116,7 +116,7 @@ def py_tuple(items: list[str]) -> str:
 
 def py_shape(ctx, texts) -> str:
     """A list of dim texts (``-1`` kept) as the arguments of ``view``/``reshape``/``expand``."""
-    return ", ".join("-1" if t == -1 else ctx.dim(t) for t in texts)
+    return ", ".join("-1" if t == -1 else ctx.dim(t) for t in texts) or "()"  # x.view(()) for a 0-d result
 
 
 def atom(text: str) -> str:

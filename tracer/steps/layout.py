@@ -165,7 +165,7 @@ class Permute(StepBase):
         return lambda x: x.permute(dims)
 
     def emit(self, e):
-        return f"{e.args[0]}.permute({', '.join(map(str, self.dims))})"
+        return f"{e.args[0]}.permute({', '.join(map(str, self.dims)) or '()'})"
 
 
 @register

@@ -14,7 +14,7 @@ from pydantic import Field, StrictBool, StrictInt
 
 from ..shapes.layout import Meta, fresh, pointwise, view
 from ..spec.base import DimText
-from ._rules import StepError, norm_dim, py_float, require_float, show
+from ._rules import StepError, atom, norm_dim, py_float, require_float, show
 from .contract import Composite, Inner, StepBase, register
 
 
@@ -128,7 +128,7 @@ class Rope(StepBase):
         view = "" if seq == len(meta.shape) - 2 else f".view({table})"
         rotated = f"{part} * {cos}{view} + {rotate}(torch, {part}) * {sin}{view}"
         return [
-            f"{inv_freq} = 1.0 / ({py_float(self.theta)} ** (torch.arange(0, {rot}, 2, dtype=torch.int64, device={x}.device).float() / {rot}))",
+            f"{inv_freq} = 1.0 / ({py_float(self.theta)} ** (torch.arange(0, {rot}, 2, dtype=torch.int64, device={x}.device).float() / {atom(rot)}))",
             f"{freqs} = {positions}, device={x}.device).float()[:, None] * {inv_freq}",
             f"{emb} = torch.cat(({freqs}, {freqs}), dim=-1)"
             if self.style == "half"
@@ -233,7 +233,7 @@ class Alibi(StepBase):
         slopes, bias = e.local("slopes"), e.local("bias")
         keys = f"torch.arange({t_k}, device={scores}.device)"
         if self.relative:
-            shift = "" if meta.shape[-2].same_symbol(meta.shape[-1]) else f" + ({t_k} - {t_q})"
+            shift = "" if meta.shape[-2].same_symbol(meta.shape[-1]) else f" + ({t_k} - {atom(t_q)})"
             distance = f"({keys}[None, :] - (torch.arange({t_q}, device={scores}.device)[:, None]{shift}))[None]"
         else:
             distance = f"{keys}[None, None, :]"
