@@ -18,6 +18,7 @@ from tracer.errors import TracerError
 
 X23 = "x: {shape: [2, 3], init: randn}"
 X234 = "x: {shape: [2, 3, 4], init: randn}"
+Q = "q: {shape: [2, 2, 3, 4], init: randn}"
 LINEAR = "\nW: {shape: [5, 4], init: randn}\nb: {shape: [5], init: randn}"
 
 
@@ -145,3 +146,19 @@ def test_a_number_the_dtype_cannot_hold_is_a_located_error(text, code):
         and "float16" in str(info.value)
         and str(info.value).startswith("t.yaml:")
     )
+
+
+@pytest.mark.parametrize(
+    "steps, inputs",
+    [
+        # not 4-d: the math path, whose output is a fresh product, not laid out like q
+        ("- {id: t, op: transpose, input: x, dims: [0, 2]}\n- {id: y, op: sdpa, inputs: [t, t, t]}", X234),
+        ("- {id: t, op: transpose, input: q, dims: [1, 2]}\n- {id: y, op: sdpa, inputs: [t, t, t], dropout: 0.5, training: true}", Q),
+        # a 3-d mask sends torch to the math path too (its scores count)
+        ("- {id: y, op: sdpa, inputs: [q, q, q], mask: m}", Q + "\nm: {shape: [2, 3, 1], init: randn}"),
+        # the causal pattern of a window is built per call (it was a constant held for the whole run)
+        ("- {id: y, op: sdpa, inputs: [q, q, q], causal: true, window: 2}", "q: {shape: [1, 2, 64, 4], init: randn}"),
+    ],
+)
+def test_sdpa_layout_and_memory_follow_the_kernel_torch_picks(steps, inputs):
+    agrees(steps, inputs)

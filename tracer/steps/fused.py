@@ -97,7 +97,8 @@ class Sdpa(StepBase):
                     "broadcast", f"mask '{self.mask}' {show(mask)} would enlarge the scores ({', '.join(map(str, scores))})", "mask"
                 )
         shape = q.shape[:-1] + v.shape[-1:]
-        return preserve_format(q, shape) if v.sizes[-1] == q.sizes[-1] else fresh(shape, q.dtype)
+        # the flash kernel lays its output out like q; the math path's is a fresh product (weights @ v)
+        return fresh(shape, q.dtype) if self._math_path(ins) else preserve_format(q, shape)
 
     def _check_heads(self, q, k, v, names):
         lead_q, lead_k, lead_v = q.sizes[:-2], k.sizes[:-2], v.sizes[:-2]
@@ -124,7 +125,7 @@ class Sdpa(StepBase):
         float32 log-sum-exp per query, and an explicit mask (the causal pattern and its bool/float
         conversions). Otherwise (:meth:`_math_path`) the scores and more."""
         q, key = ins[0], ins[1]
-        if self._math_path(q, key, ins[2]):
+        if self._math_path(ins):
             return self._math_workspace(ins, out)
         t_q, t_k = q.sizes[-2], key.sizes[-2]
         total = 4 * q.numel // max(q.sizes[-1], 1)
@@ -137,13 +138,20 @@ class Sdpa(StepBase):
             total += 6 * elements  # bool conversions, and SDPA's additive float copy
         return total
 
-    def _math_path(self, q, k, v) -> bool:
+    def _math_path(self, ins) -> bool:
         """Whether torch leaves its CPU flash kernel for the math path (sdp_utils_cpp's
         use_flash_attention_cpp): training dropout, not 4-d, head dims or batches that differ, no
-        queries or keys, or rows whose last stride is not 1 (gqa's fewer kv heads stay flash)."""
-        metas = (q, k, v)
+        queries or keys, rows whose last stride is not 1 (gqa's fewer kv heads stay flash), or a
+        mask (after the causal pattern joins it) that is neither 2-d nor 4-d."""
+        q, k, v = metas = ins[:3]
+        t_q, t_k = q.sizes[-2], k.sizes[-2]
+        plain = self.causal and self.window is None and (t_q == t_k or self.align == "top-left") and self.mask is None
+        mask_rank = len(ins[3].sizes) if len(ins) > 3 else None
+        if self.causal and not plain:
+            mask_rank = max(mask_rank or 2, 2)
         return (
-            self.is_random()
+            mask_rank not in (None, 2, 4)
+            or self.is_random()
             or any(len(m.sizes) != 4 or m.stride[-1] != 1 for m in metas)
             or not q.sizes[0] == k.sizes[0] == v.sizes[0]
             or not q.sizes[-1] == k.sizes[-1] == v.sizes[-1]
@@ -177,7 +185,7 @@ class Sdpa(StepBase):
         window = k.value(self.window) if self.window is not None else None
         top_left = self.align == "top-left"
         plain = self.causal and window is None and (t_q == t_k or top_left) and self.mask is None
-        hidden = causal_hidden(torch, t_q, t_k, window, top_left, k.device) if self.causal and not plain else None
+        pattern = self.causal and not plain
         as_bool = self.mask is not None and k.ins[3].dtype in ("bool", "int32", "int64")
         keep = self.polarity == "keep"
         scale = self.scale if self.scale is None else float(self.scale)
@@ -187,7 +195,8 @@ class Sdpa(StepBase):
         def sdpa(q, k, v, mask=None):
             if mask is not None and as_bool:
                 mask = mask.bool() if keep else ~mask.bool()  # SDPA's bool mask: True attends
-            if hidden is not None:
+            if pattern:  # built per call: workspace the memory estimate counts, no constant outliving the run
+                hidden = causal_hidden(torch, t_q, t_k, window, top_left, q.device)
                 if mask is None:
                     mask = ~hidden
                 elif as_bool:
