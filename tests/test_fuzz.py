@@ -6,6 +6,7 @@ Each case must end in a success or a ``TracerError`` whose every line starts ``F
 
 from __future__ import annotations
 
+import io
 import random
 
 import pytest
@@ -65,6 +66,23 @@ def test_campaign_reports_cases_and_crashes(capsys):
     report = capsys.readouterr().out
     assert "20 cases, 0 crashes, 0 hangs" in report
     assert "valid and ran: " in report and "ran, by strategy: " in report
+    assert "memory estimate / measured peak over " in report
+
+
+class Terminal(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def test_progress_shows_on_a_terminal_only():
+    shown, piped = Terminal(), io.StringIO()
+    for stream in (shown, piped):
+        progress = driver.Progress(2, stream)
+        progress.update(1, {"ran": 1}, 0.0)
+        progress.update(2, {"ran": 1, "crash": 1}, 0.0)
+    assert shown.getvalue().startswith("\r1/2 cases, 0 crashes, 0 hangs, valid 100%")
+    assert "\r2/2 cases, 1 crashes, 0 hangs, valid 50%" in shown.getvalue() and shown.getvalue().endswith("\n")
+    assert piped.getvalue() == ""
 
 
 def test_the_oracle_rejects_unlocated_lines():
