@@ -9,6 +9,7 @@ problem drawing (no Graphviz, a diagram too large) becomes one line under the ta
 from __future__ import annotations
 
 import html
+import re
 from typing import Any
 
 from .errors import TracerError
@@ -23,6 +24,7 @@ NO_RENDERER = (
     "conda install graphviz) or <code>pip install graphviz-pure</code>."
 )
 # one scoped style per output: every cell of the tables is styled by class, not attribute by attribute
+_NODE = re.compile(r'\s+("(?:[^"\\]|\\.)*"|\w+) \[')  # a node statement in DOT (an edge has '->' after its first name)
 _STYLE = (
     "<style>.tracer { font-family: sans-serif; font-size: 12px }"
     " .tracer td, .tracer th { padding: 1px 8px; text-align: left; white-space: nowrap }"
@@ -98,9 +100,7 @@ def _diagram(trace: Any) -> str:
     if renderer is None:
         return _note("No diagram: this trace has no renderer attached (traces from tracer.load(...).run() have one).")
     source = renderer.dot_source(trace)
-    nodes = sum(
-        1 for line in source.splitlines() if " [" in line and " -> " not in line and not line.lstrip().startswith(("graph", "node", "edge"))
-    )
+    nodes = sum(1 for m in map(_NODE.match, source.splitlines()) if m and m[1] not in ("graph", "node", "edge"))
     if nodes > MAX_NODES:
         return _note(
             f"No inline diagram: {nodes:,} nodes (the limit here is {MAX_NODES}). Fold groups with "
