@@ -3,6 +3,7 @@
 import io
 import json
 import math
+import shutil
 import time
 
 import pytest
@@ -104,3 +105,13 @@ def test_progress_shows_on_a_terminal_only_and_erases_itself(monkeypatch):
     with progress.Progress("drawing x.svg", stream=ticking).ticking():
         time.sleep(0.05)
     assert "tracer: drawing x.svg · 0 s" in ticking.getvalue()
+
+
+def test_the_cli_folds_repeats_by_default_and_expands_on_request(tmp_path):
+    (tmp_path / "blocks").mkdir()
+    shutil.copy(PIPELINES / "blocks" / "encoder_layer.yaml", tmp_path / "blocks")
+    (tmp_path / "s.yaml").write_text(STACK.read_text().replace("repeat: 48", "repeat: 3"))
+    assert tracer_cli("render", tmp_path / "s.yaml", "-o", tmp_path / "s.dot", "-q").returncode == 0
+    assert "×2" in (tmp_path / "s.dot").read_text()
+    listed = tracer_cli("run", tmp_path / "s.yaml", "--expand", "-q").stdout
+    assert "layers/2/out " in listed and "×2" not in listed
