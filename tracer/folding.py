@@ -22,7 +22,7 @@ class Fold:
 
     @property
     def key(self) -> str:
-        """A name for the marker that no group or tensor id can have ('…' is not allowed in ids)."""
+        """The marker's name, 'layers/1…47': no tensor id has a '…', so it names no tensor."""
         return f"{self.hidden[0]}…{self.hidden[-1].rsplit('/', 1)[-1]}" if len(self.hidden) > 1 else self.hidden[0]
 
     @property
