@@ -162,3 +162,19 @@ def test_a_number_the_dtype_cannot_hold_is_a_located_error(text, code):
 )
 def test_sdpa_layout_and_memory_follow_the_kernel_torch_picks(steps, inputs):
     agrees(steps, inputs)
+
+
+def test_a_meta_run_of_sdpa_shows_the_layout_of_a_real_run():
+    """torch's meta sdpa is the math path's (row-major); CPU's flash kernel lays out like q."""
+    pipeline = tracer.loads(
+        pipeline_text("- {id: t, op: transpose, input: q, dims: [1, 2]}\n- {id: y, op: sdpa, inputs: [t, t, t]}", inputs=Q)
+    )
+    meta, cpu = pipeline.run(device="meta"), pipeline.run()
+    assert meta["y"].stride == cpu["y"].stride == (24, 4, 12, 1) and meta.as_predicted and cpu.as_predicted
+
+
+def test_a_block_that_uses_a_directory_is_a_located_error(tmp_path):
+    (tmp_path / "p.yaml").write_text(pipeline_text("- {id: b, op: block, use: ., dims: {}}", inputs=X23))
+    with pytest.raises(TracerError) as info:
+        tracer.load(tmp_path / "p.yaml")
+    assert "is a directory" in str(info.value) and "Traceback" not in str(info.value)

@@ -7,6 +7,7 @@ import random
 import sys
 import tempfile
 import time
+import traceback
 from pathlib import Path
 
 from tests.fuzz.generators import STRATEGIES, pick_strategy
@@ -20,6 +21,15 @@ def make_case(seed: int | str, index: int) -> tuple[str, bytes, random.Random]:
     rng = random.Random(f"{seed}:{index}")
     strategy = pick_strategy(rng)
     return strategy, STRATEGIES[strategy][0](rng), rng
+
+
+def run_one(seed: int | str, index: int, folder: Path) -> tuple[str, bytes, Outcome]:
+    """Case ``index``, generated and judged; a generator that fails is a crash of the campaign too."""
+    try:
+        strategy, data, rng = make_case(seed, index)
+    except Exception as exc:
+        return "generator", b"", Outcome("crash", f"the generator failed: {type(exc).__name__}: {exc}\n{traceback.format_exc(limit=-6)}")
+    return strategy, data, run_case(data, folder, rng, cpu=True, cli=rng.random() < 0.08)  # every small runnable case runs for real
 
 
 def limit_memory(limit: int = MEMORY_LIMIT) -> None:
@@ -73,8 +83,7 @@ def campaign(n: int, seed: int | str = 0, start: int = 0, show: bool = False, re
     with tempfile.TemporaryDirectory(prefix="tracer-fuzz-") as tmp:
         folder = Path(tmp)
         for index in range(start, start + n):
-            strategy, data, rng = make_case(seed, index)
-            outcome = run_case(data, folder, rng, cpu=True, cli=rng.random() < 0.08)  # every small runnable case runs for real
+            strategy, data, outcome = run_one(seed, index, folder)
             counts[outcome.kind] = counts.get(outcome.kind, 0) + 1
             if outcome.ratio is not None:
                 ratios.append(outcome.ratio)
@@ -97,6 +106,8 @@ def campaign(n: int, seed: int | str = 0, start: int = 0, show: bool = False, re
         )
         print(data.decode("utf-8", "replace")[:3000], file=out)
         print(outcome.detail, file=out)
+    for index, strategy, _, outcome in failures:  # every failure, one line each
+        print(f"{outcome.kind}: case {index} ({strategy}): {outcome.detail.splitlines()[0][:300] if outcome.detail else ''}", file=out)
     elapsed = time.monotonic() - started
     detail = ", ".join(f"{k} {v}" for k, v in sorted(counts.items()))
     print(f"{n} cases, {crashes} crashes, {hangs} hangs ({detail}; {elapsed:.0f} s)", file=out)

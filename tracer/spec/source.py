@@ -234,7 +234,7 @@ def _read_bounded(path: Path, name: str) -> bytes:
         fail("file-missing", "no such file")
     except OSError as exc:
         fail("file-unreadable", f"cannot read the file: {exc.strerror or exc}")
-    with os.fdopen(fd, "rb") as handle:
+    try:  # checked on the descriptor: os.fdopen itself refuses a directory with IsADirectoryError
         info = os.fstat(fd)
         if stat.S_ISDIR(info.st_mode):
             fail("file-unreadable", "is a directory, not a pipeline file")
@@ -242,6 +242,10 @@ def _read_bounded(path: Path, name: str) -> bytes:
             fail("file-unreadable", f"is {_file_kind(info.st_mode)}, not a regular file; a pipeline is a YAML text file")
         if info.st_size > MAX_BYTES:
             fail("file-too-large", f"the file is {info.st_size} bytes; pipeline files are limited to {MAX_BYTES} bytes")
+    except BaseException:
+        os.close(fd)
+        raise
+    with os.fdopen(fd, "rb") as handle:
         try:
             data = handle.read(MAX_BYTES + 1)
         except OSError as exc:

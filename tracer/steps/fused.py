@@ -205,6 +205,15 @@ class Sdpa(StepBase):
                     mask = torch.where(hidden, -math.inf, mask)  # broadcasts, as masked_fill would not
             return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, is_causal=plain, scale=scale, enable_gqa=gqa)
 
+        if k.device.type == "meta" and not self._math_path(k.ins):
+            sizes, strides = k.out.sizes, k.out.stride
+
+            def like_cpu(q, key, v, mask=None):
+                # torch's meta sdpa is its math path (a row-major result); a real run takes the flash
+                # kernel, which lays its output out like q: a meta trace shows the real run's layout
+                return sdpa(q, key, v, mask).new_empty_strided(sizes, strides)
+
+            return like_cpu
         return sdpa
 
     def emit(self, e):

@@ -201,10 +201,11 @@ class Alibi(StepBase):
         return Composite((Inner("bias", "alibi", bias), Inner("biased", "alibi", pointwise([scores, bias], scores.shape, scores.dtype))))
 
     def workspace_bytes(self, ins, out, inner=()) -> int:
-        """Slopes and key positions (int64), the relative distances, and a float32 bias before
+        """Slopes (a 0-d base, int32 exponents and their powers, joined when the head count is not a
+        power of two) and key positions (int64), the relative distances, and a float32 bias before
         its cast to a narrower dtype."""
         heads, t_q, t_k = ins[0].sizes[-3:]
-        total = 8 * (t_k + heads)
+        total = 8 * t_k + 16 * heads + 8
         if self.relative:
             total += 8 * t_q * t_k + 8 * t_q
         return total + (4 * inner[0].numel if inner and inner[0].dtype != "float32" else 0)
