@@ -105,6 +105,11 @@ def test_an_unusable_device_is_a_located_error_through_the_api_too():
         ("- {id: y, op: mask, input: x, mask: m, polarity: keep, causal: true}", X234 + "\nm: {shape: [3, 4], init: ones, dtype: int64}"),
         ("- {id: y, op: dropout, input: x, p: 0.5, training: true}", X234),
         ("- {id: y, op: relu, input: x}", "x: {shape: [64], init: arange}\nt: {shape: [8, 8], init: tril}"),
+        ("- {id: y, op: mask, input: x, causal: true}", "x: {shape: [12, 1], init: randn}"),  # many queries, one key
+        ("- {id: y, op: rmsnorm, input: x, weight: g, unit_offset: true}", X234 + "\ng: {shape: [4], init: ones}"),
+        ("- {id: y, op: sdpa, inputs: [q, q, q]}", "q: {shape: [1, 2, 3, 4], init: randn, dtype: float64}"),
+        ("- {id: y, op: layernorm, input: x}", "x: {shape: [2, 3, 0], init: randn}"),
+        ("- {id: y, op: alibi, input: x}", "x: {shape: [4, 0, 0], init: randn}"),
     ],
 )
 def test_the_estimate_bounds_what_each_kernel_allocates(steps, inputs):
@@ -177,4 +182,12 @@ def test_a_block_that_uses_a_directory_is_a_located_error(tmp_path):
     (tmp_path / "p.yaml").write_text(pipeline_text("- {id: b, op: block, use: ., dims: {}}", inputs=X23))
     with pytest.raises(TracerError) as info:
         tracer.load(tmp_path / "p.yaml")
-    assert "is a directory" in str(info.value) and "Traceback" not in str(info.value)
+    assert info.value.code == "block-use" and "is a folder" in str(info.value)
+    assert all(line.startswith(f"{tmp_path / 'p.yaml'}:") for line in str(info.value).splitlines())
+
+
+def test_sdpa_whose_scores_torch_cannot_describe_is_a_located_error():
+    text = pipeline_text("- {id: y, op: sdpa, inputs: [q, q, q]}", dims="T: 4294967296", inputs="q: {shape: [1, T, 2], init: randn}")
+    with pytest.raises(TracerError) as info:
+        tracer.loads(text, "t.yaml").run(device="meta")  # was torch's RuntimeError from inside the kernel
+    assert info.value.code == "tensor-too-large" and str(info.value).startswith("t.yaml:")

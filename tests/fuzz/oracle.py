@@ -172,7 +172,7 @@ def check_prediction(trace, seen: dict[str, tuple]) -> None:
     storage owner), and so is every tensor torch made (``seen``, from the run's ``observe``).
 
     Strides are compared where they mean something: not on dims of size 1, and not in tensors of
-    no elements. There torch's own kernels disagree between devices (meta and CPU allocate a
+    no elements (nor their storage offset). There torch's own kernels disagree between devices (meta and CPU allocate a
     (2, 1, 1, 3) masked_fill or a (0, 1, 5, 4, 8) linear result with different strides), so no
     static prediction can match both; contiguity, which ignores them, is compared everywhere.
     """
@@ -181,11 +181,11 @@ def check_prediction(trace, seen: dict[str, tuple]) -> None:
     for record in trace.records:
         meta = metas[record.id]
         owner = None if meta.root in (None, record.id) else meta.root
-        predicted = (meta.sizes, _strides(meta.sizes, meta.stride), meta.offset, meta.dtype, meta.contiguous, owner)
+        predicted = (meta.sizes, _strides(meta.sizes, meta.stride), _offset(meta.sizes, meta.offset), meta.dtype, meta.contiguous, owner)
         found = (
             record.shape,
             _strides(record.shape, record.stride),
-            record.storage_offset,
+            _offset(record.shape, record.storage_offset),
             record.dtype,
             record.contiguous,
             record.view_of,
@@ -193,7 +193,7 @@ def check_prediction(trace, seen: dict[str, tuple]) -> None:
         differs |= (meta.stride, meta.offset, meta.dtype, owner) != (record.stride, record.storage_offset, record.dtype, record.view_of)
         made = seen.get(record.id)
         if made is not None:
-            made = (made[0], _strides(made[0], made[1]), made[2], made[3].removeprefix("torch."), made[4], owner)
+            made = (made[0], _strides(made[0], made[1]), _offset(made[0], made[2]), made[3].removeprefix("torch."), made[4], owner)
         if predicted != found or made not in (None, predicted):
             fields = "(shape, stride, offset, dtype, contiguous, view_of)"
             raise OracleFailure(
@@ -202,6 +202,10 @@ def check_prediction(trace, seen: dict[str, tuple]) -> None:
             )
     if differs == trace.as_predicted:
         raise OracleFailure(f"the run says as_predicted={trace.as_predicted}, but its records {'differ' if differs else 'do not'}")
+
+
+def _offset(sizes: tuple[int, ...], offset: int) -> int | None:
+    return None if 0 in sizes else offset
 
 
 def _strides(sizes: tuple[int, ...], strides: tuple[int, ...]) -> tuple:

@@ -416,11 +416,13 @@ def _load_block(step: Block, i: int, source: SourceMap, folder: Path, stack: tup
         chain = " -> ".join(Path(p).name for p in stack + (key,))
         fail("block-too-deep", f"blocks nest more than {MAX_BLOCK_DEPTH} files deep: {chain}; include the inner files from fewer levels")
     try:
-        target.stat()  # a FIFO or device is refused by the loader, which checks before reading
-    except FileNotFoundError:
-        fail("block-missing", f"'use: {use}': no such file ({target})")
+        is_folder = target.is_dir()  # a FIFO or device is refused by the loader, which checks before reading
     except OSError as exc:  # a name over 255 bytes, a loop, no permission
         fail("block-use", f"'use: {use}' cannot be opened: {exc.strerror or exc}")
+    if is_folder:
+        fail("block-use", f"'use: {use}' is a folder; name a block file in it (e.g. blocks/NAME.yaml)")
+    if not target.exists():
+        fail("block-missing", f"'use: {use}': no such file ({target})")
     shown = os.path.relpath(target)
     try:
         spec, block_source = load_spec(target if shown.startswith("..") else shown)

@@ -188,7 +188,8 @@ class Mask(StepBase):
         total = 0
         if self.causal:
             t_q, t_k = ins[0].sizes[-2:]
-            total += 8 * (t_q + t_k) + t_q * t_k + (8 * t_q + 2 * t_q * t_k if self.window is not None else 0)
+            # the query range and its shifted copy, then the shifted one, the key range and the pattern
+            total += max(16 * t_q, 8 * (t_q + t_k) + t_q * t_k) + (8 * t_q + 2 * t_q * t_k if self.window is not None else 0)
         if self.mask is not None:
             mask = ins[1] if len(ins) > 1 else None
             total += mask.numel * ((mask.dtype != "bool") + (self.polarity == "keep")) if mask is not None else 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 from pydantic import Field
@@ -66,9 +67,7 @@ class LayerNorm(StepBase):
 
     def workspace_bytes(self, ins, out) -> int:
         """native_layer_norm also returns each row's mean and 1/std (in float32 at least)."""
-        x = ins[0]
-        rows = x.numel // x.sizes[-1] if x.sizes[-1] else 0
-        return 2 * rows * max(4, DTYPE_BYTES[x.dtype])
+        return 2 * math.prod(ins[0].sizes[:-1]) * max(4, DTYPE_BYTES[ins[0].dtype])
 
     def kernel(self, k):
         layer_norm, eps = k.F.layer_norm, self.eps

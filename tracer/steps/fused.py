@@ -83,6 +83,13 @@ class Sdpa(StepBase):
         if self.window is not None and ctx.dim(self.window, "window").value < 1:
             raise StepError("mask-window", f"window {self.window} must be at least 1 (the query's own key)", "window")
         scores = q.shape[:-1] + (k.shape[-2],)
+        if math.prod(d.value for d in scores) * max(4, DTYPE_BYTES[q.dtype]) > 2**62:  # check.MAX_TENSOR_BYTES
+            raise StepError(
+                "tensor-too-large",
+                f"the scores ({', '.join(map(str, scores))}) [{', '.join(str(d.value) for d in scores)}] that torch's math path "
+                "(and every meta run) builds would need more than 2**62 bytes; torch cannot describe them",
+                "inputs",
+            )
         if self.mask is not None:
             mask = ins[3]
             if mask.dtype in ("bool", "int32", "int64") and self.polarity is None:
@@ -128,11 +135,11 @@ class Sdpa(StepBase):
         if self._math_path(ins):
             return self._math_workspace(ins, out)
         t_q, t_k = q.sizes[-2], key.sizes[-2]
-        total = 4 * q.numel // max(q.sizes[-1], 1)
+        total = max(4, DTYPE_BYTES[q.dtype]) * q.numel // max(q.sizes[-1], 1)  # float64 q: a float64 log-sum-exp
         mask = ins[3] if len(ins) > 3 else None
         plain = self.causal and self.window is None and (t_q == t_k or self.align == "top-left") and mask is None
         if self.causal and not plain:
-            total += 16 * (t_q + t_k) + 5 * t_q * t_k
+            total += 24 * t_q + 16 * t_k + 5 * t_q * t_k  # int64 positions, the shifted queries too
         if mask is not None or (self.causal and not plain):
             elements = max(mask.numel if mask is not None else 0, t_q * t_k)
             total += 6 * elements  # bool conversions, and SDPA's additive float copy

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 from pydantic import Field, StrictBool
@@ -65,9 +66,10 @@ class RMSNorm(StepBase):
         """The float32 normalised copy (and the float32 copy of a narrower input, and its cast
         back), plus the (…, 1) mean-square column."""
         x = ins[0]
-        n, width = x.numel, max(x.sizes[-1], 1)
+        n, rows = x.numel, math.prod(x.sizes[:-1])  # rows: the (…, 1) columns exist for an empty last dim too
         narrow = x.dtype != "float32"
-        return 4 * n * (2 if narrow else 1) + (x.nbytes if narrow else 0) + 8 * (n // width)
+        # h, its normalised copy and (1 + w) * h or h's cast back, in float32; the (…, 1) mean, + eps, rsqrt
+        return 4 * n * 3 + (x.nbytes if narrow else 0) + 12 * rows
 
     def kernel(self, k):
         torch, eps, has_weight, unit_offset = k.torch, self.eps, self.weight is not None, self.unit_offset

@@ -88,7 +88,7 @@ class Rope(StepBase):
         x, (length, rot) = ins[0], inner[0].sizes
         head = x.sizes[-1]
         part = x.nbytes // head * rot if head else 0
-        tables = 6 * length * rot + 2 * rot + 8 * length
+        tables = 14 * length * rot + 8 * rot + 16 * length  # int64 ranges, float32 freqs, emb, cos, sin
         return tables + (3 * part if rot == head else max(4 * part - x.nbytes, part))
 
     def kernel(self, k):
