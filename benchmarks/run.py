@@ -196,8 +196,8 @@ def worker_stack(rounds: int) -> dict:
     import torch.nn.functional as F
 
     import tracer
-    from tracer.render import render_file
-    from tracer.shapes.check import analyze
+    from tracer.analysis.shapes import analyze
+    from tracer.presentation.diagram import render_file
     from tracer.spec.load import load_spec
 
     checks = []

@@ -87,7 +87,7 @@ def no_renderer(monkeypatch, tmp_path_factory):
     monkeypatch.setenv("PATH", os.pathsep.join(path))
     monkeypatch.delenv("TRACER_DOT", raising=False)
     empty = str(tmp_path_factory.mktemp("no-scripts"))
-    monkeypatch.setattr("tracer.renderer.sysconfig.get_path", lambda name: empty)
+    monkeypatch.setattr("tracer.presentation.graphviz.sysconfig.get_path", lambda name: empty)
 
 
 @pytest.fixture

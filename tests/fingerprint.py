@@ -18,7 +18,7 @@ import torch
 
 import tracer
 from tracer.cli import main
-from tracer.render import dot_source
+from tracer.presentation.diagram import dot_source
 
 
 def _sha(data: str | bytes) -> str:

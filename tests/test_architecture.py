@@ -52,9 +52,9 @@ def test_no_import_cycle_among_tracer_modules():
 @pytest.mark.parametrize(
     "lower, upper",
     [
-        ("tracer.trace", "tracer.render"),
-        ("tracer.render", "tracer.api"),
-        ("tracer.memory", "tracer.trace"),
+        ("tracer.runtime.trace", "tracer.presentation.diagram"),
+        ("tracer.presentation.diagram", "tracer.api"),
+        ("tracer.analysis.memory", "tracer.runtime.trace"),
         ("tracer.steps.block", "tracer.spec.load"),
     ],
 )
@@ -63,7 +63,7 @@ def test_layers_import_one_way(lower, upper):
 
 
 def test_the_import_graph_sees_imports_inside_functions():
-    assert import_graph().has_edge("tracer.api", "tracer.render")  # api's _renderer imports it lazily
+    assert import_graph().has_edge("tracer.api", "tracer.presentation.diagram")  # api's _renderer imports it lazily
 
 
 @pytest.mark.parametrize("op", sorted(STEP_KINDS))
@@ -102,7 +102,7 @@ def test_no_op_name_lists_outside_the_step_kinds():
 def test_every_init_the_format_accepts_has_exactly_one_way_to_create_it():
     from typing import get_args
 
-    from tracer.interpreter import INITS
+    from tracer.runtime.interpreter import INITS
     from tracer.spec.pipeline import Init
 
     assert set(INITS) == set(get_args(Init))

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 import tracer
 from tests.conftest import PIPELINES, shared_pipeline
-from tracer.errors import TracerError
+from tracer.core.errors import TracerError
 
 SMALL = {"B": 2, "T": 5, "d_model": 8, "H": 2}
 STACK = PIPELINES / "encoder_stack.yaml"

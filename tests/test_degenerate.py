@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 import tracer
 from tests.conftest import PIPELINES, tracer_cli
-from tracer.errors import TracerError
+from tracer.core.errors import TracerError
 
 GOOD = (PIPELINES / "causal_mha.yaml").read_text()
 NO_EXPECT = GOOD[: GOOD.index("expect:")]  # expect: pins contiguity that changes when a dim is 0 or 1
@@ -213,6 +213,6 @@ def test_cli_degenerate_dims_are_located_errors(argv, code):
 @pytest.mark.parametrize("dims", [["--dim", "T=0"], ["--dim", "T=1"], ["--dim", "T=1", "--dim", "B=1"]])
 def test_cli_runs_at_zero_and_one_tokens_with_the_files_expectations(dims):
     """The file pins q_h as non-contiguous; at T=0 or 1 torch calls it contiguous, but the layout
-    is the same transposed one (tracer.shapes.layout.meets_contiguity), so this is no error."""
+    is the same transposed one (tracer.core.layout.meets_contiguity), so this is no error."""
     done = tracer_cli("run", PIPELINES / "causal_mha.yaml", "--device", "meta", *dims)
     assert done.returncode == 0, done.stderr

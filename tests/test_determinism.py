@@ -19,9 +19,9 @@ import pytest
 import tracer
 from tests.conftest import PIPELINES, ROOT, bundled_pipelines, shared_pipeline, tracer_cli
 from tests.fingerprint import fingerprints
-from tracer.atomic import write_atomic
-from tracer.errors import TracerError
-from tracer.render import render_file
+from tracer.core.errors import TracerError
+from tracer.presentation.diagram import render_file
+from tracer.presentation.files import write_atomic
 
 
 def _small(path: Path, limit: int = 8 * 1024 * 1024) -> bool:

@@ -14,7 +14,7 @@ import tracer
 from tests.conftest import pipeline_text
 from tests.fuzz.oracle import check_prediction, layout_into
 from tests.measure import PeakStorage
-from tracer.errors import TracerError
+from tracer.core.errors import TracerError
 
 X23 = "x: {shape: [2, 3], init: randn}"
 X234 = "x: {shape: [2, 3, 4], init: randn}"

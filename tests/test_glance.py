@@ -9,7 +9,7 @@ import time
 import pytest
 
 from tests.conftest import PIPELINES, assert_flops_as_counted, pipeline_text, shared_pipeline, tracer_cli
-from tracer import progress
+from tracer.presentation import progress
 
 STACK = PIPELINES / "encoder_stack.yaml"
 

@@ -19,8 +19,8 @@ import pytest
 import tracer
 from tests.conftest import PIPELINES, ROOT
 from tracer.cli import main
-from tracer.errors import TracerError
-from tracer.render import dot_source, render_file
+from tracer.core.errors import TracerError
+from tracer.presentation.diagram import dot_source, render_file
 
 CAUSAL = PIPELINES / "causal_mha.yaml"
 needs_dot = pytest.mark.skipif(shutil.which("dot") is None, reason="Graphviz `dot` not installed")
@@ -146,7 +146,7 @@ def test_render_svg_never_touches_a_dot_beside_it(tmp_path, capsys):
 
 
 def test_a_dot_that_takes_too_long_is_stopped_with_a_hint_to_fold(tmp_path, monkeypatch):
-    import tracer.render as render
+    import tracer.presentation.diagram as render
 
     def slow(*args, timeout=None, **kwargs):
         raise subprocess.TimeoutExpired(args[0], timeout)

@@ -18,7 +18,7 @@ import pytest
 
 import tracer
 from tests.conftest import PIPELINES, ROOT, tracer_cli
-from tracer.errors import TracerError
+from tracer.core.errors import TracerError
 
 GOOD = (PIPELINES / "causal_mha.yaml").read_text()
 FAST = 3.0  # CPU seconds (not wall clock, so a loaded machine does not fail them); each case takes well under one

@@ -7,12 +7,12 @@ import pytest
 import torch
 
 import tracer
-import tracer.interpreter as interpreter
-import tracer.memory as memory
+import tracer.analysis.memory as memory
+import tracer.runtime.interpreter as interpreter
 from tests.conftest import PIPELINES, bundled_pipelines, shared_pipeline
+from tracer.analysis.memory import estimate_peak, parse_bytes
 from tracer.cli import main
-from tracer.errors import TracerError
-from tracer.memory import estimate_peak, parse_bytes
+from tracer.core.errors import TracerError
 
 MHA = PIPELINES / "causal_mha.yaml"
 HUGE = {"B": 64, "T": 131072, "d_model": 8192, "H": 64}

@@ -7,9 +7,9 @@ import pytest
 from nbclient import NotebookClient
 
 import tracer
-import tracer.notebook
+import tracer.presentation.notebook
 from tests.conftest import PIPELINES, ROOT, shared_pipeline
-from tracer.formatting import human_bytes
+from tracer.core.formatting import human_bytes
 
 NOTEBOOK = ROOT / "docs" / "notebooks" / "quickstart.ipynb"
 
@@ -37,7 +37,7 @@ def test_without_a_renderer_the_table_and_one_line_say_how_to_get_diagrams(causa
 
 
 def test_a_diagram_over_the_size_cap_is_a_note(causal, monkeypatch):
-    monkeypatch.setattr(tracer.notebook, "MAX_NODES", 5)
+    monkeypatch.setattr(tracer.presentation.notebook, "MAX_NODES", 5)
     page = causal._repr_html_()
     assert "<svg" not in page and "No inline diagram" in page and "tracer render FILE" in page
 

@@ -12,9 +12,9 @@ import pytest
 
 import tracer
 from tests.conftest import PIPELINES, ROOT, bundled_pipelines, pipeline_text, shared_pipeline, tracer_cli
-from tracer.errors import TracerError
+from tracer.core.errors import TracerError
 from tracer.gallery import build, gallery_name, repeated_blocks
-from tracer.render import dot_source, render_file
+from tracer.presentation.diagram import dot_source, render_file
 
 CAUSAL = PIPELINES / "causal_mha.yaml"
 STACK = PIPELINES / "encoder_stack.yaml"

@@ -10,8 +10,8 @@ import pytest
 import tracer
 from tests.conftest import PIPELINES, ROOT, tracer_cli
 from tracer.gallery import main as gallery
-from tracer.render import render_bytes
-from tracer.renderer import chosen_renderer, find_renderer
+from tracer.presentation.diagram import render_bytes
+from tracer.presentation.graphviz import chosen_renderer, find_renderer
 
 CAUSAL = PIPELINES / "causal_mha.yaml"
 DOT = shutil.which("dot")

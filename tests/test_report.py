@@ -19,8 +19,8 @@ from tests.browser import Browser, find_chromium
 from tests.conftest import PIPELINES, ROOT, pipeline_text
 from tracer.cli import main
 from tracer.gallery import build
-from tracer.render import dot_source
-from tracer.report import LEVELS, MAX_CELLS, MAX_MAPS, MAX_SIDE, report_data, script_json, write_report
+from tracer.presentation.diagram import dot_source
+from tracer.presentation.report import LEVELS, MAX_CELLS, MAX_MAPS, MAX_SIDE, report_data, script_json, write_report
 
 CAUSAL = PIPELINES / "causal_mha.yaml"
 SENTENCE = PIPELINES / "seeds" / "000_encoder_block.yaml"

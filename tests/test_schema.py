@@ -11,8 +11,8 @@ from jsonschema import Draft7Validator
 
 import tracer
 from tests.conftest import PIPELINES, ROOT, tracer_cli
+from tracer.core.errors import TracerError
 from tracer.docgen import PACKAGED_SCHEMA, schema_text
-from tracer.errors import TracerError
 from tracer.spec.load import validate
 from tracer.spec.source import parse_document
 

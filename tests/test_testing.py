@@ -8,7 +8,7 @@ import pytest
 
 import tracer
 from tests.conftest import INVALID_EXAMPLES, PIPELINES, ROOT, bundled_pipelines, shared_pipeline, tracer_cli
-from tracer.errors import ExpectationError
+from tracer.core.errors import ExpectationError
 from tracer.testing import assert_contiguous, assert_shape, assert_view_of
 
 CAUSAL = PIPELINES / "causal_mha.yaml"

@@ -6,13 +6,13 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from .errors import Diagnostic, ExpectationError, TracerError
-from .shapes.check import Analysis, analyze
-from .shapes.layout import CONTIGUITY_RULE, meets_contiguity
+from .analysis.shapes import Analysis, analyze
+from .core.errors import Diagnostic, ExpectationError, TracerError
+from .core.layout import CONTIGUITY_RULE, meets_contiguity
+from .runtime.trace import Trace
 from .spec.load import load_spec, load_spec_text
 from .spec.pipeline import SEED_MAX, SEED_MIN, PipelineSpec
 from .spec.source import SourceMap
-from .trace import Trace
 
 _CACHE_SIZE = 4
 
@@ -60,14 +60,14 @@ class Pipeline:
 
         ``observe(record_id, tensor)`` is called for every tensor a step produces, right after the
         step and before the tensor is freed: a hook for statistics (NaN rows, norms) that keeps no
-        tensor alive, e.g. ``tracer.lints.SoftmaxNaNs``.
+        tensor alive, e.g. ``tracer.analysis.lints.SoftmaxNaNs``.
 
         A real run whose estimated peak (``analysis.peak_bytes``) exceeds ``max_memory`` (bytes or
         ``'8GiB'``; default: half of the available RAM) raises ``TracerError`` before anything is
         allocated; ``device='meta'`` traces every shape and stride without allocating at all.
         """
-        from .interpreter import Plan, create_tensors, device_problem, run_plan, torch_module
-        from .memory import check_budget
+        from .analysis.memory import check_budget
+        from .runtime.interpreter import Plan, create_tensors, device_problem, run_plan, torch_module
 
         analysis = self.check(dims)
         analysis.raise_errors()
@@ -111,20 +111,20 @@ class Pipeline:
         return f"<Pipeline {self.name!r} from {self.path}: {len(self.spec.steps)} steps>"
 
     def _repr_html_(self) -> str:
-        from .notebook import pipeline_html
+        from .presentation.notebook import pipeline_html
 
         return pipeline_html(self)
 
 
 def _renderer():
-    from . import render  # the API joins running and drawing; neither layer imports the other
+    from .presentation import diagram as render  # the API joins running and drawing; neither layer imports the other
 
     return render
 
 
 def _given(analysis: Analysis, tensors, params, inputs) -> dict[str, Any]:
     """Every tensor given by name, checked against its declaration; all problems in one error."""
-    from .weights import match
+    from .runtime.tensors import match
 
     given, problems = {}, []
     for what, section, tensors_given in (("tensors=", None, tensors), ("params=", "params", params), ("inputs=", "inputs", inputs)):

@@ -9,9 +9,9 @@ import sys
 import threading
 from pathlib import Path
 
-from .errors import Diagnostic, InternalError, TracerError, printable
+from .core.errors import Diagnostic, InternalError, TracerError, printable
 
-RENDER_TIMEOUT = 120.0  # seconds; the same default as tracer.render.DOT_TIMEOUT (kept here: the parser imports no renderer)
+RENDER_TIMEOUT = 120.0  # seconds; the same default as tracer.presentation.diagram.DOT_TIMEOUT (kept here: the parser imports no renderer)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -193,7 +193,7 @@ def _dim_pair(text: str) -> tuple[str, int]:
 
 def _device(text: str) -> str:
     """A torch device this machine has: 'bogus' or 'cuda' without CUDA is a usage error (exit 2)."""
-    from .interpreter import device_problem
+    from .runtime.interpreter import device_problem
 
     problem = device_problem(text)
     if problem is not None:
@@ -202,7 +202,7 @@ def _device(text: str) -> str:
 
 
 def _check(args) -> int:
-    from .shapes.check import analyze
+    from .analysis.shapes import analyze
     from .spec.load import load_spec
 
     failed = False
@@ -224,7 +224,7 @@ def _run(args) -> int:
     from .api import load
 
     pipeline = load(args.file) if not args.dim else _load_unchecked(args.file)
-    from .lints import SoftmaxNaNs
+    from .analysis.lints import SoftmaxNaNs
 
     analysis = pipeline.check(dict(args.dim))
     nans = SoftmaxNaNs(analysis)
@@ -242,7 +242,7 @@ def _run(args) -> int:
     for warning in trace.analysis.warnings + nans.warnings():
         print(warning, file=sys.stderr)
     if args.output:
-        from .atomic import write_atomic
+        from .presentation.files import write_atomic
 
         text = trace.to_json(values=args.values) if args.json else _table(trace, args) + "\n" + _peak_line(trace)
         print(f"wrote {printable(write_atomic(args.output, text + chr(10), error_file=args.file))}", file=sys.stderr)
@@ -261,17 +261,18 @@ def _run(args) -> int:
 def _weights(args, analysis) -> dict:
     """Every param from the checkpoint (renamed by the map): unknown, missing and mis-shaped keys together."""
     from . import weights
+    from .runtime.tensors import match
 
     if args.weights_map and not args.weights:
         raise TracerError(Diagnostic(args.weights_map, None, "weights-map", "--weights-map renames the keys of --weights: give both"))
     state = weights.read(args.weights)
     if args.weights_map:
         state = weights.rename(state, weights.read_map(args.weights_map))
-    return weights.match(analysis, state, "params", f"--weights {printable(args.weights)}", complete=True)
+    return match(analysis, state, "params", f"--weights {printable(args.weights)}", complete=True)
 
 
 def _running(analysis, quiet: bool):
-    from .progress import Progress
+    from .presentation.progress import Progress
 
     made = sum(len(analysis.inner.get(s) or [s]) for s in analysis.graph.order)  # every tensor a step makes
     return Progress("running", total=made, quiet=quiet)
@@ -301,7 +302,7 @@ def _positive(text: str) -> int:
 
 
 def _size(text: str) -> int:
-    from .memory import parse_bytes
+    from .analysis.memory import parse_bytes
 
     try:
         return parse_bytes(text)
@@ -310,7 +311,7 @@ def _size(text: str) -> int:
 
 
 def _peak_line(trace) -> str:
-    from .formatting import human_bytes
+    from .core.formatting import human_bytes
 
     memory = trace.analysis.memory
     where = f" (while '{memory.peak_step}' runs)" if memory.peak_step else ""
@@ -327,19 +328,19 @@ def _load_unchecked(path: str):
 
 
 def _render(args) -> int:
-    from .renderer import chosen_renderer
+    from .presentation.graphviz import chosen_renderer
 
     with chosen_renderer(args.dot):
         return _draw(args)
 
 
 def _draw(args) -> int:
-    from .render import render_file
+    from .presentation.diagram import render_file
 
     output = Path(args.output or f"{Path(args.file).stem}.svg")
     if args.values and args.device == "meta":
         raise TracerError(Diagnostic(args.file, None, "values-on-meta", "--values needs real data: drop --device meta (or use cpu/cuda)"))
-    from .progress import Progress
+    from .presentation.progress import Progress
 
     pipeline = _load_unchecked(args.file)
     with _running(pipeline.check(dict(args.dim)), args.quiet) as progress:
@@ -347,7 +348,7 @@ def _draw(args) -> int:
         trace = pipeline.run(dims=dict(args.dim), device=args.device, keep_values=args.values, observe=observe)
     with Progress(f"drawing {output.name}", quiet=args.quiet).ticking():
         if output.suffix.lower() == ".html":
-            from .report import write_report
+            from .presentation.report import write_report
 
             written = write_report(trace, output, args.collapse)
         else:  # with values: heatmaps in softmax nodes
@@ -357,13 +358,13 @@ def _draw(args) -> int:
 
 
 def _export(args) -> int:
-    from .export import export_source
+    from .presentation.export import export_source
 
     source = export_source(_load_unchecked(args.file), dict(args.dim))
     if not args.output:
         sys.stdout.write(source)
         return 0
-    from .atomic import write_atomic
+    from .presentation.files import write_atomic
 
     print(f"wrote {printable(write_atomic(args.output, source, error_file=args.file))}", file=sys.stderr)
     return 0

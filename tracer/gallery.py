@@ -10,11 +10,11 @@ import glob
 import sys
 from pathlib import Path
 
-from .atomic import write_atomic
-from .errors import TracerError
-from .render import render_file
-from .renderer import find_renderer
-from .report import write_report
+from .core.errors import TracerError
+from .presentation.diagram import render_file
+from .presentation.files import write_atomic
+from .presentation.graphviz import find_renderer
+from .presentation.report import write_report
 from .steps.block import Block
 
 # Pipelines that also get an interactive HTML report with values (heatmaps): the tutorials'
@@ -59,7 +59,7 @@ def _markdown_text(text: str) -> str:
 def _export_one(path: Path, py: Path) -> str:
     """The pipeline as a PyTorch module (``tracer export``); the README's link to it, or nothing."""
     from .api import Pipeline
-    from .export import export_source
+    from .presentation.export import export_source
     from .spec.load import load_spec
 
     try:

@@ -80,7 +80,7 @@ class PipelineFile(pytest.File):
 def _pipeline_name(path: Path) -> str:
     """The file's ``name:`` as the item's name; the file's stem when it has none usable in a node id
     (the file is not loaded here: a broken one is collected, and fails when it runs)."""
-    from .errors import TracerError
+    from .core.errors import TracerError
     from .spec.source import read_document
 
     try:
@@ -108,7 +108,7 @@ class PipelineItem(pytest.Item):
         return self.path.relative_to(base) if self.path.is_relative_to(base) else self.path
 
     def repr_failure(self, excinfo, style=None):
-        from .errors import TracerError
+        from .core.errors import TracerError
 
         if isinstance(excinfo.value, TracerError | PipelineWarning):
             return str(excinfo.value)

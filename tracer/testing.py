@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from .api import load
-from .errors import Diagnostic, ExpectationError
-from .spec import dims as dimexpr
-from .trace import Trace
+from .core import dimexpr
+from .core.errors import Diagnostic, ExpectationError
+from .runtime.trace import Trace
 
 
 def assert_shape(trace: Trace, tensor_id: str, expected: str | Sequence[int | str]) -> None:

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import lints
+from .analysis import lints
 from .steps.attention import Dropout, Mask, Scale, Softmax
 from .steps.products import Matmul
 from .steps.projection import Linear
@@ -334,7 +334,7 @@ def against_module(
     """Run the pipeline and any ``nn.Module`` on the same inputs; per output, the max abs difference.
 
     ``weights`` are the pipeline's params by id (``/`` or ``.``), e.g. the module's state_dict
-    renamed by :func:`tracer.weights.rename`; ``inputs`` by name (default: the pipeline's own).
+    renamed by :func:`tracer.runtime.weights.rename`; ``inputs`` by name (default: the pipeline's own).
     The module, in eval mode, is called with the inputs in declaration order, or as
     ``call(module, *inputs)`` (``lambda m, x: m(x, x, x)[0]`` for nn.MultiheadAttention); several
     outputs are compared in order. Above ``atol`` it raises :class:`VerificationError` naming every
@@ -467,7 +467,7 @@ def _additive(hide, core: AttentionCore, dtype):
 def _values(pipeline: Any, dims, seed, tensors):
     """A trace with every tensor kept, from a path, a Pipeline or a Trace."""
     from .api import Pipeline, load
-    from .trace import Trace
+    from .runtime.trace import Trace
 
     if isinstance(pipeline, Trace):
         if pipeline.keep_values and dims is None and seed is None and tensors is None:

@@ -1,85 +1,16 @@
-"""Real tensors in: given params and inputs checked against the declarations, checkpoints read.
-
-``match`` checks tensors given by name (``Pipeline.run(params=..., inputs=..., tensors=...)``)
-and reports every problem at once: unknown names, missing params (for a whole checkpoint), shapes
-and dtypes that differ from the declaration, each located at the declaration. ``read`` loads a
-``.safetensors`` file or a ``torch.save``d state_dict (``weights_only=True``: no code runs);
-``read_map`` and ``rename`` adapt a foreign checkpoint's keys (``--weights-map``).
-
-A param's key is its id, with ``/`` or ``.`` between a block's parts: ``layers/3/W_q`` and
-``layers.3.W_q`` (what an exported module's ``state_dict()`` says) name the same tensor.
+"""Checkpoints in: ``read`` loads a ``.safetensors`` file or a ``torch.save``d state_dict
+(``weights_only=True``: no code runs); ``read_map`` and ``rename`` adapt a foreign checkpoint's
+keys (``--weights-map``). The tensors are then checked against the pipeline by
+:func:`tracer.runtime.tensors.match`, as every tensor given by name is.
 """
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from .errors import Diagnostic, TracerError
-from .shapes.check import Analysis
-
-SECTIONS = ("inputs", "params")
-
-
-def match(analysis: Analysis, given: Mapping[str, Any], section: str | None, what: str, complete: bool = False) -> dict[str, Any]:
-    """``given`` by declared name, after checking every entry; ``section`` limits the names to
-    inputs or params (None: either); ``complete`` also requires every param of the pipeline."""
-    import torch
-
-    declared = _declared(analysis, section)
-    found, problems, seen = {}, [], set()
-    for key, tensor in given.items():
-        name = declared.get(key) or declared.get(str(key).replace(".", "/"))
-        if name is None:
-            problems.append(_unknown(analysis, key, declared, section, what))
-            continue
-        seen.add(name)
-        where = "inputs" if name in analysis.pipeline.inputs else "params"
-        meta = analysis.metas[name]
-        if not isinstance(tensor, torch.Tensor):
-            problem = f"{what}['{key}'] must be a torch.Tensor, got {type(tensor).__name__}"
-        elif tuple(tensor.shape) != meta.sizes:
-            problem = f"{what}['{key}'] has shape {list(tensor.shape)}, the pipeline declares '{name}' as {meta.symbolic} {meta.concrete}"
-        elif str(tensor.dtype).removeprefix("torch.") != meta.dtype:
-            problem = f"{what}['{key}'] is {str(tensor.dtype).removeprefix('torch.')}, the pipeline declares '{name}' as {meta.dtype}"
-        else:
-            found[name] = tensor
-            continue
-        problems.append(analysis.source.error((where, name), "tensor-given", problem, prefer_key=True))
-    if complete:
-        for name in analysis.pipeline.params:
-            if name not in seen:
-                meta = analysis.metas[name]
-                problems.append(
-                    analysis.source.error(
-                        ("params", name), "tensor-missing", f"{what} has no '{name}' {meta.symbolic} {meta.concrete}", prefer_key=True
-                    )
-                )
-    if problems:
-        raise TracerError(problems)
-    return found
-
-
-def _declared(analysis: Analysis, section: str | None) -> dict[str, str]:
-    """Every accepted key -> the declared name: the id itself, and with ``.`` for ``/``."""
-    names = {}
-    for where in SECTIONS if section is None else (section,):
-        for name in getattr(analysis.pipeline, where):
-            if name in analysis.metas:
-                names[name] = name
-                names.setdefault(name.replace("/", "."), name)
-    return names
-
-
-def _unknown(analysis: Analysis, key, declared: dict[str, str], section: str | None, what: str) -> Diagnostic:
-    kinds = "inputs or params" if section is None else section
-    close = difflib.get_close_matches(str(key), list(declared), n=1)
-    hint = f"; did you mean '{close[0]}'?" if close else ""
-    return Diagnostic(
-        analysis.source.file, None, "unknown-tensor", f"{what} names '{key}', which is not one of the {kinds} of this pipeline{hint}"
-    )
+from .core.errors import Diagnostic, TracerError
 
 
 def read(path: str | Path) -> dict[str, Any]:

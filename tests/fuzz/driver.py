@@ -72,9 +72,9 @@ def campaign(n: int, seed: int | str = 0, start: int = 0, show: bool = False, re
     progress = progress or Progress(n)
     known_ops()
     import tracer  # noqa: F401  (import torch and friends before the clock starts)
-    import tracer.interpreter  # noqa: F401
+    import tracer.runtime.interpreter  # noqa: F401
 
-    tracer.interpreter.torch_module()
+    tracer.runtime.interpreter.torch_module()
     counts: dict[str, int] = {}
     ran: dict[str, list[int]] = {}  # strategy -> [cases that ran, cases]
     failures: list[tuple[int, str, bytes, Outcome]] = []

@@ -89,7 +89,7 @@ def warm_up() -> None:
 
 def run_case(data: bytes, folder: Path, rng, cpu: bool = True, cli: bool = False) -> Outcome:
     """Take one file through everything; ``crash``/``hang`` outcomes carry a traceback."""
-    from tracer.errors import TracerError
+    from tracer.core.errors import TracerError
 
     warm_up()
     path = folder / "case.yaml"
@@ -117,7 +117,7 @@ def run_case(data: bytes, folder: Path, rng, cpu: bool = True, cli: bool = False
 def _exercise(path: Path, rng, cpu: bool) -> tuple[str, float | None]:
     """The outcome's kind, and the estimate/peak ratio of the real run (None when none ran)."""
     from tracer.api import Pipeline
-    from tracer.errors import TracerError
+    from tracer.core.errors import TracerError
     from tracer.spec.load import load_spec
 
     name = str(path)
@@ -264,8 +264,8 @@ def _small(analysis) -> bool:
 
 def _render(trace, rng) -> None:
     """The full diagram, and one collapsed by some of its groups, their path prefixes or globs."""
-    from tracer.errors import TracerError
-    from tracer.render import dot_source
+    from tracer.core.errors import TracerError
+    from tracer.presentation.diagram import dot_source
 
     dot_source(trace)
     groups = sorted({s.group for s in trace.analysis.pipeline.steps if s.group})

@@ -17,10 +17,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from ..errors import Diagnostic, TracerError
-from ..shapes.symbolic import DimAlgebra, resolve
+from ..core import dimexpr
+from ..core.errors import Diagnostic, TracerError
+from ..core.symbolic import DimAlgebra, resolve
 from ..steps.block import Block, BlockInput
-from . import dims as dimexpr
 from .load import load_spec
 from .pipeline import tensor_dtype
 from .source import SourceMap

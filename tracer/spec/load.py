@@ -9,11 +9,11 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from ..errors import Diagnostic, TracerError
+from ..core import dimexpr
+from ..core.errors import Diagnostic, TracerError
+from ..core.fields import ID_PATTERN, RECORD_PATTERN
 from ..steps.block import Block
 from ..steps.contract import STEP_KINDS
-from . import dims as dimexpr
-from .base import ID_PATTERN, RECORD_PATTERN
 from .pipeline import DIM_PATTERN, Expect, PipelineSpec, TensorDecl
 from .source import SourceMap, parse_document, read_document
 
@@ -45,7 +45,7 @@ def _dim_problems(data: dict, source: SourceMap, errors: list[dict]) -> list[Dia
     dims = data.get("dims")
     if not isinstance(dims, dict) or any(err["loc"][:1] == ("dims",) for err in errors):
         return []
-    from ..shapes.symbolic import resolve
+    from ..core.symbolic import resolve
 
     exprs: dict = {}
     try:

@@ -18,7 +18,7 @@ from typing import Any
 
 import yaml
 
-from ..errors import Diagnostic, Position, TracerError
+from ..core.errors import Diagnostic, Position, TracerError
 
 MAX_BYTES = 4 * 1024 * 1024
 MAX_NODES = 100_000  # values (scalars and collections) after alias expansion; composing costs ~10 us each
@@ -204,7 +204,13 @@ def _check_depth(text: str, name: str) -> None:
                     )
             elif isinstance(event, yaml.CollectionEndEvent):
                 depth -= 1
-    except yaml.YAMLError:
+    except yaml.YAMLError as exc:
+        if "nesting depth" in str(exc):  # libyaml >= 0.2.5 refuses 1,000 levels itself: deeper than ours
+            mark = getattr(exc, "problem_mark", None)
+            where = Position(mark.line + 1, mark.column + 1) if mark else Position(1, 1)
+            raise TracerError(
+                Diagnostic(name, where, "yaml-too-deep", f"the document is nested more than {MAX_DEPTH} levels deep")
+            ) from None
         return  # composing stops at the same place and reports it with its position
 
 

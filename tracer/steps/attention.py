@@ -7,10 +7,10 @@ from typing import ClassVar, Literal
 
 from pydantic import Field, StrictBool, StrictFloat, StrictInt, field_validator, model_validator
 
-from ..shapes.layout import fresh, pointwise, preserve_format
-from ..spec.base import DTYPE_BYTES, DTYPE_MAX, DimText, Strict, TensorId, fits
-from ._rules import StepError, atom, broadcast, norm_dim, py_float, require_float, show
+from ..core.fields import DTYPE_BYTES, DTYPE_MAX, DimText, Strict, TensorId, fits
+from ..core.layout import fresh, pointwise, preserve_format
 from .contract import StepBase, register
+from .rules import StepError, atom, broadcast, norm_dim, py_float, require_float, show
 
 
 class Sqrt(Strict):

@@ -11,10 +11,10 @@ from typing import Literal
 
 from pydantic import Field, StrictBool, StrictInt, model_validator
 
-from ..shapes.layout import view
-from ..spec.base import DimText
-from ._rules import StepError, show
+from ..core.fields import DimText
+from ..core.layout import view
 from .contract import StepBase, register
+from .rules import StepError, show
 
 
 @register

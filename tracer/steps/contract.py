@@ -28,15 +28,15 @@ from typing import Any, ClassVar, Protocol
 
 from pydantic import ConfigDict, Field, model_validator
 
-from ..shapes.layout import Meta
-from ..shapes.symbolic import Dim, DimAlgebra
-from ..spec.base import Strict, TensorId
+from ..core.fields import Strict, TensorId
+from ..core.layout import Meta
+from ..core.symbolic import Dim, DimAlgebra
 
 STEP_KINDS: dict[str, type[StepBase]] = {}
 
 
 class RuleContext(Protocol):
-    """What a shape rule may use (``tracer.shapes.check`` provides it)."""
+    """What a shape rule may use (``tracer.analysis.shapes`` provides it)."""
 
     alg: DimAlgebra  # the dims in force for this step (a block's own, inside a block)
     input_ids: list[str]  # the ids of ``ins``, in order: data inputs, then param fields
@@ -57,7 +57,7 @@ class RuleContext(Protocol):
 
 
 class KernelContext(Protocol):
-    """What a kernel builder may use (``tracer.interpreter`` provides it)."""
+    """What a kernel builder may use (``tracer.runtime.interpreter`` provides it)."""
 
     torch: ModuleType
     F: ModuleType  # torch.nn.functional
@@ -78,7 +78,7 @@ class KernelContext(Protocol):
 
 
 class EmitContext(Protocol):
-    """What ``emit`` may use to write a step as PyTorch source (``tracer.export`` provides it)."""
+    """What ``emit`` may use to write a step as PyTorch source (``tracer.presentation.export`` provides it)."""
 
     args: list[str]  # Python expressions of the inputs, in the kernel's order: data inputs, then param fields
     ins: list[Meta]  # their static metadata

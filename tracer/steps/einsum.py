@@ -8,9 +8,9 @@ from typing import Literal
 
 from pydantic import Field
 
-from ..shapes.layout import fresh
-from ._rules import Mismatch, StepError, broadcast_dims, show
+from ..core.layout import fresh
 from .contract import StepBase, register
+from .rules import Mismatch, StepError, broadcast_dims, show
 
 _TERM = re.compile(r"^(?:[A-Za-z]|\.\.\.)*$")
 

@@ -7,10 +7,10 @@ from typing import Literal
 
 from pydantic import Field
 
-from ..shapes.layout import fresh, pointwise, same_layout
-from ..spec.base import DTYPE_BYTES, TensorId
-from ._rules import StepError, broadcast, py_float, require_float, show
+from ..core.fields import DTYPE_BYTES, TensorId
+from ..core.layout import fresh, pointwise, same_layout
 from .contract import StepBase, register
+from .rules import StepError, broadcast, py_float, require_float, show
 
 
 @register

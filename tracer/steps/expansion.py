@@ -11,10 +11,10 @@ from typing import Literal
 
 from pydantic import Field, StrictInt
 
-from ..shapes.layout import fresh, view
-from ..spec.base import DimText
-from ._rules import StepError, norm_dim, py_shape, show
+from ..core.fields import DimText
+from ..core.layout import fresh, view
 from .contract import StepBase, register
+from .rules import StepError, norm_dim, py_shape, show
 
 
 @register

@@ -8,11 +8,11 @@ from typing import Literal
 
 from pydantic import Field, StrictBool, StrictFloat, StrictInt, model_validator
 
-from ..shapes.layout import fresh, preserve_format
-from ..spec.base import DTYPE_BYTES, DimText, TensorId
-from ._rules import StepError, broadcast, py_float, require_float, show
+from ..core.fields import DTYPE_BYTES, DimText, TensorId
+from ..core.layout import fresh, preserve_format
 from .attention import causal_hidden, causal_source
 from .contract import StepBase, register
+from .rules import StepError, broadcast, py_float, require_float, show
 
 
 @register

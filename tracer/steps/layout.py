@@ -7,10 +7,10 @@ from typing import Literal
 
 from pydantic import Field, StrictInt, model_validator
 
-from ..shapes.layout import fresh, view, view_strides, with_root
-from ..spec.base import DimText, TensorId
-from ._rules import StepError, norm_dim, py_shape, py_tuple, show
+from ..core.fields import DimText, TensorId
+from ..core.layout import fresh, view, view_strides, with_root
 from .contract import Composite, Inner, Outputs, StepBase, register
+from .rules import StepError, norm_dim, py_shape, py_tuple, show
 
 
 def _target_shape(step, x, ctx):

@@ -7,10 +7,10 @@ from typing import Literal
 
 from pydantic import Field, StrictBool
 
-from ..shapes.layout import fresh, pointwise, preserve_format
-from ..spec.base import TensorId
-from ._rules import StepError, promote, py_float, require_float, show
+from ..core.fields import TensorId
+from ..core.layout import fresh, pointwise, preserve_format
 from .contract import StepBase, register
+from .rules import StepError, promote, py_float, require_float, show
 
 
 @register

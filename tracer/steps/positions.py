@@ -12,10 +12,10 @@ from typing import Literal
 
 from pydantic import Field, StrictBool, StrictInt
 
-from ..shapes.layout import Meta, fresh, pointwise, view
-from ..spec.base import DimText
-from ._rules import StepError, atom, norm_dim, py_float, require_float, show
+from ..core.fields import DimText
+from ..core.layout import Meta, fresh, pointwise, view
 from .contract import Composite, Inner, StepBase, register
+from .rules import StepError, atom, norm_dim, py_float, require_float, show
 
 
 @register

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from ..shapes.layout import DTYPE_BYTES, fresh
-from ._rules import Mismatch, StepError, broadcast_dims, show
+from ..core.layout import DTYPE_BYTES, fresh
 from .contract import StepBase, register
+from .rules import Mismatch, StepError, broadcast_dims, show
 
 
 def _batch(a, b, ctx):

@@ -6,11 +6,11 @@ from typing import Literal
 
 from pydantic import Field
 
-from ..shapes.layout import fresh
-from ..spec.base import DTYPE_BYTES, TensorId
-from ._rules import StepError, require_float, show
+from ..core.fields import DTYPE_BYTES, TensorId
+from ..core.layout import fresh
 from .contract import StepBase, register
 from .products import merge_copy_bytes
+from .rules import StepError, require_float, show
 
 
 @register

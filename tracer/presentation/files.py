@@ -18,7 +18,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from .errors import Diagnostic, TracerError
+from ..core.errors import Diagnostic, TracerError
 
 
 def write_atomic(path: str | Path, data: bytes | str, *, error_file: str | None = None) -> Path:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from ..shapes.layout import Meta
-from ..shapes.symbolic import Dim
-from ..spec.base import FLOAT_DTYPES
+from ..core.fields import FLOAT_DTYPES
+from ..core.layout import Meta
+from ..core.symbolic import Dim
 
 
 class StepError(Exception):

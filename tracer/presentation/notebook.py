@@ -2,7 +2,7 @@
 
 A trace shows a header (name, dims, totals), its table (repeated blocks folded) and its diagram
 (repeated blocks folded too, under a size cap). Drawing needs the renderer the API attaches to the
-trace (``trace.renderer``, the ``tracer.render`` module): this module imports no renderer, and any
+trace (``trace.renderer``, the ``tracer.presentation.diagram`` module): this module imports no renderer, and any
 problem drawing (no Graphviz, a diagram too large) becomes one line under the table, never a traceback.
 """
 
@@ -12,8 +12,8 @@ import html
 import re
 from typing import Any
 
-from .errors import TracerError
-from .formatting import human_bytes, human_count
+from ..core.errors import TracerError
+from ..core.formatting import human_bytes, human_count
 from .table import ACTIVATIONS, PARAMETERS, table_rows
 
 MAX_NODES = 400  # beyond this a diagram is unreadable inline; `tracer render` still draws it

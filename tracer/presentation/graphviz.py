@@ -16,7 +16,7 @@ import sysconfig
 from collections.abc import Iterator
 from contextvars import ContextVar
 
-from .errors import Diagnostic, TracerError
+from ..core.errors import Diagnostic, TracerError
 
 ENV = "TRACER_DOT"
 PROGRAMS = ("dot", "graphviz-pure")

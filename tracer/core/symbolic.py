@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from functools import lru_cache
 
-from ..spec import dims as dimexpr
+from . import dimexpr as dimexpr
 
 Monomial = tuple  # ((name, exponent), ...) sorted by name
 

@@ -20,17 +20,17 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import TracerError, printable
-from .interpreter import linear_bound
-from .shapes.check import Analysis
-from .shapes.layout import Meta
-from .shapes.symbolic import Dim, resolve
-from .spec import dims as dimexpr
-from .spec.base import FLOAT_DTYPES
-from .spec.load import load_spec
-from .spec.pipeline import TensorDecl
-from .steps._rules import atom, py_float, py_tuple
-from .steps.block import Block
+from ..analysis.shapes import Analysis
+from ..core import dimexpr
+from ..core.errors import TracerError, printable
+from ..core.fields import FLOAT_DTYPES
+from ..core.layout import Meta
+from ..core.symbolic import Dim, resolve
+from ..runtime.interpreter import linear_bound
+from ..spec.load import load_spec
+from ..spec.pipeline import TensorDecl
+from ..steps.block import Block
+from ..steps.rules import atom, py_float, py_tuple
 
 # names the generated code needs for itself; a tensor or dim with one of these names is renamed
 RESERVED = {"self", "torch", "math", "F", "nn", "seed", "super", "range", "getattr", "setattr", "ValueError", "bound"}
@@ -492,7 +492,7 @@ def _previous(spec, step) -> str | None:
 
 
 def _init_source(decl: TensorDecl, meta: Meta, scope: _Scope, writer: _Writer) -> tuple[list[str], str]:
-    """(statements, expression) creating a declared tensor exactly as ``tracer.interpreter.INITS``
+    """(statements, expression) creating a declared tensor exactly as ``tracer.runtime.interpreter.INITS``
     does; the shape as the file writes it."""
     dims = [_source(dimexpr.parse(t), scope.names) for t in decl.shape]
     shape = ", ".join(dims) if dims else "()"

@@ -8,8 +8,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from .formatting import human_bytes, human_count
-from .table import format_table
+from ..core.formatting import human_bytes, human_count
+from ..presentation.table import format_table
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,7 +43,7 @@ class TensorRecord:
         return f"<TensorRecord {self.id!r}: {self.op} {self.symbolic} {shape} {self.dtype}, stride {tuple(self.stride)}{layout}, {storage}{flops}>"
 
     def _repr_html_(self) -> str:
-        from .notebook import record_html
+        from ..presentation.notebook import record_html
 
         return record_html(self)
 
@@ -98,7 +98,7 @@ class Trace:
         self.seed = seed
         self.keep_values = keep_values
         self._by_id = {r.id: r for r in records}
-        self.renderer: Any = None  # the tracer.render module, attached by the API
+        self.renderer: Any = None  # the tracer.presentation.diagram module, attached by the API
 
     @property
     def name(self) -> str:
@@ -173,7 +173,7 @@ class Trace:
     def _repr_html_(self) -> str:
         """Jupyter's view: a header with the totals, the table and the diagram (repeated blocks
         folded, under a size cap); without a renderer, one line says how to get diagrams."""
-        from .notebook import trace_html
+        from ..presentation.notebook import trace_html
 
         return trace_html(self)
 
@@ -183,8 +183,8 @@ class Trace:
         return self._renderer().diagram(self, collapse=tuple(collapse), expand=expand)
 
     def _renderer(self):
-        # drawing is tracer.render's job; a trace made by Pipeline.run carries that module as
+        # drawing is tracer.presentation.diagram's job; a trace made by Pipeline.run carries that module as
         # ``renderer``, so this layer never imports the one above it
         if self.renderer is None:
-            raise TypeError("this trace has no renderer attached; call tracer.render.diagram(trace)")
+            raise TypeError("this trace has no renderer attached; call tracer.presentation.diagram.diagram(trace)")
         return self.renderer

@@ -1,5 +1,5 @@
 """The run as text: the tensors (repeated blocks folded), the parameters, totals; rows that the
-notebook view shows as HTML too. Works on any trace-like object (``tracer.trace.Trace``)."""
+notebook view shows as HTML too. Works on any trace-like object (``tracer.runtime.trace.Trace``)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import textwrap
 from dataclasses import dataclass
 from typing import Any
 
+from ..core.formatting import human_bytes, human_count
 from .folding import repeat_folds
-from .formatting import human_bytes, human_count
 
 ACTIVATIONS = ("tensor", "op", "shape", "concrete", "stride", "contig", "view_of", "size", "FLOPs")
 PARAMETERS = ("parameter", "shape", "concrete", "dtype", "count", "size")

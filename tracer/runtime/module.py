@@ -15,9 +15,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from .errors import TracerError
+from ..core.errors import TracerError
+from ..core.fields import FLOAT_DTYPES
 from .interpreter import Plan, create_tensors
-from .spec.base import FLOAT_DTYPES
 from .trace import Trace
 
 
@@ -61,7 +61,7 @@ class PipelineModule(nn.Module):
 
     def forward(self, *inputs):
         """The pipeline's outputs (a tuple when there are several) for these inputs."""
-        from .weights import match
+        from .tensors import match
 
         names = list(self.analysis.pipeline.inputs)
         if len(inputs) != len(names):
@@ -85,7 +85,7 @@ class PipelineModule(nn.Module):
 def to_module(pipeline: Any, dims: Mapping[str, int] | None = None, seed: int | None = None, keep_trace: bool = False) -> PipelineModule:
     """``pipeline`` (a path or a ``tracer.Pipeline``) as a trainable ``nn.Module``; params created
     as a run creates them (same seed, same tensors)."""
-    from .api import Pipeline, load
+    from ..api import Pipeline, load
 
     if not isinstance(pipeline, Pipeline):
         pipeline = load(pipeline)

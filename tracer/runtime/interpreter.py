@@ -15,12 +15,12 @@ from dataclasses import dataclass, replace
 from operator import is_, itemgetter
 from typing import Any, NamedTuple
 
-from .errors import InternalError, TracerError
-from .memory import last_reads
-from .shapes.check import Analysis
-from .shapes.layout import Meta
-from .spec.base import DTYPE_BYTES
-from .spec.pipeline import TensorDecl
+from ..analysis.memory import last_reads
+from ..analysis.shapes import Analysis
+from ..core.errors import InternalError, TracerError
+from ..core.fields import DTYPE_BYTES
+from ..core.layout import Meta
+from ..spec.pipeline import TensorDecl
 from .trace import TensorRecord, Trace
 
 _NO_CONTEXT = nullcontext()  # grad already off: entering no_grad again costs a microsecond per run
@@ -337,7 +337,7 @@ class _StorageIndex:
 
 def create_tensors(analysis: Analysis, device: str, seed: int | None, given: dict[str, Any] | None = None) -> dict[str, Any]:
     """Inputs and params in declaration order, seeded exactly as the tutorials seed them; ``given``
-    tensors (checked by ``tracer.weights.match``) take their places, moved to ``device``."""
+    tensors (checked by ``tracer.runtime.weights.match``) take their places, moved to ``device``."""
     torch = torch_module()
     given = given or {}
     if seed is not None:

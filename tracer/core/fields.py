@@ -10,7 +10,7 @@ from typing import Annotated
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictInt
 
-from . import dims as dimexpr
+from . import dimexpr as dimexpr
 
 ID_PATTERN = r"^[A-Za-z_][A-Za-z0-9_.\-]*$"
 RECORD_PATTERN = r"^[A-Za-z_][A-Za-z0-9_.\-]*(/[A-Za-z0-9_.\-]+)*$"  # also a block's tensors: layers/3/scores

@@ -13,7 +13,7 @@ import threading
 import time
 from typing import TextIO
 
-from .errors import printable
+from ..core.errors import printable
 
 DELAY = 1.0  # seconds before the line appears
 RATE = 10  # redraws per second at most

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..spec.base import DTYPE_BYTES
+from .fields import DTYPE_BYTES
 from .symbolic import Dim
 
 

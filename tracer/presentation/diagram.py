@@ -20,14 +20,14 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from .atomic import write_atomic
-from .errors import Diagnostic, TracerError
+from ..core.errors import Diagnostic, TracerError
+from ..core.formatting import human_bytes
+from ..runtime.trace import TensorRecord, Trace
+from ..steps.contract import STEP_KINDS
+from .files import write_atomic
 from .folding import Fold, repeat_folds
-from .formatting import human_bytes
+from .graphviz import find_renderer, no_renderer
 from .heatmap import node_rows
-from .renderer import find_renderer, no_renderer
-from .steps.contract import STEP_KINDS
-from .trace import TensorRecord, Trace
 
 FORMATS = ("svg", "png", "pdf", "dot")
 # The graph's DOT id is never user text (the graphviz library passes a name written as '<...>'

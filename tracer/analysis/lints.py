@@ -1,7 +1,7 @@
 """Attention lints: warnings about pipelines that run but are probably wrong.
 
 Each lint is a small function ``lint(analysis) -> list[Diagnostic]`` over a finished, error-free
-:class:`~tracer.shapes.check.Analysis` (every tensor's shape and stride known, nothing run). Each
+:class:`~tracer.analysis.shapes.Analysis` (every tensor's shape and stride known, nothing run). Each
 one reproduces a bug from the seed tutorials (``docs/lints.md``, ``pipelines/lint_examples/``):
 
 ============================  ====================================================================
@@ -25,11 +25,11 @@ import math
 from collections.abc import Iterator
 from typing import Any
 
-from .errors import Diagnostic, merge_copies
-from .shapes.symbolic import Poly
-from .steps.attention import Mask, Scale, Softmax
-from .steps.fused import Sdpa
-from .steps.layout import Index, Repeat, Reshape, View
+from ..core.errors import Diagnostic, merge_copies
+from ..core.symbolic import Poly
+from ..steps.attention import Mask, Scale, Softmax
+from ..steps.fused import Sdpa
+from ..steps.layout import Index, Repeat, Reshape, View
 
 #: a mask pattern larger than this many elements is not expanded by the lints
 _MAX_PATTERN = 1_000_000

@@ -10,20 +10,20 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 
-from .. import lints
-from ..errors import Diagnostic, TracerError, merge_copies
-from ..graph import StepGraph, build_graph
-from ..memory import estimate_peak
-from ..spec import dims as dimexpr
-from ..spec.base import DTYPE_BYTES, DTYPE_MAX, FLOAT_DTYPES, fits
+from ..core import dimexpr
+from ..core.errors import Diagnostic, TracerError, merge_copies
+from ..core.fields import DTYPE_BYTES, DTYPE_MAX, FLOAT_DTYPES, fits
+from ..core.layout import CONTIGUITY_RULE, Meta, fresh, meets_contiguity, with_root
+from ..core.symbolic import DimAlgebra, resolve
 from ..spec.expand import expand_blocks
 from ..spec.pipeline import Expect, PipelineSpec, TensorDecl, tensor_dtype
 from ..spec.source import SourceMap
-from ..steps._rules import StepError, show
 from ..steps.block import Block
 from ..steps.contract import Composite, Outputs, Shape
-from .layout import CONTIGUITY_RULE, Meta, fresh, meets_contiguity, with_root
-from .symbolic import DimAlgebra, resolve
+from ..steps.rules import StepError, show
+from . import lints
+from .graph import StepGraph, build_graph
+from .memory import estimate_peak
 
 MAX_TENSOR_BYTES = 2**62  # torch computes sizes, strides and byte counts in int64
 
@@ -59,7 +59,7 @@ class Analysis:
 
     @cached_property
     def memory(self):
-        """Static memory estimate of a real run (``tracer.memory.MemoryEstimate``)."""
+        """Static memory estimate of a real run (``tracer.analysis.memory.MemoryEstimate``)."""
         return estimate_peak(self)
 
     @cached_property

@@ -16,8 +16,8 @@ import re
 import time
 from dataclasses import dataclass, field
 
-from .errors import Diagnostic, TracerError
-from .formatting import human_bytes
+from ..core.errors import Diagnostic, TracerError
+from ..core.formatting import human_bytes
 
 
 @dataclass(frozen=True)

@@ -24,18 +24,18 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from .atomic import write_atomic
-from .formatting import human_bytes
+from ..core.formatting import human_bytes
+from ..runtime.trace import TensorRecord, Trace
+from .diagram import diagram, render_bytes
+from .files import write_atomic
 from .heatmap import is_attention_weights, leading_maps
-from .render import diagram, render_bytes
-from .trace import TensorRecord, Trace
 
 MAX_SIDE = 64  # a heatmap keeps at most 64 x 64 cells: longer sequences are mean-pooled into blocks
 MAX_MAPS = 16  # ... and at most 16 (batch, head) maps per tensor, the first ones in row-major order
 MAX_CELLS = 1 << 18  # ... and a page at most 262,144 cells in all (one byte each), in run order
 DIGITS = 4  # significant digits of the statistics and of each map's largest weight
 LEVELS = 254  # a cell is a byte: 0..254 of its map's largest weight, 255 for NaN
-_ASSETS = resources.files("tracer") / "report_assets"
+_ASSETS = resources.files("tracer.presentation") / "report_assets"
 _SLOT = re.compile(r"\{\{(\w+)\}\}")
 _SCRIPT_UNSAFE = {ord("<"): "\\u003c", ord(">"): "\\u003e", ord("&"): "\\u0026", 0x2028: "\\u2028", 0x2029: "\\u2029"}
 

@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING
 
-from .errors import Diagnostic
-from .spec.pipeline import PipelineSpec
-from .spec.source import SourceMap
+from ..core.errors import Diagnostic
+from ..spec.pipeline import PipelineSpec
+from ..spec.source import SourceMap
 
 if TYPE_CHECKING:
     import networkx as nx
