@@ -197,7 +197,6 @@ def worker_stack(rounds: int) -> dict:
 
     import tracer
     from tracer.analysis.shapes import analyze
-    from tracer.presentation.diagram import render_file
     from tracer.spec.load import load_spec
 
     checks = []
@@ -210,10 +209,10 @@ def worker_stack(rounds: int) -> dict:
     collapse = ["layers/*"]
     renders, fmt = [], "svg" if shutil.which("dot") else "dot"
     with tempfile.TemporaryDirectory() as tmp:
-        render_file(pipeline.run(device="meta"), Path(tmp) / f"warm.{fmt}", collapse=collapse)
+        pipeline.run(device="meta").save(Path(tmp) / f"warm.{fmt}", collapse=collapse)
         for r in range(max(3, rounds // 3)):
             start = time.perf_counter()
-            render_file(tracer.load(STACK).run(device="meta"), Path(tmp) / f"stack{r}.{fmt}", collapse=collapse)
+            tracer.load(STACK).run(device="meta").save(Path(tmp) / f"stack{r}.{fmt}", collapse=collapse)
             renders.append(time.perf_counter() - start)
     dims = {"B": 2, "T": 5, "d_model": 8, "H": 2}
     trace = pipeline.run(dims, keep_values=True)
@@ -251,7 +250,7 @@ def worker_stack(rounds: int) -> dict:
         "check": _stats(checks),
         "render": _stats(renders),
         "render_format": fmt,
-        "steps": len(analysis.graph.order),
+        "steps": len(analysis.nodes),
         "records": len(trace.records),
         "correct": correct,
     }

@@ -122,7 +122,7 @@ def assert_flops_as_counted(text: str) -> None:
     for record in trace.records:
         total += record.flops
         static[record.id] = total
-    ends = [analysis.inner[s][-1][0] if s in analysis.inner else s for s in analysis.graph.order]
+    ends = [node.outs[-1].id for node in analysis.nodes.values()]
     assert {e: static[e] for e in ends} == {e: running[e] for e in ends}
 
 

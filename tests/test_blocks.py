@@ -62,7 +62,7 @@ def test_stack_ids_are_namespaced_per_copy_and_chained():
     assert trace["layers/7/hidden"].shape == (2, 5, 32)  # d_ff bound to 4 * d_model
     assert len([r for r in trace.records if r.op == "param"]) == 48 * 16  # every copy has its own params
     analysis = trace.analysis
-    assert analysis.step("layers/3/scores").group == analysis.step("layers/3/out").group == "layers/3"  # one cluster per copy
+    assert analysis.node("layers/3/scores").step.group == analysis.node("layers/3/out").step.group == "layers/3"  # one cluster per copy
     info = analysis.blocks["layers"]
     assert info.copies[0] == "layers/0" and len(info.copies) == 48 and info.output == "layers/47/out"
     assert info.dims["d_ff"] == 32
@@ -279,7 +279,7 @@ def test_top_level_expect_in_block_dims_explains_whose_dims_apply(tmp_path):
 def test_outputs_may_name_a_copys_tensor_but_step_inputs_only_the_block(tmp_path):
     root = _tree(tmp_path, {"blocks/blk.yaml": BLOCK, "outer.yaml": _outer("blocks/blk.yaml", "    repeat: 3\noutputs: [b/1/y, b]")})
     trace = tracer.load(root / "outer.yaml").run()
-    assert trace.analysis.outputs == ["b/1/y", "b/2/y"]
+    assert trace.analysis.outputs == ("b/1/y", "b/2/y")
     tapped = _outer("blocks/blk.yaml", "    repeat: 3\n  - {id: z, op: relu, input: b/1/y}")
     _tree(root, {"outer.yaml": tapped})
     [d] = _error(root / "outer.yaml").diagnostics
@@ -307,7 +307,7 @@ def test_shared_params_are_created_once_and_read_by_every_copy(tmp_path):
     for i in range(4):
         x = _layer(x, shared, SMALL["H"])
         assert torch.allclose(trace[f"layers/{i}/out"].tensor, x, atol=1e-5), f"layer {i}"
-    assert trace.analysis.step("layers/3/Q").weight == "layers/W_Q"
+    assert trace.analysis.node("layers/3/Q").step.weight == "layers/W_Q"
     with pytest.raises(TracerError) as info:
         tracer.loads(text.replace("    repeat: 4\n", ""), str(tmp_path / "t.yaml"))
     assert info.value.code == "invalid-value" and "add 'repeat: N'" in str(info.value)

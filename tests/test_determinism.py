@@ -20,7 +20,6 @@ import tracer
 from tests.conftest import PIPELINES, ROOT, bundled_pipelines, shared_pipeline, tracer_cli
 from tests.fingerprint import fingerprints
 from tracer.core.errors import TracerError
-from tracer.presentation.diagram import render_file
 from tracer.presentation.files import write_atomic
 
 
@@ -145,9 +144,9 @@ def test_atomic_files_get_ordinary_permissions(tmp_path):
 def test_render_keeps_the_good_file_when_the_run_fails(tmp_path):
     out = tmp_path / "d.dot"
     pipeline = tracer.load(PIPELINES / "causal_mha.yaml")
-    render_file(pipeline.run(), out)
+    pipeline.run().save(out)
     before = out.read_bytes()
     with pytest.raises(TracerError):
-        render_file(pipeline.run(dims={"H": 3}), out)
+        pipeline.run(dims={"H": 3}).save(out)
     assert out.read_bytes() == before
     assert _leftovers(tmp_path) == []

@@ -12,7 +12,8 @@ import torch
 import tracer
 from tests.conftest import PIPELINES, bundled_pipelines, shared_pipeline, tracer_cli
 from tracer.presentation.export import export_source
-from tracer.runtime.interpreter import Plan, create_tensors
+from tracer.runtime.interpreter import Plan
+from tracer.runtime.tensors import create_tensors
 
 
 def load_module(source: str, name: str = "exported") -> types.ModuleType:

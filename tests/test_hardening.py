@@ -20,7 +20,7 @@ import tracer
 from tests.conftest import PIPELINES, ROOT
 from tracer.cli import main
 from tracer.core.errors import TracerError
-from tracer.presentation.diagram import dot_source, render_file
+from tracer.presentation.diagram import dot_source
 
 CAUSAL = PIPELINES / "causal_mha.yaml"
 needs_dot = pytest.mark.skipif(shutil.which("dot") is None, reason="Graphviz `dot` not installed")
@@ -78,7 +78,7 @@ def test_hostile_text_renders_inert_svg_in_files_notebooks_and_the_gallery(tmp_p
     src.mkdir()
     for i, text in enumerate(HOSTILE_TEXT):
         (src / f"h{i}.yaml").write_text(hostile_pipeline(text))
-    out = render_file(tracer.load(src / "h0.yaml").run(device="meta"), tmp_path / "h0.svg")
+    out = tracer.load(src / "h0.yaml").run(device="meta").save(tmp_path / "h0.svg")
     assert_inert_svg(out.read_bytes())
     assert_inert_svg(tracer.load(src / "h1.yaml").run(device="meta")._repr_html_().encode())
     from tracer.gallery import build
@@ -146,7 +146,7 @@ def test_render_svg_never_touches_a_dot_beside_it(tmp_path, capsys):
 
 
 def test_a_dot_that_takes_too_long_is_stopped_with_a_hint_to_fold(tmp_path, monkeypatch):
-    import tracer.presentation.diagram as render
+    import tracer.presentation.graphviz as render
 
     def slow(*args, timeout=None, **kwargs):
         raise subprocess.TimeoutExpired(args[0], timeout)
@@ -154,7 +154,7 @@ def test_a_dot_that_takes_too_long_is_stopped_with_a_hint_to_fold(tmp_path, monk
     monkeypatch.setattr(render, "find_renderer", lambda pipeline_file, fmt: "/bin/dot")
     monkeypatch.setattr(render.subprocess, "run", slow)
     with pytest.raises(TracerError) as info:
-        render_file(tracer.load(CAUSAL).run(device="meta"), tmp_path / "m.svg", timeout=3)
+        tracer.load(CAUSAL).run(device="meta").save(tmp_path / "m.svg", timeout=3)
     message = str(info.value)
     assert info.value.code == "render-timeout" and "--expand" in message and "--collapse" in message and "3 s" in message
     assert list(tmp_path.iterdir()) == []

@@ -7,8 +7,8 @@ import pytest
 
 import tracer
 from tests.conftest import PIPELINES
-from tracer.analysis.lints import SoftmaxNaNs, runtime_warnings
 from tracer.cli import main
+from tracer.runtime.watch import SoftmaxNaNs, runtime_warnings
 
 EXAMPLES = PIPELINES / "lint_examples"
 LINT_CODES = {

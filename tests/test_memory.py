@@ -8,7 +8,6 @@ import torch
 
 import tracer
 import tracer.analysis.memory as memory
-import tracer.runtime.interpreter as interpreter
 from tests.conftest import PIPELINES, bundled_pipelines, shared_pipeline
 from tracer.analysis.memory import estimate_peak, parse_bytes
 from tracer.cli import main
@@ -74,8 +73,8 @@ def _no_allocation(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("allocated before the memory guard")
 
-    monkeypatch.setattr(interpreter, "create_tensors", refuse)
-    monkeypatch.setattr(interpreter, "Plan", refuse)
+    monkeypatch.setattr(tracer.api, "create_tensors", refuse)
+    monkeypatch.setattr(tracer.api, "Plan", refuse)
 
 
 def test_guard_refuses_before_any_allocation(monkeypatch):
@@ -180,8 +179,8 @@ def test_repeated_runs_reuse_params_and_tensors_can_be_given(monkeypatch):
     pipeline = tracer.load(MHA)
     first = pipeline.run()
     calls = []
-    original = interpreter.create_tensors
-    monkeypatch.setattr(interpreter, "create_tensors", lambda *a, **k: calls.append(1) or original(*a, **k))
+    original = tracer.api.create_tensors
+    monkeypatch.setattr(tracer.api, "create_tensors", lambda *a, **k: calls.append(1) or original(*a, **k))
     second = pipeline.run()
     assert not calls
     assert torch.equal(first.outputs["out"], second.outputs["out"])

@@ -14,7 +14,7 @@ import tracer
 from tests.conftest import PIPELINES, ROOT, bundled_pipelines, pipeline_text, shared_pipeline, tracer_cli
 from tracer.core.errors import TracerError
 from tracer.gallery import build, gallery_name, repeated_blocks
-from tracer.presentation.diagram import dot_source, render_file
+from tracer.presentation.diagram import dot_source
 
 CAUSAL = PIPELINES / "causal_mha.yaml"
 STACK = PIPELINES / "encoder_stack.yaml"
@@ -153,7 +153,7 @@ def test_graphviz_warnings_reach_stderr(tmp_path, monkeypatch, capsys):
     )
     fake.chmod(0o755)
     monkeypatch.setenv("TRACER_DOT", str(fake))
-    render_file(causal_trace(), tmp_path / "x.png")
+    causal_trace().save(tmp_path / "x.png")
     err = capsys.readouterr().err
     assert "warning[dot-warning]: Graphviz: Warning: graph is too large" in err and "Scaling by 0.25" in err
 
@@ -246,13 +246,13 @@ def test_cli_render_svg_is_valid_and_shows_both_shapes_and_dashes(tmp_path, caps
 @needs_dot
 @pytest.mark.parametrize("suffix, magic", [(".png", b"\x89PNG"), (".pdf", b"%PDF")])
 def test_format_comes_from_the_suffix(tmp_path, suffix, magic):
-    out = render_file(tracer.load(CAUSAL).run(dims={"T": 3}), tmp_path / f"m{suffix}", collapse=["attention core"])
+    out = tracer.load(CAUSAL).run(dims={"T": 3}).save(tmp_path / f"m{suffix}", collapse=["attention core"])
     assert out.read_bytes().startswith(magic)
 
 
 def test_unknown_suffix_is_a_clear_error(tmp_path):
     with pytest.raises(TracerError) as info:
-        render_file(tracer.load(CAUSAL).run(), tmp_path / "m.jpeg")
+        tracer.load(CAUSAL).run().save(tmp_path / "m.jpeg")
     assert info.value.code == "output-format" and ".svg" in str(info.value)
     assert list(tmp_path.iterdir()) == []
 
@@ -282,7 +282,7 @@ def test_a_failing_renderer_leaves_no_partial_or_temporary_file(tmp_path, monkey
     (out_dir / "m.svg").write_text("old picture")
     (out_dir / "m.dot").write_text("the user's own DOT")
     with pytest.raises(TracerError) as info:
-        render_file(trace, out_dir / "m.svg")
+        trace.save(out_dir / "m.svg")
     assert info.value.code == "render-failed" and "syntax error" in str(info.value)
     assert sorted(p.name for p in out_dir.iterdir()) == ["m.dot", "m.svg"]
     assert (out_dir / "m.svg").read_text() == "old picture"

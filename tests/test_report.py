@@ -20,7 +20,7 @@ from tests.conftest import PIPELINES, ROOT, pipeline_text
 from tracer.cli import main
 from tracer.gallery import build
 from tracer.presentation.diagram import dot_source
-from tracer.presentation.report import LEVELS, MAX_CELLS, MAX_MAPS, MAX_SIDE, report_data, script_json, write_report
+from tracer.presentation.report import LEVELS, MAX_CELLS, MAX_MAPS, MAX_SIDE, report_data, script_json
 
 CAUSAL = PIPELINES / "causal_mha.yaml"
 SENTENCE = PIPELINES / "seeds" / "000_encoder_block.yaml"
@@ -43,8 +43,8 @@ def reports(tmp_path_factory, causal):
         inputs=f"x: {{shape: [3, 3], init: randn, note: '{HOSTILE}'}}",
     ).replace("name: t", f"name: '{HOSTILE}'")
     return {
-        "causal": write_report(causal, folder / "r.html"),
-        "hostile": write_report(tracer.loads(hostile, "hostile.yaml").run(keep_values=True), folder / "hostile.html"),
+        "causal": causal.save(folder / "r.html"),
+        "hostile": tracer.loads(hostile, "hostile.yaml").run(keep_values=True).save(folder / "hostile.html"),
     }
 
 

@@ -8,7 +8,8 @@
 
 from .api import Pipeline, load, loads, run
 from .core.errors import Diagnostic, ExpectationError, TracerError
-from .runtime.trace import TensorRecord, Trace
+from .presentation.trace import Trace
+from .runtime.records import TensorRecord
 
 __all__ = ["Diagnostic", "ExpectationError", "Pipeline", "TensorRecord", "Trace", "TracerError", "load", "loads", "run", "to_module"]
 __version__ = "0.1.0"
@@ -17,7 +18,7 @@ __version__ = "0.1.0"
 def __getattr__(name: str):
     """``tracer.to_module`` imports torch's nn only when asked: ``tracer check`` stays fast."""
     if name == "to_module":
-        from .runtime.module import to_module
+        from .module import to_module
 
         return to_module
     raise AttributeError(f"module 'tracer' has no attribute {name!r}")

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from .analysis.expect import Layout, check_expectations
+from .analysis.memory import check_budget
 from .analysis.shapes import Analysis, analyze
 from .core.errors import Diagnostic, ExpectationError, TracerError
-from .core.layout import CONTIGUITY_RULE, meets_contiguity
-from .runtime.trace import Trace
+from .presentation.trace import Trace
+from .runtime.interpreter import Plan, device_problem, torch_module
+from .runtime.tensors import create_tensors, match
 from .spec.load import load_spec, load_spec_text
 from .spec.pipeline import SEED_MAX, SEED_MIN, PipelineSpec
 from .spec.source import SourceMap
@@ -60,15 +64,12 @@ class Pipeline:
 
         ``observe(record_id, tensor)`` is called for every tensor a step produces, right after the
         step and before the tensor is freed: a hook for statistics (NaN rows, norms) that keeps no
-        tensor alive, e.g. ``tracer.analysis.lints.SoftmaxNaNs``.
+        tensor alive, e.g. ``tracer.runtime.watch.SoftmaxNaNs``.
 
         A real run whose estimated peak (``analysis.peak_bytes``) exceeds ``max_memory`` (bytes or
         ``'8GiB'``; default: half of the available RAM) raises ``TracerError`` before anything is
         allocated; ``device='meta'`` traces every shape and stride without allocating at all.
         """
-        from .analysis.memory import check_budget
-        from .runtime.interpreter import Plan, create_tensors, device_problem, run_plan, torch_module
-
         analysis = self.check(dims)
         analysis.raise_errors()
         problem = device_problem(device)
@@ -101,9 +102,9 @@ class Pipeline:
             created, rng_state = self._tensors[tensor_key]
             if rng_state is not None and plan.random:
                 torch.set_rng_state(rng_state)  # training dropout sees the same RNG as a fresh run
-        trace = run_plan(plan, created, self, seed, keep_values, observe)
-        trace.renderer = _renderer()
-        if not trace.as_predicted:  # otherwise the static check of expect: already covers this run
+        records, outputs, as_predicted = plan.run(created, keep_values, observe)
+        trace = Trace(self, analysis, records, outputs, seed, keep_values, as_predicted=as_predicted)
+        if not as_predicted:  # otherwise the static check of expect: already covers this run
             _enforce_expectations(trace)
         return trace
 
@@ -116,16 +117,8 @@ class Pipeline:
         return pipeline_html(self)
 
 
-def _renderer():
-    from .presentation import diagram as render  # the API joins running and drawing; neither layer imports the other
-
-    return render
-
-
 def _given(analysis: Analysis, tensors, params, inputs) -> dict[str, Any]:
     """Every tensor given by name, checked against its declaration; all problems in one error."""
-    from .runtime.tensors import match
-
     given, problems = {}, []
     for what, section, tensors_given in (("tensors=", None, tensors), ("params=", "params", params), ("inputs=", "inputs", inputs)):
         try:
@@ -138,22 +131,16 @@ def _given(analysis: Analysis, tensors, params, inputs) -> dict[str, Any]:
 
 
 def _enforce_expectations(trace: Trace) -> None:
-    """``expect:`` is checked statically, and again here against what torch actually produced."""
-    analysis = trace.analysis
-    problems = []
-    for name, expected in analysis.pipeline.expect.items():
-        record = trace[name]
-        shape = expected if isinstance(expected, list) else expected.shape
-        if shape is not None and analysis.expected_sizes[name] != record.shape:
-            problems.append((name, f"'{name}' ran with shape {list(record.shape)}, expected ({', '.join(map(str, shape))})"))
-        contiguous = getattr(expected, "contiguous", None)
-        if contiguous is not None and not meets_contiguity(record.shape, record.stride, contiguous):
-            ran = "non-" if contiguous else ""
-            want = "contiguous" if contiguous else "non-contiguous"
-            rule = f" ({CONTIGUITY_RULE})" if 1 in record.shape else ""
-            problems.append((name, f"'{name}' ran {ran}contiguous (stride {record.stride}), expected {want}{rule}"))
+    """``expect:`` is checked statically, and again against what torch produced when a run's
+    layouts differ from the prediction."""
+
+    def layout_of(record_id: str) -> Layout | None:
+        record = trace[record_id] if record_id in trace else None
+        return None if record is None else Layout(f"{record.symbolic} {list(record.shape)}", record.shape, record.stride)
+
+    problems = check_expectations(trace.analysis, layout_of)
     if problems:
-        raise ExpectationError([analysis.source.error(("expect", name), "expect", text, prefer_key=True) for name, text in problems])
+        raise ExpectationError(problems)
 
 
 def _dims_key(dims: Mapping[str, int] | None) -> tuple:
@@ -182,27 +169,13 @@ def loads(text: str, name: str = "<string>") -> Pipeline:
     return pipeline
 
 
-def run(
-    path: str | Path,
-    dims: Mapping[str, int] | None = None,
-    seed: int | None = None,
-    keep_values: bool = False,
-    device: str = "cpu",
-    tensors: Mapping[str, Any] | None = None,
-    max_memory: int | str | None = None,
-    observe: Callable[[str, Any], None] | None = None,
-    params: Mapping[str, Any] | None = None,
-    inputs: Mapping[str, Any] | None = None,
-) -> Trace:
-    """``load(path).run(...)`` in one call."""
-    return load(path).run(
-        dims=dims,
-        seed=seed,
-        keep_values=keep_values,
-        device=device,
-        tensors=tensors,
-        max_memory=max_memory,
-        observe=observe,
-        params=params,
-        inputs=inputs,
-    )
+def run(path: str | Path, /, **options: Any) -> Trace:
+    """``load(path).run(**options)`` in one call; the options are :meth:`Pipeline.run`'s."""
+    return load(path).run(**options)
+
+
+run.__signature__ = inspect.Signature(  # help() and editors show Pipeline.run's options
+    [inspect.Parameter("path", inspect.Parameter.POSITIONAL_ONLY, annotation="str | Path")]
+    + list(inspect.signature(Pipeline.run).parameters.values())[1:],
+    return_annotation="Trace",
+)

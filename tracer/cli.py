@@ -11,6 +11,7 @@ from pathlib import Path
 
 from .core.errors import Diagnostic, InternalError, TracerError, printable
 
+DRAWINGS = ("svg", "png", "pdf", "dot", "html")  # what `tracer render -o` writes, by suffix
 RENDER_TIMEOUT = 120.0  # seconds; the same default as tracer.presentation.diagram.DOT_TIMEOUT (kept here: the parser imports no renderer)
 
 
@@ -224,7 +225,7 @@ def _run(args) -> int:
     from .api import load
 
     pipeline = load(args.file) if not args.dim else _load_unchecked(args.file)
-    from .analysis.lints import SoftmaxNaNs
+    from .runtime.watch import SoftmaxNaNs
 
     analysis = pipeline.check(dict(args.dim))
     nans = SoftmaxNaNs(analysis)
@@ -244,14 +245,14 @@ def _run(args) -> int:
     if args.output:
         from .presentation.files import write_atomic
 
-        text = trace.to_json(values=args.values) if args.json else _table(trace, args) + "\n" + _peak_line(trace)
+        text = trace.to_json(values=args.values) if args.json else _table(trace, args) + "\n" + trace.peak_line()
         print(f"wrote {printable(write_atomic(args.output, text + chr(10), error_file=args.file))}", file=sys.stderr)
         return 0
     if args.json:
         print(trace.to_json(values=args.values))
         return 0
     print(_table(trace, args))
-    print(_peak_line(trace))
+    print(trace.peak_line())
     if args.values:
         for record in trace.records:
             print(f"\n{record.id} {record.symbolic}:\n{record.tensor}")
@@ -274,7 +275,7 @@ def _weights(args, analysis) -> dict:
 def _running(analysis, quiet: bool):
     from .presentation.progress import Progress
 
-    made = sum(len(analysis.inner.get(s) or [s]) for s in analysis.graph.order)  # every tensor a step makes
+    made = sum(len(node.outs) for node in analysis.nodes.values())  # every tensor a step makes
     return Progress("running", total=made, quiet=quiet)
 
 
@@ -310,15 +311,6 @@ def _size(text: str) -> int:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def _peak_line(trace) -> str:
-    from .core.formatting import human_bytes
-
-    memory = trace.analysis.memory
-    where = f" (while '{memory.peak_step}' runs)" if memory.peak_step else ""
-    note = "; this meta run allocated none of it" if trace.records and trace.records[0].device == "meta" else ""
-    return f"estimated peak: {human_bytes(memory.peak_bytes)}{where}{note}"
-
-
 def _load_unchecked(path: str):
     """Load without checking the declared dims: overridden dims are what will run."""
     from .api import Pipeline
@@ -335,9 +327,9 @@ def _render(args) -> int:
 
 
 def _draw(args) -> int:
-    from .presentation.diagram import render_file
+    from .presentation import outputs
 
-    output = Path(args.output or f"{Path(args.file).stem}.svg")
+    output, fmt = outputs.by_suffix(args.output or f"{Path(args.file).stem}.svg", DRAWINGS, default="svg")
     if args.values and args.device == "meta":
         raise TracerError(Diagnostic(args.file, None, "values-on-meta", "--values needs real data: drop --device meta (or use cpu/cuda)"))
     from .presentation.progress import Progress
@@ -346,13 +338,9 @@ def _draw(args) -> int:
     with _running(pipeline.check(dict(args.dim)), args.quiet) as progress:
         observe = _with_progress(None, progress)
         trace = pipeline.run(dims=dict(args.dim), device=args.device, keep_values=args.values, observe=observe)
+    options = outputs.Options(collapse=tuple(args.collapse), expand=args.expand, timeout=args.timeout)
     with Progress(f"drawing {output.name}", quiet=args.quiet).ticking():
-        if output.suffix.lower() == ".html":
-            from .presentation.report import write_report
-
-            written = write_report(trace, output, args.collapse)
-        else:  # with values: heatmaps in softmax nodes
-            written = render_file(trace, output, collapse=args.collapse, timeout=args.timeout, expand=args.expand)
+        written = outputs.write(trace, output, fmt, options)  # with values: heatmaps in softmax nodes
     print(f"wrote {printable(written)}")
     return 0
 

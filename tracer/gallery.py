@@ -11,11 +11,9 @@ import sys
 from pathlib import Path
 
 from .core.errors import TracerError
-from .presentation.diagram import render_file
+from .presentation import outputs
 from .presentation.files import write_atomic
 from .presentation.graphviz import find_renderer
-from .presentation.report import write_report
-from .steps.block import Block
 
 # Pipelines that also get an interactive HTML report with values (heatmaps): the tutorials'
 # sentence, a causal model and a sliding-window one. A path not in the folder is skipped.
@@ -47,7 +45,7 @@ def render_one(path: Path, svg: Path) -> str:
 
     pipeline = Pipeline(*load_spec(path))
     pipeline.check().raise_errors()
-    render_file(_run(pipeline), svg)  # a repeated block: its first copy and one ×N node
+    outputs.write(_run(pipeline), svg, outputs.WRITERS["svg"])  # a repeated block: its first copy and one ×N node
     return _markdown_text((pipeline.spec.description or pipeline.name).strip().splitlines()[0])
 
 
@@ -77,7 +75,8 @@ def report_one(path: Path, html: Path) -> None:
     from .spec.load import load_spec
 
     pipeline = Pipeline(*load_spec(path))
-    write_report(pipeline.run(keep_values=True), html, repeated_blocks(pipeline))
+    options = outputs.Options(collapse=tuple(repeated_blocks(pipeline)))
+    outputs.write(pipeline.run(keep_values=True), html, outputs.WRITERS["html"], options)
 
 
 def repeated_blocks(pipeline) -> list[str]:
@@ -86,7 +85,7 @@ def repeated_blocks(pipeline) -> list[str]:
     return [
         glob.escape(f"{step.group}/{step.id}" if step.group else step.id) + "/*"
         for step in pipeline.spec.steps
-        if isinstance(step, Block) and step.repeat
+        if step.includes_file and step.repeat
     ]
 
 

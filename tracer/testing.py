@@ -15,7 +15,7 @@ import pytest
 from .api import load
 from .core import dimexpr
 from .core.errors import Diagnostic, ExpectationError
-from .runtime.trace import Trace
+from .presentation.trace import Trace
 
 
 def assert_shape(trace: Trace, tensor_id: str, expected: str | Sequence[int | str]) -> None:
@@ -65,16 +65,13 @@ def _bindings(trace: Trace) -> str:
 
 
 def _failure(trace: Trace, tensor_id: str, message: str) -> ExpectationError:
+    """An assertion's failure, located at the step (or the declaration) that makes the tensor."""
     analysis = trace.analysis
-    step = tensor_id.split("/")[0]
-    path = (
-        ("steps", analysis.graph.index[step])
-        if step in analysis.graph.index
-        else (("inputs", step) if step in analysis.pipeline.inputs else ("params", step))
-    )
-    return ExpectationError(
-        analysis.source.error(path, "assert", f"'{tensor_id}': {message}", step if step in analysis.graph.index else None, prefer_key=True)
-    )
+    node = analysis.producer(analysis.record_of(tensor_id))
+    if node is not None:
+        return ExpectationError(analysis.error(node, "assert", f"'{tensor_id}': {message}"))
+    section = "inputs" if tensor_id in analysis.pipeline.inputs else "params"
+    return ExpectationError(analysis.source.error((section, tensor_id), "assert", f"'{tensor_id}': {message}", prefer_key=True))
 
 
 @pytest.fixture

@@ -30,10 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .analysis import lints
-from .steps.attention import Dropout, Mask, Scale, Softmax
-from .steps.products import Matmul
-from .steps.projection import Linear
+from .analysis.attention import unfused_site
+from .steps.attention import causal_hidden
 
 __all__ = ["AttentionCore", "VerificationError", "against_mha", "against_module", "against_pipeline", "against_sdpa", "attention_core"]
 
@@ -69,12 +67,12 @@ class AttentionCore:
 
 
 def attention_core(analysis, softmax: str | None = None) -> AttentionCore:
-    """Locate the attention core of an analysed pipeline (``tracer.load(p).check()``).
+    """Locate the attention core of an analysed pipeline (``tracer.load(p).check()``), from the
+    attention sites the analysis found (``tracer.analysis.attention``).
 
     ``softmax`` names the softmax step when there are several (one per head, say).
     """
-    steps = analysis.pipeline.steps
-    candidates = [s.id for s in steps if isinstance(s, Softmax)]
+    candidates = [n.id for n in analysis.nodes.values() if n.step.normalises() is not None]
     if softmax is None:
         if len(candidates) != 1:
             raise VerificationError(
@@ -84,56 +82,46 @@ def attention_core(analysis, softmax: str | None = None) -> AttentionCore:
         softmax = candidates[0]
     if softmax not in candidates:
         raise VerificationError(f"'{softmax}' is not a softmax step (softmax steps: {', '.join(candidates) or 'none'})")
-    step = analysis.step(softmax)
-    chain, scores = lints._score_chain(analysis, step)
-    if scores is None:
+    site = unfused_site(analysis, analysis.node(softmax))
+    if site is None:
         raise VerificationError(f"softmax '{softmax}' is not fed by a matmul of queries and keys (through mask/scale/dropout steps)")
-    query, keys_t = analysis.graph.data_inputs[scores.id]
-    core = AttentionCore(softmax, scores.id, query, keys_t, value="", context="", steps=[s.id for s in reversed(chain)])
+    core = AttentionCore(softmax, site.scores, site.query, site.keys, value="", context="", steps=list(site.chain))
     after_mask = 1.0  # scales between the mask and the softmax also scale the fill
-    for s in chain:  # nearest the softmax first
-        if isinstance(s, Scale):
-            core.scale *= lints._multiplier(analysis, s)[0]
+    for step_id in reversed(site.chain):  # nearest the softmax first
+        node = analysis.node(step_id)
+        factor = node.step.scaling(lambda text, node=node: node.dims.dim(text).value)
+        masking = node.step.masking()
+        if factor is not None:
+            core.scale *= factor[0]
             if core.mask is None and not core.causal:
-                after_mask *= lints._multiplier(analysis, s)[0]
-        elif isinstance(s, Dropout):
-            _require_eval(s)
-        elif isinstance(s, Mask):
-            _take_mask(core, s, scores.id, softmax, after_mask)
-        else:
+                after_mask *= factor[0]
+        elif masking is not None:
+            _take_mask(core, step_id, masking, site.product, softmax, after_mask)
+        elif not node.step.is_identity():
             raise VerificationError(
-                f"{s.op} step '{s.id}' between '{scores.id}' and '{softmax}' has no scaled_dot_product_attention equivalent "
+                f"{node.op} step '{step_id}' between '{site.product}' and '{softmax}' has no scaled_dot_product_attention equivalent "
                 "that tracer.verify knows"
             )
-    current = softmax
-    while True:
-        users = [s for s in steps if s.id in analysis.graph.data_inputs and analysis.graph.data_inputs[s.id][:1] == [current]]
-        product = next((s for s in users if isinstance(s, Matmul)), None)
-        if product is not None:
-            core.value, core.context = analysis.graph.data_inputs[product.id][1], product.id
-            return core
-        dropout = next((s for s in users if isinstance(s, Dropout)), None)
-        if dropout is None:
-            raise VerificationError(f"no matmul applies the weights of '{softmax}' to values")
-        _require_eval(dropout)
-        current = dropout.id
+    if site.random:
+        raise VerificationError(
+            f"step '{site.random[0]}' runs in training mode (it draws from the RNG); the references are compared in eval mode"
+        )
+    if site.context is None or site.values is None:
+        raise VerificationError(f"no matmul applies the weights of '{softmax}' to values")
+    core.value, core.context = site.values, site.context
+    return core
 
 
-def _require_eval(dropout: Dropout) -> None:
-    if dropout.training:
-        raise VerificationError(f"dropout step '{dropout.id}' runs in training mode; the references are compared in eval mode")
-
-
-def _take_mask(core: AttentionCore, mask: Mask, scores: str, softmax: str, after_mask: float) -> None:
+def _take_mask(core: AttentionCore, step_id: str, masking, scores: str, softmax: str, after_mask: float) -> None:
     if core.causal or core.mask is not None:
         raise VerificationError(f"more than one mask between '{scores}' and '{softmax}'")
-    if mask.fill > MASK_FILL_LIMIT:
+    if masking.fill > MASK_FILL_LIMIT:
         raise VerificationError(
-            f"mask step '{mask.id}' fills {mask.fill:g}: only -inf or a large negative fill (<= {MASK_FILL_LIMIT:g}) "
+            f"mask step '{step_id}' fills {masking.fill:g}: only -inf or a large negative fill (<= {MASK_FILL_LIMIT:g}) "
             "is a mask that scaled_dot_product_attention can express"
         )
-    core.causal, core.mask, core.polarity, core.mask_step = mask.causal, mask.mask, mask.polarity, mask.id
-    core.fill = mask.fill * after_mask if math.isfinite(mask.fill) else mask.fill
+    core.causal, core.mask, core.polarity, core.mask_step = masking.causal, masking.tensor, masking.polarity, step_id
+    core.fill = masking.fill * after_mask if math.isfinite(masking.fill) else masking.fill
 
 
 def against_sdpa(
@@ -226,29 +214,29 @@ def against_mha(
 
     trace = _values(pipeline, dims, seed, tensors)
     analysis = trace.analysis
-    linears = {}
+    linears, projections = {}, {}
     for role, name in zip("qkvo", weights):
-        found = [s for s in analysis.pipeline.steps if isinstance(s, Linear) and s.weight == name]
+        found = [n for n in analysis.nodes.values() if (p := n.step.projection()) is not None and p.weight == name]
         if len(found) != 1:
             raise VerificationError(f"'{trace.name}': expected one linear step with weight '{name}', found {len(found)}")
-        linears[role] = found[0]
+        linears[role], projections[role] = found[0], found[0].step.projection()
 
     def weight(role: str):
-        w = _tensor(trace, linears[role].weight)
-        return w if linears[role].layout == "out_in" else w.T
+        w = _tensor(trace, projections[role].weight)
+        return w.T if projections[role].transposed else w
 
     def bias(role: str, width: int):
-        step = linears[role]
-        return _tensor(trace, step.bias) if step.bias is not None else torch.zeros(width, dtype=w_q.dtype)
+        name = projections[role].bias
+        return _tensor(trace, name) if name is not None else torch.zeros(width, dtype=w_q.dtype)
 
     w_q, w_k, w_v, w_o = (weight(r) for r in "qkvo")
     d_model = w_q.shape[0]
     heads = num_heads if num_heads is not None else analysis.dims.get("H")
     if heads is None:
         raise VerificationError(f"'{trace.name}' has no dim H; pass num_heads=")
-    query, key, value = (_tensor(trace, analysis.graph.data_inputs[linears[r].id][0]) for r in "qkv")
+    query, key, value = (_tensor(trace, linears[r].reads[0]) for r in "qkv")
     kdim, vdim = w_k.shape[1], w_v.shape[1]
-    has_bias = any(linears[r].bias is not None for r in "qkvo")
+    has_bias = any(projections[r].bias is not None for r in "qkvo")
     mha = torch.nn.MultiheadAttention(d_model, heads, dropout=0.0, bias=has_bias, batch_first=True, kdim=kdim, vdim=vdim, dtype=w_q.dtype)
     mha.eval()
     with torch.no_grad():
@@ -444,13 +432,15 @@ def _causal_pattern(trace, core: AttentionCore, length: int, source: int, device
     (top-left, no window; the same as bottom-right for square scores) and ``always`` is False."""
     if not core.causal:
         return None
-    step = trace.analysis.step(core.mask_step)
-    window = trace.analysis.alg_of(step.id).dim(step.window).value if step.window is not None else None
-    if not always and window is None and (length == source or step.align == "top-left"):
+    node = trace.analysis.node(core.mask_step)
+    masking = node.step.masking()
+    window = node.dims.dim(masking.window).value if masking.window is not None else None
+    top_left = masking.align == "top-left"
+    if not always and window is None and (length == source or top_left):
         return None
     import torch
 
-    return step.hidden(torch, length, source, window, device)
+    return causal_hidden(torch, length, source, window, top_left, device)
 
 
 def _additive(hide, core: AttentionCore, dtype):
@@ -467,7 +457,7 @@ def _additive(hide, core: AttentionCore, dtype):
 def _values(pipeline: Any, dims, seed, tensors):
     """A trace with every tensor kept, from a path, a Pipeline or a Trace."""
     from .api import Pipeline, load
-    from .runtime.trace import Trace
+    from .presentation.trace import Trace
 
     if isinstance(pipeline, Trace):
         if pipeline.keep_values and dims is None and seed is None and tensors is None:

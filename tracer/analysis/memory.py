@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 
 from ..core.errors import Diagnostic, TracerError
 from ..core.formatting import human_bytes
+from ..spec.inits import INITS
+from . import costs
 
 
 @dataclass(frozen=True)
@@ -35,12 +37,8 @@ class MemoryEstimate:
 
 
 def created_at_steps(analysis) -> dict[str, int]:
-    """Record id -> position (in ``graph.order``) of the step that makes it; inner records too."""
-    created_at = {}
-    for i, step_id in enumerate(analysis.graph.order):
-        for rid, _ in analysis.inner.get(step_id) or [(step_id, None)]:
-            created_at[rid] = i
-    return created_at
+    """Record id -> position (in execution order) of the step that makes it; inner records too."""
+    return {out.id: i for i, node in enumerate(analysis.nodes.values()) for out in node.outs}
 
 
 def last_reads(analysis) -> dict[str, int]:
@@ -50,33 +48,30 @@ def last_reads(analysis) -> dict[str, int]:
     estimate counts its storage until then.
     """
     last = created_at_steps(analysis)
-    for i, step_id in enumerate(analysis.graph.order):
-        for ref in analysis.graph.refs[step_id]:
-            rid = analysis.output_of(ref)
-            if rid in last:
-                last[rid] = i
+    for i, node in enumerate(analysis.nodes.values()):
+        for out in node.outs:
+            for rid in out.reads:
+                if rid in last:
+                    last[rid] = i
     return last
 
 
 def estimate_peak(analysis) -> MemoryEstimate:
     """The peak bytes of tensor storage of a real run of ``analysis`` (see the module docstring)."""
-    metas, graph = analysis.metas, analysis.graph
-    order = graph.order
-    declared = [name for section in ("inputs", "params") for name in getattr(analysis.pipeline, section) if name in metas]
-    persistent = sum(metas[name].nbytes for name in declared)
-    storages = {name: metas[name].nbytes for name in declared}
+    metas = analysis.metas
+    nodes = list(analysis.nodes.values())
+    persistent = sum(d.meta.nbytes for d in analysis.declared.values())
+    storages = {name: d.meta.nbytes for name, d in analysis.declared.items()}
     created_at = created_at_steps(analysis)
     last = last_reads(analysis)
-    end = len(order) - 1
+    end = len(nodes) - 1
     for name in analysis.outputs:  # outputs live to the end of the run
-        rid = analysis.output_of(name)
+        rid = analysis.record_of(name)
         if rid in last:
             last[rid] = end
     span: dict[str, list[int]] = {}  # root -> [first step, last step] its storage is alive
     for rid, start in created_at.items():
-        meta = metas.get(rid)
-        if meta is None:
-            continue
+        meta = metas[rid]
         root = meta.root or rid
         if root in storages and root not in created_at:
             continue  # a view of an input or param: no new storage
@@ -84,17 +79,17 @@ def estimate_peak(analysis) -> MemoryEstimate:
             storages[rid] = meta.nbytes
         s = span.setdefault(root, [start, last[rid]])
         s[0], s[1] = min(s[0], start), max(s[1], last[rid])
-    delta = [0] * (len(order) + 1)
+    delta = [0] * (len(nodes) + 1)
     for root, (first, final) in span.items():
         nbytes = storages.get(root, 0)
         delta[first] += nbytes
         delta[final + 1] -= nbytes
     live, running, peak, peak_step = {}, persistent, persistent + _making_inputs(analysis), None
-    for i, step_id in enumerate(order):
+    for i, node in enumerate(nodes):
         running += delta[i]
-        live[step_id] = running + _workspace(analysis, step_id)
-        if live[step_id] > peak or peak_step is None:
-            peak, peak_step = max(peak, live[step_id]), step_id
+        live[node.id] = running + _workspace(analysis, node)
+        if live[node.id] > peak or peak_step is None:
+            peak, peak_step = max(peak, live[node.id]), node.id
     return MemoryEstimate(peak, peak_step, persistent, storages, live)
 
 
@@ -102,31 +97,15 @@ def _making_inputs(analysis) -> int:
     """The largest temporary tensor an init makes while inputs and params are created (all of them
     alive by the end): arange counts in int64 and then casts; triu and tril cut a ones tensor."""
     largest = 0
-    for section in ("inputs", "params"):
-        for name, decl in getattr(analysis.pipeline, section).items():
-            meta = analysis.metas.get(name)
-            if meta is None:
-                continue
-            if decl.init == "arange" and meta.dtype != "int64":
-                largest = max(largest, 8 * meta.numel)
-            elif decl.init in ("triu", "tril"):
-                largest = max(largest, meta.nbytes)
+    for declared in analysis.declared.values():
+        if declared.decl.init is not None:
+            largest = max(largest, INITS[declared.decl.init].temporary_bytes(declared.meta.sizes, declared.meta.dtype))
     return largest
 
 
-def _workspace(analysis, step_id: str) -> int:
-    """Transient bytes the step's kernel allocates beyond its output (see ``StepBase.workspace_bytes``)."""
-    metas = analysis.metas
-    if step_id not in metas:
-        return 0
-    step = analysis.pipeline.steps[analysis.graph.index[step_id]]
-    ins = [metas.get(analysis.output_of(ref)) for ref in analysis.graph.refs[step_id]]  # what the kernel gets: params too
-    if None in ins:
-        return 0
-    inner = analysis.inner.get(step_id)
-    if inner:
-        return step.workspace_bytes(ins, metas[step_id], inner=tuple(metas[record] for record, _ in inner))
-    return step.workspace_bytes(ins, metas[step_id])
+def _workspace(analysis, node) -> int:
+    """Transient bytes the step's kernel allocates beyond its records (``tracer.analysis.costs``)."""
+    return costs.workspace(node, [analysis.metas[rid] for rid in node.reads]) if node.outs else 0
 
 
 # ---------------------------------------------------------------- budgets

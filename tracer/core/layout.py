@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .fields import DTYPE_BYTES
+from .dtypes import DTYPE_BYTES
 from .symbolic import Dim
 
 

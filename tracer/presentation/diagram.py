@@ -1,6 +1,6 @@
 """Graphviz dataflow diagrams: both shapes on every edge, memory-layout marks, groups, a legend.
 
-``diagram(trace)`` builds a ``graphviz.Digraph`` from a finished trace; ``render_file`` writes it
+``diagram(trace)`` builds a ``graphviz.Digraph`` from a finished trace; ``tracer.presentation.outputs`` writes it
 as DOT or, through the system ``dot``, as SVG, PNG or PDF. The DOT text is a pure
 function of the trace's records and the pipeline spec (no paths, devices or times), so it can
 be snapshot-tested.
@@ -10,31 +10,28 @@ from __future__ import annotations
 
 import fnmatch
 import html
-import subprocess
-import sys
-import tempfile
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
+from ..analysis.graph import CHAIN, ONE, OUTPUTS
 from ..core.errors import Diagnostic, TracerError
 from ..core.formatting import human_bytes
-from ..runtime.trace import TensorRecord, Trace
+from ..runtime.records import TensorRecord
 from ..steps.contract import STEP_KINDS
-from .files import write_atomic
 from .folding import Fold, repeat_folds
-from .graphviz import find_renderer, no_renderer
+from .graphviz import render_bytes
 from .heatmap import node_rows
 
-FORMATS = ("svg", "png", "pdf", "dot")
+if TYPE_CHECKING:
+    from .trace import Trace
+
 # The graph's DOT id is never user text (the graphviz library passes a name written as '<...>'
 # through unquoted, which let a pipeline name close the graph and open its own); the title is
 # the escaped label.
 GRAPH_ID = "pipeline"
-DOT_TIMEOUT = 120.0  # seconds: `dot` lays out a few thousand nodes in seconds; an unfolded 600-copy stack never finishes
 FONT = "Helvetica"
 
 INK = "#333333"
@@ -96,8 +93,8 @@ class _Builder:
     def __init__(self, trace: Trace, collapse: tuple[str, ...], links: bool = False, expand: bool = False):
         self.trace, self.analysis, self.links = trace, trace.analysis, links
         self.records = {r.id: r for r in trace.records}
-        self.steps = {s.id: s for s in self.analysis.pipeline.steps}
-        self.group_of = {s: self.steps[s].group for s in self.analysis.graph.order if self.steps[s].group}
+        self.nodes = self.analysis.nodes
+        self.group_of = {s: node.step.group for s, node in self.nodes.items() if node.step.group}
         self.groups = list(dict.fromkeys(self.group_of.values()))
         self.collapsed = self._collapse_keys(collapse)
         folds = repeat_folds(self.analysis)
@@ -143,13 +140,13 @@ class _Builder:
             if keys:
                 fold[step_id] = min(keys, key=len)
         covered = {f.key for f in self.repeat_nodes.values() if self._collapsed_whole(f, fold)}
-        for step_id in self.analysis.graph.order:  # a repeat marker, unless a collapsed group holds the whole block
+        for step_id in self.nodes:  # a repeat marker, unless a collapsed group holds the whole block
             repeat = self.repeats.get(step_id)
             if repeat is not None and repeat.key not in covered:
                 fold[step_id] = repeat.key
         for record in self.trace.records:
             if record.op == "param" and record.id not in self.analysis.outputs:
-                homes = {fold.get(s) for s in self.analysis.graph.users.get(record.id, ())}
+                homes = {fold.get(node.id) for node in self.analysis.users(record.id)}
                 if len(homes) == 1 and None not in homes:
                     fold[record.id] = homes.pop()
         return fold
@@ -160,7 +157,7 @@ class _Builder:
         return None not in ends and fold.get(ends[0]) is not None and fold.get(ends[0]) == fold.get(ends[1])
 
     def _first_step(self, prefix: str) -> str | None:
-        return next((s for s in self.analysis.graph.order if s.startswith(prefix + "/")), None)
+        return next((s for s in self.nodes if s.startswith(prefix + "/")), None)
 
     def build(self):
         import graphviz
@@ -192,21 +189,22 @@ class _Builder:
     # where a tensor's arrows start and end, given composites and collapsed groups
 
     def _tail(self, tensor_id: str) -> str:
-        producer = self.analysis.parts.get(tensor_id, tensor_id)  # one of several outputs leaves its step's node
+        producer = self.analysis.graph.producer(tensor_id) or tensor_id  # one of several outputs leaves its step's node
         group = self.fold.get(producer)
-        return self.group_nodes[group] if group else self.analysis.output_of(producer)
+        return self.group_nodes[group] if group else self.analysis.record_of(producer)
 
     def _head(self, step_id: str) -> str:
         group = self.fold.get(step_id)
         if group:
             return self.group_nodes[group]
-        return self.analysis.inner[step_id][0][0] if self.analysis.chained(step_id) else step_id
+        node = self.nodes[step_id]
+        return node.outs[0].id if node.form == CHAIN else step_id
 
     def _edges(self) -> list[_Edge]:
         edges, seen = [], set()
-        for step_id in self.analysis.graph.order:
-            for ref in self.analysis.graph.refs[step_id]:
-                edge = _Edge(self._tail(ref), self._head(step_id), self.records[self.analysis.output_of(ref)])
+        for step_id, node in self.nodes.items():
+            for ref, rid in zip(node.refs, node.reads):
+                edge = _Edge(self._tail(ref), self._head(step_id), self.records[rid])
                 key = (edge.tail, edge.head, edge.record.id)
                 if edge.tail == edge.head:
                     continue  # both ends inside one collapsed group
@@ -214,16 +212,15 @@ class _Builder:
                     continue  # a collapsed group reads each outside tensor once
                 seen.add(key)
                 edges.append(edge)
-            edges += self._inner_edges(step_id)
+            edges += self._inner_edges(node)
         for name in self.analysis.outputs:
-            edges.append(_Edge(self._tail(name), _output_node(name), self.records[self.analysis.output_of(name)]))
+            edges.append(_Edge(self._tail(name), _output_node(name), self.records[self.analysis.record_of(name)]))
         return edges
 
-    def _inner_edges(self, step_id: str) -> list[_Edge]:
-        inner = self.analysis.inner.get(step_id) or []
-        if step_id in self.fold or not self.analysis.chained(step_id):
+    def _inner_edges(self, node) -> list[_Edge]:
+        if node.id in self.fold or node.form != CHAIN:
             return []
-        return [_Edge(a, b, self.records[a]) for (a, _), (b, _) in zip(inner, inner[1:])]
+        return [_Edge(a.id, b.id, self.records[a.id]) for a, b in zip(node.outs, node.outs[1:])]
 
     # nodes
 
@@ -238,8 +235,7 @@ class _Builder:
                 )
 
     def _param_home(self, name: str) -> str | None:
-        users = self.analysis.graph.users.get(name, ())
-        groups = {self.group_of.get(s) for s in users}
+        groups = {self.group_of.get(node.id) for node in self.analysis.users(name)}
         return groups.pop() if len(groups) == 1 else None
 
     def _param_node(self, graph, name: str) -> None:
@@ -254,7 +250,7 @@ class _Builder:
             if homes[p] is None:
                 self._param_node(graph, p)
         clusters: dict[tuple, list[str]] = {}  # (folded?, group) -> steps, in order of first appearance
-        for step_id in self.analysis.graph.order:
+        for step_id in self.nodes:
             key = self.fold.get(step_id)
             clusters.setdefault((True, key) if key else (False, self.group_of.get(step_id)), []).append(step_id)
         for n, ((folded, group), step_ids) in enumerate(clusters.items()):
@@ -274,12 +270,12 @@ class _Builder:
                         self._step_node(sub, step_id)
 
     def _step_node(self, graph, step_id: str) -> None:
-        step = self.steps[step_id]
-        inner = self.analysis.inner.get(step_id)
-        if inner and not self.analysis.chained(step_id):
-            self._multi_output_node(graph, step, [self.records[rid] for rid, _ in inner])
+        node = self.nodes[step_id]
+        step = node.step
+        if node.form == OUTPUTS:
+            self._multi_output_node(graph, step, [self.records[out.id] for out in node.outs])
             return
-        if not inner:
+        if node.form == ONE:
             record = self.records[step_id]
             kind = _storage_kind(record)
             self.marks.add(kind)
@@ -287,18 +283,17 @@ class _Builder:
             graph.node(step_id, label, **self._about(record), **STYLES[kind])
             return
         self.marks.add("composite")
-        with graph.subgraph(name=f"cluster_step_{self.analysis.graph.index[step_id]}") as sub:
+        with graph.subgraph(name=f"cluster_step_{node.index}") as sub:
             title = f"<B>{_esc(step_id)}</B> · {_esc(_op_text(step.op, step.args()))}"
             if step.note:
                 title += f'<BR/><FONT POINT-SIZE="9"><I>{_esc(step.note)}</I></FONT>'
             sub.attr(label=_html(title), fontname=FONT, fontsize="11", labeljust="l", **CLUSTER_COMPOSITE)
-            for rid, op in inner:
-                record = self.records[rid]
+            for out in node.outs:
+                record = self.records[out.id]
                 kind = _storage_kind(record)
                 self.marks.add(kind)
-                sub.node(
-                    rid, _step_label(rid.split("/", 1)[1], op, [], record, kind, None, small=True), **self._about(record), **STYLES[kind]
-                )
+                label = _step_label(out.id.split("/", 1)[1], out.op, [], record, kind, None, small=True)
+                sub.node(out.id, label, **self._about(record), **STYLES[kind])
 
     def _multi_output_node(self, graph, step, records: list[TensorRecord]) -> None:
         """A step with several outputs (split) is one node; each output leaves it on its own edge, named."""
@@ -317,10 +312,9 @@ class _Builder:
 
     def _collapsed_node(self, graph, group: str, step_ids: list[str]) -> None:
         inside = set(step_ids)
-        ins = [
-            self.records[self.analysis.output_of(ref)] for s in step_ids for ref in self.analysis.graph.data_inputs[s] if ref not in inside
-        ]
-        outs = [self.records[self.analysis.output_of(s)] for s in step_ids if self._used_outside(s, inside)]
+        nodes = [self.nodes[s] for s in step_ids]
+        ins = [self.records[rid] for node in nodes for ref, rid in zip(node.inputs, node.reads) if ref not in inside]
+        outs = [self.records[self.analysis.record_of(s)] for s in step_ids if self._used_outside(s, inside)]
         params = self.folded_params[group]
         folded = _count(len(step_ids), "step") + (" and " + _count(params, "param") if params else "")
         shapes = [
@@ -349,7 +343,7 @@ class _Builder:
         return {f.key for f in self.repeated.values() if self.fold.get(self._first_step(f.shown) or "") == group}
 
     def _used_outside(self, step_id: str, inside: set[str]) -> bool:
-        users = set(self.analysis.graph.users.get(step_id, ()))
+        users = {node.id for node in self.analysis.users(step_id)}
         return bool(users - inside) or step_id in self.analysis.outputs
 
     def _output_nodes(self, graph) -> None:
@@ -358,7 +352,7 @@ class _Builder:
             graph.node(
                 _output_node(name),
                 _rows([f"<B>{_esc(name)}</B>", f'<FONT POINT-SIZE="9" COLOR="{MUTED}">output</FONT>']),
-                **self._link(self.analysis.output_of(name)),
+                **self._link(self.analysis.record_of(name)),
                 **STYLES["output"],
             )
 
@@ -366,7 +360,7 @@ class _Builder:
 
     def _draw_edge(self, graph, edge: _Edge) -> None:
         record = edge.record
-        attrs = {"label": _shape_label(record, named=record.id in self.analysis.parts), **self._about(record)}
+        attrs = {"label": _shape_label(record, named=record.id in self.analysis.graph.parts), **self._about(record)}
         if not record.contiguous:
             self.marks.add("strided")
             attrs.update(style="dashed", color=STRIDED, fontcolor=STRIDED, penwidth="1.4")
@@ -542,64 +536,3 @@ def _legend_row(mark: str, sample: str, text: str) -> str:
     else:
         cell = f"<TD><B>{_esc(sample)}</B></TD>"
     return f'<TR>{cell}<TD ALIGN="LEFT">{_esc(text)}</TD></TR>'
-
-
-# ---------------------------------------------------------------- files
-
-
-def render_file(trace: Trace, output: str | Path, collapse: Iterable[str] = (), timeout: float = DOT_TIMEOUT, expand: bool = False) -> Path:
-    """Write the trace's diagram to ``output`` (format from the suffix: svg, png, pdf or dot); returns the path.
-
-    Only the file asked for is written, atomically: the DOT text of a picture lives in a temporary
-    folder, and a failure leaves every existing file as it was.
-    """
-    pipeline_file = trace.analysis.source.file
-    output = _output_path(Path(output))
-    fmt = output.suffix[1:].lower()
-    source = dot_source(trace, collapse, expand)
-    data = source.encode() if fmt == "dot" else render_bytes(source, fmt, pipeline_file, timeout)
-    return write_atomic(output, data, error_file=pipeline_file)
-
-
-def _output_path(output: Path) -> Path:
-    """The file to write: a directory is refused (never written into), no suffix means SVG."""
-
-    def fail(message: str):
-        raise TracerError(Diagnostic(str(output), None, "output-format", message))
-
-    if output.is_dir():
-        fail("is a directory; name the file to write, e.g. -o DIR/diagram.svg")
-    if not output.suffix:
-        output = output.with_name(output.name + ".svg")
-    if output.suffix[1:].lower() not in FORMATS:
-        formats = ", ".join("." + f for f in FORMATS)
-        fail(f"cannot write '{output.suffix}': use one of {formats} (or .html with `tracer render`)")
-    return output
-
-
-def render_bytes(source: str, fmt: str, pipeline_file: str, timeout: float = DOT_TIMEOUT) -> bytes:
-    """Graphviz's ``dot`` (or the renderer ``find_renderer`` picks) run on DOT text in a private
-    temporary folder, under a time limit; returns the picture."""
-    exe = find_renderer(pipeline_file, fmt)
-    with tempfile.TemporaryDirectory(prefix="tracer-") as folder:
-        dot_path, picture = Path(folder) / "diagram.dot", Path(folder) / f"diagram.{fmt}"
-        dot_path.write_text(source, encoding="utf-8")
-        try:
-            done = subprocess.run([exe, f"-T{fmt}", str(dot_path), "-o", str(picture)], capture_output=True, text=True, timeout=timeout)
-        except subprocess.TimeoutExpired:
-            raise TracerError(Diagnostic(pipeline_file, None, "render-timeout", _too_slow(timeout))) from None
-        if done.returncode != 0 and "not recognized" in done.stderr:
-            raise no_renderer(pipeline_file, fmt, f"`{Path(exe).name}` cannot write {fmt} ({done.stderr.strip().splitlines()[0]})")
-        if done.returncode != 0:
-            raise TracerError(Diagnostic(pipeline_file, None, "render-failed", f"`dot -T{fmt}` failed: {done.stderr.strip()[:2000]}"))
-        for line in dict.fromkeys(done.stderr.strip().splitlines()[:20]):  # e.g. a PNG scaled down to fit: say so
-            print(Diagnostic(pipeline_file, None, "dot-warning", f"Graphviz: {line.strip()}", severity="warning"), file=sys.stderr)
-        return picture.read_bytes()
-
-
-def _too_slow(timeout: float) -> str:
-    return (
-        f"Graphviz's `dot` did not finish drawing within {timeout:g} s: the diagram is too large to lay out. "
-        "Draw repeated blocks folded (the default, without --expand), fold groups into one node each with "
-        "--collapse GROUP (or 'BLOCK/*'), raise the limit with --timeout, or write the DOT text only with -o NAME.dot"
-    )

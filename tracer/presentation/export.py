@@ -20,17 +20,18 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..analysis.graph import execution_order
 from ..analysis.shapes import Analysis
 from ..core import dimexpr
+from ..core.dtypes import FLOAT_DTYPES
 from ..core.errors import TracerError, printable
-from ..core.fields import FLOAT_DTYPES
 from ..core.layout import Meta
+from ..core.pysource import atom, py_float
 from ..core.symbolic import Dim, resolve
-from ..runtime.interpreter import linear_bound
+from ..spec.inits import INITS, Written, linear_bound
 from ..spec.load import load_spec
 from ..spec.pipeline import TensorDecl
 from ..steps.block import Block
-from ..steps.rules import atom, py_float, py_tuple
 
 # names the generated code needs for itself; a tensor or dim with one of these names is renamed
 RESERVED = {"self", "torch", "math", "F", "nn", "seed", "super", "range", "getattr", "setattr", "ValueError", "bound"}
@@ -166,9 +167,7 @@ class _Writer:
 
     def _attr(self, scope: _Scope, dim: str) -> str:
         """The attribute holding a dim: its name, unless a param, a block or nn.Module already uses it."""
-        taken = (
-            _module_attributes() | {p.split(".")[0] for p in scope.spec.params} | {s.id for s in scope.spec.steps if isinstance(s, Block)}
-        )
+        taken = _module_attributes() | {p.split(".")[0] for p in scope.spec.params} | {s.id for s in scope.spec.steps if s.includes_file}
         return scope.names[dim] if dim not in taken else f"dim_{scope.names[dim]}"
 
     def _tensors(self, scope: _Scope, top: bool) -> list[str]:
@@ -220,7 +219,7 @@ class _Writer:
         """Each ``op: block`` step as a submodule: its class, or an nn.ModuleList of copies."""
         lines = []
         for step in scope.spec.steps:
-            if not isinstance(step, Block):
+            if not step.includes_file:
                 continue
             info = self.analysis.blocks[scope.prefix + step.id]
             call = f"{self._block_class(scope, info, step)}({self._block_dims(scope, step, info)})"
@@ -270,7 +269,7 @@ class _Writer:
         body: list[str] = []
         for i in _order(spec):
             step = spec.steps[i]
-            body += self._block_call(scope, step) if isinstance(step, Block) else self._step(scope, step)
+            body += self._block_call(scope, step) if step.includes_file else self._step(scope, step)
         outputs = self._outputs(scope, top)
         body = _mark_unused(body, outputs)
         code = "\n".join(line.split("  # ")[0] for line in body + outputs)
@@ -306,23 +305,22 @@ class _Writer:
                     )
                 )
             exprs.append(expr)
-            shapes.append(_shape(self.analysis.metas[self.analysis.output_of(eid)], scope))
+            shapes.append(_shape(self.analysis.meta(eid), scope))
         return [f"return {', '.join(exprs)}  # {', '.join(shapes)}"]
 
     def _step(self, scope: _Scope, step) -> list[str]:
         analysis = self.analysis
-        eid = scope.prefix + step.id
-        expanded = analysis.step(eid)
-        refs = analysis.graph.refs[eid]
-        inner = analysis.inner.get(eid) or [(eid, step.op)]
-        outs = [analysis.metas[rid] for rid, _ in inner]
+        node = analysis.node(scope.prefix + step.id)
+        expanded = node.step
+        outs = [out.meta for out in node.outs]
         targets = [self._free(scope, name) for name in step.output_ids()]
-        context = _EmitContext(self, scope, step.id, [scope.exprs[r] for r in refs], [analysis.metas[r] for r in refs], outs, targets)
+        args, ins = [scope.exprs[r] for r in node.reads], [analysis.metas[r] for r in node.reads]
+        context = _EmitContext(self, scope, step.id, args, ins, outs, targets)
         code = expanded.emit(context)
         for name, var in zip(expanded.output_ids(), targets):
             scope.exprs[name] = var
         if step.output_field is None:
-            scope.exprs[analysis.output_of(eid)] = targets[0]
+            scope.exprs[node.value] = targets[0]
         shapes = (
             ", ".join(_shape(analysis.metas[o], scope) for o in expanded.output_ids()) if step.output_field else _shape(outs[-1], scope)
         )
@@ -334,8 +332,7 @@ class _Writer:
 
     def _block_call(self, scope: _Scope, step: Block) -> list[str]:
         analysis = self.analysis
-        previous = _previous(scope.spec, step)
-        inputs = [scope.exprs[analysis.aliases.get(scope.prefix + r, scope.prefix + r)] for r in step.data_inputs(previous)]
+        inputs = [scope.exprs[analysis.aliases.get(scope.prefix + r, scope.prefix + r)] for r in step.data_inputs()]
         var = self._free(scope, step.id)
         out_id = analysis.aliases[scope.prefix + step.id]
         scope.exprs[out_id] = scope.exprs[scope.prefix + step.id] = var
@@ -453,69 +450,34 @@ def _divisions(expr) -> list:
 
 
 def _dim_order(dims: dict) -> list[str]:
-    """Dims in an order where each comes after the dims it is computed from (file order otherwise)."""
-    exprs = {name: dimexpr.parse(text) for name, text in dims.items()}
-    done: list[str] = []
-
-    def visit(name: str) -> None:
-        if name in done or name not in exprs:
-            return
-        for dep in sorted(exprs[name].names()):
-            visit(dep)
-        done.append(name)
-
-    for name in exprs:
-        visit(name)
-    return done
+    """Dims in an order where each comes after the dims it is computed from (file order otherwise):
+    the order ``resolve`` evaluates them in."""
+    return list(resolve({name: dimexpr.parse(text) for name, text in dims.items()}))
 
 
 def _order(spec) -> list[int]:
     """The file's steps in an order that computes every input first (the file's own, when it does)."""
-    producer: dict[str, int] = {}
-    for i, step in enumerate(spec.steps):
+    producer: dict[str, str] = {}
+    for step in spec.steps:
         for name in [step.id, *step.output_ids()]:
-            producer.setdefault(name, i)
-    needs = []
-    for i, step in enumerate(spec.steps):
-        refs = step.data_inputs(_previous(spec, step)) + (step.param_refs() if not isinstance(step, Block) else [])
-        needs.append({producer[r] for r in refs if r in producer and producer[r] != i})
-    done: list[int] = []
-    while len(done) < len(spec.steps):
-        ready = next(i for i in range(len(spec.steps)) if i not in done and needs[i] <= set(done))
-        done.append(ready)
-    return done
-
-
-def _previous(spec, step) -> str | None:
-    i = next(j for j, s in enumerate(spec.steps) if s is step)
-    return spec.steps[i - 1].id if i else None
+            producer.setdefault(name, step.id)
+    edges = [(producer[r], step.id) for step in spec.steps for r in step.data_inputs() + step.param_refs() if r in producer]
+    position = {step.id: i for i, step in enumerate(spec.steps)}
+    return [position[step_id] for step_id in execution_order(list(position), edges)]
 
 
 def _init_source(decl: TensorDecl, meta: Meta, scope: _Scope, writer: _Writer) -> tuple[list[str], str]:
-    """(statements, expression) creating a declared tensor exactly as ``tracer.runtime.interpreter.INITS``
-    does; the shape as the file writes it."""
-    dims = [_source(dimexpr.parse(t), scope.names) for t in decl.shape]
-    shape = ", ".join(dims) if dims else "()"
-    dtype = "" if meta.dtype == "float32" else f"dtype=torch.{meta.dtype}"
-    with_dtype = ", ".join(filter(None, [shape, dtype]))
-    init = decl.init
+    """(statements, expression) creating a declared tensor exactly as a run does (its init's own
+    ``source``, ``tracer.spec.inits``); the shape as the file writes it."""
+    dims = tuple(_source(dimexpr.parse(t), scope.names) for t in decl.shape)
     if decl.values is not None or decl.tokens is not None:
         values = decl.tokens.ids() if decl.tokens is not None else decl.values
         return [], f"torch.tensor({_literal(values)}, dtype=torch.{meta.dtype})"
-    if init in ("randn", "embedding"):
-        return [], f"torch.empty({with_dtype}).normal_()"
-    if init in ("rand", "zeros", "ones"):
-        return [], f"torch.{init}({with_dtype})"
-    if init == "full":
-        value = py_float(decl.value) if isinstance(decl.value, float) else repr(decl.value)
-        return [], f"torch.full({py_tuple(dims)}, {value}{', ' + dtype if dtype else ''})"
-    if init == "arange":
-        return [], f"torch.arange({' * '.join(atom(d) for d in dims) or '1'}).to(torch.{meta.dtype}).reshape({py_tuple(dims)})"
-    if init in ("triu", "tril"):
-        return [], f"torch.ones({with_dtype}).{init}({'1' if init == 'triu' else ''})"
-    fan_in = _source(dimexpr.parse(decl.fan_in), scope.names) if decl.fan_in is not None else dims[-1]
-    helper = _helper(writer, "linear_bound", inspect.getsource(linear_bound))
-    return [f"bound = {helper}({fan_in}, {len(dims)})  # as nn.Linear initialises it"], f"torch.empty({with_dtype}).uniform_(-bound, bound)"
+    fan_in = _source(dimexpr.parse(decl.fan_in), scope.names) if decl.fan_in is not None else None
+    setup, value = INITS[decl.init].source(Written(dims, meta.dtype, fan_in), decl)
+    if any("linear_bound(" in line for line in setup):
+        _helper(writer, "linear_bound", inspect.getsource(linear_bound))
+    return setup, value
 
 
 def _helper(writer: _Writer, name: str, source: str) -> str:

@@ -49,7 +49,7 @@ def repeat_folds(analysis: Any) -> dict[str, Fold]:
             prefixes.update(dict.fromkeys(fold.hidden, fold))
     if not prefixes:
         return {}
-    ids = list(analysis.metas) + list(analysis.graph.order)
+    ids = list(analysis.metas) + list(analysis.nodes)
     folds = {}
     for tensor_id in ids:
         fold = _outermost(tensor_id, prefixes)

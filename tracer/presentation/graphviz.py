@@ -1,5 +1,6 @@
-"""Which program draws DOT text: the one named by ``tracer render --dot PATH``, else by the
-environment variable ``TRACER_DOT``, else Graphviz's ``dot``, else ``graphviz-pure``.
+"""Drawing DOT text with a Graphviz program, under a time limit: the one named by ``tracer render
+--dot PATH``, else by the environment variable ``TRACER_DOT``, else Graphviz's ``dot``, else
+``graphviz-pure``.
 
 ``graphviz-pure`` (PyPI, a Rust port of Graphviz's ``dot``) installs with pip, without root or a
 system library, and draws tracer's diagrams with the same nodes, edges, clusters and text; it writes
@@ -12,13 +13,18 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import subprocess
+import sys
 import sysconfig
+import tempfile
 from collections.abc import Iterator
 from contextvars import ContextVar
+from pathlib import Path
 
 from ..core.errors import Diagnostic, TracerError
 
 ENV = "TRACER_DOT"
+DOT_TIMEOUT = 120.0  # seconds: `dot` lays out a few thousand nodes in seconds; an unfolded 600-copy stack never finishes
 PROGRAMS = ("dot", "graphviz-pure")
 _CHOSEN: ContextVar[str | None] = ContextVar("tracer_renderer", default=None)
 
@@ -55,3 +61,31 @@ def no_renderer(pipeline_file: str, fmt: str, why: str) -> TracerError:
         f"or name a renderer with --dot PATH or {ENV}=PATH; `-o NAME.dot` writes DOT text, which needs none"
     )
     return TracerError(Diagnostic(pipeline_file, None, "no-renderer", message))
+
+
+def render_bytes(source: str, fmt: str, pipeline_file: str, timeout: float = DOT_TIMEOUT) -> bytes:
+    """Graphviz's ``dot`` (or the renderer ``find_renderer`` picks) run on DOT text in a private
+    temporary folder, under a time limit; returns the picture."""
+    exe = find_renderer(pipeline_file, fmt)
+    with tempfile.TemporaryDirectory(prefix="tracer-") as folder:
+        dot_path, picture = Path(folder) / "diagram.dot", Path(folder) / f"diagram.{fmt}"
+        dot_path.write_text(source, encoding="utf-8")
+        try:
+            done = subprocess.run([exe, f"-T{fmt}", str(dot_path), "-o", str(picture)], capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise TracerError(Diagnostic(pipeline_file, None, "render-timeout", _too_slow(timeout))) from None
+        if done.returncode != 0 and "not recognized" in done.stderr:
+            raise no_renderer(pipeline_file, fmt, f"`{Path(exe).name}` cannot write {fmt} ({done.stderr.strip().splitlines()[0]})")
+        if done.returncode != 0:
+            raise TracerError(Diagnostic(pipeline_file, None, "render-failed", f"`dot -T{fmt}` failed: {done.stderr.strip()[:2000]}"))
+        for line in dict.fromkeys(done.stderr.strip().splitlines()[:20]):  # e.g. a PNG scaled down to fit: say so
+            print(Diagnostic(pipeline_file, None, "dot-warning", f"Graphviz: {line.strip()}", severity="warning"), file=sys.stderr)
+        return picture.read_bytes()
+
+
+def _too_slow(timeout: float) -> str:
+    return (
+        f"Graphviz's `dot` did not finish drawing within {timeout:g} s: the diagram is too large to lay out. "
+        "Draw repeated blocks folded (the default, without --expand), fold groups into one node each with "
+        "--collapse GROUP (or 'BLOCK/*'), raise the limit with --timeout, or write the DOT text only with -o NAME.dot"
+    )

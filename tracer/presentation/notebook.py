@@ -1,9 +1,8 @@
 """What Jupyter shows for a trace, a record and a pipeline (their ``_repr_html_``).
 
 A trace shows a header (name, dims, totals), its table (repeated blocks folded) and its diagram
-(repeated blocks folded too, under a size cap). Drawing needs the renderer the API attaches to the
-trace (``trace.renderer``, the ``tracer.presentation.diagram`` module): this module imports no renderer, and any
-problem drawing (no Graphviz, a diagram too large) becomes one line under the table, never a traceback.
+(repeated blocks folded too, under a size cap). Any problem drawing (no Graphviz, a diagram too
+large) becomes one line under the table, never a traceback.
 """
 
 from __future__ import annotations
@@ -14,6 +13,9 @@ from typing import Any
 
 from ..core.errors import TracerError
 from ..core.formatting import human_bytes, human_count
+from ..runtime.records import NOTEBOOK_STYLE as _STYLE
+from .diagram import dot_source
+from .graphviz import render_bytes
 from .table import ACTIVATIONS, PARAMETERS, table_rows
 
 MAX_NODES = 400  # beyond this a diagram is unreadable inline; `tracer render` still draws it
@@ -25,11 +27,6 @@ NO_RENDERER = (
 )
 # one scoped style per output: every cell of the tables is styled by class, not attribute by attribute
 _NODE = re.compile(r'\s+("(?:[^"\\]|\\.)*"|\w+) \[')  # a node statement in DOT (an edge has '->' after its first name)
-_STYLE = (
-    "<style>.tracer { font-family: sans-serif; font-size: 12px }"
-    " .tracer td, .tracer th { padding: 1px 8px; text-align: left; white-space: nowrap }"
-    " .tracer .note { color: #666 }</style>"
-)
 
 
 def trace_html(trace: Any) -> str:
@@ -42,24 +39,10 @@ def trace_html(trace: Any) -> str:
     return f'<div class="tracer trace">{_STYLE}{"".join(parts)}</div>'
 
 
-def record_html(record: Any) -> str:
-    layout = "contiguous" if record.contiguous else "non-contiguous"
-    rows = [
-        ("op", record.op + (f" (from {', '.join(record.inputs)})" if record.inputs else "")),
-        ("shape", f"{record.symbolic}  [{', '.join(map(str, record.shape))}]"),
-        ("dtype · device", f"{record.dtype} · {record.device}"),
-        ("stride · offset", f"{tuple(record.stride)} · {record.storage_offset} · {layout}"),
-        ("storage", f"view of {record.view_of}" if record.view_of else f"own, {human_bytes(record.nbytes)}"),
-        ("FLOPs", f"{record.flops:,}"),
-    ]
-    body = "".join(f"<tr><th>{_esc(k)}</th><td>{_esc(v)}</td></tr>" for k, v in rows)
-    return f'<div class="tracer record">{_STYLE}<b>{_esc(record.id)}</b><table>{body}</table></div>'
-
-
 def pipeline_html(pipeline: Any) -> str:
     spec, analysis = pipeline.spec, pipeline.check()
     dims = ", ".join(f"{k}={v}" for k, v in analysis.dims.items()) or "none"
-    expanded = len(analysis.graph.order)
+    expanded = len(analysis.nodes)
     rows = [
         ("file", pipeline.path),
         ("dims", dims),
@@ -96,10 +79,7 @@ def _scrolling(inner: str, height: str) -> str:
 
 
 def _diagram(trace: Any) -> str:
-    renderer = getattr(trace, "renderer", None)
-    if renderer is None:
-        return _note("No diagram: this trace has no renderer attached (traces from tracer.load(...).run() have one).")
-    source = renderer.dot_source(trace)
+    source = dot_source(trace)
     nodes = sum(1 for m in map(_NODE.match, source.splitlines()) if m and m[1] not in ("graph", "node", "edge"))
     if nodes > MAX_NODES:
         return _note(
@@ -107,7 +87,7 @@ def _diagram(trace: Any) -> str:
             "trace.diagram(collapse=[...]), or draw it with `tracer render FILE`."
         )
     try:
-        svg = renderer.render_bytes(source, "svg", trace.analysis.source.file, DRAW_TIMEOUT).decode("utf-8")
+        svg = render_bytes(source, "svg", trace.analysis.source.file, DRAW_TIMEOUT).decode("utf-8")
     except TracerError as exc:
         return _note(NO_RENDERER if exc.code == "no-renderer" else _esc(exc.diagnostics[0].message), escaped=True)
     if len(svg) > MAX_SVG_BYTES:

@@ -21,14 +21,16 @@ import math
 import re
 from collections.abc import Iterable
 from importlib import resources
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..core.formatting import human_bytes
-from ..runtime.trace import TensorRecord, Trace
-from .diagram import diagram, render_bytes
-from .files import write_atomic
+from ..runtime.records import TensorRecord
+from .diagram import diagram
+from .graphviz import render_bytes
 from .heatmap import is_attention_weights, leading_maps
+
+if TYPE_CHECKING:
+    from .trace import Trace
 
 MAX_SIDE = 64  # a heatmap keeps at most 64 x 64 cells: longer sequences are mean-pooled into blocks
 MAX_MAPS = 16  # ... and at most 16 (batch, head) maps per tensor, the first ones in row-major order
@@ -38,11 +40,6 @@ LEVELS = 254  # a cell is a byte: 0..254 of its map's largest weight, 255 for Na
 _ASSETS = resources.files("tracer.presentation") / "report_assets"
 _SLOT = re.compile(r"\{\{(\w+)\}\}")
 _SCRIPT_UNSAFE = {ord("<"): "\\u003c", ord(">"): "\\u003e", ord("&"): "\\u0026", 0x2028: "\\u2028", 0x2029: "\\u2029"}
-
-
-def write_report(trace: Trace, output: str | Path, collapse: Iterable[str] = ()) -> Path:
-    """Write the HTML report of ``trace`` to ``output``; statistics and heatmaps need ``keep_values``."""
-    return write_atomic(output, report_html(trace, collapse), error_file=trace.analysis.source.file)
 
 
 def report_html(trace: Trace, collapse: Iterable[str] = ()) -> str:
@@ -88,10 +85,6 @@ class _Data:
     def __init__(self, trace: Trace):
         self.trace, self.analysis = trace, trace.analysis
         self.by_id = {r.id: r for r in trace.records}
-        steps = self.analysis.pipeline.steps
-        self.step_of = {step_id: steps[i] for step_id, i in self.analysis.graph.index.items()}
-        for step_id, inner in self.analysis.inner.items():  # a composite's inner tensors belong to their step
-            self.step_of.update((rid, self.step_of[step_id]) for rid, _ in inner)
         self.users: dict[str, list[str]] = {}
         for record in trace.records:
             for ref in dict.fromkeys(record.inputs):
@@ -115,7 +108,7 @@ class _Data:
         }
 
     def tensor(self, record: TensorRecord) -> dict:
-        step = self.step_of.get(record.id)
+        node = self._node(record.id)
         data = {
             "id": record.id,
             "op": record.op,
@@ -131,16 +124,16 @@ class _Data:
             "view_of": record.view_of,
             "bytes": record.nbytes,
             "size": human_bytes(record.nbytes),
-            "where": self.where(record, step),
-            "group": step.group if step is not None else None,
-            "note": self.note(record, step),
+            "where": self.where(record, node),
+            "group": node.step.group if node is not None else None,
+            "note": self.note(record, node),
         }
         flops = getattr(record, "flops", None)  # when records carry a FLOP count, the panel shows it
         if flops is not None:
             data["flops"] = flops
         if record.tensor is not None and record.tensor.device.type != "meta":
             data["stats"] = _stats(record.tensor)
-            if step is not None and is_attention_weights(step, record):
+            if node is not None and is_attention_weights(node.step, record):
                 data["heatmap"] = self.heatmap(record)
         return data
 
@@ -169,18 +162,22 @@ class _Data:
             "maps": [_encode_map(m) for m in pooled],
         }
 
-    def where(self, record: TensorRecord, step: Any) -> str:
+    def _node(self, record_id: str):
+        """The node that made a record (a composite's inner records belong to their step), or None."""
+        return self.analysis.producer(record_id)
+
+    def where(self, record: TensorRecord, node: Any) -> str:
         """``file:line`` of the YAML that made the tensor (a block's steps point into the block file)."""
-        if step is not None:
-            path = ("steps", self.analysis.graph.index[step.id])
+        if node is not None:
+            path = ("steps", node.index)
         else:
             path = ("inputs" if record.op == "input" else "params", record.id)
         found = self.analysis.source.error(path, "where", "", prefer_key=True)
         return found.file if found.position is None else f"{found.file}:{found.position.line}"
 
-    def note(self, record: TensorRecord, step: Any) -> str | None:
-        if step is not None:
-            return step.note
+    def note(self, record: TensorRecord, node: Any) -> str | None:
+        if node is not None:
+            return node.step.note
         pipeline = self.analysis.pipeline
         decl = pipeline.inputs.get(record.id) or pipeline.params.get(record.id)
         return getattr(decl, "note", None)
@@ -189,8 +186,8 @@ class _Data:
         """Group path -> the records of its steps, so a collapsed node's panel can list them."""
         groups: dict[str, list[str]] = {}
         for record in self.trace.records:
-            step = self.step_of.get(record.id)
-            parts = step.group.split("/") if step is not None and step.group else []
+            node = self._node(record.id)
+            parts = node.step.group.split("/") if node is not None and node.step.group else []
             for n in range(1, len(parts) + 1):
                 groups.setdefault("/".join(parts[:n]), []).append(record.id)
         return groups

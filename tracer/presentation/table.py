@@ -1,5 +1,5 @@
 """The run as text: the tensors (repeated blocks folded), the parameters, totals; rows that the
-notebook view shows as HTML too. Works on any trace-like object (``tracer.runtime.trace.Trace``)."""
+notebook view shows as HTML too. Works on any trace-like object (``tracer.presentation.trace.Trace``)."""
 
 from __future__ import annotations
 
@@ -85,13 +85,7 @@ def _grouped(trace: Any, depth: int | None, expand: bool) -> tuple[list, list]:
 
 def _groups(analysis: Any) -> dict[str, str]:
     """Record id -> the group of the step that made it (inner records included)."""
-    groups = {}
-    for step_id in analysis.graph.order:
-        group = analysis.step(step_id).group
-        if group:
-            for rid, _ in analysis.inner.get(step_id) or [(step_id, None)]:
-                groups[rid] = group
-    return groups
+    return {out.id: node.step.group for node in analysis.nodes.values() if node.step.group for out in node.outs}
 
 
 def _tensor_row(item: Any) -> tuple[str, ...]:

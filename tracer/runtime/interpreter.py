@@ -7,21 +7,20 @@ only. Tensors are dropped after their last use, so memory stays what eager PyTor
 
 from __future__ import annotations
 
-import math
 import weakref
 from collections.abc import Callable
 from contextlib import nullcontext
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from operator import is_, itemgetter
 from typing import Any, NamedTuple
 
+from ..analysis.graph import ONE, Node
 from ..analysis.memory import last_reads
 from ..analysis.shapes import Analysis
+from ..core.dtypes import DTYPE_BYTES
 from ..core.errors import InternalError, TracerError
-from ..core.fields import DTYPE_BYTES
 from ..core.layout import Meta
-from ..spec.pipeline import TensorDecl
-from .trace import TensorRecord, Trace
+from .records import TensorRecord
 
 _NO_CONTEXT = nullcontext()  # grad already off: entering no_grad again costs a microsecond per run
 
@@ -48,38 +47,23 @@ def device_problem(device: Any) -> str | None:
 
 
 class KernelContext:
-    """What a step kind's ``kernel`` may use to build its function."""
+    """What a step kind's ``kernel`` may use to build its function (the contract's ``KernelContext``)."""
 
-    def __init__(
-        self, analysis: Analysis, refs: list[str], outs: list[Meta], device: Any, step_id: str | None = None, training: bool | None = None
-    ):
+    def __init__(self, analysis: Analysis, node: Node, device: Any, training: bool | None = None):
         import torch.nn.functional as F
 
         self.torch, self.F, self.device, self.training = torch_module(), F, device, training
-        self.ins = [analysis.metas[r] for r in refs]
-        self.outs, self.out = outs, outs[-1]
-        self._alg = analysis.alg if step_id is None else analysis.alg_of(step_id)
-        self._where = (analysis, step_id)
+        self.ins = [analysis.metas[rid] for rid in node.reads]
+        self.outs = [out.meta for out in node.outs]
+        self.out = self.outs[-1]
+        self._analysis, self._node = analysis, node
 
     def value(self, text) -> int:
-        return self._alg.dim(text).value
+        return self._node.dims.dim(text).value
 
     def error(self, code: str, message: str, field: str | None = None) -> TracerError:
         """A located error for what only a run can see (a token id outside its embedding table)."""
-        analysis, step_id = self._where
-        i = analysis.graph.index.get(step_id) if step_id is not None else None
-        path = () if i is None else ("steps", i) + ((field,) if field else ())
-        return TracerError(analysis.source.error(path, code, message, step_id))
-
-
-@dataclass
-class PlannedStep:
-    step_id: str
-    fn: Callable
-    refs: tuple[str, ...]
-    free: tuple[str, ...]  # records that die after this step
-    expected: tuple[Expected, ...]  # one per record the step makes
-    getter: Callable  # env -> the kernel's argument (one ref) or arguments (several)
+        return TracerError(self._analysis.error(self._node, code, message, field))
 
 
 class Expected(NamedTuple):
@@ -92,6 +76,18 @@ class Expected(NamedTuple):
     dtype: Any  # a torch.dtype
     view_of: str | None
     template: TensorRecord
+
+
+class Planned(NamedTuple):
+    """One step of a compiled plan, as the run loop unpacks it."""
+
+    getter: Callable  # env -> the kernel's argument (one record) or arguments (several)
+    fn: Callable  # the kernel
+    single: bool  # one argument: fn(arg), else fn(*args)
+    expect: Expected | None  # the one record it makes; None when the kernel returns a tuple
+    expected: tuple[Expected, ...]  # every record it makes, in the kernel's order
+    free: tuple[str, ...]  # records that die after this step
+    step_id: str
 
 
 class RunResult(NamedTuple):
@@ -112,49 +108,34 @@ class Plan:
         self.device_name = str(self.device)
         self.dtypes = {getattr(torch, name): name for name in DTYPE_BYTES}
         self.steps = self._compile(analysis)
+        self._inputs_cache: tuple | None = None  # (tensors dict, its values, input records, storage roots)
 
-    def _compile(self, analysis: Analysis) -> list[PlannedStep]:
+    def _compile(self, analysis: Analysis) -> tuple[Planned, ...]:
         torch = torch_module()
-        keep = {analysis.output_of(name) for name in analysis.outputs}
-        declared = set(analysis.pipeline.inputs) | set(analysis.pipeline.params)
-        order = analysis.graph.order
-        self.random = False
-        self.output_ids = tuple((name, analysis.output_of(name)) for name in analysis.outputs)
-        self.inputs_expected = {
-            name: self._expect(name, "input" if name in analysis.pipeline.inputs else "param", (), torch)
-            for name in declared
-            if name in analysis.metas
-        }
+        keep = {analysis.record_of(name) for name in analysis.outputs}
+        order = list(analysis.nodes)
+        self.random = any(node.step.is_random() for node in analysis.nodes.values())
+        self.output_ids = tuple((name, analysis.record_of(name)) for name in analysis.outputs)
+        self.inputs_expected = {name: self._expect(name, d.section[:-1], (), d.meta, 0, torch) for name, d in analysis.declared.items()}
         dying: dict[str, list[str]] = {}  # every record, inner ones too, dies after its last reader (or its own step)
         for rid, last in last_reads(analysis).items():
-            if rid not in keep and rid not in declared:
+            if rid not in keep and rid not in analysis.declared:
                 dying.setdefault(order[last], []).append(rid)
         planned = []
-        for step_id in analysis.graph.order:
-            step = analysis.step(step_id)
-            self.random = self.random or step.is_random()
-            refs = analysis.graph.refs[step_id]
-            inner = analysis.inner.get(step_id) or [(step_id, step.op)]
-            fn = step.kernel(KernelContext(analysis, refs, [analysis.metas[rid] for rid, _ in inner], self.device, step_id, self.training))
-            free = tuple(dying.get(step_id, ()))
-            ins = tuple(analysis.output_of(r) for r in refs)
-            chained = analysis.chained(step_id)  # a composite's inner op reads the one before; several outputs read the inputs
+        for node in analysis.nodes.values():
+            fn = node.step.kernel(KernelContext(analysis, node, self.device, self.training))
             expected = tuple(
-                self._expect(rid, op, (inner[j - 1][0],) if chained and j else ins, torch) for j, (rid, op) in enumerate(inner)
+                self._expect(out.id, out.op, out.reads, out.meta, node.flops if out is node.outs[-1] else 0, torch) for out in node.outs
             )
-            planned.append(PlannedStep(step_id, fn, ins, free, expected, itemgetter(*ins) if ins else (lambda env: ())))
-        # the loop's view of the plan: flat tuples, so a run touches no attributes
-        # a step whose rule returned Outputs or a Composite gets a tuple from its kernel, even of one tensor
-        self._loop = tuple(
-            (p.getter, p.fn, len(p.refs) == 1, None if p.step_id in analysis.inner else p.expected[0], p.expected, p.free, p.step_id)
-            for p in planned
-        )
-        self._inputs_cache: tuple | None = None  # (tensors dict, its values, input records, storage roots)
-        return planned
+            single = node.form == ONE
+            getter = itemgetter(*node.reads) if node.reads else (lambda env: ())
+            planned.append(
+                Planned(getter, fn, len(node.reads) == 1, expected[0] if single else None, expected, tuple(dying.get(node.id, ())), node.id)
+            )
+        return tuple(planned)
 
-    def _expect(self, rid: str, op: str, inputs: tuple, torch) -> Expected:
-        meta = self.analysis.metas[rid]
-        view_of = _static_view_of(meta, rid)
+    def _expect(self, rid: str, op: str, inputs: tuple, meta: Meta, flops: int, torch) -> Expected:
+        view_of = None if meta.root == rid else meta.root
         template = TensorRecord(
             rid,
             op,
@@ -168,7 +149,7 @@ class Plan:
             meta.contiguous,
             view_of,
             meta.nbytes,
-            self.analysis.flops.get(rid, 0),
+            flops,
         )
         return Expected(rid, meta.sizes, meta.stride, meta.offset, getattr(torch, meta.dtype), view_of, template)
 
@@ -200,19 +181,14 @@ class Plan:
         else:
             records = []
             for name, tensor in tensors.items():
-                expected = self.inputs_expected.get(name)
-                if expected is None:
-                    records.append(
-                        self._record(name, "input" if name in self.analysis.pipeline.inputs else "param", (), tensor, storages, keep_values)
-                    )
-                else:
-                    diverged |= self._append(records.append, expected, tensor, owner(tensor, name), keep_values, "")
+                diverged |= self._append(records.append, self.inputs_expected[name], tensor, owner(tensor, name), keep_values, "")
             if not keep_values:
                 self._inputs_cache = (tensors, tuple(tensors.values()), tuple(records), dict(storages.roots))
         append = records.append
         roots, ref = storages.roots, weakref.ref
+        on_meta = self.device.type == "meta"
         with torch.no_grad() if torch.is_grad_enabled() and not grad else _NO_CONTEXT:
-            for getter, fn, single, expect, expected, free, step_id in self._loop:
+            for getter, fn, single, expect, expected, free, step_id in self.steps:
                 result = fn(getter(env)) if single else fn(*getter(env))
                 if expect is not None:
                     rid, sizes, stride, offset, dtype, static_view_of, template = expect
@@ -238,13 +214,18 @@ class Plan:
                     ):
                         append(template)
                     else:
+                        if on_meta:
+                            result = env[rid] = self._as_on_cpu(result, expect, view_of, roots)
                         diverged |= self._append(append, expect, result, view_of, keep_values, step_id)
                 else:
                     for expect, tensor in zip(expected, result):
+                        view_of = owner(tensor, expect.id)
+                        if on_meta:
+                            tensor = self._as_on_cpu(tensor, expect, view_of, roots)
                         env[expect.id] = tensor
                         if observe is not None:
                             observe(expect.id, tensor)
-                        diverged |= self._append(append, expect, tensor, owner(tensor, expect.id), keep_values, step_id)
+                        diverged |= self._append(append, expect, tensor, view_of, keep_values, step_id)
                 if free and not keep_values:
                     for name in free:
                         del env[name]
@@ -289,28 +270,17 @@ class Plan:
             tensor if keep_values else None,
         )
 
-    def _record(self, rid, op, inputs, tensor, storages, keep_values, symbolic=None) -> TensorRecord:
-        if symbolic is None:
-            symbolic = tuple(str(d) for d in self.analysis.metas[rid].shape)
-        return TensorRecord(
-            rid,
-            op,
-            tuple(inputs),
-            tuple(tensor.shape),
-            symbolic,
-            self.dtypes.get(tensor.dtype, str(tensor.dtype)),
-            self.device_name,
-            tuple(tensor.stride()),
-            tensor.storage_offset(),
-            tensor.is_contiguous(),
-            storages.owner(tensor, rid),
-            tensor.numel() * tensor.element_size(),
-            tensor=tensor if keep_values else None,
-        )
-
-
-def _static_view_of(meta: Meta, record_id: str) -> str | None:
-    return None if meta.root == record_id else meta.root
+    @staticmethod
+    def _as_on_cpu(tensor, expect: Expected, view_of, roots: dict):
+        """On the meta device, a fresh tensor laid out as the static analysis predicts for a real
+        run. torch's meta kernels do not model every device-specific layout (scaled_dot_product_
+        attention's CPU flash kernel lays its output out like q; its meta kernel row-major), and a
+        meta trace is meant to show what a real run does: later views then see those strides too."""
+        if view_of is not None or expect.view_of is not None or tensor.shape != expect.sizes or tensor.stride() == expect.stride:
+            return tensor
+        restrided = tensor.new_empty_strided(expect.sizes, expect.stride)
+        roots[id(restrided)] = (weakref.ref(restrided), expect.id)
+        return restrided
 
 
 class _StorageIndex:
@@ -333,89 +303,3 @@ class _StorageIndex:
             return entry[1]
         self.roots[key] = (weakref.ref(root), record_id)
         return None
-
-
-def create_tensors(analysis: Analysis, device: str, seed: int | None, given: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Inputs and params in declaration order, seeded exactly as the tutorials seed them; ``given``
-    tensors (checked by ``tracer.runtime.weights.match``) take their places, moved to ``device``."""
-    torch = torch_module()
-    given = given or {}
-    if seed is not None:
-        torch.manual_seed(seed)
-    created = {}
-    for _, name, decl in _declaration_order(analysis):
-        if name in given:
-            created[name] = given[name].to(device)
-            continue
-        if decl.seed is not None:
-            torch.manual_seed(decl.seed)
-        created[name] = _create(decl, analysis.metas[name], torch, torch.device(device), analysis.alg_of(name))
-    return created
-
-
-def _declaration_order(analysis: Analysis):
-    source, spec = analysis.source, analysis.pipeline
-    # the section written first in the file is created first; a section the file lacks (blocks add
-    # params to a file without any) comes last, inputs before params
-    sections = sorted(("inputs", "params"), key=lambda s: source.keys[(s,)].line if (s,) in source.keys else math.inf)
-    for section in sections:
-        for name, decl in getattr(spec, section).items():
-            yield section, name, decl
-
-
-def _create(decl: TensorDecl, meta: Meta, torch, device, alg):
-    dtype = getattr(torch, meta.dtype)
-    if decl.values is not None:
-        return torch.tensor(decl.values, dtype=dtype, device=device)
-    if decl.tokens is not None:
-        return torch.tensor(decl.tokens.ids(), dtype=dtype, device=device)
-    return INITS[decl.init](decl, meta, torch, device, dtype, alg)
-
-
-def _normal(decl, meta, torch, device, dtype, alg):
-    return torch.empty(meta.sizes, dtype=dtype, device=device).normal_()  # torch.randn's numbers; nn.Embedding: normal_(0, 1)
-
-
-def _triangle(upper: bool):
-    def ones_above_or_below(decl, meta, torch, device, dtype, alg):
-        ones = torch.ones(meta.sizes, dtype=dtype, device=device)
-        return ones.triu(1) if upper else ones.tril()
-
-    return ones_above_or_below
-
-
-def _linear_init(decl: TensorDecl, meta: Meta, torch, device, dtype, alg):
-    sizes = meta.sizes
-    fan_in = alg.dim(decl.fan_in).value if decl.fan_in is not None else sizes[-1]
-    bound = linear_bound(fan_in, len(sizes))
-    return torch.empty(sizes, dtype=dtype, device=device).uniform_(-bound, bound)
-
-
-def linear_bound(fan_in: int, ndim: int) -> float:
-    """nn.Linear's reset_parameters, bit for bit: kaiming_uniform_(a=√5) for a weight, U(±1/√fan_in) for a bias."""
-    if ndim >= 2:
-        gain = math.sqrt(2.0 / (1 + 5))
-        return math.sqrt(3.0) * gain / math.sqrt(fan_in) if fan_in else 0.0
-    return 1 / math.sqrt(fan_in) if fan_in > 0 else 0.0
-
-
-#: init name -> how it creates a tensor, as the tutorials do; exactly the inits the format accepts
-INITS: dict[str, Callable] = {
-    "randn": _normal,
-    "embedding": _normal,
-    "rand": lambda decl, meta, torch, device, dtype, alg: torch.rand(meta.sizes, dtype=dtype, device=device),
-    "zeros": lambda decl, meta, torch, device, dtype, alg: torch.zeros(meta.sizes, dtype=dtype, device=device),
-    "ones": lambda decl, meta, torch, device, dtype, alg: torch.ones(meta.sizes, dtype=dtype, device=device),
-    "full": lambda decl, meta, torch, device, dtype, alg: torch.full(meta.sizes, decl.value, dtype=dtype, device=device),
-    "arange": lambda decl, meta, torch, device, dtype, alg: torch.arange(meta.numel, device=device).to(dtype).reshape(meta.sizes),
-    "triu": _triangle(upper=True),
-    "tril": _triangle(upper=False),
-    "linear": _linear_init,
-}
-
-
-def run_plan(
-    plan: Plan, tensors: dict[str, Any], pipeline: Any, seed: int | None, keep_values: bool, observe: Callable | None = None
-) -> Trace:
-    records, outputs, as_predicted = plan.run(tensors, keep_values, observe)
-    return Trace(pipeline, plan.analysis, records, outputs, seed, keep_values, as_predicted=as_predicted)

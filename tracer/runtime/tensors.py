@@ -1,8 +1,10 @@
-"""Real tensors in: tensors given by name checked against the pipeline's declarations.
+"""The tensors a run starts from: the declared inputs and params, created as their ``init:``
+says, or given by name and checked against their declarations.
 
-``match`` checks tensors given by name (``Pipeline.run(params=..., inputs=..., tensors=...)``)
-and reports every problem at once: unknown names, missing params (for a whole checkpoint), shapes
-and dtypes that differ from the declaration, each located at the declaration.
+``create_tensors`` draws them in declaration order, seeded as the tutorials seed them. ``match``
+checks tensors given by name (``Pipeline.run(params=..., inputs=..., tensors=...)``) and reports
+every problem at once: unknown names, missing params (for a whole checkpoint), shapes and dtypes
+that differ from the declaration, each located at the declaration.
 
 A param's key is its id, with ``/`` or ``.`` between a block's parts: ``layers/3/W_q`` and
 ``layers.3.W_q`` (what an exported module's ``state_dict()`` says) name the same tensor.
@@ -11,13 +13,54 @@ A param's key is its id, with ``/`` or ``.`` between a block's parts: ``layers/3
 from __future__ import annotations
 
 import difflib
+import math
 from collections.abc import Mapping
 from typing import Any
 
-from ..analysis.shapes import Analysis
+from ..analysis.shapes import Analysis, Declared
 from ..core.errors import Diagnostic, TracerError
+from ..spec.inits import INITS, Made
 
 SECTIONS = ("inputs", "params")
+
+
+def create_tensors(analysis: Analysis, device: str, seed: int | None, given: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Inputs and params in declaration order, seeded exactly as the tutorials seed them; ``given``
+    tensors (checked by :func:`match`) take their places, moved to ``device``."""
+    import torch
+
+    given = given or {}
+    if seed is not None:
+        torch.manual_seed(seed)
+    created = {}
+    for declared in _declaration_order(analysis):
+        name, decl = declared.name, declared.decl
+        if name in given:
+            created[name] = given[name].to(device)
+            continue
+        if decl.seed is not None:
+            torch.manual_seed(decl.seed)
+        created[name] = _create(declared, torch, torch.device(device))
+    return created
+
+
+def _declaration_order(analysis: Analysis) -> list[Declared]:
+    """The section written first in the file is created first; a section the file lacks (blocks add
+    params to a file without any) comes last, inputs before params."""
+    keys = analysis.source.keys
+    first = sorted(SECTIONS, key=lambda s: keys[(s,)].line if (s,) in keys else math.inf)
+    return sorted(analysis.declared.values(), key=lambda d: first.index(d.section))
+
+
+def _create(declared: Declared, torch, device):
+    decl, meta = declared.decl, declared.meta
+    dtype = getattr(torch, meta.dtype)
+    if decl.values is not None:
+        return torch.tensor(decl.values, dtype=dtype, device=device)
+    if decl.tokens is not None:
+        return torch.tensor(decl.tokens.ids(), dtype=dtype, device=device)
+    fan_in = declared.dims.dim(decl.fan_in).value if decl.fan_in is not None else None
+    return INITS[decl.init].create(torch, Made(meta.sizes, meta.dtype, fan_in), device, decl)
 
 
 def match(analysis: Analysis, given: Mapping[str, Any], section: str | None, what: str, complete: bool = False) -> dict[str, Any]:

@@ -58,6 +58,7 @@ class Expanded:
     aliases: dict = field(default_factory=dict)
     blocks: dict = field(default_factory=dict)
     expect_algs: dict = field(default_factory=dict)  # a block file's expectations read its own dims
+    copies: dict = field(default_factory=dict)  # step id -> the block copy it belongs to ('layers/3')
 
 
 class ExpandedSource(SourceMap):
@@ -94,7 +95,7 @@ class _Item:
     path: tuple  # its path in that source
     where: str | None  # "in block 'layers' copy 3 (file:line)", nested with ', '
     alg: Any  # the DimAlgebra its dims belong to
-    nested: bool = False  # produced by expanding a block (its group is that block copy's id)
+    copy: str | None = None  # the block copy it belongs to ('layers/3', local to the file being flattened)
 
 
 @dataclass
@@ -112,9 +113,11 @@ def expand_blocks(pipeline, source: SourceMap, alg) -> Expanded:
     """The pipeline with every ``op: block`` replaced by its namespaced steps and params."""
     root = _folder_of(source.file)
     flat = _flatten(pipeline, source, alg, (_key(source.file),), root, {}, top=True)
-    routes, algs, steps, params = {}, {}, [], {}
+    routes, algs, steps, params, copies = {}, {}, [], {}, {}
     for j, item in enumerate(flat.steps):
         steps.append(item.value)
+        if item.copy is not None:
+            copies[item.value.id] = item.copy
         routes[("steps", j)] = (item.source, item.path, item.where)
         if item.alg is not alg:
             algs[item.value.id] = item.alg
@@ -142,7 +145,8 @@ def expand_blocks(pipeline, source: SourceMap, alg) -> Expanded:
         if written != name:  # 'layers' stands for 'layers/47/out': errors point at the key as written
             routes[("expect", name)] = (source, ("expect", written), None)
     expanded = pipeline.model_copy(update={"steps": steps, "params": params, "outputs": outputs, "expect": expect})
-    return Expanded(expanded, ExpandedSource(source, routes), _shared_algebra(pipeline, alg, algs), algs, aliases, flat.blocks, expect_algs)
+    shared = _shared_algebra(pipeline, alg, algs)
+    return Expanded(expanded, ExpandedSource(source, routes), shared, algs, aliases, flat.blocks, expect_algs, copies)
 
 
 def _shared_algebra(pipeline, alg, algs: dict):
@@ -190,17 +194,15 @@ def _flatten(spec, source: SourceMap, alg, stack: tuple, folder: Path, cache: di
     params = {name: _Item(decl, source, ("params", name), None, alg) for name, decl in spec.params.items()}
     out = _Flat([], params, {}, {}, {}, list(spec.inputs), "")
     steps, expect, aliases, blocks = out.steps, out.expect, out.aliases, out.blocks
-    previous = None
     for i, step in enumerate(spec.steps):
-        data = [_resolve(r, aliases) for r in step.data_inputs(previous)]
-        if not isinstance(step, Block):
+        data = [_resolve(r, aliases) for r in step.data_inputs()]
+        if not step.includes_file:
             update = _explicit_inputs(step, data)
             for f in step.param_fields:
                 ref = getattr(step, f)
                 if ref is not None and ref in aliases:
                     update[f] = aliases[ref]
             steps.append(_Item(step.model_copy(update=update) if update else step, source, ("steps", i), None, alg))
-            previous = step.id
             continue
         block_spec, block_source, block_path = _load_block(step, i, source, folder, stack)
         block_alg, bound = _block_algebra(step, i, block_spec, block_source, source, alg)
@@ -247,7 +249,6 @@ def _flatten(spec, source: SourceMap, alg, stack: tuple, folder: Path, cache: di
             first = [made] + data[1:]
         aliases[step.id] = first[0]
         blocks[step.id] = BlockInfo(step.id, step.use, block_path, step.repeat, copies, first[0], dict(block_alg.values))
-        previous = step.id
     last = spec.outputs[0] if spec.outputs else spec.steps[-1].id
     if not top:  # the top file's expectations stay where they are
         for name, (written, value) in _own_expect(spec, source, aliases).items():
@@ -295,7 +296,7 @@ def _refuse_block_id_clashes(spec, source: SourceMap) -> None:
     first: dict[str, tuple] = {name: (section, name) for section in ("inputs", "params") for name in getattr(spec, section)}
     for i, step in enumerate(spec.steps):
         earlier = first.get(step.id)
-        if earlier is not None and (isinstance(step, Block) or (earlier[0] == "steps" and isinstance(spec.steps[earlier[1]], Block))):
+        if earlier is not None and (step.includes_file or (earlier[0] == "steps" and spec.steps[earlier[1]].includes_file)):
             pos = source.locate(earlier, prefer_key=True)
             raise TracerError(
                 source.error(
@@ -353,11 +354,11 @@ def _inline(out: _Flat, inner: _Flat, copy: _Copy) -> None:
             dtype=tensor_dtype(decl, None),
             group=cluster,
         )
-        out.steps.append(_Item(step, copy.source, ("inputs", name), where, copy.alg, True))
+        out.steps.append(_Item(step, copy.source, ("inputs", name), where, copy.alg, prefix[:-1]))
     for item in inner.steps:
         step = item.value
         # one cluster per block copy ('layers/3'); a nested block's copy nests under it ('layers/3/attn')
-        update: dict[str, Any] = {"id": prefix + step.id, "group": f"{cluster}/{step.group}" if item.nested and step.group else cluster}
+        update: dict[str, Any] = {"id": prefix + step.id, "group": f"{cluster}/{step.group}" if item.copy and step.group else cluster}
         if step.input is not None:
             update["input"] = ref(step.input)
         if step.inputs is not None:
@@ -370,11 +371,14 @@ def _inline(out: _Flat, inner: _Flat, copy: _Copy) -> None:
         if isinstance(step, BlockInput):
             update["block"] = prefix + step.block
         nested = _join(item.where, where)
-        out.steps.append(_Item(step.model_copy(update=update), item.source, item.path, nested, item.alg, True))
+        inside = prefix + item.copy if item.copy else prefix[:-1]
+        out.steps.append(_Item(step.model_copy(update=update), item.source, item.path, nested, item.alg, inside))
     for name, item in inner.params.items():
-        out.params.setdefault(copy.param_prefix + name, _Item(item.value, item.source, item.path, _join(item.where, where), item.alg, True))
+        out.params.setdefault(
+            copy.param_prefix + name, _Item(item.value, item.source, item.path, _join(item.where, where), item.alg, prefix[:-1])
+        )
     for name, item in inner.expect.items():
-        out.expect.setdefault(ref(name), _Item(item.value, item.source, item.path, _join(item.where, where), item.alg, True))
+        out.expect.setdefault(ref(name), _Item(item.value, item.source, item.path, _join(item.where, where), item.alg, prefix[:-1]))
     for block_id, info in inner.blocks.items():
         out.blocks[prefix + block_id] = BlockInfo(
             prefix + block_id, info.use, info.path, info.repeat, [prefix + c for c in info.copies], prefix + info.output, info.dims

@@ -12,7 +12,7 @@ from pydantic import ValidationError
 from ..core import dimexpr
 from ..core.errors import Diagnostic, TracerError
 from ..core.fields import ID_PATTERN, RECORD_PATTERN
-from ..steps.block import Block
+from ..core.symbolic import resolve
 from ..steps.contract import STEP_KINDS
 from .pipeline import DIM_PATTERN, Expect, PipelineSpec, TensorDecl
 from .source import SourceMap, parse_document, read_document
@@ -32,11 +32,26 @@ def validate(data: Any, source: SourceMap) -> PipelineSpec:
     if not isinstance(data, dict):
         raise TracerError(source.error((), "not-a-pipeline", f"a pipeline file is a mapping with 'name' and 'steps', found {_kind(data)}"))
     try:
-        return PipelineSpec.model_validate(data)
+        spec = PipelineSpec.model_validate(data)
     except ValidationError as exc:
         errors = exc.errors(include_url=False)
         diagnostics = [_diagnostic(err, data, source) for err in errors] + _dim_problems(data, source, errors)
         raise TracerError(_dedupe(diagnostics)) from None
+    return with_implicit_inputs(spec)
+
+
+def with_implicit_inputs(spec: PipelineSpec) -> PipelineSpec:
+    """The one rule for a step that names no input, for every kind: it reads the previous step, and
+    the first step reads the pipeline's only input. Written into the step here, at load, so no
+    later layer has a default to decide (a first step with several inputs to choose from keeps
+    none, and the graph says so)."""
+    steps, previous = [], next(iter(spec.inputs)) if len(spec.inputs) == 1 else None
+    for step in spec.steps:
+        if step.input is None and step.inputs is None and previous is not None:
+            step = step.model_copy(update={"input": previous})
+        steps.append(step)
+        previous = step.id
+    return spec.model_copy(update={"steps": steps})
 
 
 def _dim_problems(data: dict, source: SourceMap, errors: list[dict]) -> list[Diagnostic]:
@@ -45,19 +60,21 @@ def _dim_problems(data: dict, source: SourceMap, errors: list[dict]) -> list[Dia
     dims = data.get("dims")
     if not isinstance(dims, dict) or any(err["loc"][:1] == ("dims",) for err in errors):
         return []
-    from ..core.symbolic import resolve
-
-    exprs: dict = {}
     try:
-        for name, text in dims.items():
-            exprs[name] = dimexpr.parse(text)
+        exprs = {name: dimexpr.parse(text) for name, text in dims.items()}
         resolve(exprs)
     except dimexpr.DimError as exc:
-        name = getattr(exc, "dim", None)
-        if name in exprs:
-            return [source.error(("dims", name), exc.code, f"dim {name} = {exprs[name]}: {exc}")]
-        return [source.error(("dims",), exc.code, str(exc), prefer_key=True)]
+        return [dim_error(exc, dims, source)]
     return []
+
+
+def dim_error(exc: dimexpr.DimError, dims: dict, source: SourceMap) -> Diagnostic:
+    """A dim expression's error at the dim it belongs to (``dim Dh = d_model // H: 10 is not
+    divisible by 3``), or at ``dims:`` when it belongs to none."""
+    name = getattr(exc, "dim", None)
+    if name in dims:
+        return source.error(("dims", name), exc.code, f"dim {name} = {dimexpr.parse(dims[name])}: {exc}")
+    return source.error(("dims",), exc.code, str(exc), prefer_key=True)
 
 
 def _diagnostic(err: dict, data: Any, source: SourceMap) -> Diagnostic:
@@ -115,7 +132,9 @@ def _block_hint(text: str, data: Any) -> str:
     if (
         "/" in text
         and isinstance(steps, list)
-        and any(isinstance(s, dict) and STEP_KINDS.get(s.get("op")) is Block and s.get("id") == block for s in steps)
+        and any(
+            isinstance(s, dict) and getattr(STEP_KINDS.get(s.get("op")), "includes_file", False) and s.get("id") == block for s in steps
+        )
     ):
         return f" — only expect: and outputs: can name a block's inner tensors; the block's own id ('{block}') names its output"
     return ""

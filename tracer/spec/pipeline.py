@@ -9,7 +9,8 @@ from pydantic import Field, StrictBool, StrictFloat, StrictInt, field_validator,
 from pydantic.json_schema import GenerateJsonSchema
 
 from .. import steps  # noqa: F401  (registers every step kind)
-from ..core.fields import DTYPE_BYTES, FLOAT_DTYPES, DimText, RecordId, Strict, TensorId
+from ..core.dtypes import DTYPE_BYTES, FLOAT_DTYPES
+from ..core.fields import DimText, RecordId, Strict, TensorId
 from ..steps.contract import STEP_KINDS
 
 DType = Literal[tuple(DTYPE_BYTES)]  # type: ignore[valid-type]

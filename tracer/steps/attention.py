@@ -7,10 +7,12 @@ from typing import ClassVar, Literal
 
 from pydantic import Field, StrictBool, StrictFloat, StrictInt, field_validator, model_validator
 
-from ..core.fields import DTYPE_BYTES, DTYPE_MAX, DimText, Strict, TensorId, fits
+from ..core.dtypes import DTYPE_MAX, fits
+from ..core.fields import DimText, Strict, TensorId
 from ..core.layout import fresh, pointwise, preserve_format
-from .contract import StepBase, register
-from .rules import StepError, atom, broadcast, norm_dim, py_float, require_float, show
+from ..core.pysource import atom, py_float
+from .contract import Masking, StepBase, register
+from .rules import StepError, broadcast, norm_dim, require_float, show
 
 
 class Sqrt(Strict):
@@ -46,6 +48,9 @@ class Scale(StepBase):
         """The number written (``divide`` by it or ``multiply`` by it); ``value`` evaluates dim expressions."""
         by = self.divide if self.divide is not None else self.multiply
         return math.sqrt(value(by.sqrt)) if isinstance(by, Sqrt) else float(by)
+
+    def scaling(self, value):
+        return self.multiplier(value)
 
     def multiplier(self, value) -> tuple[float, str]:
         """What the scores are multiplied by, and how the file wrote it: ``(0.577, '1/√d_k (d_k=3)')``."""
@@ -158,6 +163,9 @@ class Mask(StepBase):
         pattern += ["top-left"] if self.align == "top-left" else []
         return pattern + ([f"{self.polarity}"] if self.mask is not None else []) + [f"fill={fill}"]
 
+    def masking(self):
+        return Masking(self.causal, self.window, self.align, self.mask, self.polarity, self.fill)
+
     def hidden(self, torch, t_q: int, t_k: int, window: int | None, device=None):
         """The (T_q, T_k) bool pattern that ``causal``/``window``/``align`` hide (True = filled)."""
         return causal_hidden(torch, t_q, t_k, window, self.align == "top-left", device)
@@ -181,20 +189,6 @@ class Mask(StepBase):
             if tuple(d.value for d in out) != scores.sizes:
                 raise StepError("broadcast", f"mask '{self.mask}' {show(ins[1])} would enlarge the scores {show(scores)}", "mask")
         return fresh(scores.shape, scores.dtype)
-
-    def workspace_bytes(self, ins, out) -> int:
-        """The bool masks the kernel builds and drops within the step: the causal pattern (from two
-        int64 ranges), the mask tensor as bool, inverted, and combined with the pattern."""
-        total = 0
-        if self.causal:
-            t_q, t_k = ins[0].sizes[-2:]
-            # the query range and its shifted copy, then the shifted one, the key range and the pattern
-            total += max(16 * t_q, 8 * (t_q + t_k) + t_q * t_k) + (8 * t_q + 2 * t_q * t_k if self.window is not None else 0)
-        if self.mask is not None:
-            mask = ins[1] if len(ins) > 1 else None
-            total += mask.numel * ((mask.dtype != "bool") + (self.polarity == "keep")) if mask is not None else 0
-            total += out.numel if self.causal else 0
-        return total
 
     def kernel(self, k):
         fill = self.fill
@@ -267,6 +261,9 @@ class Softmax(StepBase):
     def args(self):
         return [f"dim={self.dim}"]
 
+    def normalises(self):
+        return self.dim
+
     def infer(self, ins, ctx):
         x = ins[0]
         require_float(x, ctx.input_ids[0], "softmax")
@@ -302,6 +299,9 @@ class Dropout(StepBase):
     def is_random(self):
         return self.training and self.p > 0
 
+    def is_identity(self):
+        return not self.is_random()
+
     def infer(self, ins, ctx):
         x = ins[0]
         require_float(x, ctx.input_ids[0], "dropout")
@@ -310,13 +310,6 @@ class Dropout(StepBase):
         # p = 1: x * zeros({}); otherwise x * noise, noise = empty_like(x).bernoulli_(1 - p)
         other = fresh((), x.dtype) if self.p == 1 else preserve_format(x)
         return pointwise([x, other], x.shape, x.dtype)
-
-    def workspace_bytes(self, ins, out) -> int:
-        """The noise tensor (or the 0-d zero for p = 1) that training dropout multiplies by."""
-        x = ins[0]
-        if not self.training or self.p == 0 or x.numel == 0:
-            return 0
-        return DTYPE_BYTES[x.dtype] * (1 if self.p == 1 else x.numel)
 
     def kernel(self, k):
         dropout, p = k.F.dropout, self.p

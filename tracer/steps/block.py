@@ -46,6 +46,7 @@ class Block(StepBase):
         "ALBERT), created once as BLOCK/NAME instead of BLOCK/COPY/NAME",
     )
     arity = None
+    includes_file = True
     example = """\
 - id: layers
   op: block

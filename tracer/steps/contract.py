@@ -11,8 +11,6 @@ A step kind is one pydantic class, registered with ``@register``:
   the input tensors and returns one tensor, or a tuple in the order of the ``Composite``/``Outputs``;
 - ``emit(ctx: EmitContext)`` writes the same computation as **PyTorch source** for ``tracer export``:
   one Python expression, or statements assigning the step's variables;
-- ``flops(ins, out)`` is its **FLOP count**, static as the shape rule (what FlopCounterMode
-  counts when the kernel runs);
 - **traits** (class attributes) tell every other layer what it needs to know about the kind, so
   diagrams, lints, memory estimates, the interpreter and ``tracer.verify`` never list op names.
 
@@ -133,6 +131,49 @@ class Outputs:
 Shape = Meta | Composite | Outputs
 
 
+# ---------------------------------------------------------------- what a kind means, for the attention core and lints
+
+
+@dataclass(frozen=True)
+class Masking:
+    """What a masking kind hides from attention: a causal pattern and/or a mask tensor."""
+
+    causal: bool
+    window: int | str | None  # a dim expression: each query sees only its last W keys
+    align: str  # "bottom-right" (the last query is the last key) or "top-left"
+    tensor: str | None  # the mask tensor's id
+    polarity: str | None  # "keep" (True attends), "block" (True is hidden), None: added to the scores
+    fill: float  # what a hidden score becomes
+
+
+@dataclass(frozen=True)
+class Slicing:
+    """A slice along one dim (``x[..., start:stop:step]``), each bound a dim expression or None."""
+
+    dim: int
+    start: int | str | None
+    stop: int | str | None
+    step: int | str | None
+
+
+@dataclass(frozen=True)
+class Projection:
+    """A learned projection ``x @ W^T + b`` (``transposed``: ``x @ W``, the weight stored (in, out))."""
+
+    weight: str
+    bias: str | None
+    transposed: bool
+
+
+@dataclass(frozen=True)
+class FusedAttention:
+    """An attention kernel that takes q, k, v (its first three inputs) and never stores scores."""
+
+    scale: float | None  # None: 1/sqrt(head dim), the kernel's default
+    masking: Masking | None
+    grouped: bool  # fewer kv heads than query heads, shared in groups
+
+
 class StepBase(Strict):
     """Fields every step has, and the contract every kind fulfils."""
 
@@ -140,7 +181,9 @@ class StepBase(Strict):
     model_config = ConfigDict(defer_build=True)
 
     id: TensorId = Field(description="unique name of the step's output tensor")
-    input: TensorId | None = Field(None, description="the one input tensor (default: the previous step)")
+    input: TensorId | None = Field(
+        None, description="the one input tensor (default: the previous step; for the first step, the pipeline's only input)"
+    )
     inputs: list[TensorId] | None = Field(None, description="several input tensors, in order")
     group: str | None = Field(None, max_length=80, description="label; diagrams draw a group as a cluster")
     note: str | None = Field(None, max_length=500, description="free text shown under the node in diagrams")
@@ -156,6 +199,8 @@ class StepBase(Strict):
     makes_scores: ClassVar[bool] = False  # may compute attention scores (a product of queries and keys)
     elementwise: ClassVar[bool] = False  # output element i reads input element i only (after broadcasting)
     attention_weights: ClassVar[bool] = False  # output over its last dim is (…, T_q, T_kv) weights: reports draw heatmaps
+    includes_file: ClassVar[bool] = False  # another pipeline file, expanded into its steps before analysis (op: block)
+    regroups: ClassVar[bool] = False  # splits or merges neighbouring dims in memory order (view, reshape)
 
     @model_validator(mode="after")
     def _one_input_form(self) -> StepBase:
@@ -163,12 +208,11 @@ class StepBase(Strict):
             raise ValueError("give either 'input' or 'inputs', not both")
         return self
 
-    def data_inputs(self, previous: str | None) -> list[str]:
+    def data_inputs(self) -> list[str]:
+        """The tensors it reads as data, in order (the loader wrote the implicit input in)."""
         if self.inputs is not None:
             return list(self.inputs)
-        if self.input is not None:
-            return [self.input]
-        return [previous] if previous is not None else []
+        return [] if self.input is None else [self.input]
 
     def param_refs(self) -> list[str]:
         return [getattr(self, f) for f in self.param_fields if getattr(self, f) is not None]
@@ -177,11 +221,40 @@ class StepBase(Strict):
         """The tensor ids this step defines: its own id, or the names of its several outputs."""
         return [self.id] if self.output_field is None else list(getattr(self, self.output_field))
 
-    def workspace_bytes(self, ins: list[Meta], out: Meta, inner: tuple[Meta, ...] = ()) -> int:
-        """Bytes the kernel allocates besides its output and frees before it returns (torch.matmul
-        copies operands it broadcasts); the memory estimate counts them while the step runs.
-        A composite step also gets its inner records' metas, in order, as ``inner``."""
-        return 0
+    # descriptions of meaning, read by the attention core and the lints (None: not this kind of step)
+
+    def scaling(self, value: Callable[[int | str], int]) -> tuple[float, str] | None:
+        """The number it multiplies by and how the file wrote it (``(0.577, '1/√d_k (d_k=3)')``);
+        ``value`` evaluates a dim expression."""
+        return None
+
+    def masking(self) -> Masking | None:
+        return None
+
+    def normalises(self) -> int | None:
+        """The dim a normalisation into weights (softmax) runs over."""
+        return None
+
+    def slicing(self) -> Slicing | None:
+        return None
+
+    def tiling(self) -> list[int | str] | None:
+        """``repeat``'s repeats: the input tiled whole along each dim."""
+        return None
+
+    def projection(self) -> Projection | None:
+        return None
+
+    def fused_attention(self) -> FusedAttention | None:
+        return None
+
+    def score_axes(self, ndim: int) -> tuple[int | None, int | None]:
+        """For a product of queries and keys (``makes_scores``): (query axis, key axis) of its result."""
+        return ndim - 2, ndim - 1
+
+    def is_identity(self) -> bool:
+        """Whether it returns its input unchanged (dropout in eval mode)."""
+        return False
 
     def is_random(self) -> bool:
         """Whether a run of this step draws from torch's RNG (training dropout)."""
@@ -190,16 +263,6 @@ class StepBase(Strict):
     def args(self) -> list[str]:
         """Key arguments for diagrams and tables, e.g. ``['dim=-1']``."""
         return []
-
-    def flops(self, ins: list[Meta], out: Meta) -> int:
-        """Floating-point operations of the kernel, from the ``Meta``s of the inputs and of the
-        step's value (the last of several outputs) alone, so ``tracer check`` knows them too.
-
-        The count is ``torch.utils.flop_counter.FlopCounterMode``'s for the eager kernel: it counts
-        matrix products (mm, bmm, addmm, baddbmm, attention kernels), 2 per multiply-add, and nothing
-        else, so layout, elementwise, normalisation and softmax kinds keep this default of 0.
-        """
-        return 0
 
     def infer(self, ins: list[Meta], ctx: RuleContext) -> Shape:  # pragma: no cover - every kind overrides
         raise NotImplementedError

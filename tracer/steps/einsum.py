@@ -126,30 +126,6 @@ class Einsum(StepBase):
         second = [positions[c] for c in out if c != "." and c in terms[1] and c not in terms[0]]
         return (first[-1] if first else None), (second[-1] if second else None)
 
-    def workspace_bytes(self, ins, out) -> int:
-        """torch.einsum copies operands into the layout of its batched product; its raw result
-        lives on while the step copies it into the output."""
-        return max(sum(m.nbytes for m in ins), out.nbytes) + out.nbytes
-
-    def flops(self, ins, out):
-        """torch.einsum contracts left to right, one pair at a time: a letter no later term or the
-        output needs is summed away first (free), a pair with a shared letter to contract is one bmm
-        (2 × the product of its letters' sizes), one without is an elementwise product (0)."""
-        terms, output = parse_equation(self.equation, len(ins))
-        sizes = self._sizes(terms, ins)
-        later = [set(self.output_term(terms, output))]
-        for term in reversed(terms[1:]):
-            later.insert(0, later[0] | set(term))
-        total, left = 0, set(terms[0])
-        for term, needed in zip(terms[1:], later[1:]):
-            right = set(term)
-            left, right = {c for c in left if c in right or c in needed}, {c for c in right if c in left or c in needed}
-            contracted = (left & right) - needed
-            if contracted:
-                total += 2 * math.prod(sizes[c] for c in left | right)
-            left = (left | right) - contracted
-        return total
-
     def _sizes(self, terms: list[str], ins) -> dict[str, int]:
         """Each letter's size after broadcasting; ``.`` stands for all the ``...`` dims together."""
         sizes: dict[str, int] = {}

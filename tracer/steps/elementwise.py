@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-import math
 from typing import Literal
 
 from pydantic import Field
 
-from ..core.fields import DTYPE_BYTES, TensorId
+from ..core.fields import TensorId
 from ..core.layout import fresh, pointwise, same_layout
+from ..core.pysource import py_float
 from .contract import StepBase, register
-from .rules import StepError, broadcast, py_float, require_float, show
+from .rules import StepError, broadcast, require_float, show
 
 
 @register
@@ -64,10 +64,6 @@ class LayerNorm(StepBase):
             if p.dtype != x.dtype:
                 raise StepError("dtype", f"layernorm of {x.dtype} '{ctx.input_ids[0]}' with {p.dtype} '{name}'", "weight")
         return fresh(x.shape, x.dtype)
-
-    def workspace_bytes(self, ins, out) -> int:
-        """native_layer_norm also returns each row's mean and 1/std (in float32 at least)."""
-        return 2 * math.prod(ins[0].sizes[:-1]) * max(4, DTYPE_BYTES[ins[0].dtype])
 
     def kernel(self, k):
         layer_norm, eps = k.F.layer_norm, self.eps

@@ -8,11 +8,13 @@ from typing import Literal
 
 from pydantic import Field, StrictBool, StrictFloat, StrictInt, model_validator
 
-from ..core.fields import DTYPE_BYTES, DimText, TensorId
+from ..core.dtypes import DTYPE_BYTES
+from ..core.fields import DimText, TensorId
 from ..core.layout import fresh, preserve_format
+from ..core.pysource import py_float
 from .attention import causal_hidden, causal_source
-from .contract import StepBase, register
-from .rules import StepError, broadcast, py_float, require_float, show
+from .contract import FusedAttention, Masking, StepBase, register
+from .rules import StepError, broadcast, require_float, show
 
 
 @register
@@ -105,7 +107,7 @@ class Sdpa(StepBase):
                 )
         shape = q.shape[:-1] + v.shape[-1:]
         # the flash kernel lays its output out like q; the math path's is a fresh product (weights @ v)
-        return fresh(shape, q.dtype) if self._math_path(ins) else preserve_format(q, shape)
+        return fresh(shape, q.dtype) if self.takes_math_path(ins) else preserve_format(q, shape)
 
     def _check_heads(self, q, k, v, names):
         lead_q, lead_k, lead_v = q.sizes[:-2], k.sizes[:-2], v.sizes[:-2]
@@ -127,34 +129,30 @@ class Sdpa(StepBase):
             hint,
         )
 
-    def workspace_bytes(self, ins, out) -> int:
-        """With torch's CPU flash kernel, small next to the (T_q, T_kv) scores it never stores: the
-        float32 log-sum-exp per query, and an explicit mask (the causal pattern and its bool/float
-        conversions). Otherwise (:meth:`_math_path`) the scores and more."""
-        q, key = ins[0], ins[1]
-        if self._math_path(ins):
-            return self._math_workspace(ins, out)
-        t_q, t_k = q.sizes[-2], key.sizes[-2]
-        total = max(4, DTYPE_BYTES[q.dtype]) * q.numel // max(q.sizes[-1], 1)  # float64 q: a float64 log-sum-exp
-        mask = ins[3] if len(ins) > 3 else None
-        plain = self.causal and self.window is None and (t_q == t_k or self.align == "top-left") and mask is None
-        if self.causal and not plain:
-            total += 24 * t_q + 16 * t_k + 5 * t_q * t_k  # int64 positions, the shifted queries too
-        if mask is not None or (self.causal and not plain):
-            elements = max(mask.numel if mask is not None else 0, t_q * t_k)
-            total += 6 * elements  # bool conversions, and SDPA's additive float copy
-        return total
+    def masking(self):
+        if not self.causal and self.mask is None:
+            return None
+        fill = float("-inf") if self.polarity is not None or self.causal else 0.0
+        return Masking(self.causal, self.window, self.align, self.mask, self.polarity, fill)
 
-    def _math_path(self, ins) -> bool:
+    def fused_attention(self):
+        return FusedAttention(None if self.scale is None else float(self.scale), self.masking(), self.gqa)
+
+    def is_causal_flag(self, square: bool) -> bool:
+        """Whether the causal pattern is torch's own ``is_causal=True`` (top-left, no window, no
+        mask): for square scores (``square``: T_q and T_kv are the same) or with ``align: top-left``.
+        Any other pattern becomes an explicit mask."""
+        return self.causal and self.window is None and self.mask is None and (square or self.align == "top-left")
+
+    def takes_math_path(self, ins) -> bool:
         """Whether torch leaves its CPU flash kernel for the math path (sdp_utils_cpp's
         use_flash_attention_cpp): training dropout, not 4-d, head dims or batches that differ, no
         queries or keys, rows whose last stride is not 1 (gqa's fewer kv heads stay flash), or a
-        mask (after the causal pattern joins it) that is neither 2-d nor 4-d."""
+        mask (after the causal pattern joins it) that is neither 2-d nor 4-d. The output's layout
+        depends on it: the flash kernel lays it out like q, the math path row-major."""
         q, k, v = metas = ins[:3]
-        t_q, t_k = q.sizes[-2], k.sizes[-2]
-        plain = self.causal and self.window is None and (t_q == t_k or self.align == "top-left") and self.mask is None
         mask_rank = len(ins[3].sizes) if len(ins) > 3 else None
-        if self.causal and not plain:
+        if self.causal and not self.is_causal_flag(q.sizes[-2] == k.sizes[-2]):
             mask_rank = max(mask_rank or 2, 2)
         return (
             mask_rank not in (None, 2, 4)
@@ -166,32 +164,13 @@ class Sdpa(StepBase):
             or k.sizes[-2] == 0
         )
 
-    def _math_workspace(self, ins, out) -> int:
-        """The math path: q, k, v in float32 (k and v spread over the query heads with gqa),
-        scaled, the (…, T_q, T_kv) scores, the mask added, the weights, the causal pattern and the
-        mask as numbers (with no keys or queries: zeros and a few 0-d sums)."""
-        q, k, v = ins[:3]
-        acc = max(4, DTYPE_BYTES[q.dtype])
-        batch = out.numel // (out.sizes[-2] * out.sizes[-1]) if out.sizes[-2] * out.sizes[-1] else 0
-        t_q, t_k = q.sizes[-2], k.sizes[-2]
-        spread = batch * t_k * (k.sizes[-1] + v.sizes[-1])
-        scores = batch * t_q * t_k
-        operands = 2 * (q.numel + k.numel + v.numel + spread) + out.numel
-        return acc * (operands + 4 * scores) + 9 * scores + 16 * (t_q + t_k) + 64
-
-    def flops(self, ins, out):
-        """torch's count for its attention kernels: q @ k^T and weights @ v (GQA shares kv heads, not work)."""
-        q, key, v = ins[:3]
-        pairs = math.prod(q.sizes[:-1]) * key.sizes[-2]  # (query, key) pairs over every batch and head
-        return 2 * pairs * (q.sizes[-1] + v.sizes[-1])
-
     def kernel(self, k):
         torch, F = k.torch, k.F
         q, key = k.ins[0], k.ins[1]
         t_q, t_k = q.sizes[-2], key.sizes[-2]
         window = k.value(self.window) if self.window is not None else None
         top_left = self.align == "top-left"
-        plain = self.causal and window is None and (t_q == t_k or top_left) and self.mask is None
+        plain = self.is_causal_flag(t_q == t_k)
         pattern = self.causal and not plain
         as_bool = self.mask is not None and k.ins[3].dtype in ("bool", "int32", "int64")
         keep = self.polarity == "keep"
@@ -212,22 +191,13 @@ class Sdpa(StepBase):
                     mask = torch.where(hidden, -math.inf, mask)  # broadcasts, as masked_fill would not
             return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, is_causal=plain, scale=scale, enable_gqa=gqa)
 
-        if k.device.type == "meta" and not self._math_path(k.ins):
-            sizes, strides = k.out.sizes, k.out.stride
-
-            def like_cpu(q, key, v, mask=None):
-                # torch's meta sdpa is its math path (a row-major result); a real run takes the flash
-                # kernel, which lays its output out like q: a meta trace shows the real run's layout
-                return sdpa(q, key, v, mask).new_empty_strided(sizes, strides)
-
-            return like_cpu
         return sdpa
 
     def emit(self, e):
         q, k = e.ins[0], e.ins[1]
         t_q, t_k = q.shape[-2], k.shape[-2]
         top_left = self.align == "top-left"
-        plain = self.causal and self.window is None and (t_q.same_symbol(t_k) or top_left) and self.mask is None
+        plain = self.is_causal_flag(t_q.same_symbol(t_k))
         lines, mask = [], None
         if self.mask is not None:
             mask = e.args[3]

@@ -9,8 +9,9 @@ from pydantic import Field, StrictInt, model_validator
 
 from ..core.fields import DimText, TensorId
 from ..core.layout import fresh, view, view_strides, with_root
-from .contract import Composite, Inner, Outputs, StepBase, register
-from .rules import StepError, norm_dim, py_shape, py_tuple, show
+from ..core.pysource import py_tuple
+from .contract import Composite, Inner, Outputs, Slicing, StepBase, register
+from .rules import StepError, norm_dim, py_shape, show
 
 
 def _target_shape(step, x, ctx):
@@ -45,6 +46,7 @@ class View(StepBase):
     """``x.view(*shape)``: same storage, new shape; fails on layouts a view cannot express."""
 
     op: Literal["view"] = "view"
+    regroups = True
     shape: list[DimText] = Field(max_length=16, description="target shape; one entry may be -1")
     example = """\
 - id: q_heads
@@ -83,6 +85,7 @@ class Reshape(StepBase):
 
     op: Literal["reshape"] = "reshape"
     copies_data = True  # when the layout forces it; a view otherwise (the record says which)
+    regroups = True
     shape: list[DimText] = Field(max_length=16, description="target shape; one entry may be -1")
     example = """\
 - id: attention_heads
@@ -238,6 +241,9 @@ class Repeat(StepBase):
     def args(self):
         return [", ".join(map(str, self.repeats))]
 
+    def tiling(self):
+        return list(self.repeats)
+
     def infer(self, ins, ctx):
         x = ins[0]
         reps = [ctx.dim(r, "repeats") for r in self.repeats]
@@ -280,6 +286,9 @@ class Index(StepBase):
         if self.index is not None and any(v is not None for v in (self.start, self.stop, self.step)):
             raise ValueError("give 'index' (select) or 'start'/'stop'/'step' (slice), not both")
         return self
+
+    def slicing(self):
+        return None if self.index is not None else Slicing(self.dim, self.start, self.stop, self.step)
 
     def args(self):
         if self.index is not None:

@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-import math
 from typing import Literal
 
 from pydantic import Field, StrictBool
 
+from ..core.dtypes import promote
 from ..core.fields import TensorId
 from ..core.layout import fresh, pointwise, preserve_format
+from ..core.pysource import py_float
 from .contract import StepBase, register
-from .rules import StepError, promote, py_float, require_float, show
+from .rules import StepError, require_float, show
 
 
 @register
@@ -61,15 +62,6 @@ class RMSNorm(StepBase):
             return scaled if x.dtype == "float32" else preserve_format(scaled, dtype=x.dtype)
         back = normed if x.dtype == "float32" else preserve_format(normed, dtype=x.dtype)
         return pointwise([w, back], x.shape, promote([w, back]))
-
-    def workspace_bytes(self, ins, out) -> int:
-        """The float32 normalised copy (and the float32 copy of a narrower input, and its cast
-        back), plus the (…, 1) mean-square column."""
-        x = ins[0]
-        n, rows = x.numel, math.prod(x.sizes[:-1])  # rows: the (…, 1) columns exist for an empty last dim too
-        narrow = x.dtype != "float32"
-        # h, its normalised copy and (1 + w) * h or h's cast back, in float32; the (…, 1) mean, + eps, rsqrt
-        return 4 * n * 3 + (x.nbytes if narrow else 0) + 12 * rows
 
     def kernel(self, k):
         torch, eps, has_weight, unit_offset = k.torch, self.eps, self.weight is not None, self.unit_offset

@@ -8,9 +8,10 @@ from typing import ClassVar, Literal
 
 from pydantic import Field
 
+from ..core.dtypes import promote
 from ..core.layout import pointwise, preserve_format
 from .contract import StepBase, register
-from .rules import StepError, broadcast, promote, require_float
+from .rules import StepError, broadcast, require_float
 
 DType = Literal["float32", "float64", "float16", "bfloat16", "int64", "int32", "bool"]
 

@@ -14,8 +14,9 @@ from pydantic import Field, StrictBool, StrictInt
 
 from ..core.fields import DimText
 from ..core.layout import Meta, fresh, pointwise, view
+from ..core.pysource import atom, py_float
 from .contract import Composite, Inner, StepBase, register
-from .rules import StepError, atom, norm_dim, py_float, require_float, show
+from .rules import StepError, norm_dim, require_float, show
 
 
 @register
@@ -81,15 +82,6 @@ class Rope(StepBase):
         rotated = pointwise([with_cos, with_sin], part.shape, x.dtype)
         out = rotated if rot.value == head.value else fresh(x.shape, x.dtype)
         return Composite((Inner("cos", "cos", table), Inner("sin", "sin", table), Inner("rotated", "rope", out)))
-
-    def workspace_bytes(self, ins, out, inner=()) -> int:
-        """The kernel's temporaries: the float32 frequency tables, and x_rot * cos, the rotation
-        and rotation * sin alive together (plus x_rot's result before a partial rotary's cat)."""
-        x, (length, rot) = ins[0], inner[0].sizes
-        head = x.sizes[-1]
-        part = x.nbytes // head * rot if head else 0
-        tables = 14 * length * rot + 8 * rot + 16 * length  # int64 ranges, float32 freqs, emb, cos, sin
-        return tables + (3 * part if rot == head else max(4 * part - x.nbytes, part))
 
     def kernel(self, k):
         torch, x = k.torch, k.ins[0]
@@ -199,16 +191,6 @@ class Alibi(StepBase):
             raise StepError("alibi-shape", f"alibi needs at least one head, got {heads}={heads.value}", "input")
         bias = fresh((heads, t_q if self.relative else ctx.alg.const(1), t_k), scores.dtype)
         return Composite((Inner("bias", "alibi", bias), Inner("biased", "alibi", pointwise([scores, bias], scores.shape, scores.dtype))))
-
-    def workspace_bytes(self, ins, out, inner=()) -> int:
-        """Slopes (a 0-d base, int32 exponents and their powers, joined when the head count is not a
-        power of two) and key positions (int64), the relative distances, and a float32 bias before
-        its cast to a narrower dtype."""
-        heads, t_q, t_k = ins[0].sizes[-3:]
-        total = 8 * t_k + 16 * heads + 8
-        if self.relative:
-            total += 8 * t_q * t_k + 8 * t_q
-        return total + (4 * inner[0].numel if inner and inner[0].dtype != "float32" else 0)
 
     def kernel(self, k):
         torch, relative = k.torch, self.relative

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Literal
 
-from ..core.layout import DTYPE_BYTES, fresh
+from ..core.dtypes import DTYPE_BYTES
+from ..core.layout import fresh
 from .contract import StepBase, register
 from .rules import Mismatch, StepError, broadcast_dims, show
 
@@ -80,26 +81,6 @@ class Matmul(StepBase):
         batch = _batch(a, b, ctx)
         return fresh(batch + rows + cols, a.dtype)
 
-    def workspace_bytes(self, ins, out) -> int:
-        """torch.matmul folds a batched operand times a matrix into one mm (``a.reshape(-1, k)``), and
-        otherwise expands both operands to the broadcast batch and reshapes them to 3-d for bmm:
-        each reshape that cannot be a view copies (a (B, 1, N, K) @ (1, H, K, M) copies both at B x H)."""
-        a, b = ins
-        if len(a.shape) < 3 and len(b.shape) < 3:
-            return 0
-        if len(b.shape) <= 2:
-            return merge_copy_bytes(a, a.sizes, len(a.shape) - 1)
-        if len(a.shape) <= 2:  # folds b's transpose: (b.mT @ a.mT).mT
-            return merge_copy_bytes(b, b.sizes[:-2] + b.sizes[:-3:-1], len(b.shape) - 1, swap_last=True)
-        batch = tuple(d.value for d in out.shape[:-2])
-        return merge_copy_bytes(a, batch + a.sizes[-2:], len(batch)) + merge_copy_bytes(b, batch + b.sizes[-2:], len(batch))
-
-    def flops(self, ins, out):
-        a, b = ins
-        if len(b.shape) == 1:
-            return 0  # torch runs aten.dot / aten.mv for a vector on the right: FlopCounterMode counts neither
-        return 2 * out.numel * a.sizes[-1]
-
     def kernel(self, k):
         return k.torch.matmul
 
@@ -128,9 +109,6 @@ class Bmm(StepBase):
         if a.shape[0].value != b.shape[0].value or a.shape[2].value != b.shape[1].value:
             raise StepError("bmm-shape", f"bmm needs (N, n, k) @ (N, k, m), got {show(a)} @ {show(b)}", "inputs")
         return fresh((a.shape[0], a.shape[1], b.shape[2]), a.dtype)
-
-    def flops(self, ins, out):
-        return 2 * out.numel * ins[0].sizes[2]
 
     def kernel(self, k):
         return k.torch.bmm

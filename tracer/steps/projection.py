@@ -6,10 +6,9 @@ from typing import Literal
 
 from pydantic import Field
 
-from ..core.fields import DTYPE_BYTES, TensorId
+from ..core.fields import TensorId
 from ..core.layout import fresh
-from .contract import StepBase, register
-from .products import merge_copy_bytes
+from .contract import Projection, StepBase, register
 from .rules import StepError, require_float, show
 
 
@@ -80,6 +79,9 @@ class Linear(StepBase):
     def args(self):
         return [] if self.layout == "out_in" else ["x @ W"]
 
+    def projection(self):
+        return Projection(self.weight, self.bias, self.layout == "in_out")
+
     def infer(self, ins, ctx):
         x, w = ins[0], ins[1]
         require_float(x, ctx.input_ids[0], "linear")
@@ -110,16 +112,6 @@ class Linear(StepBase):
             if [d.value for d in b.shape] != [d_out.value]:
                 raise StepError("linear-width", f"bias '{self.bias}' must be ({d_out}) [{d_out.value}], got {show(b)}", "bias")
         return fresh(x.shape[:-1] + (d_out,), x.dtype)
-
-    def workspace_bytes(self, ins, out) -> int:
-        """torch folds (…, in) into one matrix product: a copy of x when its leading dims do not
-        merge into a view; with a bias, the product before the bias is added to it."""
-        x = ins[0]
-        folded = merge_copy_bytes(x, x.sizes, len(x.shape) - 1) if len(x.shape) > 2 else 0
-        return folded + (out.numel * DTYPE_BYTES[out.dtype] if self.bias else 0)
-
-    def flops(self, ins, out):
-        return 2 * out.numel * ins[0].sizes[-1]  # the bias add is elementwise: not counted
 
     def kernel(self, k):
         if self.layout == "out_in":

@@ -1,81 +1,21 @@
-"""What a run leaves behind: one immutable record per tensor, queries, a table and JSON."""
+"""What a run leaves behind, as users meet it: the records in run order, lookups, totals, JSON,
+the table, the diagram and the notebook view."""
 
 from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterator
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Iterator
+from pathlib import Path
 from typing import Any
 
-from ..core.formatting import human_bytes, human_count
-from ..presentation.table import format_table
-
-
-@dataclass(frozen=True, slots=True)
-class TensorRecord:
-    """Metadata of one tensor of a run (the tensor itself only when values were kept)."""
-
-    id: str
-    op: str
-    inputs: tuple[str, ...]
-    shape: tuple[int, ...]
-    symbolic_shape: tuple[str, ...]
-    dtype: str
-    device: str
-    stride: tuple[int, ...]
-    storage_offset: int
-    contiguous: bool
-    view_of: str | None
-    nbytes: int
-    flops: int = 0  # of the step that made it (FlopCounterMode's count; a step's last record carries it)
-    tensor: Any = field(default=None, repr=False, compare=False)
-
-    @property
-    def symbolic(self) -> str:
-        return "(" + ", ".join(self.symbolic_shape) + ")"
-
-    def __repr__(self) -> str:
-        layout = "" if self.contiguous else ", non-contiguous"
-        storage = f"view of {self.view_of}" if self.view_of else human_bytes(self.nbytes)
-        flops = f", {human_count(self.flops)} FLOPs" if self.flops else ""
-        shape = "[" + ", ".join(map(str, self.shape)) + "]"
-        return f"<TensorRecord {self.id!r}: {self.op} {self.symbolic} {shape} {self.dtype}, stride {tuple(self.stride)}{layout}, {storage}{flops}>"
-
-    def _repr_html_(self) -> str:
-        from ..presentation.notebook import record_html
-
-        return record_html(self)
-
-    def to_dict(self, values: bool = False) -> dict:
-        data = {
-            "id": self.id,
-            "op": self.op,
-            "inputs": list(self.inputs),
-            "shape": list(self.shape),
-            "symbolic_shape": list(self.symbolic_shape),
-            "dtype": self.dtype,
-            "device": self.device,
-            "stride": list(self.stride),
-            "storage_offset": self.storage_offset,
-            "contiguous": self.contiguous,
-            "view_of": self.view_of,
-            "nbytes": self.nbytes,
-            "flops": self.flops,
-        }
-        if values and self.tensor is not None and self.tensor.device.type != "meta":
-            # an empty tensor is [] whatever its shape: tolist() of a (2**31, 3, 0) tensor builds 2**33 empty lists
-            data["values"] = _finite(self.tensor.detach().cpu().tolist()) if self.tensor.numel() else []
-        return data
-
-
-def _finite(value: Any) -> Any:
-    """JSON has no inf/nan: write them as strings so every parser accepts the file."""
-    if isinstance(value, list):
-        return [_finite(v) for v in value]
-    if isinstance(value, float) and not math.isfinite(value):
-        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
-    return value
+from ..core.formatting import human_bytes
+from ..runtime.records import TensorRecord
+from . import diagram as diagrams
+from . import outputs
+from .graphviz import DOT_TIMEOUT
+from .notebook import trace_html
+from .table import format_table
 
 
 class Trace:
@@ -98,7 +38,6 @@ class Trace:
         self.seed = seed
         self.keep_values = keep_values
         self._by_id = {r.id: r for r in records}
-        self.renderer: Any = None  # the tracer.presentation.diagram module, attached by the API
 
     @property
     def name(self) -> str:
@@ -128,13 +67,13 @@ class Trace:
         return sum(r.nbytes for r in self.records if r.op == "param")
 
     def __getitem__(self, tensor_id: str) -> TensorRecord:
-        record = self._by_id.get(tensor_id) or self._by_id.get(self.analysis.output_of(tensor_id))
+        record = self._by_id.get(tensor_id) or self._by_id.get(self.analysis.record_of(tensor_id))
         if record is None:
             raise KeyError(f"no tensor '{tensor_id}' in this trace (tensors: {', '.join(self._by_id)})")
         return record
 
     def __contains__(self, tensor_id: str) -> bool:
-        return tensor_id in self._by_id or self.analysis.output_of(tensor_id) in self._by_id
+        return tensor_id in self._by_id or self.analysis.record_of(tensor_id) in self._by_id
 
     def __iter__(self) -> Iterator[TensorRecord]:
         return iter(self.records)
@@ -173,18 +112,32 @@ class Trace:
     def _repr_html_(self) -> str:
         """Jupyter's view: a header with the totals, the table and the diagram (repeated blocks
         folded, under a size cap); without a renderer, one line says how to get diagrams."""
-        from ..presentation.notebook import trace_html
-
         return trace_html(self)
+
+    def save(
+        self,
+        path: str | Path,
+        *,
+        collapse: Iterable[str] = (),
+        expand: bool = False,
+        values: bool = False,
+        timeout: float = DOT_TIMEOUT,
+    ) -> Path:
+        """Write the run to ``path`` in the format its suffix names (``tracer.presentation.outputs``:
+        .svg .png .pdf .dot the diagram, .html the report, .json the records, .txt the table;
+        no suffix: SVG), atomically; returns the path."""
+        path, fmt = outputs.by_suffix(path, tuple(outputs.WRITERS), default="svg")
+        options = outputs.Options(collapse=tuple(collapse), expand=expand, timeout=timeout, values=values, peak=self.peak_line())
+        return outputs.write(self, path, fmt, options)
+
+    def peak_line(self) -> str:
+        """``estimated peak: 2.0 KiB (while 'scores' runs)``: the table's last line."""
+        memory = self.analysis.memory
+        where = f" (while '{memory.peak_step}' runs)" if memory.peak_step else ""
+        note = "; this meta run allocated none of it" if self.records and self.records[0].device == "meta" else ""
+        return f"estimated peak: {human_bytes(memory.peak_bytes)}{where}{note}"
 
     def diagram(self, collapse: list[str] | tuple[str, ...] = (), expand: bool = False):
         """The dataflow as a ``graphviz.Digraph`` (displays inline in Jupyter); ``expand`` draws
         every copy of a repeated block instead of the first and one "×N" node."""
-        return self._renderer().diagram(self, collapse=tuple(collapse), expand=expand)
-
-    def _renderer(self):
-        # drawing is tracer.presentation.diagram's job; a trace made by Pipeline.run carries that module as
-        # ``renderer``, so this layer never imports the one above it
-        if self.renderer is None:
-            raise TypeError("this trace has no renderer attached; call tracer.presentation.diagram.diagram(trace)")
-        return self.renderer
+        return diagrams.diagram(self, collapse=tuple(collapse), expand=expand)

@@ -15,10 +15,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..core.errors import TracerError
-from ..core.fields import FLOAT_DTYPES
-from .interpreter import Plan, create_tensors
-from .trace import Trace
+from .api import Pipeline, load
+from .core.dtypes import FLOAT_DTYPES
+from .core.errors import TracerError
+from .presentation.trace import Trace
+from .runtime.interpreter import Plan
+from .runtime.tensors import create_tensors, match
 
 
 class PipelineModule(nn.Module):
@@ -61,8 +63,6 @@ class PipelineModule(nn.Module):
 
     def forward(self, *inputs):
         """The pipeline's outputs (a tuple when there are several) for these inputs."""
-        from .tensors import match
-
         names = list(self.analysis.pipeline.inputs)
         if len(inputs) != len(names):
             raise TypeError(f"{self.pipeline.name} takes {len(names)} inputs ({', '.join(names)}), got {len(inputs)}")
@@ -85,8 +85,6 @@ class PipelineModule(nn.Module):
 def to_module(pipeline: Any, dims: Mapping[str, int] | None = None, seed: int | None = None, keep_trace: bool = False) -> PipelineModule:
     """``pipeline`` (a path or a ``tracer.Pipeline``) as a trainable ``nn.Module``; params created
     as a run creates them (same seed, same tensors)."""
-    from ..api import Pipeline, load
-
     if not isinstance(pipeline, Pipeline):
         pipeline = load(pipeline)
     return PipelineModule(pipeline, dims, seed, keep_trace)

@@ -1,0 +1,280 @@
+"""What each step costs, apart from what it means: FLOPs, and the bytes its kernel allocates and
+frees again while it runs (its workspace), per step kind, from the metadata alone.
+
+These formulas follow torch's CPU kernels (which copies ``torch.matmul`` makes, what the flash
+attention kernel keeps per query), so they change when torch does; keeping them here keeps
+kernel internals out of the shape rules. ``tests/analysis/test_costs.py`` holds every workspace
+formula against the peak torch's allocator reports, as an upper bound within a stated tolerance,
+and every FLOP count against ``torch.utils.flop_counter.FlopCounterMode``.
+
+FLOPs are FlopCounterMode's: matrix products only (mm, bmm, addmm, baddbmm, attention kernels),
+2 per multiply-add; a kind that is layout, elementwise, a normalisation or softmax costs 0.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+from ..core.dtypes import DTYPE_BYTES
+from ..core.layout import Meta
+from ..steps.attention import Dropout, Mask
+from ..steps.einsum import Einsum, parse_equation
+from ..steps.elementwise import LayerNorm
+from ..steps.fused import Sdpa
+from ..steps.norms import RMSNorm
+from ..steps.positions import Alibi, Rope
+from ..steps.products import Bmm, Matmul
+from ..steps.projection import Linear
+from .graph import Node
+
+#: a kind's cost function: (step, its inputs' metas in the kernel's order, its records' metas) -> number
+Cost = Callable[[object, list[Meta], list[Meta]], int]
+_FLOPS: dict[type, Cost] = {}
+_WORKSPACE: dict[type, Cost] = {}
+
+
+def flops(node: Node, ins: list[Meta]) -> int:
+    """The FLOPs of a node's kernel (0 for a kind without a formula)."""
+    cost = _FLOPS.get(type(node.step))
+    return cost(node.step, ins, [out.meta for out in node.outs]) if cost else 0
+
+
+def workspace(node: Node, ins: list[Meta]) -> int:
+    """Bytes the node's kernel allocates besides its records and frees before it returns."""
+    cost = _WORKSPACE.get(type(node.step))
+    return cost(node.step, ins, [out.meta for out in node.outs]) if cost else 0
+
+
+def _counts(table: dict[type, Cost], *kinds: type):
+    def register(cost: Cost) -> Cost:
+        for kind in kinds:
+            table[kind] = cost
+        return cost
+
+    return register
+
+
+# ---------------------------------------------------------------- matrix products
+
+
+def merge_copy_bytes(meta: Meta, sizes: tuple[int, ...], merged: int, swap_last: bool = False) -> int:
+    """Bytes torch allocates to reshape ``meta`` (its last two dims swapped with ``swap_last``),
+    expanded to ``sizes``, with its first ``merged`` dims flattened into one: 0 when that is a
+    view, a full copy when it is not (a broadcast dim has stride 0 and never merges with a real one)."""
+    have, stride = list(meta.sizes), list(meta.stride)
+    if swap_last:
+        have[-2:], stride[-2:] = have[:-3:-1], stride[:-3:-1]
+    pad = len(sizes) - len(have)
+    strides = [0] * pad + [st if n == want else 0 for st, n, want in zip(stride, have, sizes[pad:])]
+    kept = [(n, st) for n, st in zip(sizes[:merged], strides[:merged]) if n != 1]
+    if all(outer == inner * n for (_, outer), (n, inner) in zip(kept, kept[1:])):
+        return 0
+    return math.prod(sizes) * DTYPE_BYTES[meta.dtype]
+
+
+@_counts(_FLOPS, Matmul)
+def _matmul_flops(step, ins, outs):
+    a, b = ins
+    if len(b.shape) == 1:
+        return 0  # torch runs aten.dot / aten.mv for a vector on the right: FlopCounterMode counts neither
+    return 2 * outs[-1].numel * a.sizes[-1]
+
+
+@_counts(_WORKSPACE, Matmul)
+def _matmul_workspace(step, ins, outs):
+    """torch.matmul folds a batched operand times a matrix into one mm (``a.reshape(-1, k)``), and
+    otherwise expands both operands to the broadcast batch and reshapes them to 3-d for bmm:
+    each reshape that cannot be a view copies (a (B, 1, N, K) @ (1, H, K, M) copies both at B x H)."""
+    a, b = ins
+    if len(a.shape) < 3 and len(b.shape) < 3:
+        return 0
+    if len(b.shape) <= 2:
+        return merge_copy_bytes(a, a.sizes, len(a.shape) - 1)
+    if len(a.shape) <= 2:  # folds b's transpose: (b.mT @ a.mT).mT
+        return merge_copy_bytes(b, b.sizes[:-2] + b.sizes[:-3:-1], len(b.shape) - 1, swap_last=True)
+    batch = outs[-1].sizes[:-2]
+    return merge_copy_bytes(a, batch + a.sizes[-2:], len(batch)) + merge_copy_bytes(b, batch + b.sizes[-2:], len(batch))
+
+
+@_counts(_FLOPS, Bmm)
+def _bmm_flops(step, ins, outs):
+    return 2 * outs[-1].numel * ins[0].sizes[2]
+
+
+@_counts(_FLOPS, Linear)
+def _linear_flops(step, ins, outs):
+    return 2 * outs[-1].numel * ins[0].sizes[-1]  # the bias add is elementwise: not counted
+
+
+@_counts(_WORKSPACE, Linear)
+def _linear_workspace(step, ins, outs):
+    """torch folds (…, in) into one matrix product: a copy of x when its leading dims do not
+    merge into a view; with a bias, the product before the bias is added to it."""
+    x, out = ins[0], outs[-1]
+    folded = merge_copy_bytes(x, x.sizes, len(x.shape) - 1) if len(x.shape) > 2 else 0
+    return folded + (out.nbytes if step.bias else 0)
+
+
+@_counts(_FLOPS, Einsum)
+def _einsum_flops(step, ins, outs):
+    """torch.einsum contracts left to right, one pair at a time: a letter no later term or the
+    output needs is summed away first (free), a pair with a shared letter to contract is one bmm
+    (2 × the product of its letters' sizes), one without is an elementwise product (0)."""
+    terms, output = parse_equation(step.equation, len(ins))
+    sizes = _letter_sizes(terms, ins)
+    later = [set(step.output_term(terms, output))]
+    for term in reversed(terms[1:]):
+        later.insert(0, later[0] | set(term))
+    total, left = 0, set(terms[0])
+    for term, needed in zip(terms[1:], later[1:]):
+        right = set(term)
+        left, right = {c for c in left if c in right or c in needed}, {c for c in right if c in left or c in needed}
+        contracted = (left & right) - needed
+        if contracted:
+            total += 2 * math.prod(sizes[c] for c in left | right)
+        left = (left | right) - contracted
+    return total
+
+
+@_counts(_WORKSPACE, Einsum)
+def _einsum_workspace(step, ins, outs):
+    """torch.einsum copies operands into the layout of its batched product; its raw result
+    lives on while the step copies it into the output."""
+    out = outs[-1]
+    return max(sum(m.nbytes for m in ins), out.nbytes) + out.nbytes
+
+
+def _letter_sizes(terms: list[str], ins: list[Meta]) -> dict[str, int]:
+    """Each letter's size after broadcasting; ``.`` stands for all the ``...`` dims together."""
+    sizes: dict[str, int] = {}
+    ellipsis: list[int] = []  # the broadcast '...' dims, right-aligned
+    for term, meta in zip(terms, ins):
+        lead = len(meta.sizes) - len(term) + 1
+        at = 0
+        for letter in term:
+            if letter == ".":
+                dims = list(meta.sizes[at : at + lead])
+                width = max(len(dims), len(ellipsis))
+                dims, ellipsis = [1] * (width - len(dims)) + dims, [1] * (width - len(ellipsis)) + ellipsis
+                ellipsis = [max(a, b) for a, b in zip(ellipsis, dims)]
+                at += lead
+            else:
+                sizes[letter] = max(sizes.get(letter, 1), meta.sizes[at])
+                at += 1
+    sizes["."] = math.prod(ellipsis)
+    return sizes
+
+
+# ---------------------------------------------------------------- attention
+
+
+@_counts(_FLOPS, Sdpa)
+def _sdpa_flops(step, ins, outs):
+    """torch's count for its attention kernels: q @ k^T and weights @ v (GQA shares kv heads, not work)."""
+    q, key, v = ins[:3]
+    pairs = math.prod(q.sizes[:-1]) * key.sizes[-2]  # (query, key) pairs over every batch and head
+    return 2 * pairs * (q.sizes[-1] + v.sizes[-1])
+
+
+@_counts(_WORKSPACE, Sdpa)
+def _sdpa_workspace(step, ins, outs):
+    """With torch's CPU flash kernel, small next to the (T_q, T_kv) scores it never stores: the
+    float32 log-sum-exp per query, and an explicit mask (the causal pattern and its bool/float
+    conversions). On the math path (``Sdpa.takes_math_path``) the scores and more."""
+    q, key = ins[0], ins[1]
+    if step.takes_math_path(ins):
+        return _sdpa_math_workspace(ins, outs[-1])
+    t_q, t_k = q.sizes[-2], key.sizes[-2]
+    total = max(4, DTYPE_BYTES[q.dtype]) * q.numel // max(q.sizes[-1], 1)  # float64 q: a float64 log-sum-exp
+    mask = ins[3] if len(ins) > 3 else None
+    pattern = step.causal and not step.is_causal_flag(t_q == t_k)
+    if pattern:
+        total += 24 * t_q + 16 * t_k + 5 * t_q * t_k  # int64 positions, the shifted queries too
+    if mask is not None or pattern:
+        elements = max(mask.numel if mask is not None else 0, t_q * t_k)
+        total += 6 * elements  # bool conversions, and SDPA's additive float copy
+    return total
+
+
+def _sdpa_math_workspace(ins: list[Meta], out: Meta) -> int:
+    """The math path: q, k, v in float32 (k and v spread over the query heads with gqa),
+    scaled, the (…, T_q, T_kv) scores, the mask added, the weights, the causal pattern and the
+    mask as numbers (with no keys or queries: zeros and a few 0-d sums)."""
+    q, k, v = ins[:3]
+    acc = max(4, DTYPE_BYTES[q.dtype])
+    batch = out.numel // (out.sizes[-2] * out.sizes[-1]) if out.sizes[-2] * out.sizes[-1] else 0
+    t_q, t_k = q.sizes[-2], k.sizes[-2]
+    spread = batch * t_k * (k.sizes[-1] + v.sizes[-1])
+    scores = batch * t_q * t_k
+    operands = 2 * (q.numel + k.numel + v.numel + spread) + out.numel
+    return acc * (operands + 4 * scores) + 9 * scores + 16 * (t_q + t_k) + 64
+
+
+@_counts(_WORKSPACE, Mask)
+def _mask_workspace(step, ins, outs):
+    """The bool masks the kernel builds and drops within the step: the causal pattern (from two
+    int64 ranges), the mask tensor as bool, inverted, and combined with the pattern."""
+    total = 0
+    if step.causal:
+        t_q, t_k = ins[0].sizes[-2:]
+        # the query range and its shifted copy, then the shifted one, the key range and the pattern
+        total += max(16 * t_q, 8 * (t_q + t_k) + t_q * t_k) + (8 * t_q + 2 * t_q * t_k if step.window is not None else 0)
+    if step.mask is not None:
+        mask = ins[1] if len(ins) > 1 else None
+        total += mask.numel * ((mask.dtype != "bool") + (step.polarity == "keep")) if mask is not None else 0
+        total += outs[-1].numel if step.causal else 0
+    return total
+
+
+@_counts(_WORKSPACE, Dropout)
+def _dropout_workspace(step, ins, outs):
+    """The noise tensor (or the 0-d zero for p = 1) that training dropout multiplies by."""
+    x = ins[0]
+    if not step.training or step.p == 0 or x.numel == 0:
+        return 0
+    return DTYPE_BYTES[x.dtype] * (1 if step.p == 1 else x.numel)
+
+
+@_counts(_WORKSPACE, Rope)
+def _rope_workspace(step, ins, outs):
+    """The kernel's temporaries: the float32 frequency tables, and x_rot * cos, the rotation
+    and rotation * sin alive together (plus x_rot's result before a partial rotary's cat)."""
+    x, (length, rot) = ins[0], outs[0].sizes
+    head = x.sizes[-1]
+    part = x.nbytes // head * rot if head else 0
+    tables = 14 * length * rot + 8 * rot + 16 * length  # int64 ranges, float32 freqs, emb, cos, sin
+    return tables + (3 * part if rot == head else max(4 * part - x.nbytes, part))
+
+
+@_counts(_WORKSPACE, Alibi)
+def _alibi_workspace(step, ins, outs):
+    """Slopes (a 0-d base, int32 exponents and their powers, joined when the head count is not a
+    power of two) and key positions (int64), the relative distances, and a float32 bias before
+    its cast to a narrower dtype."""
+    heads, t_q, t_k = ins[0].sizes[-3:]
+    total = 8 * t_k + 16 * heads + 8
+    if step.relative:
+        total += 8 * t_q * t_k + 8 * t_q
+    bias = outs[0]
+    return total + (4 * bias.numel if bias.dtype != "float32" else 0)
+
+
+# ---------------------------------------------------------------- normalisation
+
+
+@_counts(_WORKSPACE, LayerNorm)
+def _layernorm_workspace(step, ins, outs):
+    """native_layer_norm also returns each row's mean and 1/std (in float32 at least)."""
+    return 2 * math.prod(ins[0].sizes[:-1]) * max(4, DTYPE_BYTES[ins[0].dtype])
+
+
+@_counts(_WORKSPACE, RMSNorm)
+def _rmsnorm_workspace(step, ins, outs):
+    """The float32 normalised copy (and the float32 copy of a narrower input, and its cast
+    back), plus the (…, 1) mean-square column."""
+    x = ins[0]
+    n, rows = x.numel, math.prod(x.sizes[:-1])  # rows: the (…, 1) columns exist for an empty last dim too
+    narrow = x.dtype != "float32"
+    # h, its normalised copy and (1 + w) * h or h's cast back, in float32; the (…, 1) mean, + eps, rsqrt
+    return 4 * n * 3 + (x.nbytes if narrow else 0) + 12 * rows

@@ -1,0 +1,58 @@
+"""Lints about attention heads: how kv heads are shared among query heads."""
+
+from __future__ import annotations
+
+from .registry import Lint, register, warning
+from .structure import show
+
+REACH = 8  # steps followed from a repeat towards attention
+
+
+@register
+class GqaHeadOrder(Lint):
+    """**What.** A `repeat` that tiles an existing dim of size > 1 (the kv heads) on its way to a
+    query-key product or an `sdpa` step. Grouped-query attention gives query head `h` the kv head
+    `h // n_rep` (transformers' `repeat_kv`, SDPA's `enable_gqa`): heads `0, 1` become
+    `0, 0, 1, 1`. `repeat(1, n_rep, 1, 1)` makes `0, 1, 0, 1`.
+
+    **Why it matters.** Shapes are identical either way, so nothing fails; on a Llama layer the
+    tiled order is off by up to 0.23.
+
+    **Fix.** `{op: repeat_interleave, repeats: n_rep, dim: 1}` (or `expand` + `reshape`, as
+    `repeat_kv` does; or `sdpa` with `gqa: true`).
+    """
+
+    code, example, origin = "gqa-head-order", "gqa_head_order", "grouped-query attention (Llama, Mistral, Qwen)"
+
+    def check(self, analysis):
+        for node in analysis.nodes.values():
+            repeats = node.step.tiling()
+            if repeats is None or not node.outs:
+                continue
+            source = node.reads[0]
+            meta = analysis.metas[source]
+            written = repeats[len(repeats) - len(meta.shape) :]
+            reps = [node.dims.dim(r).value for r in written]
+            tiled = [d for d, (r, size) in enumerate(zip(reps, meta.sizes)) if r > 1 and size > 1]
+            if not tiled or not _reaches_attention(analysis, node.id):
+                continue
+            d, r = tiled[0], reps[tiled[0]]
+            heads = meta.shape[d]
+            order = ", ".join(str(h % heads.value) for h in range(min(heads.value * r, 8)))
+            wanted = ", ".join(str(h // r) for h in range(min(heads.value * r, 8)))
+            message = (
+                f"repeat tiles the {heads}={heads.value} heads of '{source}' {show(analysis, source)} along dim {d} as {order}…; "
+                f"grouped-query attention gives query head h the kv head h // n_rep ({wanted}…, transformers' repeat_kv) — "
+                f"use {{op: repeat_interleave, repeats: {written[d]}, dim: {d}}}"
+            )
+            yield warning(analysis, node, self.code, message, "repeats")
+
+
+def _reaches_attention(analysis, start: str) -> bool:
+    frontier = [start]
+    for _ in range(REACH):
+        frontier = [user for t in frontier for user in analysis.users(t)]
+        if any(n.step.makes_scores or n.step.fused_attention() is not None for n in frontier):
+            return True
+        frontier = [n.id for n in frontier]
+    return False

@@ -1,0 +1,182 @@
+"""Lints about masks: rows that hide every key (NaN), and triangular masks with the wrong polarity."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from ...spec.inits import INITS
+from .registry import Lint, register, warning
+from .structure import show
+
+#: a mask larger than this many elements is not expanded by the lints
+MAX_PATTERN = 1_000_000
+
+
+def declared_mask_rows(analysis, name: str) -> list[list[bool]] | None:
+    """The rows (last-dim vectors, leading dims flattened) of a declared mask tensor as bools.
+
+    Known only for tensors whose content the file fixes: ``values`` literals, and the inits whose
+    content is fixed (ones, zeros, triu, tril: ``Init.known_rows``). Anything else (random inits,
+    masks computed by steps) returns ``None``: its content is only known at run time, where
+    ``tracer.runtime.watch.SoftmaxNaNs`` looks at the softmax outputs instead.
+    """
+    declared = analysis.declared.get(name)
+    if declared is None or declared.meta.numel > MAX_PATTERN:
+        return None
+    decl, sizes = declared.decl, declared.meta.sizes
+    if decl.values is not None:
+        cols = sizes[-1] if sizes else 1
+        flat = list(_flatten(decl.values))
+        return [[bool(v) for v in flat[r * cols : (r + 1) * cols]] for r in range(declared.meta.numel // cols if cols else 0)]
+    return INITS[decl.init].known_rows(sizes, decl) if decl.init is not None else None
+
+
+def _flatten(values) -> Iterator:
+    if isinstance(values, list):
+        for v in values:
+            yield from _flatten(v)
+    else:
+        yield values
+
+
+def _triangle(analysis, name: str) -> str | None:
+    """``'future'`` if every trailing (R, C) slice of the mask is True exactly above the diagonal
+    (``triu(ones, 1)``: what a causal mask must hide), ``'past'`` if exactly on and below it
+    (``tril(ones)``: what it must keep); ``None`` for any other pattern or for R < 2."""
+    meta = analysis.metas[name]
+    rows = declared_mask_rows(analysis, name)
+    if rows is None or len(meta.sizes) < 2 or meta.sizes[-2] < 2 or meta.sizes[-1] < 2:
+        return None
+    height = meta.sizes[-2]
+    for kind, rule in (("future", lambda i, j: j > i), ("past", lambda i, j: j <= i)):
+        if all(row == [rule(r % height, j) for j in range(len(row))] for r, row in enumerate(rows)):
+            return kind
+    return None
+
+
+def _maskings(analysis):
+    """(node, what it hides) of every step that masks scores."""
+    for node in analysis.nodes.values():
+        masking = node.step.masking()
+        if masking is not None and node.outs:
+            yield node, masking
+
+
+@register
+class NanRiskMask(Lint):
+    """**What.** A `mask` step with `fill: -inf` whose mask hides *every* key of at least one query
+    row. Checked statically on masks whose content the file fixes (`values:` literals and `init:`
+    ones, zeros, triu, tril), taking the polarity into account. `causal: true` always keeps key 0,
+    so it never triggers — except aligned bottom-right (the default) with more queries than keys:
+    then the first `T_q - T_kv` queries see no key, and the lint says so at the step's `causal`.
+    Masks only known at run time (random inits, user tensors) are checked while running:
+    `tracer run` counts the softmax rows holding NaN through the `SoftmaxNaNs` hook. In Python:
+
+    ```python
+    import tracer
+    from tracer.runtime.watch import SoftmaxNaNs
+
+    pipeline = tracer.load("pipelines/lint_examples/nan_risk_mask.yaml")
+    nans = SoftmaxNaNs(pipeline.check())
+    pipeline.run(observe=nans)
+    nans.warnings()   # [Diagnostic(... 'softmax produced 2 NaN rows of 12 ...')]
+    ```
+
+    `runtime_warnings(trace)` does the same after a run, for the softmax outputs the trace still
+    has (its outputs, kept values, or tensors you pass).
+
+    **Why it matters.** softmax of a row that is all −inf is 0/0 = NaN, and the NaN spreads to every
+    later step and to the loss. Tutorial 003 says so ("Please do not set this to '-inf'") about its
+    random keep-mask, which hides every key of one query in batch 1.
+
+    **Fix.** `fill: -1e9`: a fully masked row then gets uniform weights instead of NaN (what
+    tutorial 003 prints: 0.3333 each). Or make sure every query keeps at least one key.
+    """
+
+    code, example, origin = "nan-risk-mask", "nan_risk_mask", "tutorial 003"
+
+    def check(self, analysis):
+        for node, masking in _maskings(analysis):
+            if masking.fill != float("-inf") or node.step.fused_attention() is not None:
+                continue
+            if masking.tensor is None:
+                yield from self._causal_without_keys(analysis, node, masking)
+                continue
+            if masking.causal:
+                continue
+            rows = declared_mask_rows(analysis, masking.tensor)
+            if rows is None:
+                continue
+            keep = masking.polarity == "keep"
+            empty = [r for r, row in enumerate(rows) if not any(v == keep for v in row)]
+            if not empty:
+                continue
+            where = _row_index(empty[0], analysis.metas[masking.tensor].sizes)
+            message = (
+                f"fill -inf, and mask '{masking.tensor}' {show(analysis, masking.tensor)} with polarity {masking.polarity} hides every key in "
+                f"{len(empty)} of {len(rows)} rows (first: mask{where}); softmax of an all -inf row is NaN and the NaN "
+                f"spreads to every later step — fill with -1e9 (such a row then gets uniform weights, as tutorial 003 does), "
+                f"or make every query keep at least one key"
+            )
+            yield warning(analysis, node, self.code, message, "fill")
+
+    def _causal_without_keys(self, analysis, node, masking):
+        t_q, t_k = analysis.metas[node.reads[0]].sizes[-2:]
+        if masking.align == "top-left" or t_q <= t_k:
+            return
+        message = (
+            f"causal: true aligns the last query with the last key, and the scores have T_q={t_q} > T_kv={t_k}: the first "
+            f"{t_q - t_k} queries see no key, so their -inf rows become NaN — use align: top-left if query i is key i, or fill with -1e9"
+        )
+        yield warning(analysis, node, self.code, message, "causal")
+
+
+def _row_index(row: int, shape: tuple[int, ...]) -> str:
+    lead = shape[:-1]
+    index = []
+    for size in reversed(lead):
+        index.append(row % size if size else 0)
+        row //= size if size else 1
+    return "[" + ", ".join(map(str, reversed(index))) + (", :]" if lead else ":]")
+
+
+@register
+class MaskPolarity(Lint):
+    """**What.** A triangular mask applied with the polarity that keeps the future. tracer makes every
+    mask tensor state its polarity (`keep`: True = attend; `block`: True = hide), because the
+    tutorials disagree: 002 fills where its `triu(ones, diagonal=1)` buffer is True (block), 003
+    fills where its mask is False (keep). A mask that is True exactly above the diagonal marks the
+    future and must be `block`; one that is True on and below it marks what a query may see and
+    must be `keep`. Non-triangular masks (padding, random) are not judged.
+
+    **Why it matters.** With the polarity flipped every query attends only to later tokens — the
+    model reads the answer — and the last query to nothing. Shapes are unchanged and it runs.
+
+    **Fix.** `polarity: block` for a triu(…, 1) mask, `polarity: keep` for a tril mask — or
+    `causal: true`, which needs no mask tensor at all.
+    """
+
+    code, example, origin = "mask-polarity", "mask_polarity", "tutorials 002 and 003"
+
+    def check(self, analysis):
+        for node, masking in _maskings(analysis):
+            if masking.tensor is None or masking.polarity is None:
+                continue
+            kind = _triangle(analysis, masking.tensor)
+            right = {"future": "block", "past": "keep"}.get(kind)
+            if right is None or masking.polarity == right:
+                continue
+            shown = show(analysis, masking.tensor)
+            if kind == "future":
+                message = (
+                    f"mask '{masking.tensor}' {shown} is True above the diagonal (triu(ones, diagonal=1): the future), but polarity: keep "
+                    f"attends only where it is True: every query sees only later tokens and the last query sees none — "
+                    f"use polarity: block (tutorial 002's masked_fill(mask.bool(), -inf)), or a tril mask with polarity: keep"
+                )
+            else:
+                message = (
+                    f"mask '{masking.tensor}' {shown} is True on and below the diagonal (tril(ones): what each query may see), but "
+                    f"polarity: block hides exactly those keys: every query sees only later tokens and the last query sees none — "
+                    f"use polarity: keep (tutorial 003's masked_fill(mask == False, -1e9)), or a triu(…, 1) mask with polarity: block"
+                )
+            yield warning(analysis, node, self.code, message, "polarity")

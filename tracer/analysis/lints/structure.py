@@ -1,0 +1,196 @@
+"""Lints about the graph's structure and layouts: results nobody reads, head splits that lose
+features, views that regroup dims out of order."""
+
+from __future__ import annotations
+
+from ...core.symbolic import Poly
+from .registry import Lint, register, warning
+
+#: a dim larger than this is not counted position by position (a run refuses such sizes anyway)
+MAX_POSITIONS = 1_000_000
+
+
+def show(analysis, tensor_id: str) -> str:
+    meta = analysis.metas[tensor_id]
+    return f"{meta.symbolic} {meta.concrete}"
+
+
+@register
+class DeadStep(Lint):
+    """**What.** A step whose output no step reads and that is not listed in `outputs:`.
+
+    **Why it matters.** Work that was meant to change the result does not. In tutorial 003,
+    `construct_attention_heads` calls `dropout_layer(attention_scores)` and throws the result away,
+    so the model is trained without attention dropout and nothing ever complains.
+
+    **Fix.** Use the result (`attention_scores = dropout_layer(attention_scores)`: feed the dropout's
+    id to the next step), delete the step, or list it in `outputs:` if you only want to look at it.
+    """
+
+    code, example, origin = "dead-step", "dead_step", "tutorial 003"
+
+    def check(self, analysis):
+        outputs = set(analysis.outputs)
+        for node in analysis.nodes.values():
+            if any(name in outputs or analysis.graph.users.get(name) for name in node.step.output_ids()):
+                continue
+            yield warning(
+                analysis,
+                node,
+                self.code,
+                "its output is never used and it is not an output; was its result meant to replace its input (e.g. `x = dropout(x)`)?",
+            )
+
+
+@register
+class LossyHeadSplit(Lint):
+    """**What.** Two or more equal-width, non-overlapping slices (`op: index` with `start`/`stop`) of
+    the same tensor along the same dim — a head split — that leave some positions of that dim out.
+
+    **Why it matters.** The missing features silently never reach any head. Tutorial 000 splits its
+    4-dim values into 3 heads of `4 // 3 = 1` column: column 3 is dropped and the "combined context"
+    comes out (1, 3) instead of (1, 4).
+
+    **Fix.** Use a head count that divides the dim (the message lists the divisors) and split with
+    `view [..., H, D // H]`. tracer refuses a `//` dim that does not divide (`error[dim-divide]`) and
+    checks that every `view` multiplies out, so a view split cannot be lossy.
+    """
+
+    code, example, origin = "lossy-head-split", "lossy_head_split", "tutorial 000"
+
+    def check(self, analysis):
+        groups: dict[tuple[str, int], list] = {}
+        for node in analysis.nodes.values():
+            cut = node.step.slicing()
+            if cut is None or not node.outs:
+                continue
+            meta = analysis.metas[node.reads[0]]
+            if meta.shape:
+                groups.setdefault((node.reads[0], cut.dim % len(meta.shape)), []).append((node, cut))
+        for (source, dim), members in groups.items():
+            if len(members) > 1:
+                yield from self._lossy(analysis, source, dim, members)
+
+    def _lossy(self, analysis, source: str, dim: int, members: list):
+        size_dim = analysis.metas[source].shape[dim]
+        if size_dim.value > MAX_POSITIONS:
+            return
+        spans = []
+        for node, cut in members:
+            value = node.dims.dim
+            start = value(cut.start).value if cut.start is not None else 0
+            stop = value(cut.stop).value if cut.stop is not None else size_dim.value
+            stride = value(cut.step).value if cut.step is not None else 1
+            spans.append((start, stop, stride, set(range(max(start, 0), min(stop, size_dim.value), max(stride, 1)))))
+        widths = {len(taken) for *_, taken in spans}
+        covered = set().union(*(taken for *_, taken in spans))
+        if len(widths) != 1 or 0 in widths or sum(len(t) for *_, t in spans) != len(covered):
+            return  # not a head split: different widths, empty or overlapping slices
+        missing = sorted(set(range(size_dim.value)) - covered)
+        if not missing:
+            return
+        n, width = len(members), widths.pop()
+        shown = ", ".join(f"[{a}:{b}" + (f":{s}" if s != 1 else "") + "]" for a, b, s, _ in spans)
+        lost = ", ".join(map(str, missing[:8])) + (" …" if len(missing) > 8 else "")
+        size_text = str(size_dim) if str(size_dim) == str(size_dim.value) else f"{size_dim}={size_dim.value}"
+        divisors = [h for h in range(1, size_dim.value + 1) if size_dim.value % h == 0]
+        message = (
+            f"{n} heads of width {width} slice '{source}' {show(analysis, source)} along dim {dim} ({size_text}) as {shown}: "
+            f"position{'s' if len(missing) > 1 else ''} {lost} reach{'es' if len(missing) == 1 else ''} no head, "
+            f"so {len(missing)} of {size_dim.value} features {'is' if len(missing) == 1 else 'are'} lost ({size_dim.value} does not split into {n} heads of {width}) — "
+            f"use a head count that divides {size_dim.value} ({', '.join(map(str, divisors[:6]))}) and split with "
+            f"view [..., H, {size_dim} // H]"
+        )
+        yield warning(analysis, members[0][0], self.code, message)
+
+
+@register
+class ViewScramblesDims(Lint):
+    """**What.** A `view` or `reshape` that regroups named dims out of order. A view can only merge
+    neighbouring dims or split a dim into neighbours, in memory order; `context.view(B, T, H * Dh)`
+    of a `(B, H, T, Dh)` context is legal (the sizes multiply out) but each new "token" row holds
+    pieces of several tokens of one head. Dims are compared as symbols, with the pipeline's dim
+    expressions (`Dh = d_model // H` makes `H * Dh` read as `d_model`, `n_rep = H // H_kv` makes
+    `(H_kv, n_rep)` merge into `H`), so `T = d_model = 6` cannot hide the mistake. Size-1 dims are
+    skipped (an unsqueezed batch holds no order) and shapes written with literal numbers are not
+    judged.
+
+    **Why it matters.** It runs, every later shape is right, and the table even labels the result
+    `(B, T, d_model)`. Only the numbers are wrong.
+
+    **Fix.** Bring the dims into the order the new shape names them first: `transpose` dims
+    `[1, 2]`, then `contiguous` + `view` or a `reshape` — or `op: merge`, which does all three.
+    """
+
+    code, example, origin = "view-scrambles-dims", "view_scrambles_dims", "merging heads (GPT-2, BERT, Llama)"
+
+    def check(self, analysis):
+        for node in analysis.nodes.values():
+            if not node.step.regroups or not node.outs:
+                continue
+            source = node.reads[0]
+            before, after = analysis.metas[source].shape, node.outs[-1].meta.shape
+            if in_order(node.dims, before, after) is not False:
+                continue
+            message = (
+                f"{node.op} regroups '{source}' {show(analysis, source)} into {show(analysis, node.value)}, but a view only merges "
+                f"or splits neighbouring dims in order: the dims of '{source}' are not in the order the new shape names them, "
+                f"so every row mixes them up (it runs, with wrong numbers) — bring them into that order first (e.g. transpose, "
+                f"then contiguous or reshape; `op: merge` does all three for (…, H, T, Dh))"
+            )
+            yield warning(analysis, node, self.code, message, "shape")
+
+
+def in_order(alg, before, after) -> bool | None:
+    """Whether ``after`` merges/splits consecutive dims of ``before`` in order, as symbols; None
+    when a literal number (other than 1) makes that unknowable. Size-1 dims hold no order: one
+    that does not line up is skipped (an unsqueezed batch, a head of width 1)."""
+    one = Poly.const(1)
+    src = [(d.poly, d.value) for d in before if d.poly != one]
+    dst = [(d.poly, d.value) for d in after if d.poly != one]
+    if any(p.constant is not None for p, _ in src + dst):
+        return None
+    for want, size in dst:
+        if size == 1 and (not src or src[0][0] != want):
+            continue
+        have, have_size = one, 1
+        while have != want:
+            if not src:
+                return False
+            head, head_size = src[0]
+            if have * head == want:
+                have = want
+                src.pop(0)
+                break
+            need = want.divide(have)
+            rest = head.divide(need) if need is not None else None
+            if rest is None:
+                return None  # a sum of dims (H + 2) does not divide: not judged
+            if natural(alg, need) and natural(alg, rest):
+                src[0], have = (rest, head_size * have_size // max(size, 1)), want  # ``want`` ends inside ``head``: its outer part
+                break
+            left = want.divide(have * head)
+            if left is None:
+                return None
+            if natural(alg, left):
+                have, have_size = have * head, have_size * head_size
+            elif head_size != 1:  # a size-1 dim that does not fit holds no data order: skip it
+                return False
+            src.pop(0)
+    return all(size == 1 for _, size in src)
+
+
+def natural(alg, poly, depth: int = 0) -> bool:
+    """A size a dim can be: a product of dims and a whole number, where declared quotients count
+    as dims (``3 * d_model // H`` is ``3 * Dh``); ``H // T`` is not."""
+    if poly in alg.names:
+        return True
+    if len(poly.terms) != 1:
+        return False
+    mono, coeff = poly.terms[0]
+    if coeff <= 0 or coeff.denominator != 1:
+        return False
+    if all(exp > 0 for _, exp in mono):
+        return True
+    quotients = (p for p in alg.names if len(p.terms) == 1 and any(exp < 0 for _, exp in p.terms[0][0]))
+    return depth < 4 and any((rest := poly.divide(p)) is not None and natural(alg, rest, depth + 1) for p in quotients)
