@@ -1,4 +1,5 @@
-"""The architecture's rules, enforced: one-way imports, and a complete contract for every step kind."""
+"""The architecture's rules, enforced: packages are layers that import only downwards, nothing
+imports in a cycle, facts about a kind live in its class, and every step kind and lint is complete."""
 
 import ast
 import re
@@ -10,12 +11,17 @@ import yaml
 
 import tests.test_modern_steps  # noqa: F401  (their @covers marks fill KERNEL_TESTED)
 import tests.test_steps  # noqa: F401
-from tests.conftest import KERNEL_TESTED, ROOT
+from tests.conftest import KERNEL_TESTED, PIPELINES, ROOT
+from tracer.analysis.lints import LINTS
 from tracer.spec.load import load_spec_text
 from tracer.steps.contract import STEP_KINDS, StepBase
 
 PACKAGE = ROOT / "tracer"
 EXPANDED_BEFORE_ANALYSIS = {"block", "block_input"}  # spec-level kinds: no kernel of their own
+# bottom to top (docs/architecture.md): a module imports modules of its own layer or of layers below
+LAYERS = ("core", "steps", "spec", "analysis", "runtime", "presentation", "facade")
+# the only imports of tracer's own modules made inside a function: each keeps torch out of `tracer check`
+LAZY = {("tracer", "tracer.module")}  # tracer.to_module: torch.nn
 
 
 def _module(path: Path) -> str:
@@ -23,8 +29,15 @@ def _module(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def _runtime_imports(tree: ast.AST):
-    """Every node of the module, but those under ``if TYPE_CHECKING:`` (annotations only: never run)."""
+def layer(module: str) -> str:
+    """The layer of a module: its sub-package, or "facade" for the top-level modules."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 2 or (len(parts) == 2 and (PACKAGE / parts[1]).is_dir()) else "facade"
+
+
+def _runtime_imports(tree: ast.AST) -> list[tuple[ast.AST, bool]]:
+    """Every import of the module with whether it is made inside a function; those under
+    ``if TYPE_CHECKING:`` are left out (annotations only: never run)."""
     hidden = {
         id(inner)
         for node in ast.walk(tree)
@@ -32,50 +45,71 @@ def _runtime_imports(tree: ast.AST):
         for stmt in node.body
         for inner in ast.walk(stmt)
     }
-    return [node for node in ast.walk(tree) if id(node) not in hidden]
+    in_function = {
+        id(inner) for node in ast.walk(tree) if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) for inner in ast.walk(node)
+    }
+    return [
+        (node, id(node) in in_function)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Import | ast.ImportFrom) and id(node) not in hidden
+    ]
 
 
-def import_graph() -> nx.DiGraph:
-    """tracer's modules and every import between them, at any depth (inside functions too)."""
+def import_edges() -> list[tuple[str, str, bool]]:
+    """(importer, imported, inside a function) for every import between tracer's modules."""
     modules = {_module(p): p for p in PACKAGE.rglob("*.py")}
-    graph = nx.DiGraph()
-    graph.add_nodes_from(modules)
+    edges = []
     for name, path in modules.items():
         package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
-        for node in _runtime_imports(ast.parse(path.read_text())):
+        for node, lazy in _runtime_imports(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom):
                 base = package.split(".")[: len(package.split(".")) - node.level + 1] if node.level else []
                 target = ".".join(base + ([node.module] if node.module else []))
                 named = [f"{target}.{alias.name}" for alias in node.names if f"{target}.{alias.name}" in modules]
                 targets = named or [target]
-            elif isinstance(node, ast.Import):
-                targets = [alias.name for alias in node.names]
             else:
-                continue
-            graph.add_edges_from((name, t) for t in targets if t in modules and t != name)
-    return graph
+                targets = [alias.name for alias in node.names]
+            edges += [(name, t, lazy) for t in targets if t in modules and t != name]
+    return edges
 
 
-def test_no_import_cycle_among_tracer_modules():
-    cycles = [c for c in nx.simple_cycles(import_graph()) if len(c) > 1]
-    assert cycles == [], f"import cycles: {cycles}"
+def test_packages_are_layers_that_import_only_downwards():
+    upward = [(a, b) for a, b, _ in import_edges() if LAYERS.index(layer(a)) < LAYERS.index(layer(b))]
+    assert upward == [], f"imports from a layer to one above it: {upward}"
 
 
-@pytest.mark.parametrize(
-    "lower, upper",
-    [
-        ("tracer.runtime.records", "tracer.presentation.diagram"),
-        ("tracer.presentation.diagram", "tracer.api"),
-        ("tracer.analysis.memory", "tracer.runtime.records"),
-        ("tracer.steps.block", "tracer.spec.load"),
-    ],
-)
-def test_layers_import_one_way(lower, upper):
-    assert not nx.has_path(import_graph(), lower, upper), f"{lower} reaches {upper}"
+def test_no_import_cycle_among_modules_or_packages():
+    edges = import_edges()
+    modules = nx.DiGraph((a, b) for a, b, _ in edges)
+    assert [c for c in nx.simple_cycles(modules) if len(c) > 1] == []
+    packages = nx.DiGraph((layer(a), layer(b)) for a, b, _ in edges if layer(a) != layer(b))
+    assert list(nx.simple_cycles(packages)) == []
 
 
-def test_the_import_graph_sees_imports_inside_functions():
-    assert import_graph().has_edge("tracer.cli", "tracer.presentation.outputs")  # the CLI's _draw imports it lazily
+def test_imports_inside_functions_only_keep_torch_out_of_tracer_check():
+    lazy = {(a, b) for a, b, inside in import_edges() if inside}
+    assert lazy <= LAZY and len(lazy) <= 10, f"imports of tracer's own modules made inside functions: {lazy - LAZY}"
+
+
+def test_the_layer_check_sees_imports_inside_functions():
+    assert ("tracer", "tracer.module", True) in import_edges()
+
+
+def test_only_the_step_kinds_and_the_attention_core_test_for_a_kind():
+    """Other layers read a kind's traits (docs/architecture.md), never its class, nor the
+    attention core's or the lints' private helpers."""
+    classes = "|".join(sorted({cls.__name__ for cls in STEP_KINDS.values()} | {"BlockInput"}))
+    concrete = re.compile(rf"isinstance\([^)]*(?<![\w.])({classes})\b|type\([^)]*\)\s+is\s+({classes})\b")
+    private = re.compile(r"\b(lints|attention|costs)\._[a-z]")
+    allowed = {PACKAGE / "analysis" / "attention.py"}
+    found = [
+        f"{path.relative_to(ROOT)}:{n}: {line.strip()}"
+        for path in PACKAGE.rglob("*.py")
+        if not {"steps", "core"} & set(path.relative_to(PACKAGE).parts) and path not in allowed  # core is below the kinds
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        if (concrete.search(line) or private.search(line)) and not line.lstrip().startswith("#")
+    ]
+    assert found == []
 
 
 @pytest.mark.parametrize("op", sorted(STEP_KINDS))
@@ -91,10 +125,16 @@ def test_every_step_kind_fulfils_the_contract(op):
         yaml.safe_dump({"name": "example", "inputs": {"x": {"shape": [1], "init": "randn"}}, "steps": [step]}), "e.yaml"
     )
     assert spec.steps[0].op == op  # the example validates against the format
-    assert op in KERNEL_TESTED, (
-        f"{op}: no kernel test against plain torch (mark it @covers('{op}') in tests/test_steps.py or test_modern_steps.py)"
-    )
+    assert op in KERNEL_TESTED, f"{op}: no kernel test against plain torch (mark it @covers('{op}') in the step tests)"
     assert kind.emit is not StepBase.emit, f"{op}: no emit (tracer export writes each step from its kind's emit)"
+
+
+@pytest.mark.parametrize("code", sorted(LINTS))
+def test_every_lint_is_documented_with_an_example_and_its_fixed_twin(code):
+    lint = LINTS[code]
+    assert "**What.**" in lint.doc() and "**Fix.**" in lint.doc(), f"{code}: its docstring is its docs section"
+    assert (PIPELINES / "lint_examples" / f"{lint.example}.yaml").is_file()
+    assert (PIPELINES / "lint_examples" / "fixed" / f"{lint.example}.yaml").is_file()
 
 
 def test_no_op_name_lists_outside_the_step_kinds():
@@ -109,12 +149,3 @@ def test_no_op_name_lists_outside_the_step_kinds():
         if pattern.search(line) and not line.lstrip().startswith("#")
     ]
     assert found == []
-
-
-def test_every_init_the_format_accepts_has_exactly_one_way_to_create_it():
-    from typing import get_args
-
-    from tracer.spec.inits import INITS
-    from tracer.spec.pipeline import Init
-
-    assert set(INITS) == set(get_args(Init))

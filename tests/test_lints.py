@@ -7,20 +7,12 @@ import pytest
 
 import tracer
 from tests.conftest import PIPELINES
+from tracer.analysis.lints import LINTS
 from tracer.cli import main
 from tracer.runtime.watch import SoftmaxNaNs, runtime_warnings
 
 EXAMPLES = PIPELINES / "lint_examples"
-LINT_CODES = {
-    "dead-step",
-    "scale-mismatch",
-    "lossy-head-split",
-    "nan-risk-mask",
-    "mask-polarity",
-    "view-scrambles-dims",
-    "gqa-head-order",
-    "softmax-over-queries",
-}
+LINT_CODES = set(LINTS)
 CANONICAL = ["self_attention", "causal_mha", "cross_attention"]
 
 
@@ -37,10 +29,12 @@ def example(name: str) -> str:
 
 
 @pytest.mark.parametrize("code", sorted(LINT_CODES))
-def test_each_example_trips_exactly_its_lint(code):
-    analysis = tracer.load(EXAMPLES / f"{code.replace('-', '_')}.yaml").check()
+def test_each_example_trips_exactly_its_lint_and_its_fixed_twin_is_clean(code):
+    analysis = tracer.load(EXAMPLES / f"{LINTS[code].example}.yaml").check()
     assert not analysis.errors
     assert [d.code for d in analysis.warnings] == [code]
+    fixed = tracer.load(EXAMPLES / "fixed" / f"{LINTS[code].example}.yaml").check()
+    assert fixed.diagnostics == ()
 
 
 def test_strict_check_of_all_examples_shows_every_code(capsys):

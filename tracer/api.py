@@ -11,6 +11,7 @@ from .analysis.expect import Layout, check_expectations
 from .analysis.memory import check_budget
 from .analysis.shapes import Analysis, analyze
 from .core.errors import Diagnostic, ExpectationError, TracerError
+from .presentation.notebook import pipeline_html
 from .presentation.trace import Trace
 from .runtime.interpreter import Plan, device_problem, torch_module
 from .runtime.tensors import create_tensors, match
@@ -112,7 +113,6 @@ class Pipeline:
         return f"<Pipeline {self.name!r} from {self.path}: {len(self.spec.steps)} steps>"
 
     def _repr_html_(self) -> str:
-        from .presentation.notebook import pipeline_html
 
         return pipeline_html(self)
 

@@ -9,7 +9,20 @@ import sys
 import threading
 from pathlib import Path
 
+from . import __version__, weights
+from .analysis.memory import parse_bytes
+from .analysis.shapes import analyze
+from .api import Pipeline, load
 from .core.errors import Diagnostic, InternalError, TracerError, printable
+from .presentation import outputs
+from .presentation.export import export_source
+from .presentation.files import write_atomic
+from .presentation.graphviz import chosen_renderer
+from .presentation.progress import Progress
+from .runtime.interpreter import device_problem
+from .runtime.tensors import match
+from .runtime.watch import SoftmaxNaNs
+from .spec.load import load_spec
 
 DRAWINGS = ("svg", "png", "pdf", "dot", "html")  # what `tracer render -o` writes, by suffix
 RENDER_TIMEOUT = 120.0  # seconds; the same default as tracer.presentation.diagram.DOT_TIMEOUT (kept here: the parser imports no renderer)
@@ -194,7 +207,6 @@ def _dim_pair(text: str) -> tuple[str, int]:
 
 def _device(text: str) -> str:
     """A torch device this machine has: 'bogus' or 'cuda' without CUDA is a usage error (exit 2)."""
-    from .runtime.interpreter import device_problem
 
     problem = device_problem(text)
     if problem is not None:
@@ -203,8 +215,6 @@ def _device(text: str) -> str:
 
 
 def _check(args) -> int:
-    from .analysis.shapes import analyze
-    from .spec.load import load_spec
 
     failed = False
     for name in args.files:
@@ -222,10 +232,8 @@ def _check(args) -> int:
 
 
 def _run(args) -> int:
-    from .api import load
 
     pipeline = load(args.file) if not args.dim else _load_unchecked(args.file)
-    from .runtime.watch import SoftmaxNaNs
 
     analysis = pipeline.check(dict(args.dim))
     nans = SoftmaxNaNs(analysis)
@@ -243,8 +251,6 @@ def _run(args) -> int:
     for warning in trace.analysis.warnings + nans.warnings():
         print(warning, file=sys.stderr)
     if args.output:
-        from .presentation.files import write_atomic
-
         text = trace.to_json(values=args.values) if args.json else _table(trace, args) + "\n" + trace.peak_line()
         print(f"wrote {printable(write_atomic(args.output, text + chr(10), error_file=args.file))}", file=sys.stderr)
         return 0
@@ -261,8 +267,6 @@ def _run(args) -> int:
 
 def _weights(args, analysis) -> dict:
     """Every param from the checkpoint (renamed by the map): unknown, missing and mis-shaped keys together."""
-    from . import weights
-    from .runtime.tensors import match
 
     if args.weights_map and not args.weights:
         raise TracerError(Diagnostic(args.weights_map, None, "weights-map", "--weights-map renames the keys of --weights: give both"))
@@ -273,7 +277,6 @@ def _weights(args, analysis) -> dict:
 
 
 def _running(analysis, quiet: bool):
-    from .presentation.progress import Progress
 
     made = sum(len(node.outs) for node in analysis.nodes.values())  # every tensor a step makes
     return Progress("running", total=made, quiet=quiet)
@@ -303,7 +306,6 @@ def _positive(text: str) -> int:
 
 
 def _size(text: str) -> int:
-    from .analysis.memory import parse_bytes
 
     try:
         return parse_bytes(text)
@@ -313,26 +315,21 @@ def _size(text: str) -> int:
 
 def _load_unchecked(path: str):
     """Load without checking the declared dims: overridden dims are what will run."""
-    from .api import Pipeline
-    from .spec.load import load_spec
 
     return Pipeline(*load_spec(path))
 
 
 def _render(args) -> int:
-    from .presentation.graphviz import chosen_renderer
 
     with chosen_renderer(args.dot):
         return _draw(args)
 
 
 def _draw(args) -> int:
-    from .presentation import outputs
 
     output, fmt = outputs.by_suffix(args.output or f"{Path(args.file).stem}.svg", DRAWINGS, default="svg")
     if args.values and args.device == "meta":
         raise TracerError(Diagnostic(args.file, None, "values-on-meta", "--values needs real data: drop --device meta (or use cpu/cuda)"))
-    from .presentation.progress import Progress
 
     pipeline = _load_unchecked(args.file)
     with _running(pipeline.check(dict(args.dim)), args.quiet) as progress:
@@ -346,20 +343,17 @@ def _draw(args) -> int:
 
 
 def _export(args) -> int:
-    from .presentation.export import export_source
 
     source = export_source(_load_unchecked(args.file), dict(args.dim))
     if not args.output:
         sys.stdout.write(source)
         return 0
-    from .presentation.files import write_atomic
 
     print(f"wrote {printable(write_atomic(args.output, source, error_file=args.file))}", file=sys.stderr)
     return 0
 
 
 def _version() -> str:
-    from . import __version__  # the package's one version string (pyproject reads it too)
 
     return __version__
 

@@ -10,10 +10,13 @@ import glob
 import sys
 from pathlib import Path
 
+from .api import Pipeline
 from .core.errors import TracerError
 from .presentation import outputs
+from .presentation.export import export_source
 from .presentation.files import write_atomic
 from .presentation.graphviz import find_renderer
+from .spec.load import load_spec
 
 # Pipelines that also get an interactive HTML report with values (heatmaps): the tutorials'
 # sentence, a causal model and a sliding-window one. A path not in the folder is skipped.
@@ -40,8 +43,6 @@ def gallery_name(path: Path, root: Path) -> str:
 
 def render_one(path: Path, svg: Path) -> str:
     """Render one pipeline to ``svg``; returns its one-line description."""
-    from .api import Pipeline
-    from .spec.load import load_spec
 
     pipeline = Pipeline(*load_spec(path))
     pipeline.check().raise_errors()
@@ -56,9 +57,6 @@ def _markdown_text(text: str) -> str:
 
 def _export_one(path: Path, py: Path) -> str:
     """The pipeline as a PyTorch module (``tracer export``); the README's link to it, or nothing."""
-    from .api import Pipeline
-    from .presentation.export import export_source
-    from .spec.load import load_spec
 
     try:
         write_atomic(py, export_source(Pipeline(*load_spec(path))))
@@ -71,8 +69,6 @@ def _export_one(path: Path, py: Path) -> str:
 
 def report_one(path: Path, html: Path) -> None:
     """The interactive report of one pipeline, run on the CPU with its values kept."""
-    from .api import Pipeline
-    from .spec.load import load_spec
 
     pipeline = Pipeline(*load_spec(path))
     options = outputs.Options(collapse=tuple(repeated_blocks(pipeline)))

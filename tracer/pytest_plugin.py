@@ -21,6 +21,9 @@ from pathlib import Path
 
 import pytest
 
+from .api import load
+from .core.errors import TracerError
+from .spec.source import read_document
 from .testing import trace_pipeline  # noqa: F401  (fixture)
 
 SUFFIXES = (".yaml", ".yml")
@@ -80,8 +83,6 @@ class PipelineFile(pytest.File):
 def _pipeline_name(path: Path) -> str:
     """The file's ``name:`` as the item's name; the file's stem when it has none usable in a node id
     (the file is not loaded here: a broken one is collected, and fails when it runs)."""
-    from .core.errors import TracerError
-    from .spec.source import read_document
 
     try:
         data, _ = read_document(path)
@@ -95,7 +96,6 @@ def _pipeline_name(path: Path) -> str:
 class PipelineItem(pytest.Item):
     def runtest(self) -> None:
         __tracebackhide__ = True  # a failure is the pipeline's located message, not tracer's frames
-        from .api import load
 
         trace = load(self._shown_path()).run(device="cpu")
         for lint in trace.analysis.warnings:
@@ -108,7 +108,6 @@ class PipelineItem(pytest.Item):
         return self.path.relative_to(base) if self.path.is_relative_to(base) else self.path
 
     def repr_failure(self, excinfo, style=None):
-        from .core.errors import TracerError
 
         if isinstance(excinfo.value, TracerError | PipelineWarning):
             return str(excinfo.value)

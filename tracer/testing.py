@@ -24,7 +24,7 @@ def assert_shape(trace: Trace, tensor_id: str, expected: str | Sequence[int | st
     record = trace[tensor_id]
     parts = _parts(expected)
     try:
-        want = tuple(dimexpr.parse(p).evaluate(trace.dims) for p in parts)
+        want = tuple(dimexpr.evaluate(dimexpr.parse(p), trace.dims) for p in parts)
     except dimexpr.DimError as exc:
         raise _failure(trace, tensor_id, f"cannot read the expected shape {expected!r}: {exc}") from None
     if want != record.shape:

@@ -31,6 +31,8 @@ from pathlib import Path
 from typing import Any
 
 from .analysis.attention import unfused_site
+from .api import Pipeline, load
+from .presentation.trace import Trace
 from .steps.attention import causal_hidden
 
 __all__ = ["AttentionCore", "VerificationError", "against_mha", "against_module", "against_pipeline", "against_sdpa", "attention_core"]
@@ -292,7 +294,6 @@ def against_pipeline(
     ``output`` (default: the first output of ``pipeline``) is compared with ``reference_output``
     (default: the same id).
     """
-    from .api import Pipeline, load
 
     trace = _values(pipeline, dims, seed, tensors)
     if isinstance(reference, (str, Path)):
@@ -335,8 +336,6 @@ def against_module(
         layer = nn.TransformerEncoderLayer(2, 2, 4, dropout=0.0, batch_first=True)
         verify.against_module("pipelines/encoder_block.yaml", layer, weights=weights.rename(layer.state_dict(), MAP))
     """
-
-    from .api import Pipeline, load
 
     if isinstance(pipeline, (str, Path)):
         pipeline = load(pipeline)
@@ -456,8 +455,6 @@ def _additive(hide, core: AttentionCore, dtype):
 
 def _values(pipeline: Any, dims, seed, tensors):
     """A trace with every tensor kept, from a path, a Pipeline or a Trace."""
-    from .api import Pipeline, load
-    from .presentation.trace import Trace
 
     if isinstance(pipeline, Trace):
         if pipeline.keep_values and dims is None and seed is None and tensors is None:

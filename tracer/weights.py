@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from .core.errors import Diagnostic, TracerError
+from .spec.source import read_document
 
 
 def read(path: str | Path) -> dict[str, Any]:
@@ -44,7 +45,6 @@ def read_map(path: str | Path) -> dict[str, Any]:
     """A ``--weights-map`` file: ``FOREIGN_KEY: PARAM`` renames, ``FOREIGN_KEY: [P1, P2, P3]`` splits
     a packed tensor into equal pieces along dim 0 (``{into: [...], dim: 1}`` along another dim),
     ``FOREIGN_KEY: null`` drops a key the pipeline has no param for."""
-    from .spec.source import read_document
 
     data, source = read_document(path)
     if not isinstance(data, dict):

@@ -209,7 +209,7 @@ def _algebra(pipeline: PipelineSpec, source: SourceMap, overrides: Mapping[str, 
         if name not in exprs:
             message = f"--dim {name}={value}: the pipeline has no dim '{name}' (dims: {', '.join(exprs) or 'none'})"
             raise TracerError(source.error(("dims",), "unknown-dim", message, prefer_key=True))
-        if not isinstance(exprs[name], dimexpr.Num):
+        if not dimexpr.is_number(exprs[name]):
             message = f"--dim {name}={value}: '{name}' is derived ({exprs[name]}); override the dims it is computed from"
             raise TracerError(source.error(("dims", name), "derived-dim", message, prefer_key=True))
         if isinstance(value, bool) or not isinstance(value, int) or abs(value) > dimexpr.MAX_VALUE:

@@ -4,9 +4,9 @@ Grammar: int literals, dim names, ``+ - * // %``, unary minus and parentheses. N
 accepted, and nothing is ever evaluated by Python: we walk our own tree.
 
 >>> e = parse("d_model // H")
->>> e.evaluate({"d_model": 8, "H": 2})
+>>> evaluate(e, {"d_model": 8, "H": 2})
 4
->>> sorted(e.names())
+>>> sorted(names(e))
 ['H', 'd_model']
 """
 
@@ -16,8 +16,10 @@ import ast
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Generic, TypeVar
 
 MAX_TEXT = 200
+T = TypeVar("T")
 MAX_VALUE = 2**62  # far above any real tensor size, far below what overflows int64 strides
 
 
@@ -33,45 +35,24 @@ class DimError(ValueError):
 class Num:
     value: int
 
-    def evaluate(self, env: Mapping[str, int]) -> int:
-        return self.value
-
-    def names(self) -> set[str]:
-        return set()
-
     def __str__(self) -> str:
-        return str(self.value)
+        return text(self)
 
 
 @dataclass(frozen=True)
 class Name:
     name: str
 
-    def evaluate(self, env: Mapping[str, int]) -> int:
-        try:
-            return env[self.name]
-        except KeyError:
-            raise DimError(f"unknown dim '{self.name}'", "unknown-dim") from None
-
-    def names(self) -> set[str]:
-        return {self.name}
-
     def __str__(self) -> str:
-        return self.name
+        return text(self)
 
 
 @dataclass(frozen=True)
 class Neg:
     operand: Expr
 
-    def evaluate(self, env: Mapping[str, int]) -> int:
-        return -self.operand.evaluate(env)
-
-    def names(self) -> set[str]:
-        return self.operand.names()
-
     def __str__(self) -> str:
-        return f"-{_wrap(self.operand)}"
+        return text(self)
 
 
 @dataclass(frozen=True)
@@ -80,30 +61,159 @@ class BinOp:
     left: Expr
     right: Expr
 
-    def evaluate(self, env: Mapping[str, int]) -> int:
-        a, b = self.left.evaluate(env), self.right.evaluate(env)
-        if self.op == "+":
-            return _checked(a + b, self)
-        if self.op == "-":
-            return _checked(a - b, self)
-        if self.op == "*":
-            return _checked(a * b, self)
-        if b == 0:
-            raise DimError(f"division by zero in '{self}' ({self.right}=0)", "dim-divide")
-        if self.op == "%":
-            return a % b
-        if a % b:
-            raise DimError(f"{_describe(self.left, a)} is not divisible by {_describe(self.right, b)}", "dim-divide")
-        return a // b
-
-    def names(self) -> set[str]:
-        return self.left.names() | self.right.names()
-
     def __str__(self) -> str:
-        return f"{_wrap(self.left)} {self.op} {_wrap(self.right)}"
+        return text(self)
 
 
 Expr = Num | Name | Neg | BinOp
+
+
+class Fold(Generic[T]):
+    """What to make of each kind of node, bottom-up: :func:`fold` calls ``neg`` and ``binop`` with
+    what it made of their operands. Evaluating, naming, printing, symbolic dims
+    (``tracer.core.symbolic``) and exported source all fold the same trees."""
+
+    def num(self, node: Num) -> T:
+        raise NotImplementedError
+
+    def name(self, node: Name) -> T:
+        raise NotImplementedError
+
+    def neg(self, node: Neg, operand: T) -> T:
+        raise NotImplementedError
+
+    def binop(self, node: BinOp, left: T, right: T) -> T:
+        raise NotImplementedError
+
+
+def fold(expr: Expr, visitor: Fold[T]) -> T:
+    """The one walk over a dim expression: post-order with an explicit stack (no recursion, so
+    no expression can reach Python's recursion limit)."""
+    stack: list[tuple[Expr, bool]] = [(expr, False)]
+    made: list[T] = []
+    while stack:
+        node, operands_done = stack.pop()
+        if isinstance(node, Num):
+            made.append(visitor.num(node))
+        elif isinstance(node, Name):
+            made.append(visitor.name(node))
+        elif not operands_done:
+            stack.append((node, True))
+            stack.extend((child, False) for child in reversed(_operands(node)))
+        elif isinstance(node, Neg):
+            made.append(visitor.neg(node, made.pop()))
+        else:
+            right = made.pop()
+            made.append(visitor.binop(node, made.pop(), right))
+    return made[0]
+
+
+def _operands(node: Neg | BinOp) -> tuple[Expr, ...]:
+    return (node.operand,) if isinstance(node, Neg) else (node.left, node.right)
+
+
+def is_number(expr: Expr) -> bool:
+    """A literal int (a base dim's definition), not an expression over other dims."""
+    return isinstance(expr, Num)
+
+
+class _Evaluate(Fold[int]):
+    def __init__(self, env: Mapping[str, int]):
+        self.env = env
+
+    def num(self, node):
+        return node.value
+
+    def name(self, node):
+        try:
+            return self.env[node.name]
+        except KeyError:
+            raise DimError(f"unknown dim '{node.name}'", "unknown-dim") from None
+
+    def neg(self, node, operand):
+        return -operand
+
+    def binop(self, node, a, b):
+        if node.op == "+":
+            return _checked(a + b, node)
+        if node.op == "-":
+            return _checked(a - b, node)
+        if node.op == "*":
+            return _checked(a * b, node)
+        if b == 0:
+            raise DimError(f"division by zero in '{text(node)}' ({text(node.right)}=0)", "dim-divide")
+        if node.op == "%":
+            return a % b
+        if a % b:
+            raise DimError(f"{_describe(node.left, a)} is not divisible by {_describe(node.right, b)}", "dim-divide")
+        return a // b
+
+
+class _Names(Fold[frozenset]):
+    def num(self, node):
+        return frozenset()
+
+    def name(self, node):
+        return frozenset((node.name,))
+
+    def neg(self, node, operand):
+        return operand
+
+    def binop(self, node, left, right):
+        return left | right
+
+
+class Source(Fold[str]):
+    """The expression as text, each name written as ``names`` says (itself by default), operands
+    that are not a name or a number in parentheses: ``d_model // H``, ``self.d_model // (H + 1)``."""
+
+    def __init__(self, names: Mapping[str, str] | None = None):
+        self.names = names or {}
+
+    def num(self, node):
+        return str(node.value)
+
+    def name(self, node):
+        return self.names.get(node.name, node.name)
+
+    def neg(self, node, operand):
+        return f"-{self.operand(node.operand, operand)}"
+
+    def binop(self, node, left, right):
+        return f"{self.operand(node.left, left)} {node.op} {self.operand(node.right, right)}"
+
+    def operand(self, node: Expr, written: str) -> str:
+        """An operand as written inside a larger expression."""
+        return f"({written})" if isinstance(node, BinOp) else written
+
+
+class Divisions(Fold[list]):
+    """Every ``//`` and ``%`` node, innermost first (where an exported module checks its divisor)."""
+
+    def num(self, node):
+        return []
+
+    def name(self, node):
+        return []
+
+    def neg(self, node, operand):
+        return operand
+
+    def binop(self, node, left, right):
+        return left + right + ([node] if node.op in ("//", "%") else [])
+
+
+def evaluate(expr: Expr, env: Mapping[str, int]) -> int:
+    return fold(expr, _Evaluate(env))
+
+
+def names(expr: Expr) -> frozenset[str]:
+    return fold(expr, _Names())
+
+
+def text(expr: Expr) -> str:
+    return fold(expr, Source())
+
 
 _BINOPS = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.FloorDiv: "//", ast.Mod: "%"}
 
@@ -169,7 +279,7 @@ def _checked_literal(value: int) -> int:
 
 def _checked(value: int, expr: BinOp) -> int:
     if abs(value) > MAX_VALUE:
-        raise DimError(f"'{expr}' evaluates to {_short(value)}, which overflows (the limit is 2**62)", "dim-overflow")
+        raise DimError(f"'{text(expr)}' evaluates to {_short(value)}, which overflows (the limit is 2**62)", "dim-overflow")
     return value
 
 
@@ -179,8 +289,4 @@ def _short(value: int) -> str:
 
 
 def _describe(expr: Expr, value: int) -> str:
-    return str(value) if isinstance(expr, Num) else f"{expr}={value}"
-
-
-def _wrap(expr: Expr) -> str:
-    return f"({expr})" if isinstance(expr, BinOp) else str(expr)
+    return str(value) if isinstance(expr, Num) else f"{text(expr)}={value}"

@@ -154,38 +154,19 @@ class DimAlgebra:
         self.exprs = {name: dimexpr.parse(text) for name, text in declared.items()}
         self.values = dict(values) if values is not None else resolve(self.exprs)
         self.polys: dict[str, Poly] = {}
-        for name in self.exprs:
-            self._poly_of_name(name)
+        for name in dependency_order(self.exprs, missing_ok=True):  # a dim's poly is made of its dependencies'
+            expr = self.exprs[name]
+            self.polys[name] = Poly.symbol(name) if dimexpr.is_number(expr) else self._poly(expr)
         self.names = {}
         for name, poly in self.polys.items():
             self.names.setdefault(poly, name)
         self._texts: dict[tuple, Dim] = {}  # every copy of a block reads the same dim texts
 
     def _poly_of_name(self, name: str) -> Poly:
-        if name not in self.polys:
-            expr = self.exprs[name]
-            self.polys[name] = Poly.symbol(name) if isinstance(expr, dimexpr.Num) else self._poly(expr)
         return self.polys[name]
 
     def _poly(self, expr: dimexpr.Expr) -> Poly:
-        if isinstance(expr, dimexpr.Num):
-            return Poly.const(expr.value)
-        if isinstance(expr, dimexpr.Name):
-            return self._poly_of_name(expr.name) if expr.name in self.exprs else Poly.symbol(expr.name)
-        if isinstance(expr, dimexpr.Neg):
-            return -self._poly(expr.operand)
-        left, right = self._poly(expr.left), self._poly(expr.right)
-        if expr.op == "+":
-            return left + right
-        if expr.op == "-":
-            return left + -right
-        if expr.op == "*":
-            return left * right
-        if expr.op == "//":
-            quotient = left.divide(right)
-            if quotient is not None:
-                return quotient
-        return Poly.symbol(f"({expr})")  # % and division by a sum stay opaque
+        return dimexpr.fold(expr, _Polys(self))
 
     def make(self, poly: Poly, value: int) -> Dim:
         label = self.names.get(poly)
@@ -197,11 +178,11 @@ class DimAlgebra:
     def dim(self, expr: dimexpr.Expr | str | int) -> Dim:
         """A Dim from a spec expression; raises ``DimError`` (not divisible, unknown name...)."""
         if isinstance(expr, (dimexpr.Num, dimexpr.Name, dimexpr.Neg, dimexpr.BinOp)):
-            return self.make(self._poly(expr), expr.evaluate(self.values))
+            return self.make(self._poly(expr), dimexpr.evaluate(expr, self.values))
         key = (type(expr), expr)  # (int, 1) and (bool, True) must not share an entry
         if key not in self._texts:
             parsed = dimexpr.parse(expr)
-            self._texts[key] = self.make(self._poly(parsed), parsed.evaluate(self.values))
+            self._texts[key] = self.make(self._poly(parsed), dimexpr.evaluate(parsed, self.values))
         return self._texts[key]
 
     def const(self, value: int) -> Dim:
@@ -225,35 +206,88 @@ class DimAlgebra:
         return result
 
 
+class _Polys(dimexpr.Fold[Poly]):
+    """A dim expression as a Laurent polynomial over the base dims: ``//`` is exact division by a
+    monomial; ``%`` and division by a sum stay opaque symbols."""
+
+    def __init__(self, alg: DimAlgebra):
+        self.alg = alg
+
+    def num(self, node):
+        return Poly.const(node.value)
+
+    def name(self, node):
+        return self.alg.polys.get(node.name) or Poly.symbol(node.name)
+
+    def neg(self, node, operand):
+        return -operand
+
+    def binop(self, node, left, right):
+        if node.op == "+":
+            return left + right
+        if node.op == "-":
+            return left + -right
+        if node.op == "*":
+            return left * right
+        if node.op == "//":
+            quotient = left.divide(right)
+            if quotient is not None:
+                return quotient
+        return Poly.symbol(f"({node})")
+
+
+def dependency_order(exprs: Mapping[str, dimexpr.Expr], leaves: frozenset = frozenset(), missing_ok: bool = False) -> list[str]:
+    """Every dim after the dims it is computed from (a depth-first walk in the file's order, with
+    an explicit stack: a chain of thousands of derived dims is no deeper than one). The deps of
+    ``leaves`` (dims given a value) are not followed. A cycle or an unknown name raises
+    ``DimError`` whose ``dim`` is the dim being computed; ``missing_ok`` skips unknown names."""
+    order: list[str] = []
+    done: set[str] = set()
+    for root in exprs:
+        if root in done:
+            continue
+        visiting, frames = [root], [(root, iter(_deps(exprs, root, leaves)))]
+        while frames:
+            name, deps = frames[-1]
+            dep = next((d for d in deps if d not in done), None)
+            if dep is None:
+                frames.pop()
+                visiting.pop()
+                done.add(name)
+                order.append(name)
+                continue
+            try:
+                if dep in visiting:
+                    cycle = " -> ".join(visiting[visiting.index(dep) :] + [dep])
+                    raise dimexpr.DimError(f"dims depend on each other in a cycle: {cycle}", "dim-cycle")
+                if dep not in exprs:
+                    if missing_ok:
+                        continue
+                    raise dimexpr.DimError(f"unknown dim '{dep}'", "unknown-dim")
+            except dimexpr.DimError as exc:
+                exc.dim = name
+                raise
+            visiting.append(dep)
+            frames.append((dep, iter(_deps(exprs, dep, leaves))))
+    return order
+
+
+def _deps(exprs: Mapping[str, dimexpr.Expr], name: str, leaves: frozenset) -> list[str]:
+    return [] if name in leaves else sorted(dimexpr.names(exprs[name]))
+
+
 def resolve(exprs: Mapping[str, dimexpr.Expr], overrides: Mapping[str, int] | None = None) -> dict[str, int]:
-    """Evaluate every dim in dependency order; cycles and unknown names raise ``DimError``."""
+    """Evaluate every dim in dependency order (the dict's order); cycles and unknown names raise
+    ``DimError`` whose ``dim`` names the dim being computed."""
     overrides = dict(overrides or {})
     values: dict[str, int] = {}
-    visiting: list[str] = []
-
-    def visit(name: str) -> int:
-        if name in values:
-            return values[name]
-        if name in visiting:
-            cycle = " -> ".join(visiting[visiting.index(name) :] + [name])
-            raise dimexpr.DimError(f"dims depend on each other in a cycle: {cycle}", "dim-cycle")
-        if name not in exprs:
-            raise dimexpr.DimError(f"unknown dim '{name}'", "unknown-dim")
-        visiting.append(name)
-        expr = exprs[name]
+    for name in dependency_order(exprs, frozenset(overrides)):
         if name in overrides:
             values[name] = overrides[name]
-        else:
-            try:
-                for dep in sorted(expr.names()):
-                    visit(dep)
-                values[name] = expr.evaluate(values)
-            except dimexpr.DimError as exc:
-                exc.dim = getattr(exc, "dim", name)
-                raise
-        visiting.pop()
-        return values[name]
-
-    for name in exprs:
-        visit(name)
+            continue
+        try:
+            values[name] = dimexpr.evaluate(exprs[name], values)
+        except dimexpr.DimError as exc:
+            exc.dim = getattr(exc, "dim", name)
+            raise
     return values

@@ -143,7 +143,7 @@ class _Writer:
 
     def _init(self, scope: _Scope, top: bool) -> str:
         spec = scope.spec
-        base = [n for n, text in spec.dims.items() if isinstance(dimexpr.parse(text), dimexpr.Num)]
+        base = [n for n, text in spec.dims.items() if dimexpr.is_number(dimexpr.parse(text))]
         defaults = scope.dims if top else resolve({n: dimexpr.parse(t) for n, t in spec.dims.items()})  # a block file's own values
         args = [f"{scope.names[n]}={defaults[n]}" for n in base]
         if top:
@@ -234,7 +234,7 @@ class _Writer:
         names = self.classes[info.path][2]
         given = []
         for name, text in block_spec.dims.items():
-            if not isinstance(dimexpr.parse(text), dimexpr.Num):
+            if not dimexpr.is_number(dimexpr.parse(text)):
                 continue
             if name in step.dims:
                 given.append(f"{names[name]}={_source(dimexpr.parse(step.dims[name]), scope.names)}")
@@ -403,50 +403,41 @@ def size_source(dim: Dim, scope: _Scope) -> str:
     (a block's dim seen from the including file) or would not evaluate to the same value."""
     try:
         expr = dimexpr.parse(dim.label)
-        if expr.names() <= set(scope.dims) and expr.evaluate(scope.dims) == dim.value:
+        if dimexpr.names(expr) <= set(scope.dims) and dimexpr.evaluate(expr, scope.dims) == dim.value:
             return _source(expr, scope.names)
     except dimexpr.DimError:
         pass
     return str(dim.value)
 
 
+class _PythonSource(dimexpr.Source):
+    """A dim expression as Python source over the module's own names: an operand that is not a
+    name or a number in parentheses (``-(d_model)`` stays readable as ``-d_model``)."""
+
+    def operand(self, node, written: str) -> str:
+        return atom(written)
+
+
 def _source(expr, names: dict[str, str]) -> str:
     """A parsed dim expression as Python source, with the scope's names."""
-    if isinstance(expr, dimexpr.Num):
-        return str(expr.value)
-    if isinstance(expr, dimexpr.Name):
-        return names.get(expr.name, expr.name)
-    if isinstance(expr, dimexpr.Neg):
-        return f"-{atom(_source(expr.operand, names))}"
-    return f"{atom(_source(expr.left, names))} {expr.op} {atom(_source(expr.right, names))}"
+    return dimexpr.fold(expr, _PythonSource(names))
 
 
 def _dim_checks(name: str, expr, scope: _Scope) -> list[str]:
     """tracer's own errors for a derived dim: division by zero, and ``//`` that does not divide."""
     lines = []
-    for node in _divisions(expr):
+    for node in dimexpr.fold(expr, dimexpr.Divisions()):
         left, right = _source(node.left, scope.names), _source(node.right, scope.names)
         where = f"dim {name} = {expr}"
-        if not isinstance(node.right, dimexpr.Num):
+        if not dimexpr.is_number(node.right):
             lines += [f"if {right} == 0:", f"    raise ValueError(f\"{where}: division by zero in '{node}' ({node.right}={{{right}}})\")"]
         if node.op == "//":
-            described = [
-                str(n.value) if isinstance(n, dimexpr.Num) else f"{n}={{{_source(n, scope.names)}}}" for n in (node.left, node.right)
-            ]
+            described = [str(n.value) if dimexpr.is_number(n) else f"{n}={{{_source(n, scope.names)}}}" for n in (node.left, node.right)]
             lines += [
                 f"if {atom(left)} % {atom(right)}:",
                 f'    raise ValueError(f"{where}: {described[0]} is not divisible by {described[1]}")',
             ]
     return lines
-
-
-def _divisions(expr) -> list:
-    if isinstance(expr, dimexpr.BinOp):
-        inner = _divisions(expr.left) + _divisions(expr.right)
-        return inner + ([expr] if expr.op in ("//", "%") else [])
-    if isinstance(expr, dimexpr.Neg):
-        return _divisions(expr.operand)
-    return []
 
 
 def _dim_order(dims: dict) -> list[str]:

@@ -349,7 +349,6 @@ def _inline(out: _Flat, inner: _Flat, copy: _Copy) -> None:
             id=prefix + name,
             input=outer,
             shape=list(decl.shape),
-            block=prefix[:-1],
             name=name,
             dtype=tensor_dtype(decl, None),
             group=cluster,
@@ -368,8 +367,6 @@ def _inline(out: _Flat, inner: _Flat, copy: _Copy) -> None:
                 update[f] = ref(getattr(step, f))
         if step.output_field is not None:
             update[step.output_field] = [prefix + name for name in step.output_ids()]
-        if isinstance(step, BlockInput):
-            update["block"] = prefix + step.block
         nested = _join(item.where, where)
         inside = prefix + item.copy if item.copy else prefix[:-1]
         out.steps.append(_Item(step.model_copy(update=update), item.source, item.path, nested, item.alg, inside))
@@ -452,7 +449,7 @@ def _block_algebra(step: Block, i: int, block_spec, block_source: SourceMap, sou
                     prefer_key=True,
                 )
             )
-        if not isinstance(exprs[name], dimexpr.Num):
+        if not dimexpr.is_number(exprs[name]):
             raise TracerError(
                 source.error(
                     path,
@@ -467,7 +464,7 @@ def _block_algebra(step: Block, i: int, block_spec, block_source: SourceMap, sou
         except dimexpr.DimError as exc:
             raise TracerError(source.error(path, exc.code, f"dims.{name}: {exc}", step.id)) from None
     for name, expr in exprs.items():
-        if name not in bound and isinstance(expr, dimexpr.Num) and name in alg.values:
+        if name not in bound and dimexpr.is_number(expr) and name in alg.values:
             bound[name] = alg.values[name]
     try:
         values = resolve(exprs, bound)

@@ -14,7 +14,8 @@ import math
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from ..core.dtypes import FLOAT_DTYPES
+from ..core.dtypes import DTYPE_BYTES, FLOAT_DTYPES
+from ..core.pysource import atom, py_float, py_tuple
 
 INITS: dict[str, Init] = {}
 
@@ -157,7 +158,6 @@ class Full(Init):
         return torch.full(made.sizes, decl.value, dtype=_dtype(torch, made), device=device)
 
     def source(self, written, decl):
-        from ..core.pysource import py_float, py_tuple
 
         value = py_float(decl.value) if isinstance(decl.value, float) else repr(decl.value)
         dtype = "" if written.dtype == "float32" else f", dtype=torch.{written.dtype}"
@@ -174,7 +174,6 @@ class Arange(Init):
         return torch.arange(math.prod(made.sizes), device=device).to(_dtype(torch, made)).reshape(made.sizes)
 
     def source(self, written, decl):
-        from ..core.pysource import atom, py_tuple
 
         count = " * ".join(atom(d) for d in written.dims) or "1"
         return [], f"torch.arange({count}).to(torch.{written.dtype}).reshape({py_tuple(list(written.dims))})"
@@ -231,7 +230,6 @@ class _Triangle(Init):
         return [], f"torch.ones({written.with_dtype}).{self.name}({'1' if self.upper else ''})"
 
     def temporary_bytes(self, sizes, dtype):
-        from ..core.dtypes import DTYPE_BYTES
 
         return math.prod(sizes) * DTYPE_BYTES[dtype]
 

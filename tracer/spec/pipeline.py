@@ -12,10 +12,11 @@ from .. import steps  # noqa: F401  (registers every step kind)
 from ..core.dtypes import DTYPE_BYTES, FLOAT_DTYPES
 from ..core.fields import DimText, RecordId, Strict, TensorId
 from ..steps.contract import STEP_KINDS
+from .inits import INITS
 
 DType = Literal[tuple(DTYPE_BYTES)]  # type: ignore[valid-type]
 FloatDType = Literal[FLOAT_DTYPES]  # type: ignore[valid-type]
-Init = Literal["randn", "rand", "zeros", "ones", "full", "arange", "linear", "embedding", "triu", "tril"]
+Init = Literal[tuple(INITS)]  # type: ignore[valid-type]  # every init of the registry, in its order
 Scalar = StrictBool | StrictInt | StrictFloat
 MAX_VALUES = 1_000_000
 DIM_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"

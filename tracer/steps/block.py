@@ -81,8 +81,12 @@ class BlockInput(StepBase):
     op: Literal["block_input"] = "block_input"
     shape: list = Field(default_factory=list)
     dtype: str | None = None
-    block: str = ""
-    name: str = ""
+    name: str = ""  # the block file's name for it; its id is BLOCK_COPY/name
+
+    @property
+    def block(self) -> str:
+        """The block copy it is an input of: ``layers/3`` for ``layers/3/x``."""
+        return self.id[: -len(self.name) - 1]
 
     def args(self):
         return [f"{self.block} input '{self.name}'"]

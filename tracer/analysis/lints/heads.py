@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from .registry import Lint, register, warning
-from .structure import show
+from .registry import Lint, register, show, warning
 
 REACH = 8  # steps followed from a repeat towards attention
 

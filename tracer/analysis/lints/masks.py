@@ -5,8 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from ...spec.inits import INITS
-from .registry import Lint, register, warning
-from .structure import show
+from .registry import Lint, register, show, warning
 
 #: a mask larger than this many elements is not expanded by the lints
 MAX_PATTERN = 1_000_000

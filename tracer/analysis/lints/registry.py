@@ -8,7 +8,7 @@ from typing import ClassVar
 
 from ...core.errors import Diagnostic
 
-LINTS: dict[str, Lint] = {}
+REGISTERED: dict[str, Lint] = {}
 
 
 class Lint:
@@ -27,7 +27,7 @@ class Lint:
 
 
 def register(cls: type[Lint]) -> type[Lint]:
-    LINTS[cls.code] = cls()
+    REGISTERED[cls.code] = cls()
     return cls
 
 
@@ -36,6 +36,7 @@ def warning(analysis, node, code: str, message: str, field: str | None = None) -
     return analysis.error(node, code, message, field, severity="warning")
 
 
-def run_lints(analysis) -> list[Diagnostic]:
-    """Every lint's warnings, in registration order (the caller runs lints on error-free analyses)."""
-    return [d for lint in LINTS.values() for d in lint.check(analysis)]
+def show(analysis, tensor_id: str) -> str:
+    """``(B, H, T, T) [2, 2, 6, 6]``: a tensor as messages name it."""
+    meta = analysis.metas[tensor_id]
+    return f"{meta.symbolic} {meta.concrete}"

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import math
 
-from .registry import Lint, register, warning
-from .structure import show
+from .registry import Lint, register, show, warning
 
 
 @register

@@ -4,15 +4,10 @@ features, views that regroup dims out of order."""
 from __future__ import annotations
 
 from ...core.symbolic import Poly
-from .registry import Lint, register, warning
+from .registry import Lint, register, show, warning
 
 #: a dim larger than this is not counted position by position (a run refuses such sizes anyway)
 MAX_POSITIONS = 1_000_000
-
-
-def show(analysis, tensor_id: str) -> str:
-    meta = analysis.metas[tensor_id]
-    return f"{meta.symbolic} {meta.concrete}"
 
 
 @register
