@@ -1,7 +1,7 @@
 """Fingerprints of everything tracer writes for some pipeline files: values, JSON, DOT, and the CLI's
 ``run --json --values`` and ``render -o x.dot`` output.
 
-``python -m tests.fingerprint OUT_FOLDER FILE...`` prints them as JSON; tests/test_determinism.py
+``python -m tests.fingerprint OUT_FOLDER FILE...`` prints them as JSON; tests/runtime/test_determinism.py
 compares a fresh process's (under another hash seed) with its own, computed in the test process.
 """
 

@@ -2,6 +2,8 @@
 imports in a cycle, facts about a kind live in its class, and every step kind and lint is complete."""
 
 import ast
+import importlib
+import pkgutil
 import re
 from pathlib import Path
 
@@ -9,13 +11,14 @@ import networkx as nx
 import pytest
 import yaml
 
-import tests.test_modern_steps  # noqa: F401  (their @covers marks fill KERNEL_TESTED)
-import tests.test_steps  # noqa: F401
+import tests.steps
 from tests.conftest import KERNEL_TESTED, PIPELINES, ROOT
 from tracer.analysis.lints import LINTS
 from tracer.spec.load import load_spec_text
 from tracer.steps.contract import STEP_KINDS, StepBase
 
+for _kind_tests in pkgutil.iter_modules(tests.steps.__path__):  # their @covers marks fill KERNEL_TESTED
+    importlib.import_module(f"tests.steps.{_kind_tests.name}")
 PACKAGE = ROOT / "tracer"
 EXPANDED_BEFORE_ANALYSIS = {"block", "block_input"}  # spec-level kinds: no kernel of their own
 # bottom to top (docs/architecture.md): a module imports modules of its own layer or of layers below
@@ -125,7 +128,7 @@ def test_every_step_kind_fulfils_the_contract(op):
         yaml.safe_dump({"name": "example", "inputs": {"x": {"shape": [1], "init": "randn"}}, "steps": [step]}), "e.yaml"
     )
     assert spec.steps[0].op == op  # the example validates against the format
-    assert op in KERNEL_TESTED, f"{op}: no kernel test against plain torch (mark it @covers('{op}') in the step tests)"
+    assert op in KERNEL_TESTED, f"{op}: no kernel test against plain torch (mark it @covers('{op}') in tests/steps/)"
     assert kind.emit is not StepBase.emit, f"{op}: no emit (tracer export writes each step from its kind's emit)"
 
 

@@ -12,7 +12,7 @@ diagnostic) starts ``FILE:LINE:COL:`` or ``FILE:``, the CLI never exits 3, and n
 than ``CASE_SECONDS`` of CPU time (a hang). Case ``i`` of seed ``S`` is generated from ``random.Random(f"S:i")``,
 so ``python -m tests.fuzz 1 --seed S --start i --show`` replays any reported case.
 
-The generators take any ``random.Random``-like object, so ``tests/test_fuzz.py`` drives the very
+The generators take any ``random.Random``-like object, so ``tests/fuzz/test_fuzz.py`` drives the very
 same code from hypothesis (``st.randoms()``) for CI.
 
 Modules: ``pools`` (hostile values, keys, the bundled pipelines), ``mutations`` (edits of a document

@@ -18,11 +18,11 @@ LOW, HIGH, NAN = (255, 255, 255), (8, 81, 156), "#f4a6a6"  # white -> dark blue;
 
 def is_attention_weights(step: Any, record: Any) -> bool:
     """A softmax over the last dim of a tensor with at least two dims, whose values were kept."""
-    rank = len(record.shape)
+    rank, dim = len(record.shape), step.normalises()
     return (
-        step.attention_weights
+        dim is not None
         and rank >= 2
-        and step.dim in (-1, rank - 1)
+        and dim in (-1, rank - 1)
         and record.tensor is not None
         and record.tensor.device.type != "meta"
     )

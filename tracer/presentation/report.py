@@ -92,6 +92,12 @@ class _Data:
         inputs = self.analysis.pipeline.inputs
         self.tokens = {name: decl.tokens.words() for name, decl in inputs.items() if decl.tokens is not None}
         self.cells_left = MAX_CELLS
+        self.sites = [_site(site) for site in self.analysis.attention]
+        self.roles: dict[str, list[list]] = {}  # record id -> [[site index, its role there]]
+        for n, site in enumerate(self.sites):
+            for role in ROLES:
+                if site[role] is not None:
+                    self.roles.setdefault(site[role], []).append([n, role])
 
     def build(self) -> dict:
         trace = self.trace
@@ -104,6 +110,7 @@ class _Data:
             "values": bool(trace.keep_values),
             "caps": {"side": MAX_SIDE, "maps": MAX_MAPS, "cells": MAX_CELLS},
             "tensors": [self.tensor(record) for record in trace.records],
+            "attention": self.sites,
             "groups": self.groups(),
         }
 
@@ -128,6 +135,8 @@ class _Data:
             "group": node.step.group if node is not None else None,
             "note": self.note(record, node),
         }
+        if record.id in self.roles:
+            data["attention"] = self.roles[record.id]
         flops = getattr(record, "flops", None)  # when records carry a FLOP count, the panel shows it
         if flops is not None:
             data["flops"] = flops
@@ -203,6 +212,32 @@ class _Data:
                 seen.add(current)
                 todo.extend(self.by_id[current].inputs)
         return None
+
+
+ROLES = ("query", "keys", "values", "scores", "weights", "context")  # a tensor's roles in an attention site
+
+
+def _site(site) -> dict:
+    """One attention computation as the page shows it (``tracer.analysis.attention.Site``)."""
+    masks = []
+    for step, masking in site.masks:
+        pattern = (["causal"] if masking.causal else []) + ([f"window {masking.window}"] if masking.window is not None else [])
+        pattern += [f"{masking.tensor} ({masking.polarity or 'added'})"] if masking.tensor else []
+        masks.append({"step": step, "pattern": ", ".join(pattern)})
+    scale = " · ".join(s.text for s in site.scales) or ("sdpa's default 1/√Dh" if site.fused and site.implicit_scale else "none")
+    return {
+        "product": site.product,
+        "fused": site.fused,
+        "query": site.query,
+        "keys": site.keys,
+        "values": site.values,
+        "scores": site.scores,
+        "weights": None if site.softmax is None else site.softmax,
+        "context": site.context,
+        "scale": scale,
+        "multiplier": _round(site.multiplier),
+        "masks": masks,
+    }
 
 
 # ---------------------------------------------------------------- values

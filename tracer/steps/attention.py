@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import ClassVar, Literal
+from typing import Literal
 
 from pydantic import Field, StrictBool, StrictFloat, StrictInt, field_validator, model_validator
 
@@ -251,7 +251,6 @@ class Softmax(StepBase):
 
     op: Literal["softmax"] = "softmax"
     dim: StrictInt = -1
-    attention_weights: ClassVar[bool] = True
     example = """\
 - id: weights
   op: softmax

@@ -198,7 +198,6 @@ class StepBase(Strict):
     passes_scores: ClassVar[bool] = False  # keeps attention scores (shape and meaning) between QK and softmax
     makes_scores: ClassVar[bool] = False  # may compute attention scores (a product of queries and keys)
     elementwise: ClassVar[bool] = False  # output element i reads input element i only (after broadcasting)
-    attention_weights: ClassVar[bool] = False  # output over its last dim is (…, T_q, T_kv) weights: reports draw heatmaps
     includes_file: ClassVar[bool] = False  # another pipeline file, expanded into its steps before analysis (op: block)
     regroups: ClassVar[bool] = False  # splits or merges neighbouring dims in memory order (view, reshape)
 

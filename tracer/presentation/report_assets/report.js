@@ -193,6 +193,8 @@
         ["estimated peak", data.peak],
       ]),
       el("p", { class: "muted" }, "Click a node or an edge, search an id, or link to report.html#ID."),
+      el("h3", {}, "attention"),
+      data.attention.length ? links(data.attention.map((s) => s.context || s.product)) : el("p", { class: "muted" }, "no attention found"),
       data.values ? el("h3", {}, "attention weights") : el("p", { class: "muted" }, "Rendered without --values: no statistics or heatmaps."),
       data.values ? links(weights) : ""
     );
@@ -226,6 +228,25 @@
     panel.append(el("h3", {}, "inputs"), links(t.inputs), el("h3", {}, "used by"), links(t.users));
     if (t.stats) panel.append(el("h3", {}, "values"), statsTable(t.stats));
     if (t.heatmap) heatmapSection(t);
+    for (const [n, role] of t.attention || []) attentionSection(data.attention[n], role);
+  }
+
+  function attentionSection(site, role) {
+    const ref = (id) => (id ? link(id) : undefined);
+    panel.append(
+      el("h3", {}, `attention: the ${role}`),
+      table([
+        ["computed by", site.fused ? `${site.product} (fused: no scores stored)` : site.product],
+        ["queries", ref(site.query)],
+        ["keys", ref(site.keys)],
+        ["values", ref(site.values)],
+        ["scores", ref(site.scores)],
+        ["weights", ref(site.weights)],
+        ["context", ref(site.context)],
+        ["scale", `${site.scale} = ${site.multiplier}`],
+        ["masks", site.masks.map((m) => `${m.step}: ${m.pattern}`).join("; ") || "none"],
+      ])
+    );
   }
 
   function statsTable(s) {

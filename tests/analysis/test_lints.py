@@ -1,0 +1,319 @@
+"""Lints: each example reproduces its bug at its line, its fixed twin is clean, the bundled pipelines
+stay clean, and --strict turns warnings into errors."""
+
+import re
+
+import pytest
+
+import tracer
+from tests.conftest import PIPELINES
+from tracer.analysis.lints import LINTS
+from tracer.cli import main
+from tracer.runtime.watch import SoftmaxNaNs, runtime_warnings
+
+EXAMPLES = PIPELINES / "lint_examples"
+
+
+LINT_CODES = set(LINTS)
+
+
+CANONICAL = ["self_attention", "causal_mha", "cross_attention"]
+
+
+def warnings_of(text: str) -> list:
+    return tracer.loads(text, "t.yaml").check().warnings
+
+
+def codes(text: str) -> set[str]:
+    return {d.code for d in warnings_of(text)}
+
+
+def example(name: str) -> str:
+    return (EXAMPLES / f"{name}.yaml").read_text()
+
+
+def line_of(text: str, needle: str) -> int:
+    return next(i for i, line in enumerate(text.splitlines(), 1) if needle in line)
+
+
+@pytest.mark.parametrize("code", sorted(LINT_CODES))
+def test_each_example_trips_exactly_its_lint_and_its_fixed_twin_is_clean(code):
+    analysis = tracer.load(EXAMPLES / f"{LINTS[code].example}.yaml").check()
+    assert not analysis.errors
+    assert [d.code for d in analysis.warnings] == [code]
+    fixed = tracer.load(EXAMPLES / "fixed" / f"{LINTS[code].example}.yaml").check()
+    assert fixed.diagnostics == ()
+
+
+def test_strict_check_of_all_examples_shows_every_code(capsys):
+    files = sorted(str(p) for p in EXAMPLES.glob("*.yaml"))
+    assert len(files) == 9
+    assert main(["check", "--strict", *files]) == 1
+    err = capsys.readouterr().err
+    found = set(re.findall(r"^\S+:\d+:\d+: error\[([a-z-]+)\]", err, re.M))
+    assert found == LINT_CODES | {"view-non-contiguous"}, err
+
+
+def test_without_strict_lints_are_warnings(capsys):
+    assert main(["check", str(EXAMPLES / "scale_mismatch.yaml")]) == 0
+    err = capsys.readouterr().err
+    assert re.search(r"scale_mismatch\.yaml:\d+:\d+: warning\[scale-mismatch\]: step 'matmul_scaled': ", err)
+
+
+@pytest.mark.parametrize("name", CANONICAL)
+def test_canonical_pipelines_are_clean_under_strict(name, capsys):
+    assert main(["check", "--strict", str(PIPELINES / f"{name}.yaml")]) == 0
+    assert capsys.readouterr().err == ""
+
+
+def test_dead_step_located_and_fixed():
+    text = example("dead_step")
+    [d] = warnings_of(text)
+    assert d.step == "attention_scores_dropout" and d.position.line == line_of(text, "id: attention_scores_dropout")
+    fixed = text.replace("inputs: [attention_weights, values]", "inputs: [attention_scores_dropout, values]")
+    assert codes(fixed) == set()
+
+
+def test_scale_mismatch_message_and_fix():
+    text = example("scale_mismatch")
+    [d] = warnings_of(text)
+    assert d.position.line == line_of(text, "id: matmul_scaled")
+    assert "d=3" in d.message and "1/√3 = 0.5774" in d.message and "0.5" in d.message and "{sqrt: d}" in d.message
+    assert codes(text.replace("divide: {sqrt: d_k}", "divide: {sqrt: d}")) == set()
+    assert codes(text.replace("divide: {sqrt: d_k}", "multiply: 0.5773502691896258")) == set()
+
+
+def test_scale_mismatch_sums_every_scale_and_ignores_unscaled_scores():
+    text = example("scale_mismatch")
+    # sqrt(3) split over two steps, around a mask-free chain: still correct
+    two = text.replace(
+        "- {id: matmul_scaled, op: scale, divide: {sqrt: d_k}}   # <- sqrt(4), keys are 3-dim",
+        "- {id: half, op: scale, divide: {sqrt: d}}\n  - {id: matmul_scaled, op: scale, multiply: 1}",
+    )
+    assert codes(two) == set()
+    # no scale at all (tutorial 001's first part) is not this lint's business
+    none = text.replace("  - {id: matmul_scaled, op: scale, divide: {sqrt: d_k}}   # <- sqrt(4), keys are 3-dim\n", "")
+    assert codes(none) == set()
+
+
+def test_canonical_scale_change_is_caught():
+    text = (PIPELINES / "causal_mha.yaml").read_text().replace("divide: {sqrt: Dh}", "divide: {sqrt: d_model}")
+    [d] = warnings_of(text)
+    assert d.code == "scale-mismatch" and "Dh=2" in d.message
+
+
+def test_lossy_head_split_message_and_fix():
+    text = example("lossy_head_split")
+    [d] = warnings_of(text)
+    assert d.step == "head_0" and "(T, d_v) [8, 4]" in d.message and "position 3" in d.message
+    two_heads = (
+        text.replace("num_heads: 3", "num_heads: 2")
+        .replace("head_dim: 1 ", "head_dim: 2 ")
+        .replace("  - {id: head_2, op: index, input: values, dim: 1, start: 2 * head_dim, stop: 3 * head_dim}\n", "")
+        .replace("  - {id: context_vector_2, op: matmul, inputs: [attention_scores, head_2]}\n", "")
+        .replace("inputs: [context_vector_0, context_vector_1, context_vector_2]", "inputs: [context_vector_0, context_vector_1]")
+    )
+    assert codes(two_heads) == set()
+
+
+def test_unequal_or_single_slices_are_not_head_splits():
+    text = example("lossy_head_split").replace("start: 2 * head_dim, stop: 3 * head_dim", "start: 2, stop: 4")
+    assert "lossy-head-split" not in codes(text)  # widths 1, 1, 2: not equal heads
+
+
+def test_nan_risk_mask_static_and_fix():
+    text = example("nan_risk_mask")
+    [d] = warnings_of(text)
+    assert d.position.line == line_of(text, "id: attention_scores_masked")
+    assert "mask[1, 0, 1, :]" in d.message and "-1e9" in d.message
+    assert codes(text.replace("fill: -inf", "fill: -1e9")) == set()
+    kept = text.replace("- [false, false, false]      # <- batch 1, query 1: every key hidden", "- [false, true, false]")
+    assert codes(kept) == set()
+
+
+def test_nan_risk_mask_at_run_time_counts_nan_rows():
+    pipeline = tracer.load(EXAMPLES / "nan_risk_mask.yaml")
+    trace = pipeline.run()  # no values kept: the softmax is the output, so it is available
+    [d] = runtime_warnings(trace)
+    assert d.code == "nan-risk-mask" and d.step == "attention_weights"
+    assert "2 NaN rows of 12" in d.message and "attention_scores_masked" in d.message
+    assert trace.outputs["attention_weights"][1, :, 1].isnan().all()
+
+
+def test_runtime_warnings_clean_and_with_given_tensors():
+    trace = tracer.load(PIPELINES / "causal_mha.yaml").run()
+    assert runtime_warnings(trace) == []
+    import torch
+
+    nan = torch.full((2, 2, 6, 6), float("nan"))
+    [d] = runtime_warnings(trace, tensors={"weights": nan})
+    assert "24 NaN rows of 24" in d.message
+
+
+def test_causal_flag_never_risks_nan():
+    assert codes((PIPELINES / "causal_mha.yaml").read_text()) == set()  # causal: true with fill -inf
+
+
+def test_mask_polarity_triu_keep_and_fix():
+    text = example("mask_polarity")
+    [d] = warnings_of(text)
+    assert d.position.line == line_of(text, "id: masked") and "(T, T) [4, 4]" in d.message
+    assert codes(text.replace("polarity: keep", "polarity: block")) == set()
+
+
+def test_mask_polarity_tril_block():
+    text = example("mask_polarity").replace("init: triu", "init: tril")
+    assert codes(text) == set()  # tril = what each query may see: keep is right
+    assert codes(text.replace("polarity: keep", "polarity: block")) == {"mask-polarity"}
+
+
+def test_mask_polarity_on_literal_masks_and_seeds():
+    text = example("mask_polarity").replace(
+        'mask: {shape: [T, T], init: triu, note: "torch.triu(torch.ones(T, T), diagonal=1): 1 = future"}',
+        "mask: {shape: [T, T], values: [[1, 0, 0, 0], [1, 1, 0, 0], [1, 1, 1, 0], [1, 1, 1, 1]]}",
+    )
+    assert codes(text) == set()  # tril as a literal, keep polarity: right
+    assert codes(text.replace("polarity: keep", "polarity: block")) == {"mask-polarity"}
+    # with -inf the flipped mask also hides every key of the last row
+    assert codes(text.replace("polarity: keep", "polarity: block").replace("fill: -1e9", "fill: -inf")) == {
+        "mask-polarity",
+        "nan-risk-mask",
+    }
+    # tutorial 002 (triu + block) and 003 (random keep-mask) are right
+    for name in ("002_weight_split_step_by_step", "003_mha_step_by_step"):
+        assert not tracer.load(PIPELINES / "seeds" / f"{name}.yaml").check().warnings
+
+
+def test_view_non_contiguous_is_an_error():
+    with pytest.raises(tracer.TracerError) as info:
+        tracer.load(EXAMPLES / "view_non_contiguous.yaml")
+    assert [d.code for d in info.value.diagnostics] == ["view-non-contiguous"]
+
+
+def test_lints_read_a_block_step_with_its_own_dims(tmp_path):
+    """Two uses bind the block's d_k differently, so d_k is not a dim of the whole file."""
+    (tmp_path / "attn.yaml").write_text(
+        "name: attn\ndims: {T: 3, d: 4, d_k: 4}\ninputs:\n  x: {shape: [T, d], init: randn}\nsteps:\n"
+        "  - {id: kt, op: transpose, input: x, dims: [0, 1]}\n"
+        "  - {id: s, op: matmul, inputs: [x, kt]}\n"
+        "  - {id: scaled, op: scale, divide: {sqrt: d_k}}\n"
+        "  - {id: w, op: softmax, dim: -1}\n"
+    )
+    top = tmp_path / "top.yaml"
+    top.write_text(
+        "name: top\ndims: {T: 3}\ninputs:\n  a: {shape: [T, 4], init: randn}\n  b: {shape: [T, 8], init: randn}\n"
+        "steps:\n"
+        "  - {id: one, op: block, use: attn.yaml, input: a, dims: {d: 4, d_k: 4}}\n"
+        "  - {id: two, op: block, use: attn.yaml, input: b, dims: {d: 8, d_k: 2}}\n"
+        "outputs: [one, two]\n"
+    )
+    [d] = tracer.load(top).check().warnings
+    assert d.code == "scale-mismatch" and d.step == "two/scaled" and "d_k=2" in d.message and "d=8" in d.message
+
+
+def test_the_run_hook_counts_nan_rows_of_a_softmax_that_is_freed(capsys):
+    """With `outputs:` elsewhere the softmax is freed after its last reader; the hook saw it first."""
+    text = example("nan_risk_mask").rstrip() + "\n  - {id: after, op: relu, input: attention_weights}\noutputs: [after]\n"
+    pipeline = tracer.loads(text, "n.yaml")
+    seen = []
+    trace = pipeline.run(observe=lambda rid, tensor: seen.append((rid, tuple(tensor.shape))))
+    assert [rid for rid, _ in seen] == [r.id for r in trace.records if r.op not in ("input", "param")]
+    assert all(shape == trace[rid].shape for rid, shape in seen)
+    assert "attention_weights" not in trace.outputs and runtime_warnings(trace) == []
+    nans = SoftmaxNaNs(pipeline.check())
+    pipeline.run(observe=nans)
+    [d] = nans.warnings()
+    assert d.step == "attention_weights" and "2 NaN rows of 12" in d.message
+
+
+def test_cli_run_reports_nan_rows_without_keeping_values(tmp_path, capsys):
+    path = tmp_path / "n.yaml"
+    path.write_text(example("nan_risk_mask").rstrip() + "\n  - {id: after, op: relu, input: attention_weights}\noutputs: [after]\n")
+    assert main(["run", str(path)]) == 0
+    assert "step 'attention_weights': softmax produced 2 NaN rows of 12" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("path", sorted((PIPELINES / "models").glob("*.yaml")), ids=lambda p: p.stem)
+def test_model_pipelines_are_clean_under_strict(path, capsys):
+    assert main(["check", "--strict", str(path)]) == 0
+    assert capsys.readouterr().err == ""
+
+
+def test_view_scrambles_dims_located_and_fixed():
+    text = example("view_scrambles_dims")
+    [warning] = warnings_of(text)
+    assert warning.position.line == line_of(text, "id: merged") and warning.step == "merged"
+    assert "(B, H, T, Dh) [2, 2, 6, 4] into (B, T, d_model)" in warning.message
+    fixed = text.replace(
+        "  - {id: merged, op: view, input: context, shape: [B, T, d_model]}",
+        "  - {id: context_t, op: transpose, input: context, dims: [1, 2]}\n  - {id: merged, op: reshape, shape: [B, T, d_model]}",
+    )
+    assert codes(fixed) == set()
+
+
+@pytest.mark.parametrize(
+    "before, after, scrambled",
+    [
+        ("[B, T, d_model]", "[B, T, H, Dh]", False),  # split heads
+        ("[B, T, H, Dh]", "[B, T, d_model]", False),  # merge heads
+        ("[B, H, T, Dh]", "[B, T, H, Dh]", True),  # a transpose written as a view
+        ("[B, H_kv, n_rep, T, Dh]", "[B, H, T, Dh]", False),  # repeat_kv's reshape
+        ("[B, T, H, Dh]", "[B, T, Dh, H]", True),
+        ("[1, T, d_model]", "[B, T, H, Dh]", False),  # an unsqueezed batch of 1 becomes B
+        ("[B, T, 3 * d_model]", "[B, T, H, 3 * Dh]", False),  # GPT-NeoX's fused qkv per head
+        ("[B, T, (H + 2) * Dh]", "[B, T, H + 2, Dh]", False),  # Falcon's multi-query qkv: sums are not judged
+        ("[B, T, H, 3 * Dh]", "[B, H, T, 3 * Dh]", True),
+    ],
+)
+def test_view_scrambles_dims_reads_symbols(before, after, scrambled):
+    text = f"""
+name: v
+dims: {{B: 1, T: 4, H: 4, H_kv: 2, n_rep: H // H_kv, d_model: 8, Dh: d_model // H}}
+inputs:
+  x: {{shape: {before}, init: randn}}
+steps:
+  - {{id: y, op: reshape, input: x, shape: {after}}}
+"""
+    assert codes(text) == ({"view-scrambles-dims"} if scrambled else set())
+
+
+def test_gqa_head_order_located_and_fixed():
+    text = example("gqa_head_order")
+    [warning] = warnings_of(text)
+    assert warning.position.line == line_of(text, "id: k_rep") and "0, 1, 0, 1" in warning.message and "0, 0, 1, 1" in warning.message
+    fixed = text.replace("op: repeat, input: k, repeats: [1, n_rep, 1, 1]", "op: repeat_interleave, input: k, repeats: n_rep, dim: 1")
+    assert codes(fixed) == set()
+
+
+def test_softmax_over_queries_located_and_fixed():
+    text = example("softmax_over_queries")
+    [warning] = warnings_of(text)
+    assert warning.position.line == line_of(text, "id: weights") and "use dim: -1" in warning.message
+    assert codes(text.replace("dim: -2", "dim: -1")) == set()
+
+
+def test_softmax_over_queries_reads_einsum_axes():
+    base = """
+name: e
+inputs:
+  q: {shape: [2, 3, 4], init: randn}
+  k: {shape: [2, 5, 4], init: randn}
+steps:
+  - {id: s, op: einsum, inputs: [q, k], equation: EQ}
+  - {id: w, op: softmax, dim: DIM}
+"""
+    assert codes(base.replace("EQ", "'bqd,bkd->bqk'").replace("DIM", "-1")) == set()
+    assert codes(base.replace("EQ", "'bqd,bkd->bkq'").replace("DIM", "-1")) == {"softmax-over-queries"}
+    assert codes(base.replace("EQ", "'bqd,bkd->bkq'").replace("DIM", "-2")) == set()
+
+
+def test_bottom_right_causal_with_more_queries_than_keys_risks_nan():
+    text = """
+name: n
+inputs:
+  s: {shape: [3, 2], init: randn}
+steps:
+  - {id: m, op: mask, input: s, causal: true}
+"""
+    assert codes(text) == {"nan-risk-mask"}
+    assert codes(text.replace("causal: true", "causal: true, align: top-left")) == set()

@@ -1,0 +1,37 @@
+"""The docs that are generated or quoted stay true."""
+
+import re
+import yaml
+import tracer
+from tests.conftest import ROOT, tracer_cli
+from tracer.docgen import format_reference, schema_text
+from tracer.steps.contract import STEP_KINDS
+
+
+def test_format_reference_is_current():
+    assert (ROOT / "docs/format.md").read_text() == format_reference(), "run: python -m tracer.docgen docs"
+
+
+def test_committed_schema_is_current_and_matches_cli():
+    assert (ROOT / "docs/pipeline.schema.json").read_text() == schema_text(), "run: python -m tracer.docgen docs"
+    proc = tracer_cli("schema")
+    assert proc.returncode == 0 and proc.stdout == schema_text()
+
+
+def test_every_step_kind_has_docs_and_a_valid_example():
+    text = format_reference()
+    for op, cls in STEP_KINDS.items():
+        assert f"### `{op}`" in text and cls.__doc__ and cls.example, op
+        assert re.search(rf"op: {op}\b", cls.example), op
+        for item in yaml.safe_load(cls.example):
+            cls.model_validate(item)  # the documented example is a valid step
+
+
+def test_quickstart_pipeline_runs_as_documented(tmp_path):
+    doc = (ROOT / "docs/quickstart.md").read_text()
+    yaml_text = re.search(r"```yaml\n(.*?)```", doc, re.S).group(1)
+    path = tmp_path / "attention.yaml"
+    path.write_text(yaml_text)
+    t = tracer.run(path, dims={"T": 8})
+    assert (t["scores"].shape, t["scores"].symbolic) == ((8, 8), "(T, T)")
+    assert (t["keys_t"].contiguous, t["keys_t"].view_of) == (False, "keys")

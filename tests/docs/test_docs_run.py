@@ -1,0 +1,114 @@
+"""Every shell and Python block in README.md and docs/*.md runs as written and succeeds."""
+
+import re
+import shlex
+import shutil
+import textwrap
+from dataclasses import dataclass
+from pathlib import Path
+import pytest
+from tests.conftest import ROOT, tracer_cli
+
+
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+
+FENCE = re.compile(
+    r"^(?P<mark>[ \t]*<!-- (?P<kind>not run|file): ?(?P<arg>[^>]*?) ?-->\n)?(?P<indent>[ \t]*)```(?P<lang>\w*)\n(?P<body>.*?)^(?P=indent)```",
+    re.M | re.S,
+)
+
+
+RUN = {"bash": "shell", "sh": "shell", "python": "python"}
+
+
+NOT_RUN = {  # (document, the block's first word) of the blocks that only illustrate: keep this short
+    ("README.md", "make"),  # make test, make demo: the test suite itself, and the gallery
+    ("architecture.md", "@register"),  # adding a step kind would register it in this process
+    ("quickstart.md", "make"),  # make install: sets up the environment these tests run in
+    ("export.md", "class"),  # an exported module, abridged: the export tests check the real one
+}
+
+
+@dataclass
+class Block:
+    doc: Path
+    line: int
+    lang: str
+    body: str
+    mark: str | None
+    arg: str
+
+
+def blocks(doc: Path) -> list[Block]:
+    text = doc.read_text()
+    return [
+        Block(doc, text[: m.start("indent")].count("\n") + 1, m["lang"], textwrap.dedent(m["body"]), m["kind"], m["arg"])
+        for m in FENCE.finditer(text)
+    ]
+
+
+def runnable(doc: Path) -> list[Block]:
+    return [b for b in blocks(doc) if b.lang in RUN and b.mark != "not run"]
+
+
+def _python(block: Block, where: str, request) -> None:
+    namespace: dict = {}
+    exec(compile(block.body, where, "exec"), namespace)  # the docs' own code, from this repository
+    for name, test in list(namespace.items()):  # a test the docs show runs with the fixtures it asks for
+        if name.startswith("test_") and callable(test):
+            test(**{arg: request.getfixturevalue(arg) for arg in test.__code__.co_varnames[: test.__code__.co_argcount]})
+
+
+def _commands(body: str) -> list[list[str]]:
+    return [words for words in (shlex.split(line, comments=True) for line in body.splitlines()) if words]
+
+
+def _expand(words: list[str], scratch: Path) -> list[str]:
+    """The shell's globbing: a word that names files becomes their names, one that names none stays
+    as written (a quoted glob such as 'layers/*' never names files here)."""
+    out = []
+    for word in words:
+        found = sorted(str(p.relative_to(scratch)) for p in scratch.glob(word)) if "*" in word and not word.startswith("-") else []
+        out.extend(found or [word])
+    return out
+
+
+def _shell(words: list[str], scratch: Path, pytester, where: str) -> None:
+    command = " ".join(words)
+    words = _expand(words, scratch)
+    target = None
+    if ">" in words:  # `tracer schema > pipeline.schema.json`
+        words, target = words[: words.index(">")], words[words.index(">") + 1]
+    if words[0] == "tracer":
+        done = tracer_cli(*words[1:], cwd=scratch)
+        assert done.returncode == 0, f"{where}: `{command}` exited {done.returncode}: {done.stderr[-1500:]}"
+        if target:
+            (scratch / target).write_text(done.stdout)
+    elif words[0] == "pytest":
+        # hypothesis's plugin would re-import hypothesis in every in-process run (seconds each)
+        result = pytester.runpytest("-p", "no:cacheprovider", "-p", "no:hypothesispytest", *words[1:])
+        assert result.ret == 0, f"{where}: `{command}` exited {result.ret}:\n" + "\n".join(result.outlines[-30:])
+    else:
+        pytest.fail(f"{where}: `{command}`: only tracer and pytest commands run here; mark the block <!-- not run: WHY -->")
+
+
+def test_only_the_listed_blocks_are_left_unrun():
+    skipped = {(b.doc.name, b.body.strip().split()[0]) for doc in DOCS for b in blocks(doc) if b.mark == "not run"}
+    assert skipped == NOT_RUN
+
+
+@pytest.mark.parametrize("doc", [d for d in DOCS if runnable(d)], ids=lambda d: d.name)
+def test_every_block_of_a_document_runs(doc: Path, pytester, request):
+    scratch = pytester.path
+    shutil.copytree(ROOT / "pipelines", scratch / "pipelines")
+    for block in blocks(doc):
+        if block.mark == "file":
+            (scratch / block.arg).write_text(block.body)
+    for block in runnable(doc):
+        where = f"{doc.name}:{block.line}"
+        if RUN[block.lang] == "python":
+            _python(block, where, request)
+        else:
+            for line in _commands(block.body):
+                _shell(line, scratch, pytester, where)

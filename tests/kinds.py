@@ -1,0 +1,43 @@
+"""Helpers of the step kinds' tests: each runs a small pipeline and holds it against torch."""
+
+from __future__ import annotations
+
+import torch
+
+import tracer
+from tests.conftest import assert_flops_as_counted, pipeline_text, run_text
+from tests.exporting import check_export
+from tests.fuzz.oracle import check_prediction, layout_into
+from tests.measure import PeakStorage
+
+X = "x: {shape: [2, 3, 4], init: randn}"
+
+
+def trace_of(steps: str, inputs: str = X, params: str = "", dims: str = "") -> tracer.Trace:
+    """Run the steps; every kernel test is also a static-vs-torch agreement case (the shape rules
+    predicted every record's shape, stride, offset, dtype and storage owner exactly), an export case
+    (the steps' emitted PyTorch source computes the same) and a FLOP-count case."""
+    text = pipeline_text(steps, dims=dims, inputs=inputs, params=params)
+    trace = run_text(text)
+    assert trace.as_predicted, [r.id for r in trace.records]
+    check_export(trace.pipeline, trace)
+    assert_flops_as_counted(text)
+    return trace
+
+
+def close(a, b, atol: float = 1e-6) -> bool:
+    return a.shape == b.shape and a.dtype == b.dtype and torch.allclose(a, b, atol=atol, equal_nan=True)
+
+
+def agrees(steps: str, inputs: str, dims: str = "") -> tracer.Trace:
+    """Run on CPU watched op by op: every record and every tensor torch made has the predicted
+    shape, stride, offset, dtype, contiguity and storage owner, and the memory estimate bounds the
+    measured peak (the fuzz oracle's own checks)."""
+    pipeline = tracer.loads(pipeline_text(steps, dims=dims, inputs=inputs), "t.yaml")
+    seen: dict[str, tuple] = {}
+    with PeakStorage() as mode:
+        trace = pipeline.run(observe=layout_into(seen))
+    check_prediction(trace, seen)
+    assert trace.as_predicted  # on CPU, exactly: strides of size-1 dims too
+    assert mode.peak <= trace.analysis.memory.peak_bytes, (mode.peak, trace.analysis.memory)
+    return trace

@@ -1,0 +1,39 @@
+"""The interpreter: records as torch made them, tensors freed after their last use, devices, meta runs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import tracer
+from tests.conftest import pipeline_text
+from tests.kinds import agrees
+from tracer.core.errors import TracerError
+
+X23 = "x: {shape: [2, 3], init: randn}"
+
+
+Q = "q: {shape: [2, 2, 3, 4], init: randn}"
+
+
+def test_a_tensor_nobody_reads_is_freed_before_the_next_kernel_runs():
+    """The estimate frees an unread result after its own step; the run held it one step longer."""
+    agrees("- {id: b, op: cast, input: x, dtype: bool}\n- {id: d, op: cast, input: x, dtype: float64}", X23)
+
+
+def test_an_unusable_device_is_a_located_error_through_the_api_too():
+    pipeline = tracer.loads(pipeline_text("- {id: r, op: relu, input: x}", inputs=X23), "t.yaml")
+    with pytest.raises(TracerError) as info:
+        pipeline.run(device="bogus")
+    assert info.value.code == "device" and str(info.value).startswith("t.yaml: error[device]")
+    assert "not a device torch can use here" in str(info.value)
+    assert pipeline.run(device=torch.device("meta")).records  # a torch.device is fine
+
+
+def test_a_meta_run_of_sdpa_shows_the_layout_of_a_real_run():
+    """torch's meta sdpa is the math path's (row-major); CPU's flash kernel lays out like q."""
+    pipeline = tracer.loads(
+        pipeline_text("- {id: t, op: transpose, input: q, dims: [1, 2]}\n- {id: y, op: sdpa, inputs: [t, t, t]}", inputs=Q)
+    )
+    meta, cpu = pipeline.run(device="meta"), pipeline.run()
+    assert meta["y"].stride == cpu["y"].stride == (24, 4, 12, 1) and meta.as_predicted and cpu.as_predicted

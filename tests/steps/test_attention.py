@@ -1,0 +1,180 @@
+"""Kinds of the attention core (scale, mask, softmax, dropout, sdpa) against plain torch."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import tracer
+from tests.conftest import covers, pipeline_text
+from tests.kinds import agrees, close, trace_of
+from tracer.core.errors import TracerError
+
+
+@covers("scale")
+def test_scale_by_number_and_sqrt_of_dim():
+    t = trace_of(
+        """
+        - {id: d, op: scale, divide: {sqrt: D}}
+        - {id: m, op: scale, input: x, multiply: 0.5}
+    """,
+        dims="D: 4",
+    )
+    x = t["x"].tensor
+    assert close(t["d"].tensor, x / math.sqrt(4)) and close(t["m"].tensor, x * 0.5)
+
+
+@covers("mask")
+def test_mask_causal_and_both_polarities():
+    t = trace_of(
+        """
+        - {id: causal, op: mask, input: s, causal: true}
+        - {id: kept, op: mask, input: s, mask: keep, polarity: keep, fill: -1e9}
+        - {id: blocked, op: mask, input: s, mask: future, polarity: block}
+    """,
+        inputs="""
+        s: {shape: [2, 3, 3], init: randn}
+        keep: {shape: [3, 3], values: [[true, false, true], [true, true, false], [false, true, true]]}
+        future: {shape: [3, 3], init: triu}
+    """,
+    )
+    s, keep = t["s"].tensor, t["keep"].tensor
+    future = torch.triu(torch.ones(3, 3), diagonal=1)
+    assert close(t["causal"].tensor, s.masked_fill(future.bool(), float("-inf")))
+    assert close(t["blocked"].tensor, s.masked_fill(future.bool(), float("-inf")))
+    assert close(t["kept"].tensor, s.masked_fill(keep == False, -1e9))  # noqa: E712 (tutorial 003's spelling)
+
+
+@covers("softmax", "dropout")
+def test_softmax_dropout_eval_and_training():
+    t = trace_of("""
+        - {id: w, op: softmax, dim: -1}
+        - {id: eval, op: dropout, p: 0.5}
+        - {id: train, op: dropout, input: w, p: 0.5, training: true}
+    """)
+    w = torch.softmax(t["x"].tensor, -1)
+    assert close(t["w"].tensor, w)
+    assert close(t["eval"].tensor, w) and t["eval"].view_of == "w"  # eval dropout returns its input
+    kept = t["train"].tensor != 0  # softmax outputs are never 0, so a 0 was dropped
+    assert kept.any() and not kept.all(), kept  # p=0.5: some of each (a fixed seed, so no flakiness)
+    assert torch.allclose(t["train"].tensor[kept], w[kept] * 2)
+
+
+def unfused(q, k, v, hide=None, additive=None, scale=None):
+    n_rep = q.shape[-3] // k.shape[-3]
+    k, v = k.repeat_interleave(n_rep, -3), v.repeat_interleave(n_rep, -3)
+    scores = q @ k.transpose(-2, -1) * (scale or 1 / math.sqrt(q.shape[-1]))
+    if additive is not None:
+        scores = scores + additive
+    if hide is not None:
+        scores = scores.masked_fill(hide, float("-inf"))
+    return torch.softmax(scores, -1) @ v
+
+
+def test_mask_causal_alignment_and_sliding_window():
+    t = trace_of(
+        """
+        - {id: square, op: mask, input: s, causal: true}
+        - {id: decode, op: mask, input: d, causal: true}
+        - {id: top_left, op: mask, input: d, causal: true, align: top-left}
+        - {id: window, op: mask, input: s, causal: true, window: 2}
+        - {id: both, op: mask, input: s, causal: true, mask: pad, polarity: keep, fill: -1e9}
+        """,
+        inputs="""
+        s: {shape: [1, 4, 4], init: randn}
+        d: {shape: [1, 2, 4], init: randn}
+        pad: {shape: [1, 1, 4], values: [[[false, true, true, true]]]}
+        """,
+    )
+    s, d = t["s"].tensor, t["d"].tensor
+    inf = float("-inf")
+    assert close(t["square"].tensor, s.masked_fill(torch.ones(4, 4, dtype=torch.bool).triu(1), inf))
+    assert close(t["decode"].tensor, d.masked_fill(torch.ones(2, 4, dtype=torch.bool).triu(3), inf))  # last query = last key
+    assert close(t["top_left"].tensor, d.masked_fill(torch.ones(2, 4, dtype=torch.bool).triu(1), inf))
+    q, kv = torch.arange(4)[:, None], torch.arange(4)[None]
+    assert close(t["window"].tensor, s.masked_fill(~((kv <= q) & (kv > q - 2)), inf))  # transformers' sliding_window_overlay
+    hide = torch.ones(4, 4, dtype=torch.bool).triu(1) | ~t["pad"].tensor
+    assert close(t["both"].tensor, s.masked_fill(hide, -1e9))
+
+
+@covers("sdpa")
+@pytest.mark.parametrize(
+    "fields",
+    [
+        "causal: true",
+        "causal: true, window: 3",
+        "causal: true, align: top-left",
+        "mask: keep, polarity: keep",
+        "mask: add, causal: true",
+        "scale: 0.3",
+    ],
+)
+def test_sdpa_equals_the_unfused_computation(fields):
+    t = trace_of(
+        f"- {{id: o, op: sdpa, inputs: [q, k, v], gqa: true, {fields}}}",
+        inputs="""
+        q: {shape: [2, 4, 3, 8], init: randn}
+        k: {shape: [2, 2, 6, 8], init: randn}
+        v: {shape: [2, 2, 6, 8], init: randn}
+        keep: {shape: [2, 1, 1, 6], values: [[[[true, true, false, true, true, true]]], [[[true, true, true, true, true, false]]]]}
+        add: {shape: [2, 1, 1, 6], init: randn}
+        """,
+    )
+    q, k, v = (t[n].tensor for n in "qkv")
+    qi, kj = torch.arange(3)[:, None] + 3, torch.arange(6)[None]  # bottom-right: query i is key i + 3
+    hide, additive, scale = None, None, None
+    if "causal" in fields:
+        hide = kj > (qi - 3 if "top-left" in fields else qi)
+    if "window" in fields:
+        hide = hide | (kj <= qi - 3)
+    if "keep" in fields:
+        hide = ~t["keep"].tensor
+    if "add" in fields:
+        additive = t["add"].tensor
+    if "scale" in fields:
+        scale = 0.3
+    assert close(t["o"].tensor, unfused(q, k, v, hide, additive, scale), atol=1e-5)
+
+
+X234 = "x: {shape: [2, 3, 4], init: randn}"
+
+
+Q = "q: {shape: [2, 2, 3, 4], init: randn}"
+
+
+def test_training_dropout_with_p_zero_or_nothing_to_drop_returns_its_input():
+    trace = agrees(
+        "- {id: d, op: dropout, input: x, p: 0.0, training: true}\n- {id: e, op: dropout, input: empty, p: 0.5, training: true}",
+        "x: {shape: [2, 3], init: randn}\nempty: {shape: [2, 0], init: randn}",
+    )
+    assert trace["d"].view_of == "x" and trace["e"].view_of == "empty"
+
+
+def test_an_empty_result_of_a_scaled_tensor_has_torchs_strides():
+    trace = agrees("- {id: y, op: scale, input: x, divide: -1.5}", "x: {shape: [3, 1, 0, 1, 2], init: randn}")
+    assert trace["y"].stride == (0, 0, 2, 0, 1)
+
+
+@pytest.mark.parametrize(
+    "steps, inputs",
+    [
+        # not 4-d: the math path, whose output is a fresh product, not laid out like q
+        ("- {id: t, op: transpose, input: x, dims: [0, 2]}\n- {id: y, op: sdpa, inputs: [t, t, t]}", X234),
+        ("- {id: t, op: transpose, input: q, dims: [1, 2]}\n- {id: y, op: sdpa, inputs: [t, t, t], dropout: 0.5, training: true}", Q),
+        # a 3-d mask sends torch to the math path too (its scores count)
+        ("- {id: y, op: sdpa, inputs: [q, q, q], mask: m}", Q + "\nm: {shape: [2, 3, 1], init: randn}"),
+        # the causal pattern of a window is built per call (it was a constant held for the whole run)
+        ("- {id: y, op: sdpa, inputs: [q, q, q], causal: true, window: 2}", "q: {shape: [1, 2, 64, 4], init: randn}"),
+    ],
+)
+def test_sdpa_layout_and_memory_follow_the_kernel_torch_picks(steps, inputs):
+    agrees(steps, inputs)
+
+
+def test_sdpa_whose_scores_torch_cannot_describe_is_a_located_error():
+    text = pipeline_text("- {id: y, op: sdpa, inputs: [q, q, q]}", dims="T: 4294967296", inputs="q: {shape: [1, T, 2], init: randn}")
+    with pytest.raises(TracerError) as info:
+        tracer.loads(text, "t.yaml").run(device="meta")  # was torch's RuntimeError from inside the kernel
+    assert info.value.code == "tensor-too-large" and str(info.value).startswith("t.yaml:")

@@ -1,0 +1,110 @@
+"""Elementwise kinds (add, mul, sub, div, activations, layernorm, cast) against plain torch, torch's
+dtypes and strides included."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import tracer
+from tests.conftest import covers, pipeline_text
+from tests.kinds import agrees, close, trace_of
+
+
+@covers("add", "layernorm", "relu", "gelu")
+def test_add_layernorm_relu_gelu():
+    t = trace_of(
+        """
+        - {id: a, op: add, inputs: [x, x]}
+        - {id: n, op: layernorm, weight: g, bias: b}
+        - {id: r, op: relu}
+        - {id: g1, op: gelu, approximate: tanh}
+    """,
+        params="g: {shape: [4], init: rand}\nb: {shape: [4], init: randn}",
+    )
+    x, g, b = t["x"].tensor, t["g"].tensor, t["b"].tensor
+    n = F.layer_norm(x + x, (4,), g, b)
+    assert close(t["a"].tensor, x + x) and close(t["n"].tensor, n)
+    assert close(t["r"].tensor, torch.relu(n)) and close(t["g1"].tensor, F.gelu(torch.relu(n), approximate="tanh"))
+
+
+@covers("mul", "sub", "div")
+def test_binary_ops_broadcast_and_promote_like_torch():
+    t = trace_of(
+        """
+        - {id: xt, op: transpose, input: x, dims: [1, 2]}
+        - {id: m, op: mul, inputs: [xt, w]}
+        - {id: s, op: sub, inputs: [one, x]}
+        - {id: d, op: div, inputs: [x, col]}
+        - {id: ints, op: div, inputs: [i, i]}
+        - {id: mixed, op: mul, inputs: [i, half]}
+        """,
+        inputs="""
+        x: {shape: [2, 3, 4], init: randn}
+        w: {shape: [3], init: randn}
+        col: {shape: [2, 3, 1], init: rand}
+        one: {shape: [], init: full, value: 1.0}
+        i: {shape: [3], init: arange, dtype: int64}
+        half: {shape: [], init: full, value: 0.5, dtype: float64}
+        """,
+    )
+    x, w, col, i = (t[n].tensor for n in ("x", "w", "col", "i"))
+    assert close(t["m"].tensor, x.transpose(1, 2) * w) and t["m"].stride == (x.transpose(1, 2) * w).stride()
+    assert close(t["s"].tensor, 1.0 - x) and close(t["d"].tensor, x / col)
+    assert close(t["ints"].tensor, i / i) and t["ints"].dtype == "float32"
+    assert t["mixed"].dtype == "float64" and close(t["mixed"].tensor, i * torch.tensor(0.5, dtype=torch.float64))
+
+
+@covers("silu", "sigmoid", "tanh", "exp", "neg", "cast")
+def test_unary_ops_and_cast():
+    t = trace_of(
+        """
+        - {id: xt, op: transpose, input: x, dims: [0, 1]}
+        - {id: a, op: silu}
+        - {id: s, op: sigmoid, input: x}
+        - {id: h, op: tanh, input: x}
+        - {id: e, op: exp, input: xt}
+        - {id: n, op: neg, input: x}
+        - {id: c, op: cast, input: xt, dtype: float64}
+        - {id: same, op: cast, input: x, dtype: float32}
+        """,
+        inputs="x: {shape: [3, 4], init: randn}",
+    )
+    x = t["x"].tensor
+    assert close(t["a"].tensor, F.silu(x.T)) and close(t["s"].tensor, torch.sigmoid(x)) and close(t["h"].tensor, torch.tanh(x))
+    assert close(t["e"].tensor, torch.exp(x.T)) and t["e"].stride == (1, 4) and close(t["n"].tensor, -x)
+    assert close(t["c"].tensor, x.T.double()) and t["c"].stride == x.T.double().stride()
+    assert t["same"].view_of == "x"  # x.to(its own dtype) is x itself
+
+
+def test_type_errors_are_located():
+    with pytest.raises(tracer.TracerError) as info:
+        tracer.loads(pipeline_text("- {id: n, op: neg, input: b}", inputs="b: {shape: [2], init: ones, dtype: bool}"), "t.yaml")
+    assert info.value.code == "dtype" and "t.yaml:" in str(info.value)
+    with pytest.raises(tracer.TracerError) as info:
+        tracer.loads(
+            pipeline_text("- {id: m, op: mul, inputs: [a, b]}", inputs="a: {shape: [2, 3], init: randn}\nb: {shape: [2], init: randn}"),
+            "t.yaml",
+        )
+    assert info.value.code == "broadcast"
+
+
+# (1, 3, 1) with stride (3, 1, 3): contiguous by torch's rule, which ignores size-1 dims, yet not row-major
+ODD = "- {id: t, op: transpose, input: x, dims: [0, 1]}\n- {id: u, op: unsqueeze, dim: 0}\n"
+
+
+@pytest.mark.parametrize(
+    "step",
+    [
+        "{id: y, op: scale, input: u, divide: 8.0}",  # x / 8.0: a 0-d operand, strides follow u's order
+        "{id: y, op: relu, input: u}",
+        "{id: y, op: gelu, input: u}",
+        "{id: y, op: add, inputs: [u, u]}",
+        "{id: y, op: dropout, input: u, p: 0.5, training: true}",
+        "{id: y, op: dropout, input: u, p: 1.0, training: true}",
+    ],
+)
+def test_elementwise_results_have_torchs_strides_on_size_one_dims(step):
+    trace = agrees(ODD + f"- {step}", "x: {shape: [1, 3], init: randn}")
+    assert trace["u"].stride == (3, 1, 3)
