@@ -37,7 +37,7 @@ chromium:
 test: install chromium
 	$(VENV)/bin/ruff check tracer tests benchmarks
 	$(VENV)/bin/ruff format --check tracer tests benchmarks
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n auto  # every core: pytest-xdist
 	$(PY) -m pytest -q -m dist tests/test_dist.py  # the built wheel, installed in a fresh venv outside the repo
 
 demo: install

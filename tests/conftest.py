@@ -2,9 +2,11 @@ import contextlib
 import functools
 import io
 import os
+import re
 import sys
 import tempfile
 import textwrap
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -12,6 +14,7 @@ import pytest
 
 import tracer
 from tracer.cli import main
+from tracer.core.errors import TracerError
 
 pytest_plugins = ["pytester"]  # the pytest plugin's own tests run pytest in this process
 
@@ -145,3 +148,38 @@ def tracer_cli(*argv, cwd: Path | None = None) -> Done:
         except SystemExit as exc:  # argparse: usage errors
             code = exc.code
     return Done(code, out.getvalue(), err.getvalue())
+
+
+FAST = 3.0  # CPU seconds (not wall clock, so a loaded machine does not fail them); each case takes well under one
+
+
+def refused(text: str | bytes, tmp_path: Path, code: str | None = None, name: str = "p.yaml") -> TracerError:
+    """Load ``text`` from a file: it must raise a located TracerError, fast, one line per diagnostic."""
+    path = tmp_path / name
+    path.write_bytes(text if isinstance(text, bytes) else text.encode())
+    started = time.process_time()
+    with pytest.raises(TracerError) as info:
+        tracer.load(path)
+    elapsed = time.process_time() - started
+    assert elapsed < FAST, f"took {elapsed:.1f} s to refuse"
+    message = str(info.value)
+    for line in message.splitlines():
+        assert re.match(re.escape(str(path)) + r"(:\d+:\d+)?: error\[", line), line
+    if code is not None:
+        assert code in {d.code for d in info.value.diagnostics}, message
+    return info.value
+
+
+@pytest.fixture
+def special_files(tmp_path):
+    """A folder with a FIFO, a link to /dev/zero, a sparse 5 GB file and a blocks/ folder."""
+    (tmp_path / "blocks").mkdir()
+    os.mkfifo(tmp_path / "fifo.yaml")
+    os.symlink("/dev/zero", tmp_path / "zero.yaml")
+    with open(tmp_path / "huge.yaml", "wb") as f:  # sparse: 5 GB that occupy no disk
+        f.truncate(5 << 30)
+    return tmp_path
+
+
+def including(use: str) -> str:
+    return f"name: inc\ninputs: {{x: {{shape: [2], init: randn}}}}\nsteps:\n  - {{id: b, op: block, use: '{use}', input: x}}\n"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 import tracer
@@ -41,3 +43,16 @@ def agrees(steps: str, inputs: str, dims: str = "") -> tracer.Trace:
     assert trace.as_predicted  # on CPU, exactly: strides of size-1 dims too
     assert mode.peak <= trace.analysis.memory.peak_bytes, (mode.peak, trace.analysis.memory)
     return trace
+
+
+def unfused(q, k, v, hide=None, additive=None, scale=None):
+    """Attention written out in torch, the reference for every fused kernel: kv heads shared in
+    groups, an additive and a hiding mask, the scale (1/sqrt(head dim) by default)."""
+    n_rep = q.shape[-3] // k.shape[-3]
+    k, v = k.repeat_interleave(n_rep, -3), v.repeat_interleave(n_rep, -3)
+    scores = q @ k.transpose(-2, -1) * (scale or 1 / math.sqrt(q.shape[-1]))
+    if additive is not None:
+        scores = scores + additive
+    if hide is not None:
+        scores = scores.masked_fill(hide, float("-inf"))
+    return torch.softmax(scores, -1) @ v

@@ -1,8 +1,20 @@
-"""The peak bytes of tensor storage a real run holds, measured by watching every aten op torch
-dispatches (kernels' internal copies included), to hold the memory estimate against."""
+"""The peak memory a real run uses, to hold the memory estimate against, measured two ways:
+
+- ``PeakStorage`` watches every aten op torch dispatches and counts the storages their results
+  hold: exact and fast, in process, but blind to what a kernel allocates and frees inside itself
+  (softmax's copy of a non-contiguous input, einsum's intermediates, sdpa's per-thread buffers);
+- ``allocated_peaks`` runs pipelines in a child process whose allocator maps every block of 64 KiB
+  or more on its own and returns it when freed (``MALLOC_MMAP_THRESHOLD_``), so the growth of its
+  peak resident memory (VmHWM after ``clear_refs``) is the peak of what the run allocated,
+  kernels' insides included, to within the pages of small blocks.
+"""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import weakref
 
 import torch
@@ -43,3 +55,34 @@ def measured_peak(pipeline, **run) -> int:
     with PeakStorage() as mode:
         pipeline.run(**run)
     return mode.peak
+
+
+_CHILD = """
+import json, sys
+import tracer
+
+def status(key):
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith(key + ":"))
+
+found = []
+for text in json.load(sys.stdin):
+    pipeline = tracer.loads(text, "measured.yaml")
+    pipeline.run(max_memory=1 << 40)  # warm up: torch's own first-use allocations are not the run's
+    pipeline._tensors.clear()  # the measured run creates its inputs and params again
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")  # resets VmHWM to the current resident size
+    base = status("VmRSS")
+    pipeline.run(max_memory=1 << 40)
+    found.append((pipeline.check().peak_bytes, status("VmHWM") - base))
+print(json.dumps(found))
+"""
+
+
+def allocated_peaks(texts: list[str]) -> list[tuple[int, int]]:
+    """(estimated peak, measured peak) of a real run of each pipeline text, in one child process."""
+    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536")
+    done = subprocess.run([sys.executable, "-c", _CHILD], input=json.dumps(texts), capture_output=True, text=True, env=env, timeout=300)
+    if done.returncode:
+        raise RuntimeError(done.stderr[-3000:])
+    return [tuple(pair) for pair in json.loads(done.stdout)]

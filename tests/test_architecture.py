@@ -2,6 +2,7 @@
 imports in a cycle, facts about a kind live in its class, and every step kind and lint is complete."""
 
 import ast
+import functools
 import importlib
 import pkgutil
 import re
@@ -58,6 +59,7 @@ def _runtime_imports(tree: ast.AST) -> list[tuple[ast.AST, bool]]:
     ]
 
 
+@functools.cache
 def import_edges() -> list[tuple[str, str, bool]]:
     """(importer, imported, inside a function) for every import between tracer's modules."""
     modules = {_module(p): p for p in PACKAGE.rglob("*.py")}

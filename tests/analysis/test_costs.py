@@ -4,6 +4,7 @@ counts them, workspaces as upper bounds of what the kernels allocate."""
 import pytest
 
 from tests.conftest import assert_flops_as_counted, pipeline_text
+from tests.measure import allocated_peaks
 
 
 def _inputs(shapes) -> tuple[str, str]:
@@ -38,3 +39,98 @@ def test_matmul_flops_follow_the_kernel_torch_picks(a, b):
 def test_sdpa_flops_with_grouped_heads_and_narrower_values():
     _, inputs = _inputs([[1, 4, 3, 8], [1, 2, 5, 8], [1, 2, 5, 4]])
     assert_flops_as_counted(pipeline_text("- {id: o, op: sdpa, inputs: [t0, t1, t2], gqa: true, causal: true}", inputs=inputs))
+
+
+# ---------------------------------------------------------------- workspaces against what torch allocates
+
+# Each case runs at a size where its tensors are megabytes (the meter's resolution is a page),
+# for every kind that allocates inside its kernel, and for the layouts that make kernels copy.
+# The estimate must bound the peak the allocator saw, to within 3% (pages of small blocks and
+# allocator bookkeeping) and 256 KiB; and it must stay a useful bound: at most 4x the peak.
+WORKSPACES = {
+    "einsum, three operands (an n^4 intermediate)": (
+        "- {id: y, op: einsum, equation: 'ab,cd,ac->bd', inputs: [a, b, c]}",
+        "a: {shape: [32, 32], init: randn}\nb: {shape: [32, 32], init: randn}\nc: {shape: [32, 32], init: randn}",
+        "",
+    ),
+    "einsum, attention scores": (
+        "- {id: y, op: einsum, equation: 'bhqd,bhkd->bhqk', inputs: [q, k]}",
+        "q: {shape: [1, 4, 256, 64], init: randn}\nk: {shape: [1, 4, 256, 64], init: randn}",
+        "",
+    ),
+    "softmax of an expanded input": (
+        "- {id: e, op: expand, input: x, shape: [1024, 1024]}\n- {id: y, op: softmax, dim: 0}",
+        "x: {shape: [1, 1024], init: randn}",
+        "",
+    ),
+    "softmax of a transposed input": (
+        "- {id: t, op: transpose, input: x, dims: [0, 1]}\n- {id: y, op: softmax, dim: -1}",
+        "x: {shape: [1024, 1024], init: randn}",
+        "",
+    ),
+    "layernorm of a transposed input": (
+        "- {id: t, op: transpose, input: x, dims: [0, 1]}\n- {id: y, op: layernorm}",
+        "x: {shape: [1024, 1024], init: randn}",
+        "",
+    ),
+    "matmul broadcasting both operands": (
+        "- {id: y, op: matmul, inputs: [a, b]}",
+        "a: {shape: [4, 1, 256, 64], init: randn}\nb: {shape: [1, 4, 64, 256], init: randn}",
+        "",
+    ),
+    "linear of a transposed input, with a bias": (
+        "- {id: t, op: transpose, input: x, dims: [0, 1]}\n- {id: y, op: linear, weight: W, bias: b}",
+        "x: {shape: [256, 32, 128], init: randn}",
+        "W: {shape: [128, 128], init: randn}\nb: {shape: [128], init: randn}",
+    ),
+    "mask, causal with a window": (
+        "- {id: y, op: mask, input: s, causal: true, window: 64}",
+        "s: {shape: [1, 4, 512, 512], init: randn}",
+        "",
+    ),
+    "mask, a keep tensor": (
+        "- {id: y, op: mask, input: s, mask: m, polarity: keep}",
+        "s: {shape: [2, 4, 256, 256], init: randn}\nm: {shape: [2, 1, 256, 256], init: ones}",
+        "",
+    ),
+    "sdpa, the flash kernel": ("- {id: y, op: sdpa, inputs: [q, q, q], causal: true}", "q: {shape: [1, 4, 1024, 64], init: randn}", ""),
+    "sdpa, a window (an explicit mask)": (
+        "- {id: y, op: sdpa, inputs: [q, q, q], causal: true, window: 128}",
+        "q: {shape: [1, 4, 512, 64], init: randn}",
+        "",
+    ),
+    "sdpa, the math path (3-d)": ("- {id: y, op: sdpa, inputs: [q, q, q]}", "q: {shape: [4, 256, 64], init: randn}", ""),
+    "sdpa, expanded keys and values": (
+        "- {id: kv, op: expand, input: k, shape: [1, 4, 1024, 64]}\n- {id: y, op: sdpa, inputs: [q, kv, kv]}",
+        "q: {shape: [1, 4, 1024, 64], init: randn}\nk: {shape: [1, 1, 1024, 64], init: randn}",
+        "",
+    ),
+    "rope, partial": ("- {id: y, op: rope, input: x, rotary_dim: 32}", "x: {shape: [1, 8, 512, 64], init: randn}", ""),
+    "alibi, relative": ("- {id: y, op: alibi, input: s, relative: true}", "s: {shape: [1, 8, 256, 256], init: randn}", ""),
+    "rmsnorm of bfloat16": (
+        "- {id: c, op: cast, input: x, dtype: bfloat16}\n- {id: y, op: rmsnorm, weight: w}",
+        "x: {shape: [32, 256, 128], init: randn}",
+        "w: {shape: [128], init: ones, dtype: bfloat16}",
+    ),
+    "dropout in training": ("- {id: y, op: dropout, input: x, p: 0.5, training: true}", "x: {shape: [32, 256, 128], init: randn}", ""),
+}
+
+
+@pytest.fixture(scope="module")
+def allocated():
+    texts = [pipeline_text(steps, inputs=inputs, params=params) for steps, inputs, params in WORKSPACES.values()]
+    return dict(zip(WORKSPACES, allocated_peaks(texts)))
+
+
+@pytest.mark.parametrize("case", list(WORKSPACES))
+def test_the_estimate_bounds_what_the_kernels_allocate(case, allocated):
+    estimate, peak = allocated[case]
+    assert estimate >= 0.97 * peak - (256 << 10), f"{case}: estimated {estimate:,} B, torch allocated {peak:,} B"
+    assert estimate <= 4 * peak + (1 << 20), f"{case}: estimated {estimate:,} B is no useful bound of {peak:,} B"
+
+
+def test_the_meter_sees_what_a_kernel_allocates_inside_itself(allocated):
+    """Without a bound to check, a meter that missed kernel insides would pass everything: the
+    three-operand einsum's n^4 intermediate must show (32^4 float32 = 4 MiB)."""
+    _, peak = allocated["einsum, three operands (an n^4 intermediate)"]
+    assert peak >= 0.9 * 32**4 * 4

@@ -24,7 +24,8 @@ RUN = {"bash": "shell", "sh": "shell", "python": "python"}
 
 NOT_RUN = {  # (document, the block's first word) of the blocks that only illustrate: keep this short
     ("README.md", "make"),  # make test, make demo: the test suite itself, and the gallery
-    ("architecture.md", "@register"),  # adding a step kind would register it in this process
+    ("architecture.md", "@register"),  # adding a step kind or a lint would register it in this process
+    ("architecture.md", "@writer(\"csv\","),  # adding an output format would register it
     ("quickstart.md", "make"),  # make install: sets up the environment these tests run in
     ("export.md", "class"),  # an exported module, abridged: the export tests check the real one
 }

@@ -58,6 +58,8 @@ def test_dropout_follows_train_and_eval_and_the_last_trace_is_kept(causal):
     weights, dropped = trace["weights"].tensor, trace["weights_d"].tensor
     assert ((dropped == 0) | torch.isclose(dropped, weights / 0.8)).all() and (dropped == 0).any()
     assert trace["scores"].symbolic == "(B, H, T, T)"
+    dot = trace.diagram().source  # a module's trace draws like any other: no renderer is attached to traces
+    assert "scores" in dot and "(B, H, T, T)" in dot
 
 
 def test_state_dict_keys_are_the_exported_modules(tmp_path):

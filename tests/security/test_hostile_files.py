@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import re
 import shutil
 import subprocess
 import sys
@@ -14,22 +12,8 @@ from pathlib import Path
 import pytest
 
 import tracer
-from tests.conftest import PIPELINES, ROOT, tracer_cli
+from tests.conftest import FAST, PIPELINES, ROOT, including, refused, tracer_cli
 from tracer.core.errors import TracerError
-
-
-@pytest.fixture
-def folder(tmp_path):
-    (tmp_path / "blocks").mkdir()
-    os.mkfifo(tmp_path / "fifo.yaml")
-    os.symlink("/dev/zero", tmp_path / "zero.yaml")
-    with open(tmp_path / "huge.yaml", "wb") as f:  # sparse: 5 GB that occupy no disk
-        f.truncate(5 << 30)
-    return tmp_path
-
-
-def including(use: str) -> str:
-    return f"name: inc\ninputs: {{x: {{shape: [2], init: randn}}}}\nsteps:\n  - {{id: b, op: block, use: '{use}', input: x}}\n"
 
 
 @pytest.mark.parametrize(
@@ -40,15 +24,15 @@ def including(use: str) -> str:
         ("huge.yaml", "file-too-large", "file-too-large"),
     ],
 )
-def test_special_and_huge_files_are_refused_before_reading(folder, name, code, included):
+def test_special_and_huge_files_are_refused_before_reading(special_files, name, code, included):
     with pytest.raises(TracerError) as info:
-        tracer.load(folder / name)
+        tracer.load(special_files / name)
     assert info.value.code == code
-    (folder / "inc.yaml").write_text(including(name))
+    (special_files / "inc.yaml").write_text(including(name))
     with pytest.raises(TracerError) as info:
-        tracer.load(folder / "inc.yaml")
+        tracer.load(special_files / "inc.yaml")
     assert included in {d.code for d in info.value.diagnostics}
-    assert str(info.value).splitlines()[-1].startswith(f"{folder / 'inc.yaml'}:4:")
+    assert str(info.value).splitlines()[-1].startswith(f"{special_files / 'inc.yaml'}:4:")
 
 
 @pytest.mark.parametrize(
@@ -75,26 +59,6 @@ def test_control_characters_are_refused_where_they_stand(tmp_path, where, line):
 
 
 GOOD = (PIPELINES / "causal_mha.yaml").read_text()
-
-
-FAST = 3.0  # CPU seconds (not wall clock, so a loaded machine does not fail them); each case takes well under one
-
-
-def refused(text: str | bytes, tmp_path: Path, code: str | None = None, name: str = "p.yaml") -> TracerError:
-    """Load ``text`` from a file: it must raise a located TracerError, fast, one line per diagnostic."""
-    path = tmp_path / name
-    path.write_bytes(text if isinstance(text, bytes) else text.encode())
-    started = time.process_time()
-    with pytest.raises(TracerError) as info:
-        tracer.load(path)
-    elapsed = time.process_time() - started
-    assert elapsed < FAST, f"took {elapsed:.1f} s to refuse"
-    message = str(info.value)
-    for line in message.splitlines():
-        assert re.match(re.escape(str(path)) + r"(:\d+:\d+)?: error\[", line), line
-    if code is not None:
-        assert code in {d.code for d in info.value.diagnostics}, message
-    return info.value
 
 
 def with_dims(extra: str) -> str:

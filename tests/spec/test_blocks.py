@@ -4,7 +4,6 @@ located in the right file."""
 from __future__ import annotations
 
 import math
-import os
 import re
 import textwrap
 from pathlib import Path
@@ -14,22 +13,8 @@ import torch
 import torch.nn.functional as F
 
 import tracer
-from tests.conftest import PIPELINES, pipeline_text, shared_pipeline
+from tests.conftest import PIPELINES, including, pipeline_text, shared_pipeline
 from tracer.core.errors import TracerError
-
-
-@pytest.fixture
-def folder(tmp_path):
-    (tmp_path / "blocks").mkdir()
-    os.mkfifo(tmp_path / "fifo.yaml")
-    os.symlink("/dev/zero", tmp_path / "zero.yaml")
-    with open(tmp_path / "huge.yaml", "wb") as f:  # sparse: 5 GB that occupy no disk
-        f.truncate(5 << 30)
-    return tmp_path
-
-
-def including(use: str) -> str:
-    return f"name: inc\ninputs: {{x: {{shape: [2], init: randn}}}}\nsteps:\n  - {{id: b, op: block, use: '{use}', input: x}}\n"
 
 
 def chain(folder: Path, depth: int, repeat: int = 1) -> Path:

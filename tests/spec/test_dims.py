@@ -3,37 +3,15 @@
 from __future__ import annotations
 
 import json
-import re
-import time
-from pathlib import Path
 
 import pytest
 
 import tracer
-from tests.conftest import PIPELINES
-from tracer.core.errors import TracerError
+from tests.conftest import PIPELINES, refused
+from tracer.core import dimexpr
+from tracer.core.symbolic import DimAlgebra, resolve
 
 GOOD = (PIPELINES / "causal_mha.yaml").read_text()
-
-
-FAST = 3.0  # CPU seconds (not wall clock, so a loaded machine does not fail them); each case takes well under one
-
-
-def refused(text: str | bytes, tmp_path: Path, code: str | None = None, name: str = "p.yaml") -> TracerError:
-    """Load ``text`` from a file: it must raise a located TracerError, fast, one line per diagnostic."""
-    path = tmp_path / name
-    path.write_bytes(text if isinstance(text, bytes) else text.encode())
-    started = time.process_time()
-    with pytest.raises(TracerError) as info:
-        tracer.load(path)
-    elapsed = time.process_time() - started
-    assert elapsed < FAST, f"took {elapsed:.1f} s to refuse"
-    message = str(info.value)
-    for line in message.splitlines():
-        assert re.match(re.escape(str(path)) + r"(:\d+:\d+)?: error\[", line), line
-    if code is not None:
-        assert code in {d.code for d in info.value.diagnostics}, message
-    return info.value
 
 
 def with_dims(extra: str) -> str:
@@ -82,7 +60,6 @@ def test_dim_cycles_and_division_by_zero(tmp_path):
 
 
 def test_dim_override_recomputes_dependent_dims_and_refuses_derived(tmp_path):
-    import tracer
 
     pipeline = tracer.load(PIPELINES / "causal_mha.yaml")
     t = pipeline.run(dims={"d_model": 8, "T": 3})
@@ -91,3 +68,36 @@ def test_dim_override_recomputes_dependent_dims_and_refuses_derived(tmp_path):
         pipeline.run(dims={"Dh": 3})
     with pytest.raises(tracer.TracerError, match="d_model=6 is not divisible by H=4"):
         pipeline.run(dims={"d_model": 6, "H": 4})
+
+
+# ---------------------------------------------------------------- the dim algebra on its own
+
+
+def test_one_walker_evaluates_names_and_prints_every_expression():
+    expr = dimexpr.parse("-(d_model // H) + 3 * (T % 2)")
+    assert dimexpr.evaluate(expr, {"d_model": 8, "H": 2, "T": 5}) == -1
+    assert dimexpr.names(expr) == {"d_model", "H", "T"}
+    assert str(expr) == "-(d_model // H) + (3 * (T % 2))" and dimexpr.parse(str(expr)) == expr
+    assert dimexpr.fold(expr, dimexpr.Source({"H": "self.H"})) == "-(d_model // self.H) + (3 * (T % 2))"
+    assert [str(node) for node in dimexpr.fold(expr, dimexpr.Divisions())] == ["d_model // H", "T % 2"]
+
+
+def test_symbolic_dims_reduce_exactly_and_print_as_declared_names():
+    alg = DimAlgebra({"d_model": 8, "H": 2, "Dh": "d_model // H", "T": 6, "pair": "2 * T"})
+    assert str(alg.mul(alg.dim("H"), alg.dim("Dh"))) == "d_model" and alg.dim("H * Dh").value == 8
+    assert str(alg.dim("T + T")) == "pair" and str(alg.dim("d_model // H * H")) == "d_model"
+    assert str(alg.dim("T % 4")) == "(T % 4)" and alg.dim("T % 4").value == 2  # % stays an opaque symbol
+    assert not alg.dim("T").same_symbol(alg.dim("6")) and alg.dim("T").value == alg.dim("6").value
+
+
+def test_dims_resolve_in_dependency_order_however_the_file_orders_them():
+    exprs = {name: dimexpr.parse(text) for name, text in {"c": "b + 1", "b": "a * 2", "a": "3"}.items()}
+    assert list(resolve(exprs)) == ["a", "b", "c"] and resolve(exprs) == {"a": 3, "b": 6, "c": 7}
+    assert resolve(exprs, {"a": 10}) == {"a": 10, "b": 20, "c": 21}
+
+
+def test_a_chain_of_thousands_of_derived_dims_needs_no_recursion():
+    count = 2000  # each dim the one after it plus one, declared last-first: the deepest walk there is
+    exprs = {f"d{i}": dimexpr.parse(f"d{i + 1} + 1") for i in range(count)} | {f"d{count}": dimexpr.parse("1")}
+    values = resolve(exprs)
+    assert values["d0"] == count + 1 and DimAlgebra({k: str(v) for k, v in exprs.items()}).dim("d0").value == count + 1

@@ -4,13 +4,11 @@ reported."""
 from __future__ import annotations
 
 import re
-import time
-from pathlib import Path
 
 import pytest
 
 import tracer
-from tests.conftest import PIPELINES, tracer_cli
+from tests.conftest import PIPELINES, refused, tracer_cli
 from tracer.core.errors import TracerError
 
 CAUSAL = PIPELINES / "causal_mha.yaml"
@@ -35,26 +33,6 @@ def test_a_dim_error_is_reported_beside_an_invalid_section():
 
 
 GOOD = (PIPELINES / "causal_mha.yaml").read_text()
-
-
-FAST = 3.0  # CPU seconds (not wall clock, so a loaded machine does not fail them); each case takes well under one
-
-
-def refused(text: str | bytes, tmp_path: Path, code: str | None = None, name: str = "p.yaml") -> TracerError:
-    """Load ``text`` from a file: it must raise a located TracerError, fast, one line per diagnostic."""
-    path = tmp_path / name
-    path.write_bytes(text if isinstance(text, bytes) else text.encode())
-    started = time.process_time()
-    with pytest.raises(TracerError) as info:
-        tracer.load(path)
-    elapsed = time.process_time() - started
-    assert elapsed < FAST, f"took {elapsed:.1f} s to refuse"
-    message = str(info.value)
-    for line in message.splitlines():
-        assert re.match(re.escape(str(path)) + r"(:\d+:\d+)?: error\[", line), line
-    if code is not None:
-        assert code in {d.code for d in info.value.diagnostics}, message
-    return info.value
 
 
 def test_seed_out_of_torch_range(tmp_path):

@@ -9,7 +9,7 @@ import torch
 
 import tracer
 from tests.conftest import covers, pipeline_text
-from tests.kinds import agrees, close, trace_of
+from tests.kinds import agrees, close, trace_of, unfused
 from tracer.core.errors import TracerError
 
 
@@ -60,17 +60,6 @@ def test_softmax_dropout_eval_and_training():
     kept = t["train"].tensor != 0  # softmax outputs are never 0, so a 0 was dropped
     assert kept.any() and not kept.all(), kept  # p=0.5: some of each (a fixed seed, so no flakiness)
     assert torch.allclose(t["train"].tensor[kept], w[kept] * 2)
-
-
-def unfused(q, k, v, hide=None, additive=None, scale=None):
-    n_rep = q.shape[-3] // k.shape[-3]
-    k, v = k.repeat_interleave(n_rep, -3), v.repeat_interleave(n_rep, -3)
-    scores = q @ k.transpose(-2, -1) * (scale or 1 / math.sqrt(q.shape[-1]))
-    if additive is not None:
-        scores = scores + additive
-    if hide is not None:
-        scores = scores.masked_fill(hide, float("-inf"))
-    return torch.softmax(scores, -1) @ v
 
 
 def test_mask_causal_alignment_and_sliding_window():

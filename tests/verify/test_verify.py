@@ -1,25 +1,12 @@
 """tracer.verify: pipelines against F.scaled_dot_product_attention, nn.MultiheadAttention and each
 other."""
 
-import math
-
 import pytest
 import torch
 
 import tracer
 import tracer.verify as verify
 from tests.conftest import PIPELINES
-
-
-def unfused(q, k, v, hide=None, additive=None, scale=None):
-    n_rep = q.shape[-3] // k.shape[-3]
-    k, v = k.repeat_interleave(n_rep, -3), v.repeat_interleave(n_rep, -3)
-    scores = q @ k.transpose(-2, -1) * (scale or 1 / math.sqrt(q.shape[-1]))
-    if additive is not None:
-        scores = scores + additive
-    if hide is not None:
-        scores = scores.masked_fill(hide, float("-inf"))
-    return torch.softmax(scores, -1) @ v
 
 
 def test_verify_shows_one_sdpa_step_equals_the_unfused_mistral_attention():

@@ -14,11 +14,12 @@ FLOPs are FlopCounterMode's: matrix products only (mm, bmm, addmm, baddbmm, atte
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable
 
 from ..core.dtypes import DTYPE_BYTES
 from ..core.layout import Meta
-from ..steps.attention import Dropout, Mask
+from ..steps.attention import Dropout, Mask, Softmax
 from ..steps.einsum import Einsum, parse_equation
 from ..steps.elementwise import LayerNorm
 from ..steps.fused import Sdpa
@@ -139,10 +140,34 @@ def _einsum_flops(step, ins, outs):
 
 @_counts(_WORKSPACE, Einsum)
 def _einsum_workspace(step, ins, outs):
-    """torch.einsum copies operands into the layout of its batched product; its raw result
-    lives on while the step copies it into the output."""
-    out = outs[-1]
-    return max(sum(m.nbytes for m in ins), out.nbytes) + out.nbytes
+    """torch.einsum's own path (the kernel turns opt_einsum off, so it is always this one): a
+    letter only one operand has and the output does not is summed out of that operand first; then
+    the operands are contracted left to right, one pair at a time, each pair's operands copied into
+    the layout of a batched product (at most their dense size) beside its result, which keeps every
+    letter a later operand or the output needs (``ab,cd,ac->bd`` makes the n⁴ ``abcd`` first). The
+    raw result then lives on while the step copies it into its output."""
+    terms, output = parse_equation(step.equation, len(ins))
+    sizes, item = _letter_sizes(terms, ins), DTYPE_BYTES[ins[0].dtype]
+    out_letters = set(step.output_term(terms, output))
+
+    def nbytes(letters) -> int:
+        return item * math.prod(sizes[c] for c in letters)
+
+    operands, alive = [], 0  # (letters, bytes it holds as a new tensor: 0 for an input's view)
+    for term in terms:
+        letters = set(term)
+        lonely = {c for c in letters if c not in out_letters and sum(c in t for t in terms) == 1}
+        held = nbytes(letters - lonely) if lonely else 0
+        operands.append((letters - lonely, held))
+        alive += held
+    peak, (left, left_held) = alive, operands[0]
+    for j, (right, right_held) in enumerate(operands[1:], start=1):
+        needed = out_letters.union(*(letters for letters, _ in operands[j + 1 :]))
+        result = (left | right) & needed
+        peak = max(peak, alive + nbytes(left) + nbytes(right) + nbytes(result) - outs[-1].nbytes)
+        alive += nbytes(result) - left_held - right_held
+        left, left_held = result, nbytes(result)
+    return max(peak, alive)
 
 
 def _letter_sizes(terms: list[str], ins: list[Meta]) -> dict[str, int]:
@@ -187,6 +212,7 @@ def _sdpa_workspace(step, ins, outs):
         return _sdpa_math_workspace(ins, outs[-1])
     t_q, t_k = q.sizes[-2], key.sizes[-2]
     total = max(4, DTYPE_BYTES[q.dtype]) * q.numel // max(q.sizes[-1], 1)  # float64 q: a float64 log-sum-exp
+    total += _flash_buffers(q, key, ins[2])
     mask = ins[3] if len(ins) > 3 else None
     pattern = step.causal and not step.is_causal_flag(t_q == t_k)
     if pattern:
@@ -195,6 +221,28 @@ def _sdpa_workspace(step, ins, outs):
         elements = max(mask.numel if mask is not None else 0, t_q * t_k)
         total += 6 * elements  # bool conversions, and SDPA's additive float copy
     return total
+
+
+def _flash_buffers(q: Meta, k: Meta, v: Meta) -> int:
+    """The CPU flash kernel's buffers, one set per thread (FlashAttentionKernel.cpp): a block of
+    scores (q_split x kv_split), the row maxima and sums, and an output block, in the accumulation
+    dtype (float32 for narrower dtypes), plus their narrow copies. Threads: the CPUs this process
+    may use, which bounds torch's default thread count."""
+    t_q, t_k, head = q.sizes[-2], k.sizes[-2], max(q.sizes[-1], v.sizes[-1])
+    q_split = min(256 if t_q >= 768 else 64 if t_q >= 192 else 32, t_q)
+    kv_split = min(512, t_k)
+    acc = max(4, DTYPE_BYTES[q.dtype])
+    per_thread = acc * (q_split * kv_split + 2 * q_split + q_split * head)
+    if DTYPE_BYTES[q.dtype] < 4:
+        per_thread += DTYPE_BYTES[q.dtype] * q_split * kv_split
+    return per_thread * usable_cpus()
+
+
+def usable_cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
 
 
 def _sdpa_math_workspace(ins: list[Meta], out: Meta) -> int:
@@ -263,10 +311,23 @@ def _alibi_workspace(step, ins, outs):
 # ---------------------------------------------------------------- normalisation
 
 
+def dense_copy(meta: Meta) -> int:
+    """Bytes of the dense copy a kernel makes of an input that is not contiguous (a transposed or
+    an expanded tensor): CPU softmax and layer_norm call ``contiguous()`` on their input first."""
+    return 0 if meta.contiguous else meta.nbytes
+
+
+@_counts(_WORKSPACE, Softmax)
+def _softmax_workspace(step, ins, outs):
+    """The dense copy of a non-contiguous input (host_softmax reads contiguous rows)."""
+    return dense_copy(ins[0])
+
+
 @_counts(_WORKSPACE, LayerNorm)
 def _layernorm_workspace(step, ins, outs):
-    """native_layer_norm also returns each row's mean and 1/std (in float32 at least)."""
-    return 2 * math.prod(ins[0].sizes[:-1]) * max(4, DTYPE_BYTES[ins[0].dtype])
+    """native_layer_norm also returns each row's mean and 1/std (in float32 at least), and reads a
+    dense copy of a non-contiguous input."""
+    return 2 * math.prod(ins[0].sizes[:-1]) * max(4, DTYPE_BYTES[ins[0].dtype]) + dense_copy(ins[0])
 
 
 @_counts(_WORKSPACE, RMSNorm)

@@ -19,13 +19,7 @@ LOW, HIGH, NAN = (255, 255, 255), (8, 81, 156), "#f4a6a6"  # white -> dark blue;
 def is_attention_weights(step: Any, record: Any) -> bool:
     """A softmax over the last dim of a tensor with at least two dims, whose values were kept."""
     rank, dim = len(record.shape), step.normalises()
-    return (
-        dim is not None
-        and rank >= 2
-        and dim in (-1, rank - 1)
-        and record.tensor is not None
-        and record.tensor.device.type != "meta"
-    )
+    return dim is not None and rank >= 2 and dim in (-1, rank - 1) and record.tensor is not None and record.tensor.device.type != "meta"
 
 
 def leading_maps(tensor: Any) -> Any:

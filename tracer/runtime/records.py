@@ -81,15 +81,6 @@ def _finite(value: Any) -> Any:
     return value
 
 
-def _finite(value: Any) -> Any:
-    """JSON has no inf/nan: write them as strings so every parser accepts the file."""
-    if isinstance(value, list):
-        return [_finite(v) for v in value]
-    if isinstance(value, float) and not math.isfinite(value):
-        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
-    return value
-
-
 def record_html(record: TensorRecord) -> str:
     """The record in Jupyter: one small table."""
     layout = "contiguous" if record.contiguous else "non-contiguous"

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import re
 from typing import Literal
 
@@ -126,31 +125,19 @@ class Einsum(StepBase):
         second = [positions[c] for c in out if c != "." and c in terms[1] and c not in terms[0]]
         return (first[-1] if first else None), (second[-1] if second else None)
 
-    def _sizes(self, terms: list[str], ins) -> dict[str, int]:
-        """Each letter's size after broadcasting; ``.`` stands for all the ``...`` dims together."""
-        sizes: dict[str, int] = {}
-        ellipsis: list[int] = []  # the broadcast '...' dims, right-aligned
-        for term, meta in zip(terms, ins):
-            lead = len(meta.sizes) - len(term) + 1
-            at = 0
-            for letter in term:
-                if letter == ".":
-                    dims = list(meta.sizes[at : at + lead])
-                    width = max(len(dims), len(ellipsis))
-                    dims, ellipsis = [1] * (width - len(dims)) + dims, [1] * (width - len(ellipsis)) + ellipsis
-                    ellipsis = [max(a, b) for a, b in zip(ellipsis, dims)]
-                    at += lead
-                else:
-                    sizes[letter] = max(sizes.get(letter, 1), meta.sizes[at])
-                    at += 1
-        sizes["."] = math.prod(ellipsis)
-        return sizes
-
     def kernel(self, k):
-        einsum, equation, contiguous = k.torch.einsum, self.equation, k.torch.contiguous_format
-        # .contiguous() would keep torch's result when it is already contiguous: a view of an input
-        # ('ij->ij'), or with size-1 dims strided as torch planned
-        return lambda *xs: einsum(equation, *xs).clone(memory_format=contiguous)
+        torch, equation = k.torch, self.equation
+        planner = torch.backends.opt_einsum
+
+        def einsum(*xs):
+            # left to right, always: with opt_einsum installed torch would plan another path, with
+            # other intermediates than the memory estimate counts. .contiguous() would keep torch's
+            # result when it is already contiguous: a view of an input ('ij->ij'), or with size-1
+            # dims strided as torch planned
+            with planner.flags(enabled=False):
+                return torch.einsum(equation, *xs).clone(memory_format=torch.contiguous_format)
+
+        return einsum
 
     def emit(self, e):
         # a contiguous copy, as the trace records it: a later view must not depend on how torch planned the contraction

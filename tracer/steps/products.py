@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Literal
 
-from ..core.dtypes import DTYPE_BYTES
 from ..core.layout import fresh
 from .contract import StepBase, register
 from .rules import Mismatch, StepError, broadcast_dims, show
@@ -24,24 +23,6 @@ def _batch(a, b, ctx):
             "bring both operands to the same dim order first (e.g. transpose the heads into place before taking kᵀ)",
         )
     return shape
-
-
-def merge_copy_bytes(meta, sizes: tuple[int, ...], merged: int, swap_last: bool = False) -> int:
-    """Bytes torch allocates to reshape ``meta`` (its last two dims swapped with ``swap_last``),
-    expanded to ``sizes``, with its first ``merged`` dims flattened into one: 0 when that is a
-    view, a full copy when it is not (a broadcast dim has stride 0 and never merges with a real one)."""
-    have, stride = list(meta.sizes), list(meta.stride)
-    if swap_last:
-        have[-2:], stride[-2:] = have[:-3:-1], stride[:-3:-1]
-    pad = len(sizes) - len(have)
-    strides = [0] * pad + [st if n == want else 0 for st, n, want in zip(stride, have, sizes[pad:])]
-    kept = [(n, st) for n, st in zip(sizes[:merged], strides[:merged]) if n != 1]
-    if all(outer == inner * n for (_, outer), (n, inner) in zip(kept, kept[1:])):
-        return 0
-    numel = 1
-    for n in sizes:
-        numel *= n
-    return numel * DTYPE_BYTES[meta.dtype]
 
 
 @register
