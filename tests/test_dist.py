@@ -67,6 +67,8 @@ def test_the_wheel_installs_and_works_outside_the_repo(installed, tmp_path):
     assert _run(installed / "tracer", "check", "causal_mha.yaml", cwd=tmp_path).stderr == ""
     _run(installed / "tracer", "render", "causal_mha.yaml", "-o", "x.dot", cwd=tmp_path)
     assert (tmp_path / "x.dot").read_text().startswith("digraph pipeline")
+    _run(installed / "tracer", "render", "causal_mha.yaml", "-o", "x.html", cwd=tmp_path)
+    assert "attentionSection" in (tmp_path / "x.html").read_text()  # the report's script came from the wheel
     assert _run(installed / "tracer", "schema", cwd=tmp_path).stdout == PACKAGED_SCHEMA.read_text()
     shipped = Path(_run(installed / "tracer", "schema", "--path", cwd=tmp_path).stdout.strip())
     assert shipped.is_relative_to(installed.parent) and shipped.read_text() == PACKAGED_SCHEMA.read_text()
@@ -74,7 +76,8 @@ def test_the_wheel_installs_and_works_outside_the_repo(installed, tmp_path):
 
 def test_the_wheel_carries_license_types_and_assets(installed):
     package = Path(_run(installed / "python", "-c", "import tracer; print(tracer.__file__)", cwd=installed).stdout).parent
-    assert (package / "py.typed").exists() and (package / "report_assets").is_dir()
+    assets = package / "presentation" / "report_assets"
+    assert (package / "py.typed").exists() and {"report.js", "report.css"} <= {f.name for f in assets.iterdir()}
     (info,) = package.parent.glob("attention_tracer-*.dist-info")
     assert "MIT License" in (info / "licenses/LICENSE").read_text()
     assert "License-Expression: MIT" in (info / "METADATA").read_text()

@@ -16,7 +16,7 @@ from .api import Pipeline, load
 from .core.errors import Diagnostic, InternalError, TracerError, printable
 from .presentation import outputs
 from .presentation.export import export_source
-from .presentation.files import write_atomic
+from .presentation.files import check_output, write_atomic
 from .presentation.graphviz import chosen_renderer
 from .presentation.progress import Progress
 from .runtime.interpreter import device_problem
@@ -109,6 +109,7 @@ def _parser() -> argparse.ArgumentParser:
         "-o",
         "--output",
         metavar="OUT",
+        type=_output_name,
         help="write the table (or with --json the JSON) to OUT instead of stdout; written atomically: a failed run leaves OUT as it was",
     )
     run.add_argument(
@@ -141,6 +142,8 @@ def _parser() -> argparse.ArgumentParser:
     render.add_argument(
         "-o",
         "--output",
+        metavar="OUT",
+        type=_output_name,
         help="output file; the format comes from its suffix: .svg .png .pdf .dot, or .html for the interactive report (default: NAME.svg)",
     )
     _dims_option(render)
@@ -177,7 +180,7 @@ def _parser() -> argparse.ArgumentParser:
 
     export = commands.add_parser("export", help="write the pipeline as a standalone PyTorch module (nn.Module source)")
     export.add_argument("file", metavar="FILE")
-    export.add_argument("-o", "--output", metavar="OUT", help="the .py file to write, atomically (default: stdout)")
+    export.add_argument("-o", "--output", metavar="OUT", type=_output_name, help="the .py file to write, atomically (default: stdout)")
     _dims_option(export)
     export.set_defaults(handler=_export)
 
@@ -236,6 +239,8 @@ def _run(args) -> int:
     pipeline = load(args.file) if not args.dim else _load_unchecked(args.file)
 
     analysis = pipeline.check(dict(args.dim))
+    if args.output:
+        check_output(args.output, _reads(args, analysis), args.file)  # before the run: never the files it reads
     nans = SoftmaxNaNs(analysis)
     params = _weights(args, analysis) if args.weights or args.weights_map else None
     with _running(analysis, args.quiet) as progress:
@@ -252,7 +257,8 @@ def _run(args) -> int:
         print(warning, file=sys.stderr)
     if args.output:
         text = trace.to_json(values=args.values) if args.json else _table(trace, args) + "\n" + trace.peak_line()
-        print(f"wrote {printable(write_atomic(args.output, text + chr(10), error_file=args.file))}", file=sys.stderr)
+        written = write_atomic(args.output, text + chr(10), error_file=args.file, reads=_reads(args, analysis))
+        print(f"wrote {printable(written)}", file=sys.stderr)
         return 0
     if args.json:
         print(trace.to_json(values=args.values))
@@ -263,6 +269,12 @@ def _run(args) -> int:
         for record in trace.records:
             print(f"\n{record.id} {record.symbolic}:\n{record.tensor}")
     return 0
+
+
+def _reads(args, analysis) -> list[str]:
+    """Every file this command reads: none of them may be its output."""
+    given = [getattr(args, "weights", None), getattr(args, "weights_map", None)]
+    return outputs.read_files(analysis) + [f for f in given if f]
 
 
 def _weights(args, analysis) -> dict:
@@ -305,6 +317,12 @@ def _positive(text: str) -> int:
     return int(text)
 
 
+def _output_name(text: str) -> str:
+    if not text:
+        raise argparse.ArgumentTypeError("the output name is empty: name the file to write (or leave -o out)")
+    return text
+
+
 def _size(text: str) -> int:
 
     try:
@@ -332,7 +350,9 @@ def _draw(args) -> int:
         raise TracerError(Diagnostic(args.file, None, "values-on-meta", "--values needs real data: drop --device meta (or use cpu/cuda)"))
 
     pipeline = _load_unchecked(args.file)
-    with _running(pipeline.check(dict(args.dim)), args.quiet) as progress:
+    analysis = pipeline.check(dict(args.dim))
+    check_output(output, _reads(args, analysis), args.file)  # before the run: never the files it reads
+    with _running(analysis, args.quiet) as progress:
         observe = _with_progress(None, progress)
         trace = pipeline.run(dims=dict(args.dim), device=args.device, keep_values=args.values, observe=observe)
     options = outputs.Options(collapse=tuple(args.collapse), expand=args.expand, timeout=args.timeout)
@@ -344,12 +364,15 @@ def _draw(args) -> int:
 
 def _export(args) -> int:
 
-    source = export_source(_load_unchecked(args.file), dict(args.dim))
+    pipeline = _load_unchecked(args.file)
+    reads = _reads(args, pipeline.check(dict(args.dim))) if args.output else []
+    if args.output:
+        check_output(args.output, reads, args.file)
+    source = export_source(pipeline, dict(args.dim))
     if not args.output:
         sys.stdout.write(source)
         return 0
-
-    print(f"wrote {printable(write_atomic(args.output, source, error_file=args.file))}", file=sys.stderr)
+    print(f"wrote {printable(write_atomic(args.output, source, error_file=args.file, reads=reads))}", file=sys.stderr)
     return 0
 
 

@@ -63,3 +63,15 @@ def test_a_softmax_of_anything_but_scores_is_no_site():
 
 def test_every_layer_of_a_stack_is_found():
     assert len(sites_of(PIPELINES / "encoder_stack.yaml")) == 48
+
+
+def test_a_one_operand_einsum_before_a_softmax_is_a_reduction_not_scores():
+    """The fuzzer's find: `abc->bc` feeding a softmax has no queries and keys to name."""
+    text = pipeline_text(
+        "- {id: s, op: einsum, inputs: [x], equation: 'abc->bc'}\n- {id: w, op: softmax, input: s, dim: -1}",
+        inputs="x: {shape: [2, 3, 4], init: randn}",
+    )
+    assert sites_of(text) == ()
+    two = text.replace("inputs: [x], equation: 'abc->bc'", "inputs: [x, x], equation: 'abc,adc->abd'")
+    (site,) = sites_of(two)
+    assert (site.query, site.keys, site.scores) == ("x", "x", "s")

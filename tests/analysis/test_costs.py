@@ -106,6 +106,8 @@ WORKSPACES = {
         "",
     ),
     "rope, partial": ("- {id: y, op: rope, input: x, rotary_dim: 32}", "x: {shape: [1, 8, 512, 64], init: randn}", ""),
+    # a narrow rotary part: the rotation and the rotated part outlive the cat that makes the output
+    "rope, narrow partial": ("- {id: y, op: rope, input: x, rotary_dim: 4}", "x: {shape: [4, 8, 1024, 64], init: randn}", ""),
     "alibi, relative": ("- {id: y, op: alibi, input: s, relative: true}", "s: {shape: [1, 8, 256, 256], init: randn}", ""),
     "rmsnorm of bfloat16": (
         "- {id: c, op: cast, input: x, dtype: bfloat16}\n- {id: y, op: rmsnorm, weight: w}",

@@ -282,8 +282,48 @@ def gen_hostile(rng) -> bytes:
     return ("name: x\nsteps: []\n" + "# comment\n" * n).encode()
 
 
+# Names an exported module must not let collide: nn.Module's own attributes and methods, the names
+# the generated code uses (imports, helpers, `seed`, `generator`, `bound`, loop variables), Python's
+# keywords and builtins, dunders (mangled), prefixes the writer could derive (`dim_x`), dotted holders.
+RISKY_DIMS = ["_", "training", "forward", "bound", "bound_2", "dim_head", "head", "seed", "generator", "self", "torch", "F",
+              "nn", "math", "linear_bound", "Attn", "layer", "copy", "_modules", "_parameters", "sum", "range", "super",
+              "x", "dims", "T_2", "B"]  # fmt: skip
+RISKY_IDS = ["_", "training", "forward", "eval", "state_dict", "__w", "a", "a.b", "a.c", "x", "self", "torch", "F", "math",
+             "nn", "True", "None", "class", "super", "print", "generator", "seed", "bound", "layer", "head", "dim_head",
+             "linear_bound", "_parameters", "register_buffer", "w-1", "T", "Attn", "out", "l", "a-b", "y.z.w"]  # fmt: skip
+
+
+def gen_named(rng) -> bytes:
+    """A well-typed pipeline whose dims, inputs, params and step ids are renamed to risky names
+    (``RISKY_DIMS``, ``RISKY_IDS``): the oracle exports it and holds the module equal to the run."""
+    from tests.fuzz.typed import build
+
+    doc = build(rng, small=True)
+    dims = list(doc.get("dims", {}))
+    ids = [*doc.get("inputs", {}), *doc.get("params", {}), *(s["id"] for s in doc["steps"])]
+    dim_names = rng.sample(RISKY_DIMS, min(len(dims), len(RISKY_DIMS)))
+    id_names = rng.sample(RISKY_IDS, min(len(ids), len(RISKY_IDS)))
+    renamed = {**dict(zip(ids, id_names)), **dict(zip(dims, dim_names))}  # the rest keep their names
+    return dump(_renamed(doc, renamed), rng).encode()
+
+
+def _renamed(node: Any, names: dict[str, str]) -> Any:
+    """``node`` with every id (a whole string) and every dim (a word in an expression) renamed."""
+    import re
+
+    if isinstance(node, dict):
+        return {names.get(k, k) if isinstance(k, str) else k: _renamed(v, names) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_renamed(v, names) for v in node]
+    if isinstance(node, str):
+        if node in names:
+            return names[node]
+        return re.sub(r"[A-Za-z_][A-Za-z0-9_]*", lambda m: names.get(m.group(), m.group()), node)
+    return node
+
+
 STRATEGIES: dict[str, tuple[Callable, float]] = {
-    "typed": (gen_typed, 0.35),  # well-typed: most of the campaign's runnable cases
+    "typed": (gen_typed, 0.30),  # well-typed: most of the campaign's runnable cases
     "mutated": (gen_mutated, 0.16),
     "gentle": (gen_gentle, 0.1),
     "text": (gen_text_mutated, 0.07),
@@ -292,6 +332,7 @@ STRATEGIES: dict[str, tuple[Callable, float]] = {
     "yaml": (gen_random_yaml, 0.05),
     "bytes": (gen_random_bytes, 0.05),
     "hostile": (gen_hostile, 0.04),
+    "named": (gen_named, 0.05),  # risky names, exported and compared with the run
 }
 
 

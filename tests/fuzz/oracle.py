@@ -20,6 +20,7 @@ from tests.fuzz.pools import PIPELINES
 # values, its JSON and DOT) legitimately takes up to about 7 s of it on a loaded 2-core machine.
 CASE_SECONDS = 15.0
 CPU_RUN_BYTES = 4 * 1024 * 1024  # run for real only when every tensor together fits in this
+EXPORT_SHARE = 0.4  # of the real runs, how many also export the pipeline and compare the module with the run
 
 
 class Hang(BaseException):
@@ -153,6 +154,8 @@ def _exercise(path: Path, rng, cpu: bool) -> tuple[str, float | None]:
         if cpu and not attempt and _small(trace.analysis):
             try:
                 ratio = _real_runs(pipeline, rng)
+                if rng.random() < EXPORT_SHARE:
+                    _export_matches(pipeline)
             except TracerError as exc:
                 check_lines(str(exc), name)
     return kind, ratio
@@ -242,6 +245,18 @@ def _real_runs(pipeline, rng) -> float | None:
     if rng.random() < 0.5:
         json.loads(pipeline.run(keep_values=True).to_json(values=True))
     return estimate / mode.peak if mode.peak else None
+
+
+def _export_matches(pipeline) -> None:
+    """``tracer export``'s module (checked token by token as it is written) computes the run: same
+    state_dict keys and params from the same seed, same outputs; or the export is refused, located."""
+    from tests.exporting import check_export
+
+    trace = pipeline.run(keep_values=True)
+    try:
+        check_export(pipeline, trace)
+    except AssertionError as exc:
+        raise OracleFailure(f"the exported module does not compute the run: {exc}") from None
 
 
 def _dims_to_try(analysis, rng) -> list[dict]:

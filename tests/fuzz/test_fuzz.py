@@ -30,6 +30,7 @@ GENERATED = {
     "dims": 40,  # degenerate and huge dims of bundled pipelines
     "random_pipeline": 50,
     "random_yaml": 25,
+    "named": 30,  # risky names (nn.Module's attributes, keywords, the generated code's own names), exported
 }
 
 

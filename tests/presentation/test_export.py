@@ -84,8 +84,8 @@ def test_every_bundled_pipeline_exports_to_its_traced_run(path, sources):
     module = load_module(sources[path]) if dims is None else None
     module_class = getattr(module, module.__all__[0]) if module else exported(pipeline, dims)[1]
     trace = pipeline.run(dims=dims, keep_values=True)
-    module = module_class()
-    # the constructor creates the params as the run does: same seed, same tensors
+    module = module_class(seed=pipeline.spec.seed)
+    # with the pipeline's seed the constructor creates the params as the run does: same tensors
     state = module.state_dict()
     assert state.keys() == {n.replace("/", ".") for n in trace.analysis.pipeline.params}
     for name in trace.analysis.pipeline.params:
@@ -116,15 +116,15 @@ def test_every_line_of_forward_says_its_shape_and_step(sources):
 def test_blocks_become_submodule_classes_and_repeat_a_module_list(sources):
     source = sources[PIPELINES / "encoder_stack.yaml"]
     assert "class EncoderLayer(nn.Module):" in source and "class EncoderStack(nn.Module):" in source
-    assert "nn.ModuleList([EncoderLayer(B=B, T=T, d_model=d_model, H=H, d_ff=4 * d_model) for _ in range(48)])" in source
+    assert "nn.ModuleList([EncoderLayer(d_model=d_model, H=H, d_ff=4 * d_model, generator=generator) for _ in range(48)])" in source
     assert source.index('__all__ = ["EncoderStack"') > 0
 
 
 def test_constructor_takes_dims_and_checks_them_with_tracers_message(sources):
     cls = load_module(sources[PIPELINES / "causal_mha.yaml"]).CausalMha
-    small = cls(B=1, T=3, d_model=6, H=3)
+    small = cls(d_model=6, H=3)
     assert small.W_q.shape == (6, 6) and small.Dh == 2
-    assert small.eval()(torch.randn(1, 3, 6)).shape == (1, 3, 6)
+    assert small.eval()(torch.randn(1, 3, 6)).shape == (1, 3, 6)  # B and T come from the input
     with pytest.raises(tracer.TracerError) as tracer_error:
         tracer.load(PIPELINES / "causal_mha.yaml").run(dims={"H": 3})
     with pytest.raises(ValueError) as module_error:
@@ -136,7 +136,7 @@ def test_other_dims_export_and_match(tmp_path):
     pipeline = tracer.load(PIPELINES / "causal_mha.yaml")
     dims = {"B": 1, "T": 5, "d_model": 8, "H": 4}
     source, cls = exported(pipeline, dims)
-    assert "def __init__(self, *, B=1, T=5, d_model=8, H=4, seed=0):" in source
+    assert "def __init__(self, *, d_model=8, H=4, seed=None):" in source
     assert_module_equals_trace(cls(), pipeline.run(dims=dims, keep_values=True))
 
 
@@ -152,7 +152,7 @@ def test_cli_writes_the_module(tmp_path):
     out = tmp_path / "causal.py"
     done = tracer_cli("export", str(PIPELINES / "causal_mha.yaml"), "-o", str(out), "--dim", "T=4")
     assert done.returncode == 0, done.stderr
-    assert "def __init__(self, *, B=2, T=4, d_model=4, H=2, seed=0):" in out.read_text()
+    assert "def __init__(self, *, d_model=4, H=2, seed=None):" in out.read_text()
     assert tracer_cli("export", str(PIPELINES / "causal_mha.yaml")).stdout == export_source(tracer.load(PIPELINES / "causal_mha.yaml"))
 
 
@@ -177,8 +177,8 @@ def test_nested_shared_blocks_odd_ids_buffers_and_float64(tmp_path):
     trace = pipeline.run(keep_values=True)
     source, cls = exported(pipeline)
     assert '__all__ = ["EdgeTop", "InnerBlock", "Outer"]' in source and "class InnerBlock" in source.split("class Outer")[0]
-    assert 'setattr(self, "scale-p", nn.Parameter(' in source and 'self.register_buffer("mask"' in source
-    module = cls()
+    assert "setattr(self, 'scale-p', nn.Parameter(" in source and "self.register_buffer('mask'" in source
+    module = cls(seed=5)  # the file's seed: the traced run's params
     assert "shared.first.1.w-1.weight" in module.state_dict() and "nest.first.0.back" in module.state_dict()
     assert all(torch.equal(module.state_dict()[n.replace("/", ".")], trace[n].tensor) for n in trace.analysis.pipeline.params)
     assert_module_equals_trace(module, trace)
@@ -204,3 +204,16 @@ def test_one_piece_splits_compound_dims_and_0d_tensors():
     source = export_source(pipeline)
     assert "(whole,) = r.chunk(1, dim=0)" in source and ".float() / (2 * A)" in source
     check_export(pipeline, pipeline.run(keep_values=True))
+
+
+@pytest.mark.parametrize("name", ["causal_mha.yaml", "models/llama_decoder_layer.yaml", "models/mistral_sliding_window.yaml"])
+@pytest.mark.parametrize("batch, length", [(3, 1), (1, 10)])
+def test_exported_modules_run_on_any_batch_and_length(name, batch, length, sources):
+    """Sizes come from the input: the module of a (2, 6) pipeline computes a (3, 1) or (1, 10)
+    input as the pipeline run at those dims does."""
+    pipeline = shared_pipeline(PIPELINES / name)
+    module = load_module(sources[PIPELINES / name])
+    cls = getattr(module, module.__all__[0])
+    sizes = {"B": batch, "T": length}
+    trace = pipeline.run(dims={k: v for k, v in sizes.items() if k in pipeline.spec.dims}, keep_values=True)
+    assert_module_equals_trace(cls(), trace, atol=1e-5)

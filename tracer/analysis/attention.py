@@ -124,7 +124,7 @@ def score_chain(analysis, softmax: Node) -> tuple[list[Node], Node | None]:
         node = analysis.producer(current)
         if node is None or not node.outs:
             break
-        if node.step.makes_scores:
+        if node.step.makes_scores and len(node.reads) >= 2:  # a one-operand einsum is a reduction, not q·k
             return chain[::-1], node
         if not node.step.passes_scores or not node.inputs:
             break

@@ -287,12 +287,13 @@ def _dropout_workspace(step, ins, outs):
 @_counts(_WORKSPACE, Rope)
 def _rope_workspace(step, ins, outs):
     """The kernel's temporaries: the float32 frequency tables, and x_rot * cos, the rotation
-    and rotation * sin alive together (plus x_rot's result before a partial rotary's cat)."""
+    and rotation * sin alive together with their sum; a partial rotary's cat then makes the
+    output while the rotation and the rotated part are still alive."""
     x, (length, rot) = ins[0], outs[0].sizes
     head = x.sizes[-1]
     part = x.nbytes // head * rot if head else 0
     tables = 14 * length * rot + 8 * rot + 16 * length  # int64 ranges, float32 freqs, emb, cos, sin
-    return tables + (3 * part if rot == head else max(4 * part - x.nbytes, part))
+    return tables + (3 * part if rot == head else max(4 * part - x.nbytes, 2 * part))
 
 
 @_counts(_WORKSPACE, Alibi)

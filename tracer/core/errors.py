@@ -29,6 +29,12 @@ def printable(text: object) -> str:
     return str(text).translate(_ESCAPES)
 
 
+def display(text: object) -> str:
+    """``printable(text)`` that can be written as UTF-8: a file name's undecodable bytes (which
+    Python keeps as lone surrogates) as ``\\xff`` escapes."""
+    return printable(text).encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 @dataclass(frozen=True)
 class Diagnostic:
     """One located problem (an error or a lint warning)."""

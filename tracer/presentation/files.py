@@ -4,6 +4,13 @@ A run that fails or is interrupted half-way leaves no partial file, and never re
 file with a bad one: the target changes only through ``os.replace``, which is atomic on POSIX and
 Windows when both names are on the same filesystem (hence the temporary file in the same folder).
 
+An output is a regular file and never one the run reads: a FIFO, a device, a socket or a folder
+is refused (``output-not-file``), and so is the pipeline itself, a block file it includes or a
+weights file (``output-is-input``, hard links and symlinks included). A symlink is followed: the
+file it names is rewritten and the link stays. A rewritten file keeps its permissions (and, for
+root, its owner); one with other hard links is rewritten in place, after the new bytes are
+complete on disk, so that every name still shows the same file.
+
 >>> import tempfile, pathlib
 >>> folder = pathlib.Path(tempfile.mkdtemp())
 >>> write_atomic(folder / "trace.json", '{"ok": true}\\n').read_text()
@@ -14,32 +21,105 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
+import stat
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from ..core.errors import Diagnostic, TracerError
 
 
-def write_atomic(path: str | Path, data: bytes | str, *, error_file: str | None = None) -> Path:
+def write_atomic(path: str | Path, data: bytes | str, *, error_file: str | None = None, reads: Iterable[str | Path] = ()) -> Path:
     """Write ``data`` to ``path`` atomically and return the path.
 
-    An ``OSError`` (no such folder, no permission, disk full) becomes a ``TracerError`` naming
-    ``error_file`` (default: ``path``), and leaves ``path`` as it was.
+    ``reads`` are the files the output was made from (the pipeline, its blocks, weights): ``path``
+    may not be one of them. An ``OSError`` (no such folder, no permission, disk full) becomes a
+    ``TracerError`` naming ``error_file`` (default: ``path``), and leaves ``path`` as it was.
     """
     path = Path(path)
     payload = data.encode("utf-8") if isinstance(data, str) else data
+    target = check_output(path, reads, error_file)
     try:
-        with temporary_beside(path) as tmp:
+        existing = _regular_stat(target)
+        with temporary_beside(target) as tmp:
             with open(tmp, "wb") as handle:
                 handle.write(payload)
                 handle.flush()
+                _keep_mode(handle.fileno(), existing)
                 os.fsync(handle.fileno())
-            os.replace(tmp, path)
+            if existing is not None and existing.st_nlink > 1:
+                _rewrite_in_place(target, tmp)
+            else:
+                os.replace(tmp, target)
     except OSError as exc:
         reason = exc.strerror or str(exc)
         raise TracerError(Diagnostic(error_file or str(path), None, "output-failed", f"cannot write {path}: {reason}")) from None
     return path
+
+
+def check_output(path: str | Path, reads: Iterable[str | Path] = (), error_file: str | None = None) -> Path:
+    """The regular file that writing ``path`` will replace (a symlink's target), or a located error:
+    ``path`` names something other than a regular file, or one of the files in ``reads``."""
+    path = Path(path)
+
+    def refuse(code: str, message: str) -> TracerError:
+        return TracerError(Diagnostic(error_file or str(path), None, code, message))
+
+    if not str(path):
+        raise refuse("output-not-file", "the output name is empty: name the file to write")
+    target = Path(os.path.realpath(path))
+    try:
+        mode = os.stat(target).st_mode
+    except OSError:
+        return target  # nothing there yet (or an unreadable folder: the write reports it)
+    if not stat.S_ISREG(mode):
+        kind = _kind(mode)
+        raise refuse("output-not-file", f"cannot write {path}: it is {kind}, and tracer writes only regular files; name a file")
+    for source in reads:
+        with contextlib.suppress(OSError):
+            if os.path.samefile(target, source):
+                also = "" if Path(source) == path else f" (as {source})"
+                raise refuse("output-is-input", f"cannot write {path}: this run reads it{also}; choose another name")
+    return target
+
+
+def _kind(mode: int) -> str:
+    kinds = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a named pipe"), (stat.S_ISCHR, "a character device"))
+    kinds += ((stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+    return next((name for test, name in kinds if test(mode)), "not a regular file")
+
+
+def _regular_stat(path: Path) -> os.stat_result | None:
+    """The file about to be replaced, checked again just before writing (narrowing the window in
+    which something else could take its place)."""
+    try:
+        found = os.stat(path)
+    except FileNotFoundError:
+        return None
+    if not stat.S_ISREG(found.st_mode):
+        raise OSError(0, f"it became {_kind(found.st_mode)}")
+    return found
+
+
+def _keep_mode(fd: int, existing: os.stat_result | None) -> None:
+    """The new file gets the old one's permissions (and owner, when root may set it); a new name
+    gets what the umask allows, as any program's output does."""
+    if not hasattr(os, "fchmod"):
+        return
+    os.fchmod(fd, stat.S_IMODE(existing.st_mode) if existing is not None else 0o666 & ~_umask())
+    if existing is not None and hasattr(os, "geteuid") and os.geteuid() == 0:
+        os.fchown(fd, existing.st_uid, existing.st_gid)
+
+
+def _rewrite_in_place(target: Path, complete: Path) -> None:
+    """Copy the finished temporary file into ``target`` itself: a rename would leave its other
+    hard links showing the old bytes."""
+    with open(complete, "rb") as source, open(target, "r+b") as sink:
+        shutil.copyfileobj(source, sink)
+        sink.truncate()
+        sink.flush()
+        os.fsync(sink.fileno())
 
 
 @contextlib.contextmanager
@@ -47,11 +127,8 @@ def temporary_beside(path: str | Path) -> Iterator[Path]:
     """A fresh temporary file name in ``path``'s folder, removed again unless it was renamed away."""
     path = Path(path)
     folder = path.parent
-    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=folder)
-    try:
-        os.fchmod(fd, 0o666 & ~_umask()) if hasattr(os, "fchmod") else None  # mkstemp makes 0600
-    finally:
-        os.close(fd)
+    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=folder)  # 0600 until written
+    os.close(fd)
     tmp = Path(name)
     try:
         yield tmp

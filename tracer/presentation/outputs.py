@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 
 from ..core.errors import Diagnostic, TracerError
 from .diagram import dot_source
-from .files import write_atomic
+from .files import check_output, write_atomic
 from .graphviz import DOT_TIMEOUT, render_bytes
 from .report import report_html
 
@@ -121,4 +121,11 @@ def by_suffix(path: str | Path, allowed: tuple[str, ...], default: str) -> tuple
 def write(trace: Trace, path: str | Path, fmt: Writer, options: Options = Options()) -> Path:
     """Write ``trace`` in format ``fmt`` to ``path``, atomically: a failure leaves every existing
     file as it was. Returns the path."""
-    return write_atomic(path, fmt.write(trace, options), error_file=trace.analysis.source.file)
+    analysis = trace.analysis
+    check_output(path, read_files(analysis), analysis.source.file)  # before the work of drawing
+    return write_atomic(path, fmt.write(trace, options), error_file=analysis.source.file, reads=read_files(analysis))
+
+
+def read_files(analysis) -> list[str]:
+    """The files a trace was made from: its pipeline and every block file it includes."""
+    return [analysis.source.file, *sorted({info.path for info in analysis.blocks.values()})]

@@ -44,6 +44,8 @@ class Written:
     dims: tuple[str, ...]  # the shape, one expression per dim
     dtype: str  # a dtype name
     fan_in: str | None = None
+    generator: str = "None"  # the torch.Generator random inits draw from (None: torch's global one)
+    scratch: str = "bound"  # a local an init may assign first (a linear init's bound)
 
     @property
     def shape(self) -> str:
@@ -109,7 +111,7 @@ class Randn(Init):
         return torch.empty(made.sizes, dtype=_dtype(torch, made), device=device).normal_()
 
     def source(self, written, decl):
-        return [], f"torch.empty({written.with_dtype}).normal_()"
+        return [], f"torch.empty({written.with_dtype}).normal_(generator={written.generator})"
 
 
 @register
@@ -120,7 +122,7 @@ class Rand(Init):
         return torch.rand(made.sizes, dtype=_dtype(torch, made), device=device)
 
     def source(self, written, decl):
-        return [], f"torch.rand({written.with_dtype})"
+        return [], f"torch.rand({written.with_dtype}, generator={written.generator})"
 
 
 class _Constant(Init):
@@ -200,8 +202,9 @@ class Linear(Init):
 
     def source(self, written, decl):
         fan_in = written.fan_in if written.fan_in is not None else written.dims[-1]
-        setup = [f"bound = linear_bound({fan_in}, {len(written.dims)})  # as nn.Linear initialises it"]
-        return setup, f"torch.empty({written.with_dtype}).uniform_(-bound, bound)"
+        bound = written.scratch
+        setup = [f"{bound} = linear_bound({fan_in}, {len(written.dims)})  # as nn.Linear initialises it"]
+        return setup, f"torch.empty({written.with_dtype}).uniform_(-{bound}, {bound}, generator={written.generator})"
 
 
 @register
