@@ -47,7 +47,7 @@ def test_each_example_trips_exactly_its_lint_and_its_fixed_twin_is_clean(code):
 
 def test_strict_check_of_all_examples_shows_every_code(capsys):
     files = sorted(str(p) for p in EXAMPLES.glob("*.yaml"))
-    assert len(files) == 9
+    assert len(files) == len(LINT_CODES) + 1  # one example per lint, and one deliberate error
     assert main(["check", "--strict", *files]) == 1
     err = capsys.readouterr().err
     found = set(re.findall(r"^\S+:\d+:\d+: error\[([a-z-]+)\]", err, re.M))
@@ -317,3 +317,91 @@ steps:
 """
     assert codes(text) == {"nan-risk-mask"}
     assert codes(text.replace("causal: true", "causal: true, align: top-left")) == set()
+
+
+# ---------------------------------------------------------------- allow: a lint tripped on purpose, reported with its reason
+
+GEMMA3 = """
+name: gemma3_attention
+dims: {B: 1, H: 2, T: 4, Dh: 4, query_pre_attn_scalar: 8}
+inputs:
+  q: {shape: [B, H, T, Dh], init: randn}
+  k: {shape: [B, H, T, Dh], init: randn}
+  v: {shape: [B, H, T, Dh], init: randn}
+steps:
+  - {id: k_t, op: transpose, input: k, dims: [-2, -1]}
+  - {id: scores, op: matmul, inputs: [q, k_t]}
+  - {id: scaled, op: scale, divide: {sqrt: query_pre_attn_scalar}ALLOW}
+  - {id: weights, op: softmax, dim: -1}
+  - {id: context, op: matmul, inputs: [weights, v]}
+"""
+
+
+def test_allow_reports_the_lint_as_allowed_with_its_reason_and_strict_passes(capsys):
+    assert codes(GEMMA3.replace("ALLOW", "")) == {"scale-mismatch"}
+    allowed = GEMMA3.replace("ALLOW", ', allow: {scale-mismatch: "Gemma 3 scales by query_pre_attn_scalar ** -0.5"}')
+    analysis = tracer.loads(allowed, "g.yaml").check()
+    [note] = analysis.diagnostics
+    assert (note.severity, note.code, note.step) == ("allowed", "scale-mismatch", "scaled") and not analysis.warnings
+    assert note.message.endswith("— allowed: Gemma 3 scales by query_pre_attn_scalar ** -0.5")
+    assert str(note).startswith("g.yaml:11:") and "allowed[scale-mismatch]: step 'scaled'" in str(note)
+
+
+def test_an_allow_naming_no_lint_is_an_error_and_a_stale_one_a_warning():
+    with pytest.raises(tracer.TracerError) as typo:
+        tracer.loads(GEMMA3.replace("ALLOW", ", allow: {scale-mismach: reason}"), "g.yaml")
+    [error] = typo.value.diagnostics
+    assert error.code == "unknown-lint" and "did you mean 'scale-mismatch'?" in error.message and error.position.line == 11
+    stale = GEMMA3.replace("sqrt: query_pre_attn_scalar", "sqrt: Dh").replace("ALLOW", ", allow: {scale-mismatch: old reason}")
+    [d] = tracer.loads(stale, "g.yaml").check().diagnostics
+    assert (d.code, d.severity) == ("unused-allow", "warning") and "old reason" in d.message
+
+
+# ---------------------------------------------------------------- held-out variants of the semantic lints
+
+LLAMA = (PIPELINES / "models" / "llama_decoder_layer.yaml").read_text()
+DECODE = (PIPELINES / "models" / "kv_cache_decode.yaml").read_text()
+
+
+@pytest.mark.parametrize(
+    "text, old, new, code",
+    [
+        # rope turning the heads: q left (B, T, H, Dh) for rope, transposed after
+        (
+            LLAMA,
+            "{id: q_rot, op: rope, input: q_h, theta: 10000.0, group: self_attn}",
+            "{id: q_rot0, op: rope, input: q_heads}\n  - {id: q_rot, op: transpose, input: q_rot0, dims: [1, 2]}",
+            "attention-axis",
+        ),
+        # a softmax over the heads of Llama's scores
+        (LLAMA, "{id: weights, op: softmax, dim: -1", "{id: weights, op: softmax, dim: 1", "softmax-axis"),
+        # the decode step's queries rotated from 0 while its keys sit after the cache
+        (DECODE, "{id: q_rot, op: rope, input: q_h, offset: past}", "{id: q_rot, op: rope, input: q_h}", "rope-offset"),
+        # top-left causal alignment after the cache
+        (DECODE, "{id: masked, op: mask, causal: true,", "{id: masked, op: mask, causal: true, align: top-left,", "causal-align"),
+    ],
+)
+def test_semantic_lints_catch_variants_of_the_bundled_models(text, old, new, code):
+    assert old in text and codes(text) == set()
+    assert code in codes(text.replace(old, new))
+
+
+def test_expect_compares_dim_names_not_only_sizes():
+    text = """
+name: e
+dims: {B: 1, H: 2, T: 4, hs: 4}
+inputs:
+  q: {shape: [B, H, T, hs], init: randn}
+  k: {shape: [B, H, hs, T], init: randn}
+steps:
+  - {id: scores, op: matmul, inputs: [q, k]}
+expect:
+  scores: [B, H, T, T]
+  q: [1, 2, 4, 4]
+"""
+    assert tracer.loads(text, "e.yaml").check().diagnostics == ()
+    wrong = text.replace("k: {shape: [B, H, hs, T]", "k: {shape: [B, H, hs, hs]")
+    with pytest.raises(tracer.TracerError) as found:
+        tracer.loads(wrong, "e.yaml")
+    [error] = found.value.diagnostics
+    assert error.code == "expect" and "T where the tensor has hs (both 4)" in error.message

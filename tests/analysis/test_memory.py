@@ -82,8 +82,11 @@ def test_the_estimate_bounds_the_measured_peak_of_every_bundled_pipeline():
             continue  # the 600 MB tutorial models: the same kernels, too slow to watch op by op here
         peak = measured_peak(pipeline)
         assert peak <= estimate, f"{path.name}: measured {peak} > estimated {estimate}"
-        ratios[path.name] = estimate / peak
-    assert len(ratios) >= 20 and max(ratios.values()) < 1.5, ratios  # today: 1.000 for every one
+        ratios[path.relative_to(PIPELINES).as_posix()] = estimate / peak
+        # a useful bound: kernels' fixed temporaries (rmsnorm's float32 copy, sdpa's per-thread
+        # buffers) dominate the few hundred bytes of the smallest examples, hence the 1 KiB
+        assert estimate <= 1.5 * peak + 1024, f"{path.name}: estimated {estimate} is no useful bound of {peak}"
+    assert len(ratios) >= 20 and sorted(ratios.values())[len(ratios) // 2] == 1.0, ratios  # the median pipeline: exact
 
 
 X234 = "x: {shape: [2, 3, 4], init: randn}"

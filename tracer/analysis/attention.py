@@ -49,6 +49,7 @@ class Site:
     masks: tuple[tuple[str, Masking], ...] = ()  # (step, what it hides): the chain's masks, or the fused step's own
     random: tuple[str, ...] = ()  # steps that draw from the RNG between the scores and the values (training dropout)
     implicit_scale: float | None = None  # a fused kernel's own scale: explicit, or 1/sqrt(head dim) by default
+    after: tuple[str, ...] = ()  # steps between the softmax and the product with the values (dropout)
 
     @property
     def multiplier(self) -> float:
@@ -112,7 +113,25 @@ def unfused_site(analysis, softmax: Node) -> Site | None:
         tuple(scales),
         tuple(masks),
         tuple(random) + tuple(n.id for n in after if n.step.is_random()),
+        None,
+        tuple(n.id for n in after),
     )
+
+
+def prescales(analysis, tensor_id: str) -> list[Scaled]:
+    """Scale steps a query or key tensor passed through since its projection made it
+    (``q_proj(x) * scaling`` before the head split), walking back through single-input steps,
+    nearest first."""
+    found, current = [], tensor_id
+    for _ in range(MAX_CHAIN):
+        node = analysis.producer(current)
+        if node is None or len(node.inputs) != 1 or not node.outs or node.step.projection() is not None:
+            break
+        factor = node.step.scaling(lambda text, node=node: node.dims.dim(text).value)
+        if factor is not None:
+            found.append(Scaled(node.id, *factor))
+        current = node.inputs[0]
+    return found
 
 
 def score_chain(analysis, softmax: Node) -> tuple[list[Node], Node | None]:

@@ -13,7 +13,7 @@ from typing import Any
 from ..core import dimexpr
 from ..core.errors import Diagnostic
 from ..core.layout import CONTIGUITY_RULE, meets_contiguity
-from ..core.symbolic import DimAlgebra
+from ..core.symbolic import Dim, DimAlgebra
 from ..spec.pipeline import Expect
 
 
@@ -41,6 +41,7 @@ class Layout:
     symbolic: str
     sizes: tuple[int, ...]
     stride: tuple[int, ...]
+    dims: tuple[Dim, ...] | None = None  # the symbolic dims, when they are in the entry's own algebra
 
 
 def check_expectations(analysis, layout_of: Callable[[str], Layout | None] | None = None) -> list[Diagnostic]:
@@ -57,7 +58,9 @@ def check_expectations(analysis, layout_of: Callable[[str], Layout | None] | Non
             meta = analysis.meta(entry.name)
             if meta is None:
                 continue  # an upstream error explains it
-            found = Layout(meta.symbolic + " " + meta.concrete, meta.sizes, meta.stride)
+            node = analysis.producer(analysis.record_of(entry.name))
+            same_algebra = (node.dims if node is not None else analysis.alg) is entry.dims
+            found = Layout(meta.symbolic + " " + meta.concrete, meta.sizes, meta.stride, meta.shape if same_algebra else None)
         else:
             found = layout_of(analysis.record_of(entry.name))
             if found is None:
@@ -78,14 +81,27 @@ def expectation_problem(entry: Expectation, found: Layout) -> str | None:
             want = tuple(entry.dims.dim(t) for t in entry.shape)
         except dimexpr.DimError as exc:
             return f"expect '{name}': {exc}"
+        wanted = "(" + ", ".join(map(str, want)) + ") [" + ", ".join(str(d.value) for d in want) + "]"
         if tuple(d.value for d in want) != found.sizes:
-            wanted = "(" + ", ".join(map(str, want)) + ") [" + ", ".join(str(d.value) for d in want) + "]"
             return f"expected '{name}' to be {wanted}, found {found.symbolic}"
+        differ = _different_names(want, found.dims)
+        if differ:
+            return f"expected '{name}' to be {wanted}, found {found.symbolic}: {differ} — the sizes agree only at these dims"
     if entry.contiguous is not None and not meets_contiguity(found.sizes, found.stride, entry.contiguous):
         rule = f" ({CONTIGUITY_RULE})" if 1 in found.sizes else ""
         state = "contiguous" if entry.contiguous else "non-contiguous"
         return f"expected '{name}' to be {state}, found stride {found.stride} for {found.symbolic}{rule}"
     return None
+
+
+def _different_names(want: tuple[Dim, ...], found: tuple[Dim, ...] | None) -> str:
+    """jaxtyping's rule for ``expect:``: a dim written by name must be that dim, not one equal to it
+    today (``T`` where the tensor has ``hs``, both 4). A literal number, written or found (a
+    stack of 2, an unsqueezed 1), pins a size only."""
+    if found is None:
+        return ""
+    pairs = [(w, f) for w, f in zip(want, found) if w.poly.constant is None and f.poly.constant is None and w.poly != f.poly]
+    return ", ".join(f"{w} where the tensor has {f} (both {w.value})" for w, f in pairs)
 
 
 def _unknown(analysis, name: str) -> tuple[str, str, str | None] | None:

@@ -24,11 +24,12 @@ from ..spec.pipeline import PipelineSpec, TensorDecl, tensor_dtype
 from ..spec.source import SourceMap
 from ..steps.contract import Composite, Outputs, Shape
 from ..steps.rules import StepError
-from . import costs
+from . import costs, roles
 from .attention import find_sites
 from .expect import Expectation, check_expectations
 from .graph import CHAIN, ONE, OUTPUTS, Node, Out, StepGraph, build_graph
 from .lints import run_lints
+from .lints.allow import apply_allows
 from .memory import estimate_peak
 
 MAX_TENSOR_BYTES = 2**62  # torch computes sizes, strides and byte counts in int64
@@ -90,6 +91,14 @@ class Analysis:
 
     def meta(self, tensor_id: str) -> Meta | None:
         return self.metas.get(self.record_of(tensor_id))
+
+    def axis_roles(self, tensor_id: str) -> tuple[str | None, ...]:
+        """What each axis of a tensor means (tracer.analysis.roles), in the dims its step is written in."""
+        meta = self.meta(tensor_id)
+        if meta is None:
+            return ()
+        node = self.producer(self.record_of(tensor_id))
+        return roles.axis_roles(meta, (node.dims if node is not None else self.alg).exprs)
 
     def users(self, tensor_id: str) -> tuple[Node, ...]:
         """The nodes that read a tensor (by the name the file gives it), in file order."""
@@ -198,7 +207,7 @@ def analyze(pipeline: PipelineSpec, source: SourceMap, dims: Mapping[str, int] |
     )
     found = list(analysis.diagnostics) + check_expectations(analysis)
     if not any(d.severity == "error" for d in found):
-        found += run_lints(analysis)
+        found = apply_allows(analysis, found + run_lints(analysis))
     object.__setattr__(analysis, "diagnostics", tuple(merge_copies(found)))
     return analysis
 

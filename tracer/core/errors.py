@@ -46,6 +46,11 @@ class Diagnostic:
     step: str | None = None
     severity: str = "error"
 
+    def as_dict(self) -> dict:
+        """As JSON (``run --json``'s checks) and the HTML report show it."""
+        where = None if self.position is None else {"line": self.position.line, "column": self.position.col}
+        return {"code": self.code, "severity": self.severity, "step": self.step, "file": self.file, "where": where, "message": self.message}
+
     def __str__(self) -> str:
         file = printable(self.file)
         where = file if self.position is None else f"{file}:{self.position.line}:{self.position.col}"

@@ -111,6 +111,7 @@ class _Data:
             "caps": {"side": MAX_SIDE, "maps": MAX_MAPS, "cells": MAX_CELLS},
             "tensors": [self.tensor(record) for record in trace.records],
             "attention": self.sites,
+            "checks": [d.as_dict() for d in self.analysis.diagnostics],
             "groups": self.groups(),
         }
 
@@ -137,6 +138,7 @@ class _Data:
         }
         if record.id in self.roles:
             data["attention"] = self.roles[record.id]
+        data["axes"] = [role or "" for role in self.analysis.axis_roles(record.id)]
         flops = getattr(record, "flops", None)  # when records carry a FLOP count, the panel shows it
         if flops is not None:
             data["flops"] = flops

@@ -92,8 +92,13 @@ class Trace:
                 "flops": self.total_flops,
                 "peak_bytes": self.peak_bytes,
             },
-            "tensors": [r.to_dict(values) for r in self.records],
+            "tensors": [self._tensor_dict(r, values) for r in self.records],
+            "checks": [d.as_dict() for d in self.analysis.diagnostics],
         }
+
+    def _tensor_dict(self, record, values: bool) -> dict:
+        """A record, with what each axis means (tracer.analysis.roles; null where the dims do not say)."""
+        return {**record.to_dict(values), "axis_roles": list(self.analysis.axis_roles(record.id))}
 
     def to_json(self, values: bool = False, indent: int | None = 2) -> str:
         return json.dumps(self.to_dict(values), indent=indent, allow_nan=False)

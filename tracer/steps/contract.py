@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Any, ClassVar, Protocol
+from typing import Annotated, Any, ClassVar, Protocol
 
 from pydantic import ConfigDict, Field, model_validator
 
@@ -166,6 +166,22 @@ class Projection:
 
 
 @dataclass(frozen=True)
+class Rotation:
+    """Token positions written into a tensor (rope): along ``seq_dim``, the first at ``offset``."""
+
+    seq_dim: int
+    offset: int | str  # a dim expression
+
+
+@dataclass(frozen=True)
+class ScaledNorm:
+    """A normalisation with a learned scale: ``weight`` (a param id), applied as 1 + w when ``unit_offset``."""
+
+    weight: str
+    unit_offset: bool
+
+
+@dataclass(frozen=True)
 class FusedAttention:
     """An attention kernel that takes q, k, v (its first three inputs) and never stores scores."""
 
@@ -187,6 +203,13 @@ class StepBase(Strict):
     inputs: list[TensorId] | None = Field(None, description="several input tensors, in order")
     group: str | None = Field(None, max_length=80, description="label; diagrams draw a group as a cluster")
     note: str | None = Field(None, max_length=500, description="free text shown under the node in diagrams")
+    allow: (
+        dict[Annotated[str, Field(pattern=r"^[a-z][a-z0-9-]*$", max_length=40)], Annotated[str, Field(min_length=1, max_length=300)]] | None
+    ) = Field(
+        None,
+        description="lints this step deliberately trips, each with the reason: {scale-mismatch: 'Gemma scales by query_pre_attn_scalar'}; "
+        "`tracer check` still reports them, as allowed",
+    )
 
     arity: ClassVar[int | None] = 1  # number of data inputs; None means "one or more"
     param_fields: ClassVar[tuple[str, ...]] = ()  # fields that name extra tensors (weights, masks)
@@ -245,6 +268,17 @@ class StepBase(Strict):
         return None
 
     def fused_attention(self) -> FusedAttention | None:
+        return None
+
+    def rotation(self) -> Rotation | None:
+        """Positions it encodes into its input (rope)."""
+        return None
+
+    def joins(self) -> int | None:
+        """The dim it concatenates its inputs along (cat: a KV cache grows this way)."""
+        return None
+
+    def scaled_norm(self) -> ScaledNorm | None:
         return None
 
     def score_axes(self, ndim: int) -> tuple[int | None, int | None]:

@@ -368,6 +368,9 @@ class Cat(StepBase):
     def args(self):
         return [f"dim={self.dim}"]
 
+    def joins(self):
+        return self.dim
+
     def infer(self, ins, ctx):
         first = ins[0]
         d = norm_dim(self.dim, len(first.shape))

@@ -10,7 +10,7 @@ from ..core.dtypes import promote
 from ..core.fields import TensorId
 from ..core.layout import fresh, pointwise, preserve_format
 from ..core.pysource import py_float
-from .contract import StepBase, register
+from .contract import ScaledNorm, StepBase, register
 from .rules import StepError, require_float, show
 
 
@@ -39,6 +39,9 @@ class RMSNorm(StepBase):
 
     def args(self):
         return [f"eps={self.eps:g}"] + (["1+w"] if self.unit_offset else [])
+
+    def scaled_norm(self):
+        return None if self.weight is None else ScaledNorm(self.weight, self.unit_offset)
 
     def infer(self, ins, ctx):
         x = ins[0]

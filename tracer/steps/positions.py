@@ -15,7 +15,7 @@ from pydantic import Field, StrictBool, StrictInt
 from ..core.fields import DimText
 from ..core.layout import Meta, fresh, pointwise, view
 from ..core.pysource import atom, py_float
-from .contract import Composite, Inner, StepBase, register
+from .contract import Composite, Inner, Rotation, StepBase, register
 from .rules import StepError, norm_dim, require_float, show
 
 
@@ -54,6 +54,9 @@ class Rope(StepBase):
         shown = [f"θ={self.theta:g}"] + ([] if self.style == "half" else ["interleaved"])
         shown += [] if self.offset == 0 else [f"+{self.offset}"]
         return shown + ([] if self.rotary_dim is None else [f"R={self.rotary_dim}"])
+
+    def rotation(self):
+        return Rotation(self.seq_dim, self.offset)
 
     def infer(self, ins, ctx):
         x = ins[0]

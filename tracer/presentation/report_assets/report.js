@@ -196,7 +196,27 @@
       el("h3", {}, "attention"),
       data.attention.length ? links(data.attention.map((s) => s.context || s.product)) : el("p", { class: "muted" }, "no attention found"),
       data.values ? el("h3", {}, "attention weights") : el("p", { class: "muted" }, "Rendered without --values: no statistics or heatmaps."),
-      data.values ? links(weights) : ""
+      data.values ? links(weights) : "",
+      el("h3", {}, "checks"),
+      data.checks.length ? checksList(data.checks) : el("p", { class: "muted" }, "tracer check: clean")
+    );
+  }
+
+  function checksList(checks) {
+    // allowed findings stay visible with their reasons: an allow is reviewed, never silent
+    return el(
+      "ul",
+      {},
+      ...checks.map((c) =>
+        el(
+          "li",
+          { class: c.severity === "allowed" ? "muted" : "warn" },
+          `${c.severity}[${c.code}]`,
+          c.step ? " " : "",
+          c.step ? link(c.step) : "",
+          `: ${c.message}`
+        )
+      )
     );
   }
 
@@ -211,6 +231,7 @@
       table([
         ["op", t.op],
         ["shape", t.symbolic],
+        ["axes", t.axes.some((a) => a) ? `(${t.axes.map((a) => a || "?").join(", ")})` : undefined],
         ["concrete", list(t.shape)],
         ["dtype", t.dtype],
         ["stride", tuple(t.stride)],

@@ -1,0 +1,175 @@
+"""Lints about where each token sits: rotary offsets against a KV cache, rope applied to cached
+keys, causal masks aligned for square attention after a cache grew the keys, and a causal mask
+given twice.
+
+A decode step's keys are ``cat(cache, new)``: the new keys sit after the ``past`` cached ones, so
+they (and the queries, the same new tokens) must be rotated at positions ``past .. past+T-1``,
+which is what rope's ``offset`` says. The cache's length is the cat's first operands' length
+along the cat dim: a dim expression, compared symbolically with the offset.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ...core.symbolic import Poly
+from .registry import Lint, register, show, warning
+
+MAX_WALK = 64
+
+
+@dataclass(frozen=True)
+class _Path:
+    """How a tensor reached an attention site, walking back through single-input steps."""
+
+    rotations: tuple  # rope nodes passed, nearest first
+    join: object | None  # the cat node where a cache joined (None: none passed)
+    cached: tuple[str, ...]  # the cat's operands before the last one: the cache
+    fresh: str | None  # its last operand: the new tokens
+
+
+def _walk(analysis, tensor_id: str) -> _Path:
+    rotations, current = [], tensor_id
+    for _ in range(MAX_WALK):
+        node = analysis.producer(current)
+        if node is None or not node.inputs:
+            break
+        if node.step.joins() is not None and len(node.inputs) >= 2:
+            return _Path(tuple(rotations), node, tuple(node.inputs[:-1]), node.inputs[-1])
+        if node.step.rotation() is not None:
+            rotations.append(node)
+        if len(node.inputs) != 1:
+            break
+        current = node.inputs[0]
+    return _Path(tuple(rotations), None, (), None)
+
+
+def _offset(node) -> Poly:
+    return node.dims.dim(node.step.rotation().offset).poly
+
+
+def _cache_length(analysis, join) -> tuple[Poly, str]:
+    """The cached operands' total length along the cat dim, and how to write it."""
+    total, names = Poly.const(0), []
+    for operand in join.inputs[:-1]:
+        meta = analysis.meta(operand)
+        dim = meta.shape[join.step.joins() % len(meta.shape)]
+        total, names = total + dim.poly, names + [str(dim)]
+    return total, " + ".join(names)
+
+
+@register
+class RopeOffset(Lint):
+    """**What.** In a decode step with a KV cache, new keys or queries rotated at positions that are
+    not where the cache puts them: rope without `offset: past` on keys that are then appended to
+    `past` cached keys, or queries rotated at a different offset than the new keys.
+
+    **Why it matters.** RoPE makes q · k depend on the distance between two tokens. The new token's
+    key rotated at position 0 instead of `past` looks `past` tokens older to every later query,
+    and its query measures every distance wrongly. Every shape is right; generation degrades.
+
+    **Fix.** `offset: past` (the cache's length along its positions axis) on the rope of the new
+    keys and of the queries; for a batch with different lengths, per-token positions.
+    """
+
+    code, example, origin = "rope-offset", "rope_offset", "KV-cache decoding (public issue trackers)"
+
+    def check(self, analysis):
+        for site in analysis.attention:
+            keys = _walk(analysis, site.keys)
+            if keys.join is None or keys.rotations:
+                continue  # no cache, or rope after it (rope-after-cache)
+            fresh = _walk(analysis, keys.fresh)
+            length, written = _cache_length(analysis, keys.join)
+            for rope in fresh.rotations[:1]:
+                if _offset(rope) != length:
+                    yield self._warn(analysis, rope, f"the new keys are appended after {written} cached ones by '{keys.join.id}'", written)
+            for rope in _walk(analysis, site.query).rotations[:1]:
+                if _offset(rope) != length:
+                    yield self._warn(
+                        analysis, rope, f"the queries are the new tokens, after the {written} cached keys of '{keys.join.id}'", written
+                    )
+
+    def _warn(self, analysis, rope, why: str, written: str):
+        offset = rope.step.rotation().offset
+        message = f"it rotates '{rope.inputs[0]}' at positions starting {offset}, but {why} — give offset: {written}"
+        return warning(analysis, rope, self.code, message, "offset" if "offset" in rope.step.model_fields_set else None)
+
+
+@register
+class RopeAfterCache(Lint):
+    """**What.** `rope` applied to keys after they were concatenated with a KV cache.
+
+    **Why it matters.** A cache holds keys as they were attended to: rotated (transformers'
+    `DynamicCache`, every decoding loop). Rotating the concatenation rotates the cached keys a
+    second time, so each step shifts the whole history; the first step is right, later ones drift.
+
+    **Fix.** Rotate only the new keys, before the `cat`, with `offset: past`. (A cache of
+    un-rotated keys is rotated whole on purpose: say so with `allow: {rope-after-cache: REASON}`.)
+    """
+
+    code, example, origin = "rope-after-cache", "rope_after_cache", "KV-cache decoding (public issue trackers)"
+
+    def check(self, analysis):
+        for site in analysis.attention:
+            keys = _walk(analysis, site.keys)
+            if keys.join is not None and keys.rotations:
+                rope = keys.rotations[-1]
+                message = (
+                    f"it rotates '{keys.join.id}', which already holds the cached keys {', '.join(keys.cached)}: cached keys are "
+                    "stored rotated, so they are rotated twice — rotate the new keys before the cat, with offset: the cache's length"
+                )
+                yield warning(analysis, rope, self.code, message)
+
+
+@register
+class CausalAlign(Lint):
+    """**What.** A causal mask with `align: top-left` on scores whose keys include a KV cache.
+
+    **Why it matters.** Top-left alignment lets query i see keys 0..i: right when queries and keys
+    are the same tokens. After a cache the queries are the last T of T_kv keys, so query 0 (at
+    position `past`) sees only key 0 and the new tokens see almost none of the history.
+
+    **Fix.** `align: bottom-right` (the default: the last query sees the last key).
+    """
+
+    code, example, origin = "causal-align", "causal_align", "KV-cache decoding with SDPA's is_causal"
+
+    def check(self, analysis):
+        for site in analysis.attention:
+            top_left = [(step, m) for step, m in site.masks if m.causal and m.align == "top-left"]
+            keys = _walk(analysis, site.keys)
+            if not top_left or keys.join is None:
+                continue
+            step = top_left[0][0]
+            message = (
+                f"a top-left causal mask lets query i see keys 0..i, but '{keys.join.id}' put {', '.join(keys.cached)} before "
+                f"the new tokens: the queries are the last keys — use align: bottom-right"
+            )
+            yield warning(analysis, analysis.node(step), self.code, message, "align")
+
+
+@register
+class DoubleMask(Lint):
+    """**What.** Attention given `causal: true` and also a mask tensor that is itself a causal
+    pattern (`init: tril` or `init: triu`).
+
+    **Why it matters.** Both hide the same keys, so the result is right until one of them changes:
+    with a cache or a window, the two disagree and the intersection hides keys that should be seen.
+    torch's math backend refuses `attn_mask` with `is_causal`; the default CPU kernel accepts it.
+
+    **Fix.** Keep one: `causal: true` (and `align`/`window`), or the mask tensor.
+    """
+
+    code, example, origin = "double-mask", "double_mask", "SDPA with is_causal and attn_mask"
+
+    def check(self, analysis):
+        for site in analysis.attention:
+            for step, masking in site.masks:
+                declared = analysis.declared.get(masking.tensor) if masking.tensor else None
+                if masking.causal and declared is not None and declared.decl.init in ("tril", "triu"):
+                    message = (
+                        f"it hides the keys after each query twice: causal: true and the mask '{masking.tensor}' "
+                        f"{show(analysis, masking.tensor)}, a causal pattern (init: {declared.decl.init}) — keep one"
+                    )
+                    yield warning(analysis, analysis.node(step), self.code, message, "causal")
