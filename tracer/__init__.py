@@ -11,14 +11,30 @@ from .core.errors import Diagnostic, ExpectationError, TracerError
 from .presentation.trace import Trace
 from .runtime.records import TensorRecord
 
-__all__ = ["Diagnostic", "ExpectationError", "Pipeline", "TensorRecord", "Trace", "TracerError", "load", "loads", "run", "to_module"]
+__all__ = [
+    "Diagnostic",
+    "ExpectationError",
+    "Pipeline",
+    "TensorRecord",
+    "Trace",
+    "TracerError",
+    "from_module",
+    "load",
+    "loads",
+    "run",
+    "to_module",
+]
 __version__ = "0.1.0"
 
 
 def __getattr__(name: str):
-    """``tracer.to_module`` imports torch's nn only when asked: ``tracer check`` stays fast."""
+    """``tracer.to_module`` and ``tracer.from_module`` import torch only when asked: ``tracer check`` stays fast."""
     if name == "to_module":
         from .module import to_module
 
         return to_module
+    if name == "from_module":
+        from .importing import from_module
+
+        return from_module
     raise AttributeError(f"module 'tracer' has no attribute {name!r}")

@@ -11,6 +11,7 @@ from .analysis.expect import Layout, check_expectations
 from .analysis.memory import check_budget
 from .analysis.shapes import Analysis, analyze
 from .core.errors import Diagnostic, ExpectationError, TracerError
+from .presentation.files import write_atomic
 from .presentation.notebook import pipeline_html
 from .presentation.trace import Trace
 from .runtime.interpreter import Plan, device_problem, torch_module
@@ -28,6 +29,7 @@ class Pipeline:
 
     def __init__(self, spec: PipelineSpec, source: SourceMap):
         self.spec, self.source = spec, source
+        self.files: dict[str, str] | None = None  # generated files (tracer.from_module): name -> text, the main one first
         self._analyses: dict[tuple, Analysis] = {}
         self._plans: dict[tuple, Any] = {}
         self._tensors: dict[tuple, tuple[dict, Any]] = {}
@@ -108,6 +110,18 @@ class Pipeline:
         if not as_predicted:  # otherwise the static check of expect: already covers this run
             _enforce_expectations(trace)
         return trace
+
+    def to_yaml(self, path: str | Path | None = None) -> str:
+        """The pipeline's YAML text; with ``path``, also written there (atomically), and the block
+        files an imported pipeline includes written beside it under their own names."""
+        texts = self.files or {Path(self.path).name: Path(self.path).read_text()}
+        main = next(iter(texts))
+        if path is not None:
+            path = Path(path)
+            reads = [] if self.files else [self.path]
+            for name, text in texts.items():
+                write_atomic(path if name == main else path.parent / name, text, reads=reads)
+        return texts[main]
 
     def __repr__(self) -> str:
         return f"<Pipeline {self.name!r} from {self.path}: {len(self.spec.steps)} steps>"

@@ -28,6 +28,7 @@ NOT_RUN = {  # (document, the block's first word) of the blocks that only illust
     ("architecture.md", "@writer(\"csv\","),  # adding an output format would register it
     ("quickstart.md", "make"),  # make install: sets up the environment these tests run in
     ("export.md", "class"),  # an exported module, abridged: the export tests check the real one
+    ("import.md", "pipeline"),  # nanoGPT and Llama imports: tests/importing runs the same, with the classes
 }
 
 

@@ -1,0 +1,103 @@
+"""Dim names for an imported module: sizes become the names a person would write.
+
+The batch and sequence sizes are symbols of the capture (``Dim.AUTO`` on the first two dims of
+each input), so they are ``B`` and ``T`` wherever they occur. The model's sizes come from its
+config or attributes (``hidden_size`` or ``n_embd`` is ``d_model``, ``num_attention_heads`` is
+``H`` ...), and the sizes that follow from them are expressions (``Dh: d_model // H``,
+``n_rep: H // H_kv``), so that tracer sees ``d_model = H * Dh``. Other sizes stay numbers.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+import torch
+
+# (attribute, dim) in order of preference; the first found names the dim
+ATTRIBUTES = (
+    ("hidden_size", "d_model"),
+    ("n_embd", "d_model"),
+    ("embed_dim", "d_model"),
+    ("d_model", "d_model"),
+    ("num_attention_heads", "H"),
+    ("n_head", "H"),
+    ("num_heads", "H"),
+    ("n_heads", "H"),
+    ("nhead", "H"),
+    ("num_key_value_heads", "H_kv"),
+    ("n_kv_heads", "H_kv"),
+    ("head_dim", "Dh"),
+    ("intermediate_size", "d_ff"),
+    ("n_inner", "d_ff"),
+    ("dim_feedforward", "d_ff"),
+    ("vocab_size", "V"),
+)
+ORDER = ("d_model", "H", "Dh", "H_kv", "n_rep", "d_ff", "V")
+# sizes written as products only in these forms: "H * H" or "4 * H" would be true of the numbers and wrong in meaning
+PRODUCTS = (("H_kv", "Dh"), ("H", "Dh"), (2, "d_model"), (3, "d_model"), (4, "d_model"))
+
+
+@dataclass
+class Dim:
+    value: int
+    written: int | str  # the number, or an expression over other dims
+    note: str  # where it came from
+
+
+def model_dims(module: torch.nn.Module, given: dict[str, int] | None) -> dict[str, Dim]:
+    """The model's dims: ``given`` first, then its config's and its modules' attributes, derived ones as expressions."""
+    found = {name: Dim(value, value, "given") for name, value in (given or {}).items()}
+    for where, holder in _holders(module):
+        for attribute, name in ATTRIBUTES:
+            value = getattr(holder, attribute, None)
+            if name not in found and isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                found[name] = Dim(value, value, f"{where}.{attribute}")
+    _derive(found)
+    return found
+
+
+def _holders(module: torch.nn.Module):
+    config = getattr(module, "config", None)
+    if config is not None:
+        yield "config", config
+    for path, sub in module.named_modules():
+        yield path or type(module).__name__, sub
+
+
+def _derive(found: dict[str, Dim]) -> None:
+    model, heads, head = found.get("d_model"), found.get("H"), found.get("Dh")
+    if model and heads and model.value % heads.value == 0 and (head is None or head.value * heads.value == model.value):
+        found["Dh"] = Dim(model.value // heads.value, "d_model // H", "head width")
+    kv = found.get("H_kv")
+    if heads and kv and kv.value == heads.value:
+        del found["H_kv"]
+    elif heads and kv and heads.value % kv.value == 0:
+        found["n_rep"] = Dim(heads.value // kv.value, "H // H_kv", "query heads per kv head")
+
+
+class Namer:
+    """Writes sizes in dim names: a capture symbol as B or T, a number by the model's dims."""
+
+    def __init__(self, dims: dict[str, Dim], symbols: dict[str, str]):
+        self.dims, self.symbols = dims, symbols
+
+    def size(self, size, prefer: tuple[str, ...] = ()) -> int | str:
+        if isinstance(size, torch.SymInt):
+            text = str(size.node.expr)
+            for symbol, name in self.symbols.items():
+                text = re.sub(rf"\b{symbol}\b", name, text)
+            return text.replace("*", " * ")
+        value = int(size)
+        for name in (*prefer, *ORDER):
+            if name in self.dims and self.dims[name].value == value:
+                return name
+        for product in PRODUCTS:
+            factors = [f if isinstance(f, int) else getattr(self.dims.get(f), "value", None) for f in product]
+            if None not in factors and math.prod(factors) == value:
+                return " * ".join(map(str, product))
+        return value
+
+    def shape(self, tensor) -> list[int | str]:
+        return [self.size(s) for s in tensor.shape]

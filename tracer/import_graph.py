@@ -1,0 +1,337 @@
+"""The captured graph of ``tracer.from_module``, made ready to read as steps.
+
+``torch.export.export(strict=False)`` records pre-dispatch ATen (``aten.linear``,
+``aten.scaled_dot_product_attention``, ``aten.layer_norm`` stay whole). This module removes the
+nodes that are identities at the example (``.to`` to the same dtype, eval dropout, ``x * 1``,
+full slices, same-shape views), evaluates every node once on the example to know the values of
+the constant regions (masks, rotary tables: nodes that depend on no input and no parameter), and
+finds the idioms that are one step in tracer (RMSNorm's pow/mean/rsqrt, rotate_half RoPE,
+repeat_kv, GPT-2's tanh GELU, merging heads, Conv1D, ``nn.MultiheadAttention``) with
+``torch.fx``'s ``SubgraphMatcher`` and small walkers.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch.fx.passes.utils.matcher_utils import SubgraphMatcher
+
+aten = torch.ops.aten
+NO_OP_CASTS = {aten.to.dtype, aten.to.device, aten.to.dtype_layout, aten.type_as.default, aten.alias.default}
+VIEWS = {aten.view.default, aten.reshape.default}
+MHA_CLASS = "torch.nn.modules.activation.MultiheadAttention"
+
+
+@dataclass
+class Idiom:
+    """Nodes that become one step: its kind, the node whose value it makes, the facts it needs."""
+
+    kind: str
+    node: torch.fx.Node
+    facts: dict[str, Any] = field(default_factory=dict)
+
+
+class Graph:
+    """The exported program, canonicalised and evaluated once on the example."""
+
+    def __init__(self, program, example: list):
+        self.program = program
+        self.fx = program.graph_module.graph
+        self.specs = {spec.arg.name: spec for spec in program.graph_signature.input_specs}
+        canonicalize(self.fx)
+        self.values = _evaluate(program.graph_module, example)
+        self.constant = self._constants()
+        self.idioms: dict[torch.fx.Node, Idiom] = {}
+        self.consumed: set[torch.fx.Node] = set()
+
+    def kind(self, node: torch.fx.Node) -> str | None:
+        """PARAMETER, BUFFER, CONSTANT_TENSOR or USER_INPUT for a placeholder."""
+        spec = self.specs.get(node.name)
+        return spec.kind.name if spec is not None else None
+
+    def target(self, node: torch.fx.Node) -> str:
+        """A parameter's or buffer's state_dict key."""
+        return self.specs[node.name].target
+
+    def calls(self) -> list[torch.fx.Node]:
+        return [n for n in self.fx.nodes if n.op == "call_function"]
+
+    def _constants(self) -> set[torch.fx.Node]:
+        """Sizes, and nodes computed from buffers, lifted constants, non-tensor inputs and sizes only."""
+        constant = set()
+        for node in self.fx.nodes:
+            if node.op == "placeholder":
+                fixed = self.kind(node) in ("BUFFER", "CONSTANT_TENSOR") or not isinstance(node.meta.get("val"), torch.Tensor)
+            else:
+                sizes = isinstance(node.meta.get("val"), torch.SymInt | int)  # shape arithmetic: sym_size, s0 * s1
+                fixed = node.op == "call_function" and (sizes or all(arg in constant for arg in node.all_input_nodes))
+            if fixed:
+                constant.add(node)
+        return constant
+
+    def claim(self, idiom: Idiom, inner) -> None:
+        """Record an idiom; its inner nodes make no step of their own."""
+        self.idioms[idiom.node] = idiom
+        self.consumed.update(n for n in inner if n is not idiom.node)
+
+    def find_idioms(self) -> None:
+        for kind, pattern in _patterns().items():
+            for match in _Matcher(pattern).match(self.fx):
+                inner = [n for p, n in match.nodes_map.items() if p.op not in ("placeholder", "output")]
+                facts = VERIFY[kind](self, match)
+                if facts is not None and not self.consumed & set(inner):
+                    self.claim(Idiom(kind, match.returning_nodes[0], facts), inner)
+        for walker in (_multi_head_attention, _merges, _conv1d):
+            walker(self)
+
+
+def canonicalize(graph: torch.fx.Graph) -> None:
+    """Remove the nodes that return their input unchanged at the example."""
+    for node in list(graph.nodes):
+        if node.op != "call_function":
+            continue
+        if node.target == aten._assert_tensor_metadata.default:
+            graph.erase_node(node)
+            continue
+        source = _identity_of(node)
+        if source is not None:
+            node.replace_all_uses_with(source)
+            graph.erase_node(node)
+    graph.lint()
+
+
+def _identity_of(node: torch.fx.Node) -> torch.fx.Node | None:
+    target, args = node.target, node.args
+    first = args[0] if args and isinstance(args[0], torch.fx.Node) else None
+    if first is None:
+        return None
+    same = _same_meta(node, first)
+    if target in NO_OP_CASTS or target == aten.contiguous.default or target in VIEWS:
+        return first if same else None
+    if target == aten.dropout.default:
+        return first if len(args) < 3 or args[2] is False else None
+    if target in (aten.add.Tensor, aten.sub.Tensor) and len(args) > 1 and _is_number(args[1], 0):
+        return first if same else None
+    if target in (aten.mul.Tensor, aten.div.Tensor) and len(args) > 1 and _is_number(args[1], 1):
+        return first if same else None
+    if target == aten.slice.Tensor:
+        return first if _full_slice(node) else None
+    return None
+
+
+def _is_number(value, number) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and value == number
+
+
+def _full_slice(node: torch.fx.Node) -> bool:
+    args = list(node.args) + [None] * (5 - len(node.args))
+    _, dim, start, end, step = args
+    size = node.args[0].meta["val"].shape[dim or 0]
+    return start in (None, 0) and (end is None or (isinstance(end, int) and end >= size)) and step in (None, 1)
+
+
+def _same_meta(a: torch.fx.Node, b: torch.fx.Node) -> bool:
+    va, vb = a.meta.get("val"), b.meta.get("val")
+    if not (isinstance(va, torch.Tensor) and isinstance(vb, torch.Tensor)):
+        return False
+    return va.dtype == vb.dtype and va.device == vb.device and tuple(va.shape) == tuple(vb.shape) and va.stride() == vb.stride()
+
+
+def _evaluate(module: torch.fx.GraphModule, example: list) -> dict[torch.fx.Node, Any]:
+    values = {}
+
+    class Recording(torch.fx.Interpreter):
+        def run_node(self, node):
+            values[node] = super().run_node(node)
+            return values[node]
+
+    module.recompile()
+    with torch.no_grad():
+        Recording(module).run(*example)
+    return values
+
+
+# ------------------------------------------------------------------ idioms written as patterns
+
+
+class _RMSNorm(torch.nn.Module):  # transformers' LlamaRMSNorm, the weight as an input
+    def forward(self, x, weight):
+        h = x.to(torch.float32)
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)
+        return weight * h.to(torch.float32)
+
+
+class _RotateHalf(torch.nn.Module):  # apply_rotary_pos_emb for one tensor
+    def forward(self, x, cos, sin):
+        half = x.shape[-1] // 2
+        return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
+
+
+class _RepeatKV(torch.nn.Module):  # transformers' repeat_kv
+    def forward(self, x):
+        b, h, t, d = x.shape
+        return x[:, :, None, :, :].expand(b, h, 2, t, d).reshape(b, h * 2, t, d)
+
+
+class _TanhGELU(torch.nn.Module):  # GPT-2's gelu_new (NewGELUActivation)
+    def forward(self, x):
+        return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x, 3.0))))
+
+
+@functools.cache
+def _patterns() -> dict[str, torch.fx.Graph]:
+    examples = {
+        "rmsnorm": (_RMSNorm(), torch.randn(2, 7, 32), torch.ones(32)),
+        "rope": (_RotateHalf(), torch.randn(2, 4, 7, 8), torch.randn(1, 1, 7, 8), torch.randn(1, 1, 7, 8)),
+        "repeat_kv": (_RepeatKV(), torch.randn(2, 2, 7, 8)),
+        "gelu_tanh": (_TanhGELU(), torch.randn(2, 7, 16)),
+    }
+    graphs = {}
+    for kind, (module, *example) in examples.items():
+        graph = torch.export.export(module, tuple(example), strict=False).graph_module.graph
+        canonicalize(graph)
+        graphs[kind] = graph
+    return graphs
+
+
+class _Matcher(SubgraphMatcher):
+    """Literals match any literal (eps, the repeat count: checked afterwards), a size node matches
+    a literal size; a node never matches a literal (torch 2.13's ``ignore_literals`` lets it)."""
+
+    def __init__(self, pattern: torch.fx.Graph):
+        super().__init__(pattern, match_output=False, match_placeholder=False, remove_overlapping_matches=True, ignore_literals=False)
+
+    def _match_literals(self, pn, gn, match) -> bool:
+        if not isinstance(pn, torch.fx.Node) and not isinstance(gn, torch.fx.Node):
+            return True
+        if not isinstance(pn, torch.fx.Node) and isinstance(gn, torch.fx.Node) and isinstance(gn.meta.get("val"), torch.SymInt):
+            return True
+        return super()._match_literals(pn, gn, match)
+
+
+def _inner(match, target):
+    return next(n for p, n in match.nodes_map.items() if p.op == "call_function" and p.target == target)
+
+
+def _verify_rmsnorm(graph: Graph, match) -> dict | None:
+    weight, x = sorted(match.placeholder_nodes, key=lambda n: graph.kind(n) != "PARAMETER")
+    mean = _inner(match, aten.mean.dim)
+    if graph.kind(weight) != "PARAMETER" or list(mean.args[1]) != [-1] or mean.args[2] is not True:
+        return None
+    return {"x": x, "weight": weight, "eps": float(_inner(match, aten.add.Tensor).args[1])}
+
+
+def _verify_rope(graph: Graph, match) -> dict | None:
+    x, cos, sin = match.placeholder_nodes
+    if not {cos, sin} <= graph.constant:
+        return None
+    table = graph.values[cos].double()
+    size = table.shape[-1]
+    rows = table.reshape(-1, table.shape[-2], size)[0]
+    expected = _rotary_cos(rows.shape[0], size, _theta(graph, cos, rows))
+    if not torch.allclose(rows, expected, atol=1e-5):
+        return None
+    return {"x": x, "theta": _theta(graph, cos, rows)}
+
+
+def _rotary_cos(positions: int, size: int, theta: float) -> torch.Tensor:
+    inv_freq = 1.0 / theta ** (torch.arange(0, size, 2, dtype=torch.float64) / size)
+    freqs = torch.arange(positions, dtype=torch.float64)[:, None] * inv_freq
+    return torch.cat([freqs, freqs], -1).cos()
+
+
+def _theta(graph: Graph, cos: torch.fx.Node, rows: torch.Tensor) -> float:
+    """RoPE's base: exact from an ``inv_freq`` buffer (inv_freq[1] = theta ** (-2 / D)), else from cos at position 1."""
+    size = rows.shape[-1]
+    buffer = _ancestor_buffer(graph, cos, "inv_freq")
+    second = graph.values[buffer].double()[1] if buffer is not None else torch.acos(rows[1, 1].clamp(-1, 1))
+    theta = float(second ** (-size / 2))
+    return float(round(theta)) if abs(theta - round(theta)) < 1e-4 * theta else theta
+
+
+def _ancestor_buffer(graph: Graph, node: torch.fx.Node, word: str) -> torch.fx.Node | None:
+    seen, todo = set(), [node]
+    while todo:
+        current = todo.pop()
+        if current in seen:
+            continue
+        seen.add(current)
+        if current.op == "placeholder" and graph.kind(current) == "BUFFER" and graph.target(current).endswith(word):
+            return current
+        todo += current.all_input_nodes
+    return None
+
+
+def _verify_repeat_kv(graph: Graph, match) -> dict | None:
+    unsqueeze, expand = _inner(match, aten.unsqueeze.default), _inner(match, aten.expand.default)
+    if unsqueeze.args[1] != 2:
+        return None
+    return {"x": match.placeholder_nodes[0], "repeats": expand.meta["val"].shape[2]}
+
+
+VERIFY = {
+    "rmsnorm": _verify_rmsnorm,
+    "rope": _verify_rope,
+    "repeat_kv": _verify_repeat_kv,
+    "gelu_tanh": lambda graph, match: {"x": match.placeholder_nodes[0]},
+}
+
+
+# ------------------------------------------------------------------ idioms found by walking
+
+
+def _merges(graph: Graph) -> None:
+    """(…, H, T, Dh) -> transpose(1, 2) [-> contiguous] -> view/reshape (…, T, H·Dh): one ``merge``."""
+    for node in graph.calls():
+        if node.target not in VIEWS or node in graph.consumed or node in graph.idioms:
+            continue
+        chain, source = [], node.args[0]
+        while source.op == "call_function" and source.target == aten.contiguous.default and len(source.users) == 1:
+            chain.append(source)
+            source = source.args[0]
+        if _swaps_heads(source) and node.meta["val"].ndim == 3 and len(source.users) == 1:
+            graph.claim(Idiom("merge", node, {"x": source.args[0]}), [*chain, source])
+
+
+def _swaps_heads(node: torch.fx.Node) -> bool:
+    if node.op != "call_function" or node.target != aten.transpose.int or node.args[0].meta["val"].ndim != 4:
+        return False
+    return sorted(int(d) % 4 for d in node.args[1:3]) == [1, 2]
+
+
+def _conv1d(graph: Graph) -> None:
+    """transformers' Conv1D (GPT-2): view(-1, in) -> addmm(bias, x, W) -> view(…, out): ``linear layout: in_out``."""
+    for node in graph.calls():
+        if node.target != aten.addmm.default or len(node.users) != 1:
+            continue
+        flat, (after,) = node.args[1], node.users
+        if flat.op == "call_function" and flat.target in VIEWS and after.target in VIEWS and len(flat.users) == 1:
+            graph.claim(Idiom("conv1d", after, {"x": flat.args[0], "bias": node.args[0], "weight": node.args[2]}), [flat, node, after])
+
+
+def _multi_head_attention(graph: Graph) -> None:
+    """``nn.MultiheadAttention`` folds heads into the batch (``view(T, B·H, Dh)``): read it as a
+    module, from its nodes' ``nn_module_stack``, and write the computation it stands for."""
+    regions: dict[str, list[torch.fx.Node]] = {}
+    for node in graph.calls():
+        path = next((p for p, cls in module_stack(node) if cls == MHA_CLASS), None)
+        if path is not None and node not in graph.constant:
+            regions.setdefault(path, []).append(node)
+    for path, nodes in regions.items():
+        inside = set(nodes)
+        read = (a for n in nodes for a in n.all_input_nodes if a not in inside and a not in graph.constant)
+        sources = [a for a in dict.fromkeys(read) if graph.kind(a) != "PARAMETER"]
+        leaving = [n for n in nodes if any(u not in inside for u in n.users)]
+        graph.claim(Idiom("mha", leaving[-1], {"path": path, "sources": sources, "leaving": leaving}), nodes)
+
+
+def module_stack(node: torch.fx.Node) -> list[tuple[str, str]]:
+    """``nn_module_stack`` as (path, qualified class name), outermost first."""
+    return [
+        (path, cls if isinstance(cls, str) else f"{cls.__module__}.{cls.__qualname__}")
+        for path, cls in (node.meta.get("nn_module_stack") or {}).values()
+    ]

@@ -1,0 +1,214 @@
+"""An imported pipeline as YAML files: the main file and, for repeated layers, one block file.
+
+N layers that compute the same steps (ids and params compared with their ``CONTAINER.i.``
+prefix removed), each reading the previous one's output, become one ``op: block`` step with
+``repeat: N``; the block file holds one layer, its params named as the state_dict names them
+after the prefix, so ``layers/3/self_attn.q_proj.weight`` is ``layers.3.self_attn.q_proj.weight``.
+Every value is written by ``yaml.safe_dump``; source lines go into comments with their line
+breaks removed, so nothing taken from the module changes what the file means.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import yaml
+
+from .import_dims import Dim
+from .import_rules import Step
+from .steps.contract import STEP_KINDS
+
+REFERENCES = ("input", "inputs")  # besides each kind's param_fields and output_field
+
+
+@dataclass
+class Document:
+    """What a file says, before it is text."""
+
+    name: str
+    header: list[str]
+    dims: dict[str, tuple[int | str, str]]  # name -> (written, comment)
+    inputs: dict[str, dict]
+    params: dict[str, dict]
+    steps: list[Step]
+    outputs: list[str] | None = None
+
+    def text(self) -> str:
+        lines = [f"# {_comment(line)}" for line in self.header] + [_entry("name", self.name), "dims:"]
+        lines += [f"  {_entry(name, written)}  # {_comment(note)}" for name, (written, note) in self.dims.items()]
+        for section in ("inputs", "params"):
+            entries = getattr(self, section)
+            lines += [f"{section}:"] + [f"  {_entry(name, value)}" for name, value in entries.items()] if entries else []
+        lines.append("steps:")
+        last = None
+        for step in self.steps:
+            if step.comment and step.comment != last:
+                lines.append(f"  # {_comment(step.comment)}")
+            last = step.comment
+            lines.append(f"  - {_flow(step.fields)}")
+        if self.outputs:
+            lines.append(_entry("outputs", self.outputs))
+        return "\n".join(lines) + "\n"
+
+
+def files(document: Document) -> dict[str, str]:
+    """{file name: text}, the main file first; repeated layers folded into block files."""
+    blocks = {}
+    for container in dict.fromkeys(s.layer[0] for s in document.steps if s.layer):
+        block = _fold(document, container)
+        if block is not None:
+            blocks[f"{block.name}.yaml"] = block.text()
+    return {f"{document.name}.yaml": document.text(), **blocks}
+
+
+def _fold(document: Document, container: str) -> Document | None:
+    """Replace the layers of ``container`` by one block step if they are equal and chained."""
+    layers = _layers(document.steps, container)
+    if layers is None:
+        return None
+    forms = [_normalised(document, container, index, steps) for index, steps in layers]
+    bodies, externals = [f[0] for f in forms], [f[1] for f in forms]
+    lasts = [steps[-1].fields["id"] for _, steps in layers]
+    chained = all(externals[j][0] == lasts[j - 1] and externals[j][1:] == externals[0][1:] for j in range(1, len(layers)))
+    if any(body != bodies[0] for body in bodies) or not chained or not _only_last_leaves(document, layers):
+        return None
+    block = _block_document(document, container, layers[0], bodies[0], externals[0])
+    _replace_layers(document, container, layers, externals[0], f"{block.name}.yaml")
+    return block
+
+
+def _layers(steps: list[Step], container: str) -> list[tuple[int, list[Step]]] | None:
+    """The layers of a container in order, each a run of consecutive steps; None unless 2 or more, from 0."""
+    runs: list[tuple[int, list[Step]]] = []
+    for step in steps:
+        if step.layer and step.layer[0] == container:
+            if runs and runs[-1][0] == step.layer[1] and runs[-1][1][-1] is _previous(steps, step):
+                runs[-1][1].append(step)
+            else:
+                runs.append((step.layer[1], [step]))
+    indexes = [index for index, _ in runs]
+    return runs if len(runs) >= 2 and indexes == list(range(len(runs))) else None
+
+
+def _previous(steps: list[Step], step: Step) -> Step:
+    return steps[steps.index(step) - 1]
+
+
+def _reference_fields(fields: dict) -> list[str]:
+    kind = STEP_KINDS[fields["op"]]
+    return [*REFERENCES, *kind.param_fields, *([kind.output_field] if kind.output_field else [])]
+
+
+def _rename(fields: dict, rename) -> dict:
+    """The step with every tensor it names passed through ``rename`` (its id and outputs included)."""
+    names = set(_reference_fields(fields))
+    out = {}
+    for key, value in fields.items():
+        if key == "id" or key in names:
+            value = [rename(v) for v in value] if isinstance(value, list) else rename(value)
+        out[key] = value
+    return out
+
+
+def _defined(step: Step) -> list[str]:
+    kind = STEP_KINDS[step.fields["op"]]
+    return [step.fields["id"], *(step.fields.get(kind.output_field) or [] if kind.output_field else [])]
+
+
+def _normalised(document: Document, container: str, index: int, steps: list[Step]) -> tuple[list[dict], list[str]]:
+    """The layer's steps with ``CONTAINER.i.`` removed and outside tensors as $0, $1 ...; and those tensors."""
+    prefix = f"{container}.{index}."
+    own = {name for step in steps for name in _defined(step)}
+    externals: list[str] = []
+
+    def rename(name: str) -> str:
+        if name in own or (name in document.params and name.startswith(prefix)):
+            return name.removeprefix(prefix)
+        if name not in externals:
+            externals.append(name)
+        return f"${externals.index(name)}"
+
+    return [_rename(step.fields, rename) for step in steps], externals
+
+
+def _only_last_leaves(document: Document, layers) -> bool:
+    """No step after the layers reads a tensor of the last layer other than its output."""
+    last_steps = layers[-1][1]
+    inner = {name for step in last_steps for name in _defined(step)} - {last_steps[-1].fields["id"]}
+    after = document.steps[document.steps.index(last_steps[-1]) + 1 :]
+    used = {name for step in after for name in _names_read(step.fields)} | set(document.outputs or [])
+    return not inner & used
+
+
+def _names_read(fields: dict) -> list[str]:
+    found = []
+    _rename(fields, lambda name: found.append(name) or name)
+    return found
+
+
+def _block_document(document: Document, container: str, layer, body: list[dict], externals: list[str]) -> Document:
+    index, steps = layer
+    prefix = f"{container}.{index}."
+    own = {name for fields in body for name in _names_read(fields)}
+    names = [_free("x", own), *(_free(e.replace(".", "_"), own) for e in externals[1:])]
+    inputs = {name: {"shape": _shape_of(document, external), "init": "randn"} for name, external in zip(names, externals, strict=True)}
+    params = {name.removeprefix(prefix): value for name, value in document.params.items() if name.startswith(prefix)}
+    placed = [
+        Step(_rename(fields, lambda n: names[int(n[1:])] if n.startswith("$") else n), step.node, step.comment, None, step.shape)
+        for fields, step in zip(body, steps, strict=True)
+    ]
+    header = [f"One layer of {document.name}: '{container}' repeats it {len(_layers(document.steps, container) or [])} times."]
+    return Document(f"{document.name}_{container.replace('.', '_')}", header, document.dims, inputs, params, placed)
+
+
+def _free(name: str, taken: set[str]) -> str:
+    while name in taken:
+        name += "_in"
+    return name
+
+
+def _shape_of(document: Document, name: str) -> list:
+    for step in document.steps:
+        if name in _defined(step):
+            return step.shape
+    return {**document.inputs, **document.params}[name]["shape"]
+
+
+def _replace_layers(document: Document, container: str, layers, externals: list[str], use: str) -> None:
+    first, last = layers[0][1][0], layers[-1][1][-1]
+    start, stop = document.steps.index(first), document.steps.index(last) + 1
+    output = last.fields["id"]
+    comment = f"{len(layers)} equal layers: {container}.0 .. {container}.{len(layers) - 1}"
+    block = Step(
+        {"id": container, "op": "block", "use": use, "inputs": externals, "repeat": len(layers)}, first.node, comment, None, last.shape
+    )
+    after = [
+        Step(_rename(s.fields, lambda n: container if n == output else n), s.node, s.comment, s.layer, s.shape)
+        for s in document.steps[stop:]
+    ]
+    document.steps[start:] = [block, *after]
+    document.outputs = [container if name == output else name for name in document.outputs or []]
+    for index, _ in layers:
+        for name in [n for n in document.params if n.startswith(f"{container}.{index}.")]:
+            del document.params[name]
+
+
+def _flow(value) -> str:
+    return yaml.safe_dump(value, default_flow_style=True, sort_keys=False, width=1 << 30, allow_unicode=False).strip()
+
+
+def _entry(key: str, value) -> str:
+    return _flow({key: value})[1:-1]
+
+
+def _comment(text: str) -> str:
+    """One line of text that stays a comment: no line breaks or control characters, at most 120 characters."""
+    return "".join(ch if ch.isprintable() else " " for ch in text)[:120]
+
+
+def dims_of(symbols: dict[str, int], model: dict[str, Dim]) -> dict[str, tuple[int | str, str]]:
+    """The dims section: the capture's symbols with their example sizes, then the model's dims, derived ones last."""
+    dims = {name: (size, "example size; symbolic in the capture") for name, size in symbols.items()}
+    base = {name: (d.written, d.note) for name, d in model.items() if isinstance(d.written, int)}
+    derived = {name: (d.written, f"{d.note}, = {d.value}") for name, d in model.items() if not isinstance(d.written, int)}
+    return {**dims, **base, **derived}
