@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import signal
 import sys
@@ -183,6 +184,37 @@ def _parser() -> argparse.ArgumentParser:
     export.add_argument("-o", "--output", metavar="OUT", type=_output_name, help="the .py file to write, atomically (default: stdout)")
     _dims_option(export)
     export.set_defaults(handler=_export)
+
+    imported = commands.add_parser(
+        "import",
+        help="write a PyTorch module as a pipeline file (runs MODULE:FACTORY: your own code)",
+        epilog="example: tracer import mymodel:make_attention --args '[64, 4]' --input x=2,16,64 -o attention.yaml",
+    )
+    imported.add_argument("target", metavar="MODULE:FACTORY", help="a Python import path and a callable returning the nn.Module")
+    imported.add_argument("--args", default="[]", metavar="JSON", help="the factory's arguments: a JSON list, or an object of keywords")
+    imported.add_argument(
+        "--input",
+        action="append",
+        default=[],
+        metavar="NAME=SHAPE",
+        type=_input_spec,
+        help="an example input for forward's parameter NAME: x=2,16,64 (randn) or ids=2,16:int (token ids); repeatable",
+    )
+    _dims_option(imported)
+    imported.add_argument(
+        "-o", "--output", metavar="OUT", type=_output_name, required=True, help="the .yaml file to write (and its block files beside it)"
+    )
+    imported.set_defaults(handler=_import)
+
+    compared = commands.add_parser(
+        "diff",
+        help="compare two pipelines: steps, shapes, params, FLOPs and peak memory",
+        epilog="example: tracer diff a.yaml b.yaml --values",
+    )
+    compared.add_argument("files", nargs=2, metavar="FILE")
+    compared.add_argument("--values", action="store_true", help="also run both (seed 0) and name the first tensor whose values differ")
+    compared.add_argument("--json", action="store_true", help="print the differences as JSON")
+    compared.set_defaults(handler=_diff)
 
     schema = commands.add_parser("schema", help="print the JSON Schema of the pipeline format (for editors: see docs/format.md)")
     schema.add_argument("--path", action="store_true", help="print where the installed schema file is instead, for a $schema line")
@@ -373,6 +405,53 @@ def _export(args) -> int:
         sys.stdout.write(source)
         return 0
     print(f"wrote {printable(write_atomic(args.output, source, error_file=args.file, reads=reads))}", file=sys.stderr)
+    return 0
+
+
+def _input_spec(text: str) -> tuple[str, tuple[int, ...], str]:
+    name, sep, rest = text.partition("=")
+    shape, _, kind = rest.partition(":")
+    try:
+        sizes = tuple(int(size) for size in shape.split(","))
+    except ValueError:
+        sizes = ()
+    if not sep or not name.isidentifier() or not sizes or kind not in ("", "int", "float"):
+        raise argparse.ArgumentTypeError(f"expected NAME=SIZE,SIZE,... with an optional :int or :float, got '{text}'")
+    return name, sizes, kind or "float"
+
+
+def _import(args) -> int:
+    """Build the module with the user's own factory, import it, write the YAML, and say how far the
+    pipeline is from the module on the module's own weights (the last line)."""
+    import importlib
+    import json
+
+    import torch
+
+    from .importing import difference, from_module
+
+    where, _, attribute = args.target.partition(":")
+    if "" not in sys.path and os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())  # MODULE is found in the current folder, as `python -m` finds it
+    try:
+        factory = getattr(importlib.import_module(where), attribute or "")
+        given = json.loads(args.args)
+    except (ImportError, AttributeError, ValueError) as exc:
+        raise TracerError(Diagnostic(args.target, None, "import-target", f"cannot build the module: {exc}")) from None
+    module = (factory(**given) if isinstance(given, dict) else factory(*given)).eval()
+    inputs = {name: torch.randint(0, 2, sizes) if kind == "int" else torch.randn(sizes) for name, sizes, kind in args.input}
+    pipeline = from_module(module, dims=dict(args.dim) or None, **inputs)
+    pipeline.to_yaml(args.output)
+    print(f"wrote {printable(args.output)}", file=sys.stderr)
+    print(f"max |pipeline - module| on the module's weights: {difference(pipeline, module, **inputs):.3g}")
+    return 0
+
+
+def _diff(args) -> int:
+    from .diff import diff, diff_json, format_diff
+
+    found = diff(load(args.files[0]), load(args.files[1]), values=args.values)
+    print(diff_json(found) if args.json else format_diff(found))
     return 0
 
 
