@@ -11,7 +11,7 @@ import threading
 from pathlib import Path
 
 from . import __version__, weights
-from .analysis.memory import parse_bytes
+from .analysis.memory import check_budget, default_budget, parse_bytes
 from .analysis.shapes import analyze
 from .api import Pipeline, load
 from .core.errors import Diagnostic, InternalError, TracerError, printable
@@ -314,7 +314,9 @@ def _weights(args, analysis) -> dict:
 
     if args.weights_map and not args.weights:
         raise TracerError(Diagnostic(args.weights_map, None, "weights-map", "--weights-map renames the keys of --weights: give both"))
-    state = weights.read(args.weights)
+    check_budget(analysis, args.device, args.max_memory)  # a run that would be refused reads no weights
+    budget = args.max_memory if args.max_memory is not None else default_budget(args.device)[0]
+    state = weights.read(args.weights, max_bytes=budget)
     if args.weights_map:
         state = weights.rename(state, weights.read_map(args.weights_map))
     return match(analysis, state, "params", f"--weights {printable(args.weights)}", complete=True)

@@ -66,31 +66,23 @@ def _create(declared: Declared, torch, device):
 def match(analysis: Analysis, given: Mapping[str, Any], section: str | None, what: str, complete: bool = False) -> dict[str, Any]:
     """``given`` by declared name, after checking every entry; ``section`` limits the names to
     inputs or params (None: either); ``complete`` also requires every param of the pipeline."""
-    import torch
-
     declared = _declared(analysis, section)
-    found, problems, seen = {}, [], set()
+    found, problems, given_by = {}, [], {}
     for key, tensor in given.items():
         name = declared.get(key) or declared.get(str(key).replace(".", "/"))
         if name is None:
             problems.append(_unknown(analysis, key, declared, section, what))
             continue
-        seen.add(name)
         where = "inputs" if name in analysis.pipeline.inputs else "params"
-        meta = analysis.metas[name]
-        if not isinstance(tensor, torch.Tensor):
-            problem = f"{what}['{key}'] must be a torch.Tensor, got {type(tensor).__name__}"
-        elif tuple(tensor.shape) != meta.sizes:
-            problem = f"{what}['{key}'] has shape {list(tensor.shape)}, the pipeline declares '{name}' as {meta.symbolic} {meta.concrete}"
-        elif str(tensor.dtype).removeprefix("torch.") != meta.dtype:
-            problem = f"{what}['{key}'] is {str(tensor.dtype).removeprefix('torch.')}, the pipeline declares '{name}' as {meta.dtype}"
-        else:
-            found[name] = tensor
+        problem = _problem(analysis, name, key, tensor, what, given_by.get(name))
+        given_by.setdefault(name, key)
+        if problem is None:
+            found[name] = tensor.contiguous()  # as a declared tensor is: an expanded one would break a later view
             continue
         problems.append(analysis.source.error((where, name), "tensor-given", problem, prefer_key=True))
     if complete:
         for name in analysis.pipeline.params:
-            if name not in seen:
+            if name not in given_by:
                 meta = analysis.metas[name]
                 problems.append(
                     analysis.source.error(
@@ -100,6 +92,40 @@ def match(analysis: Analysis, given: Mapping[str, Any], section: str | None, wha
     if problems:
         raise TracerError(problems)
     return found
+
+
+def _problem(analysis: Analysis, name: str, key, tensor, what: str, earlier_key) -> str | None:
+    """What is wrong with ``tensor`` as the declared ``name`` (None: nothing)."""
+    import torch
+
+    meta = analysis.metas[name]
+    if earlier_key is not None:
+        return f"{what} gives '{name}' twice, as '{earlier_key}' and as '{key}'; give it once"
+    if not isinstance(tensor, torch.Tensor):
+        return f"{what}['{key}'] must be a torch.Tensor, got {type(tensor).__name__}"
+    unusable = _unusable(tensor)
+    if unusable:
+        return f"{what}['{key}'] is {unusable}"
+    if tuple(tensor.shape) != meta.sizes:
+        return f"{what}['{key}'] has shape {list(tensor.shape)}, the pipeline declares '{name}' as {meta.symbolic} {meta.concrete}"
+    if str(tensor.dtype).removeprefix("torch.") != meta.dtype:
+        return f"{what}['{key}'] is {str(tensor.dtype).removeprefix('torch.')}, the pipeline declares '{name}' as {meta.dtype}"
+    return None
+
+
+def _unusable(tensor) -> str | None:
+    """Why a tensor cannot stand for a declared one, which is dense and holds values (None: it can)."""
+    import torch
+
+    if tensor.is_nested or tensor.layout != torch.strided:
+        return (
+            f"a {'nested' if tensor.is_nested else str(tensor.layout).removeprefix('torch.')} tensor; give a dense one (tensor.to_dense())"
+        )
+    if tensor.is_quantized:
+        return f"quantized ({str(tensor.dtype).removeprefix('torch.')}); give a float tensor (tensor.dequantize())"
+    if tensor.is_meta:
+        return "a meta tensor, which holds no values; give one with data"
+    return None
 
 
 def _declared(analysis: Analysis, section: str | None) -> dict[str, str]:

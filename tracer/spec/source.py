@@ -227,30 +227,16 @@ def _read_text(path: Path, name: str) -> str:
 
 def _read_bounded(path: Path, name: str) -> bytes:
     """The file's bytes, checking its type and size on the open descriptor before reading: a
-    symlink to /dev/zero, a FIFO or a 10 GB file is refused without reading it (O_NONBLOCK keeps
-    opening a FIFO from waiting for a writer), and at most MAX_BYTES + 1 bytes are ever read (a
-    /proc file reports size 0)."""
+    symlink to /dev/zero, a FIFO or a 10 GB file is refused without reading it, and at most
+    MAX_BYTES + 1 bytes are ever read (a /proc file reports size 0)."""
 
     def fail(code: str, message: str):
         raise TracerError(Diagnostic(name, None, code, message))
 
-    try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0))
-    except FileNotFoundError:
-        fail("file-missing", "no such file")
-    except OSError as exc:
-        fail("file-unreadable", f"cannot read the file: {exc.strerror or exc}")
-    try:  # checked on the descriptor: os.fdopen itself refuses a directory with IsADirectoryError
-        info = os.fstat(fd)
-        if stat.S_ISDIR(info.st_mode):
-            fail("file-unreadable", "is a directory, not a pipeline file")
-        if not stat.S_ISREG(info.st_mode):
-            fail("file-unreadable", f"is {_file_kind(info.st_mode)}, not a regular file; a pipeline is a YAML text file")
-        if info.st_size > MAX_BYTES:
-            fail("file-too-large", f"the file is {info.st_size} bytes; pipeline files are limited to {MAX_BYTES} bytes")
-    except BaseException:
+    fd, info = open_regular(path, name, "a pipeline is a YAML text file")
+    if info.st_size > MAX_BYTES:
         os.close(fd)
-        raise
+        fail("file-too-large", f"the file is {info.st_size} bytes; pipeline files are limited to {MAX_BYTES} bytes")
     with os.fdopen(fd, "rb") as handle:
         try:
             data = handle.read(MAX_BYTES + 1)
@@ -259,6 +245,31 @@ def _read_bounded(path: Path, name: str) -> bytes:
     if len(data) > MAX_BYTES:
         fail("file-too-large", f"the file holds more than {MAX_BYTES} bytes; pipeline files are limited to {MAX_BYTES} bytes")
     return data
+
+
+def open_regular(
+    path: Path, name: str, expected: str, codes: tuple[str, str] = ("file-missing", "file-unreadable")
+) -> tuple[int, os.stat_result]:
+    """A read-only descriptor of ``path`` and its stat, checked on the descriptor to be a regular
+    file (O_NONBLOCK keeps opening a FIFO from waiting for a writer); ``expected`` says what the
+    file should be, ``codes`` are the error codes for a missing and for an unusable file."""
+    missing, unusable = codes
+
+    def fail(code: str, message: str):
+        raise TracerError(Diagnostic(name, None, code, message))
+
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0))
+    except FileNotFoundError:
+        fail(missing, "no such file")
+    except OSError as exc:
+        fail(unusable, f"cannot read the file: {exc.strerror or exc}")
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):
+        os.close(fd)
+        kind = "a directory" if stat.S_ISDIR(info.st_mode) else _file_kind(info.st_mode)
+        fail(unusable, f"is {kind}, not a regular file; {expected}")
+    return fd, info
 
 
 def _file_kind(mode: int) -> str:
