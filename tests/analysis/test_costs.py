@@ -108,6 +108,11 @@ WORKSPACES = {
     "rope, partial": ("- {id: y, op: rope, input: x, rotary_dim: 32}", "x: {shape: [1, 8, 512, 64], init: randn}", ""),
     # a narrow rotary part: the rotation and the rotated part outlive the cat that makes the output
     "rope, narrow partial": ("- {id: y, op: rope, input: x, rotary_dim: 4}", "x: {shape: [4, 8, 1024, 64], init: randn}", ""),
+    "rope, llama3 at (B, T) positions": (
+        "- {id: y, op: rope, input: x, positions: p, rope_scaling: {type: llama3, factor: 8.0}}",
+        "x: {shape: [4, 8, 512, 64], init: randn}\np: {shape: [4, 512], dtype: int64, init: zeros}",
+        "",
+    ),
     "alibi, relative": ("- {id: y, op: alibi, input: s, relative: true}", "s: {shape: [1, 8, 256, 256], init: randn}", ""),
     "rmsnorm of bfloat16": (
         "- {id: c, op: cast, input: x, dtype: bfloat16}\n- {id: y, op: rmsnorm, weight: w}",

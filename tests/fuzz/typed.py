@@ -515,7 +515,48 @@ def rope(b: Builder, x: str) -> str | None:
         fields["seq_dim"] = b.rng.choice([-3, 0])
     if b.rng.random() < 0.2:
         fields["theta"] = 500000.0
+    if b.rng.random() < 0.3 and "offset" not in fields:
+        fields["positions"] = _positions(b, t, fields.get("seq_dim", -2))
+    if b.rng.random() < 0.3:
+        fields["rope_scaling"] = _rope_scaling(b, fields.get("rotary_dim", head), dynamic="positions" not in fields)
     return b.add("rope", fields, Tensor(t.shape, t.dtype, False), x)
+
+
+def _positions(b: Builder, t: Tensor, seq_dim: int) -> str:
+    """Token positions for a rope: (T,), or (B, T) / (1, T) pairing B with the input's dim 0."""
+    seq = seq_dim % t.rank
+    length = t.shape[seq]
+    row = lambda: [b.rng.randrange(40) for _ in range(length.value)]  # noqa: E731
+    batch = t.shape[0]
+    if seq == 0 or b.rng.random() < 0.4 or batch.value > 4:
+        return b.declare("inputs", (length,), "int64", "pos", values=row())
+    lead = batch if b.rng.random() < 0.7 else Dim(1, 1)
+    return b.declare("inputs", (lead, length), b.rng.choice(["int64", "int32"]), "pos", values=[row() for _ in range(lead.value)])
+
+
+def _rope_scaling(b: Builder, rot: int, dynamic: bool) -> dict:
+    """A frequency scaling valid for a rotary dim of ``rot``; ``dynamic``: the kinds that read the
+    largest position (not with a positions tensor: meta runs have no values)."""
+    kinds = ["linear", "llama3", "yarn"] + (["dynamic"] if dynamic and rot > 2 else []) + (["longrope"] if dynamic and rot <= 64 else [])
+    kind = b.rng.choice(kinds)
+    factor = b.rng.choice([1.0, 2.0, 8.0])
+    context = b.rng.choice([2, 4, 16])
+    if kind == "linear":
+        return {"type": kind, "factor": factor}
+    if kind == "dynamic":
+        return {"type": kind, "factor": factor, "max_position_embeddings": context}
+    if kind == "llama3":
+        return {"type": kind, "factor": factor, "original_max_position_embeddings": context}
+    if kind == "yarn":
+        return {"type": kind, "factor": factor, "original_max_position_embeddings": context, "mscale": 1.0, "mscale_all_dim": 0.5}
+    short = [b.rng.choice([1.0, 1.5]) for _ in range(rot // 2)]
+    return {
+        "type": kind,
+        "short_factor": short,
+        "long_factor": [2 * f for f in short],
+        "original_max_position_embeddings": context,
+        "factor": factor,
+    }
 
 
 def sdpa(b: Builder, x: str) -> str | None:

@@ -288,11 +288,14 @@ def _dropout_workspace(step, ins, outs):
 def _rope_workspace(step, ins, outs):
     """The kernel's temporaries: the float32 frequency tables, and x_rot * cos, the rotation
     and rotation * sin alive together with their sum; a partial rotary's cat then makes the
-    output while the rotation and the rotated part are still alive."""
-    x, (length, rot) = ins[0], outs[0].sizes
+    output while the rotation and the rotated part are still alive. Scaled frequencies add the
+    cos and sin multiplied by the attention factor and the scaling's own (R/2,) temporaries."""
+    x, rot = ins[0], outs[0].sizes[-1]
+    rows = math.prod(outs[0].sizes[:-1])  # positions: T, or B * T for (B, T) positions
     head = x.sizes[-1]
     part = x.nbytes // head * rot if head else 0
-    tables = 14 * length * rot + 8 * rot + 16 * length  # int64 ranges, float32 freqs, emb, cos, sin
+    tables = 14 * rows * rot + 8 * rot + 16 * rows  # int64 ranges, float32 freqs, emb, cos, sin
+    tables += 0 if step.rope_scaling is None else 8 * rows * rot + 64 * rot + 256
     return tables + (3 * part if rot == head else max(4 * part - x.nbytes, 2 * part))
 
 
