@@ -88,6 +88,11 @@ WORKSPACES = {
         "s: {shape: [1, 4, 512, 512], init: randn}",
         "",
     ),
+    "mask, a band, chunks and documents": (
+        "- {id: y, op: mask, input: s, window: 64, chunk: 100, segments: d}",
+        "s: {shape: [2, 4, 512, 512], init: randn}\nd: {shape: [2, 512], dtype: int64, init: zeros}",
+        "",
+    ),
     "mask, a keep tensor": (
         "- {id: y, op: mask, input: s, mask: m, polarity: keep}",
         "s: {shape: [2, 4, 256, 256], init: randn}\nm: {shape: [2, 1, 256, 256], init: ones}",

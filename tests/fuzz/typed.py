@@ -479,19 +479,29 @@ def mask(b: Builder, x: str) -> str | None:
         return None
     rng = b.rng
     fields: dict[str, Any] = {}
-    if rng.random() < 0.7:
+    if rng.random() < 0.6:
         fields["causal"] = True
-        if rng.random() < 0.3:
-            fields["window"] = rng.choice([1, 2, "S"])
-        if rng.random() < 0.3:
-            fields["align"] = "top-left"
+    if rng.random() < 0.3:
+        fields["window"] = rng.choice([1, 2, "S"])  # without causal: a band
+    if rng.random() < 0.2:
+        fields["chunk"] = rng.choice([1, 2, "S"])
+    if fields and rng.random() < 0.3:
+        fields["align"] = "top-left"
+    if t.shape[-1].value == t.shape[-2].value and rng.random() < 0.2:
+        fields["segments"] = _segments(b, t)
     if not fields or rng.random() < 0.4:
         keep = rng.randint(2, t.rank)
         shape = tuple(d if rng.random() < 0.6 else Dim(1, 1) for d in t.shape[t.rank - keep :])
         fields["mask"] = b.declare("inputs", shape, rng.choice(["bool", "bool", "int64", t.dtype]), "m")
         fields["polarity"] = rng.choice(["keep", "block"])
-    fields["fill"] = rng.choice([float("-inf"), -1e4 if t.dtype == "float16" else -1e9, 0.0])
+    fields["fill"] = rng.choice([float("-inf"), -1e4 if t.dtype == "float16" else -1e9, 0.0, "min"])
     return b.add("mask", fields, _fresh(t.shape, t.dtype), x)
+
+
+def _segments(b: Builder, t: Tensor) -> str:
+    """Document ids for square scores (sorted: packed documents)."""
+    length = t.shape[-1]
+    return _per_token(b, t, length, t.rank >= 3, "seg", lambda: sorted(b.rng.randrange(3) for _ in range(length.value)))
 
 
 def alibi(b: Builder, x: str) -> str | None:
@@ -523,15 +533,18 @@ def rope(b: Builder, x: str) -> str | None:
 
 
 def _positions(b: Builder, t: Tensor, seq_dim: int) -> str:
-    """Token positions for a rope: (T,), or (B, T) / (1, T) pairing B with the input's dim 0."""
+    """Token positions for a rope on axis ``seq_dim``."""
     seq = seq_dim % t.rank
-    length = t.shape[seq]
-    row = lambda: [b.rng.randrange(40) for _ in range(length.value)]  # noqa: E731
+    return _per_token(b, t, t.shape[seq], seq > 0, "pos", lambda: [b.rng.randrange(40) for _ in range(t.shape[seq].value)])
+
+
+def _per_token(b: Builder, t: Tensor, length: Dim, batched: bool, stem: str, row: Callable[[], list[int]]) -> str:
+    """An integer tensor of one value per token: (T,), or (B, T) / (1, T) pairing B with ``t``'s dim 0."""
     batch = t.shape[0]
-    if seq == 0 or b.rng.random() < 0.4 or batch.value > 4:
-        return b.declare("inputs", (length,), "int64", "pos", values=row())
+    if not batched or b.rng.random() < 0.4 or batch.value > 4:
+        return b.declare("inputs", (length,), "int64", stem, values=row())
     lead = batch if b.rng.random() < 0.7 else Dim(1, 1)
-    return b.declare("inputs", (lead, length), b.rng.choice(["int64", "int32"]), "pos", values=[row() for _ in range(lead.value)])
+    return b.declare("inputs", (lead, length), b.rng.choice(["int64", "int32"]), stem, values=[row() for _ in range(lead.value)])
 
 
 def _rope_scaling(b: Builder, rot: int, dynamic: bool) -> dict:
