@@ -118,6 +118,7 @@ WORKSPACES = {
         "x: {shape: [4, 8, 512, 64], init: randn}\np: {shape: [4, 512], dtype: int64, init: zeros}",
         "",
     ),
+    "softcap": ("- {id: y, op: softcap, input: s, cap: 50.0}", "s: {shape: [1, 8, 256, 256], init: randn}", ""),
     "alibi, relative": ("- {id: y, op: alibi, input: s, relative: true}", "s: {shape: [1, 8, 256, 256], init: randn}", ""),
     "rmsnorm of bfloat16": (
         "- {id: c, op: cast, input: x, dtype: bfloat16}\n- {id: y, op: rmsnorm, weight: w}",

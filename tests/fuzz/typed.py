@@ -504,6 +504,13 @@ def _segments(b: Builder, t: Tensor) -> str:
     return _per_token(b, t, length, t.rank >= 3, "seg", lambda: sorted(b.rng.randrange(3) for _ in range(length.value)))
 
 
+def softcap(b: Builder, x: str) -> str | None:
+    t = b.tensors[x]
+    if not t.is_float:
+        return None
+    return b.add("softcap", {"cap": b.rng.choice([0.5, 2.0, 50.0])}, _same(t, contiguous=False), x)
+
+
 def alibi(b: Builder, x: str) -> str | None:
     t = b.tensors[x]
     if not t.is_float or t.rank < 3 or t.shape[-3].value < 1:
@@ -645,6 +652,7 @@ RULES: list[tuple[Callable, int]] = [
     (einsum, 2),
     (mask, 2),
     (alibi, 1),
+    (softcap, 1),
     (rope, 2),
     (sdpa, 2),
     (embed, 2),

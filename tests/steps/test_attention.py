@@ -220,3 +220,20 @@ def test_mask_refusals_say_what_each_field_needs(fields, code, says, tmp_path):
         f"- {{id: y, op: mask, input: s, {fields}}}", inputs="s: {shape: [2, 5, 5], init: randn}\nm: {shape: [5], init: randn}"
     )
     assert says in str(refused(text, tmp_path, code))
+
+
+@covers("softcap")
+def test_softcap_is_gemma2s_op_order():
+    """Gemma2's eager_attention_forward: attn_weights / softcap, tanh, * softcap."""
+    t = trace_of(
+        """
+        - {id: y, op: softcap, input: s, cap: 2.0}
+        - {id: st, op: transpose, input: s, dims: [0, 2]}
+        - {id: z, op: softcap, input: st, cap: 0.5}
+        """,
+        inputs="s: {shape: [2, 3, 5, 5], init: randn}",
+    )
+    s = t["s"].tensor
+    assert torch.equal(t["y"].tensor, torch.tanh(s / 2.0) * 2.0)
+    assert torch.equal(t["z"].tensor, torch.tanh(s.transpose(0, 2) / 0.5) * 0.5)
+    assert t["y"].tensor.abs().max() < 2.0

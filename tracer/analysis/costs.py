@@ -19,7 +19,7 @@ from collections.abc import Callable
 
 from ..core.dtypes import DTYPE_BYTES
 from ..core.layout import Meta
-from ..steps.attention import Dropout, Mask, Softmax
+from ..steps.attention import Dropout, Mask, Softcap, Softmax
 from ..steps.einsum import Einsum, parse_equation
 from ..steps.elementwise import LayerNorm
 from ..steps.fused import Sdpa
@@ -279,6 +279,12 @@ def _mask_workspace(step, ins, outs):
         total += mask.numel * ((mask.dtype != "bool") + (step.polarity == "keep"))
     parts = step.positional() + (step.segments is not None) + (step.mask is not None)
     return total + (parts - 1) * outs[-1].numel  # each OR of two patterns
+
+
+@_counts(_WORKSPACE, Softcap)
+def _softcap_workspace(step, ins, outs):
+    """x / cap and its tanh, alive together while tanh runs."""
+    return 2 * ins[0].nbytes
 
 
 @_counts(_WORKSPACE, Dropout)

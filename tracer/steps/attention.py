@@ -87,6 +87,39 @@ class Scale(StepBase):
         return f"{e.args[0]} {'/' if self.divide is not None else '*'} {number}"
 
 
+@register
+class Softcap(StepBase):
+    """``torch.tanh(x / cap) * cap``: scores (or logits) squashed into (-cap, cap), in Gemma 2's op
+    order (``attn_weights / softcap``, ``tanh``, ``* softcap``; after the scale, before the mask)."""
+
+    op: Literal["softcap"] = "softcap"
+    cap: float = Field(gt=0, allow_inf_nan=False, description="the bound (config.attn_logit_softcapping, final_logit_softcapping)")
+    passes_scores = True
+    elementwise = True
+    example = """\
+- id: capped
+  op: softcap
+  input: scores            # (B, H, T, T), after the scale
+  cap: 50.0"""
+
+    def args(self):
+        return [f"cap={self.cap:g}"]
+
+    def infer(self, ins, ctx):
+        x = ins[0]
+        require_float(x, ctx.input_ids[0], "softcap")
+        # each op has a 0-d operand or none: strides follow x's order, as for scale
+        return pointwise([x, fresh((), x.dtype)], x.shape, x.dtype)
+
+    def kernel(self, k):
+        tanh, cap = k.torch.tanh, self.cap
+        return lambda x: tanh(x / cap) * cap
+
+    def emit(self, e):
+        cap = py_float(self.cap)
+        return f"torch.tanh({e.args[0]} / {cap}) * {cap}"
+
+
 def _fill_value(value):
     if isinstance(value, str):
         try:
