@@ -117,6 +117,10 @@ def attention_core(analysis, softmax: str | None = None) -> AttentionCore:
 def _take_mask(core: AttentionCore, step_id: str, masking, scores: str, softmax: str, after_mask: float) -> None:
     if core.causal or core.mask is not None:
         raise VerificationError(f"more than one mask between '{scores}' and '{softmax}'")
+    if masking.chunk is not None or masking.segments is not None or (masking.window is not None and not masking.causal):
+        raise VerificationError(
+            f"mask step '{step_id}' hides keys by band, chunk or document: tracer.verify compares causal, sliding-window and tensor masks only"
+        )
     if masking.fill > MASK_FILL_LIMIT:
         raise VerificationError(
             f"mask step '{step_id}' fills {masking.fill:g}: only -inf or a large negative fill (<= {MASK_FILL_LIMIT:g}) "

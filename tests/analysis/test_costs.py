@@ -88,6 +88,11 @@ WORKSPACES = {
         "s: {shape: [1, 4, 512, 512], init: randn}",
         "",
     ),
+    "mask, a band, chunks and documents": (
+        "- {id: y, op: mask, input: s, window: 64, chunk: 100, segments: d}",
+        "s: {shape: [2, 4, 512, 512], init: randn}\nd: {shape: [2, 512], dtype: int64, init: zeros}",
+        "",
+    ),
     "mask, a keep tensor": (
         "- {id: y, op: mask, input: s, mask: m, polarity: keep}",
         "s: {shape: [2, 4, 256, 256], init: randn}\nm: {shape: [2, 1, 256, 256], init: ones}",
@@ -108,6 +113,12 @@ WORKSPACES = {
     "rope, partial": ("- {id: y, op: rope, input: x, rotary_dim: 32}", "x: {shape: [1, 8, 512, 64], init: randn}", ""),
     # a narrow rotary part: the rotation and the rotated part outlive the cat that makes the output
     "rope, narrow partial": ("- {id: y, op: rope, input: x, rotary_dim: 4}", "x: {shape: [4, 8, 1024, 64], init: randn}", ""),
+    "rope, llama3 at (B, T) positions": (
+        "- {id: y, op: rope, input: x, positions: p, rope_scaling: {type: llama3, factor: 8.0}}",
+        "x: {shape: [4, 8, 512, 64], init: randn}\np: {shape: [4, 512], dtype: int64, init: zeros}",
+        "",
+    ),
+    "softcap": ("- {id: y, op: softcap, input: s, cap: 50.0}", "s: {shape: [1, 8, 256, 256], init: randn}", ""),
     "alibi, relative": ("- {id: y, op: alibi, input: s, relative: true}", "s: {shape: [1, 8, 256, 256], init: randn}", ""),
     "rmsnorm of bfloat16": (
         "- {id: c, op: cast, input: x, dtype: bfloat16}\n- {id: y, op: rmsnorm, weight: w}",

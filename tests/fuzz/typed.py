@@ -479,19 +479,36 @@ def mask(b: Builder, x: str) -> str | None:
         return None
     rng = b.rng
     fields: dict[str, Any] = {}
-    if rng.random() < 0.7:
+    if rng.random() < 0.6:
         fields["causal"] = True
-        if rng.random() < 0.3:
-            fields["window"] = rng.choice([1, 2, "S"])
-        if rng.random() < 0.3:
-            fields["align"] = "top-left"
+    if rng.random() < 0.3:
+        fields["window"] = rng.choice([1, 2, "S"])  # without causal: a band
+    if rng.random() < 0.2:
+        fields["chunk"] = rng.choice([1, 2, "S"])
+    if fields and rng.random() < 0.3:
+        fields["align"] = "top-left"
+    if t.shape[-1].value == t.shape[-2].value and rng.random() < 0.2:
+        fields["segments"] = _segments(b, t)
     if not fields or rng.random() < 0.4:
         keep = rng.randint(2, t.rank)
         shape = tuple(d if rng.random() < 0.6 else Dim(1, 1) for d in t.shape[t.rank - keep :])
         fields["mask"] = b.declare("inputs", shape, rng.choice(["bool", "bool", "int64", t.dtype]), "m")
         fields["polarity"] = rng.choice(["keep", "block"])
-    fields["fill"] = rng.choice([float("-inf"), -1e4 if t.dtype == "float16" else -1e9, 0.0])
+    fields["fill"] = rng.choice([float("-inf"), -1e4 if t.dtype == "float16" else -1e9, 0.0, "min"])
     return b.add("mask", fields, _fresh(t.shape, t.dtype), x)
+
+
+def _segments(b: Builder, t: Tensor) -> str:
+    """Document ids for square scores (sorted: packed documents)."""
+    length = t.shape[-1]
+    return _per_token(b, t, length, t.rank >= 3, "seg", lambda: sorted(b.rng.randrange(3) for _ in range(length.value)))
+
+
+def softcap(b: Builder, x: str) -> str | None:
+    t = b.tensors[x]
+    if not t.is_float:
+        return None
+    return b.add("softcap", {"cap": b.rng.choice([0.5, 2.0, 50.0])}, _same(t, contiguous=False), x)
 
 
 def alibi(b: Builder, x: str) -> str | None:
@@ -515,7 +532,51 @@ def rope(b: Builder, x: str) -> str | None:
         fields["seq_dim"] = b.rng.choice([-3, 0])
     if b.rng.random() < 0.2:
         fields["theta"] = 500000.0
+    if b.rng.random() < 0.3 and "offset" not in fields:
+        fields["positions"] = _positions(b, t, fields.get("seq_dim", -2))
+    if b.rng.random() < 0.3:
+        fields["rope_scaling"] = _rope_scaling(b, fields.get("rotary_dim", head), dynamic="positions" not in fields)
     return b.add("rope", fields, Tensor(t.shape, t.dtype, False), x)
+
+
+def _positions(b: Builder, t: Tensor, seq_dim: int) -> str:
+    """Token positions for a rope on axis ``seq_dim``."""
+    seq = seq_dim % t.rank
+    return _per_token(b, t, t.shape[seq], seq > 0, "pos", lambda: [b.rng.randrange(40) for _ in range(t.shape[seq].value)])
+
+
+def _per_token(b: Builder, t: Tensor, length: Dim, batched: bool, stem: str, row: Callable[[], list[int]]) -> str:
+    """An integer tensor of one value per token: (T,), or (B, T) / (1, T) pairing B with ``t``'s dim 0."""
+    batch = t.shape[0]
+    if not batched or b.rng.random() < 0.4 or batch.value > 4:
+        return b.declare("inputs", (length,), "int64", stem, values=row())
+    lead = batch if b.rng.random() < 0.7 else Dim(1, 1)
+    return b.declare("inputs", (lead, length), b.rng.choice(["int64", "int32"]), stem, values=[row() for _ in range(lead.value)])
+
+
+def _rope_scaling(b: Builder, rot: int, dynamic: bool) -> dict:
+    """A frequency scaling valid for a rotary dim of ``rot``; ``dynamic``: the kinds that read the
+    largest position (not with a positions tensor: meta runs have no values)."""
+    kinds = ["linear", "llama3", "yarn"] + (["dynamic"] if dynamic and rot > 2 else []) + (["longrope"] if dynamic and rot <= 64 else [])
+    kind = b.rng.choice(kinds)
+    factor = b.rng.choice([1.0, 2.0, 8.0])
+    context = b.rng.choice([2, 4, 16])
+    if kind == "linear":
+        return {"type": kind, "factor": factor}
+    if kind == "dynamic":
+        return {"type": kind, "factor": factor, "max_position_embeddings": context}
+    if kind == "llama3":
+        return {"type": kind, "factor": factor, "original_max_position_embeddings": context}
+    if kind == "yarn":
+        return {"type": kind, "factor": factor, "original_max_position_embeddings": context, "mscale": 1.0, "mscale_all_dim": 0.5}
+    short = [b.rng.choice([1.0, 1.5]) for _ in range(rot // 2)]
+    return {
+        "type": kind,
+        "short_factor": short,
+        "long_factor": [2 * f for f in short],
+        "original_max_position_embeddings": context,
+        "factor": factor,
+    }
 
 
 def sdpa(b: Builder, x: str) -> str | None:
@@ -591,6 +652,7 @@ RULES: list[tuple[Callable, int]] = [
     (einsum, 2),
     (mask, 2),
     (alibi, 1),
+    (softcap, 1),
     (rope, 2),
     (sdpa, 2),
     (embed, 2),

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import tracer
-from tests.conftest import covers, pipeline_text
+from tests.conftest import covers, pipeline_text, refused
 from tests.kinds import agrees, close, trace_of, unfused
 from tracer.core.errors import TracerError
 
@@ -167,3 +167,73 @@ def test_sdpa_whose_scores_torch_cannot_describe_is_a_located_error():
     with pytest.raises(TracerError) as info:
         tracer.loads(text, "t.yaml").run(device="meta")  # was torch's RuntimeError from inside the kernel
     assert info.value.code == "tensor-too-large" and str(info.value).startswith("t.yaml:")
+
+
+def keep_where(t_q, t_k, rule):
+    """A (T_q, T_k) bool pattern from a predicate on (query position, key), bottom-right aligned."""
+    shift = t_k - t_q
+    return torch.tensor([[rule(i + shift, j) for j in range(t_k)] for i in range(t_q)])
+
+
+@covers("mask")
+def test_mask_band_chunk_segments_and_min_fill():
+    """transformers' masking_utils predicates: sliding_window_bidirectional_overlay (|q - kv| <= W - 1
+    here), chunked_overlay and causal, packed_sequence_mask_function; fill: min as eager masks add."""
+    t = trace_of(
+        """
+        - {id: band, op: mask, input: s, window: 2}
+        - {id: chunked, op: mask, input: s, causal: true, chunk: 3}
+        - {id: chunk_only, op: mask, input: r, chunk: 2}
+        - {id: docs, op: mask, input: s, causal: true, segments: seg, fill: min}
+        - {id: flat_docs, op: mask, input: s, segments: one, window: 3}
+        - {id: narrow, op: mask, input: r, window: 2, fill: min}
+        """,
+        inputs="s: {shape: [2, 3, 7, 7], init: randn}\nr: {shape: [2, 3, 3, 7], init: randn}\n"
+        "seg: {shape: [2, 7], dtype: int64, values: [[0, 0, 0, 1, 1, 2, 2], [0, 0, 0, 0, 0, 0, 0]]}\n"
+        "one: {shape: [7], dtype: int32, values: [0, 0, 1, 1, 1, 1, 5]}",
+    )
+    s, r, seg, one = (t[n].tensor for n in ("s", "r", "seg", "one"))
+    inf = float("-inf")
+    assert close(t["band"].tensor, s.masked_fill(~keep_where(7, 7, lambda i, j: abs(i - j) < 2), inf))
+    assert close(t["chunked"].tensor, s.masked_fill(~keep_where(7, 7, lambda i, j: j <= i and j // 3 == i // 3), inf))
+    assert close(t["chunk_only"].tensor, r.masked_fill(~keep_where(3, 7, lambda i, j: j // 2 == i // 2), inf))
+    same = seg[:, :, None] == seg[:, None, :]
+    causal = keep_where(7, 7, lambda i, j: j <= i)
+    assert close(t["docs"].tensor, s.masked_fill(~(same & causal)[:, None], torch.finfo(s.dtype).min))
+    band = keep_where(7, 7, lambda i, j: abs(i - j) < 3)
+    assert close(t["flat_docs"].tensor, s.masked_fill(~((one[:, None] == one[None, :]) & band), inf))
+    # bottom-right: query 0 is key 4, it sees keys 3..5; a fully hidden row would stay finite
+    assert close(t["narrow"].tensor, r.masked_fill(~keep_where(3, 7, lambda i, j: abs(i - j) < 2), torch.finfo(r.dtype).min))
+
+
+@pytest.mark.parametrize(
+    ("fields", "code", "says"),
+    [
+        ("fill: -inf", "invalid-value", "give what to hide"),
+        ("align: top-left, mask: m, polarity: keep", "invalid-value", "'align' places the queries"),
+        ("segments: m", "mask-segments", "integer document ids"),
+        ("chunk: 0", "mask-chunk", "at least 1"),
+    ],
+)
+def test_mask_refusals_say_what_each_field_needs(fields, code, says, tmp_path):
+    text = pipeline_text(
+        f"- {{id: y, op: mask, input: s, {fields}}}", inputs="s: {shape: [2, 5, 5], init: randn}\nm: {shape: [5], init: randn}"
+    )
+    assert says in str(refused(text, tmp_path, code))
+
+
+@covers("softcap")
+def test_softcap_is_gemma2s_op_order():
+    """Gemma2's eager_attention_forward: attn_weights / softcap, tanh, * softcap."""
+    t = trace_of(
+        """
+        - {id: y, op: softcap, input: s, cap: 2.0}
+        - {id: st, op: transpose, input: s, dims: [0, 2]}
+        - {id: z, op: softcap, input: st, cap: 0.5}
+        """,
+        inputs="s: {shape: [2, 3, 5, 5], init: randn}",
+    )
+    s = t["s"].tensor
+    assert torch.equal(t["y"].tensor, torch.tanh(s / 2.0) * 2.0)
+    assert torch.equal(t["z"].tensor, torch.tanh(s.transpose(0, 2) / 0.5) * 0.5)
+    assert t["y"].tensor.abs().max() < 2.0

@@ -6,9 +6,10 @@ import math
 
 import pytest
 import torch
+import yaml
 
 import tracer
-from tests.conftest import covers, pipeline_text
+from tests.conftest import covers, pipeline_text, refused
 from tests.kinds import close, trace_of
 from tests.measure import PeakStorage
 
@@ -111,3 +112,96 @@ def test_alibi_on_meta_allocates_nothing_for_many_heads():
     with PeakStorage() as mode:
         pipeline.run(device="meta")
     assert mode.peak == 0  # the slopes were 256 MiB of real memory
+
+
+SCALINGS = {
+    "linear": "{type: linear, factor: 2.5}",
+    "dynamic, past max_position_embeddings": "{type: dynamic, factor: 3.0, max_position_embeddings: 8}",
+    "dynamic, within": "{type: dynamic, factor: 3.0, max_position_embeddings: 64}",
+    "llama3": "{type: llama3, factor: 8.0, low_freq_factor: 1.0, high_freq_factor: 4.0, original_max_position_embeddings: 32}",
+    "yarn": "{type: yarn, factor: 4.0, original_max_position_embeddings: 16, beta_fast: 32, beta_slow: 1}",
+    "yarn, deepseek mscale": "{type: yarn, factor: 40.0, original_max_position_embeddings: 16, mscale: 1.0, mscale_all_dim: 0.8}",
+    "longrope, short": "{type: longrope, short_factor: [1.0, 1.5, 2.0, 3.5], long_factor: [2.0, 4.0, 8.0, 9.0], original_max_position_embeddings: 64, factor: 4.0}",
+    "longrope, long": "{type: longrope, short_factor: [1.0, 1.5, 2.0, 3.5], long_factor: [2.0, 4.0, 8.0, 9.0], original_max_position_embeddings: 8, factor: 4.0}",
+}
+
+
+def transformers_rope(x, position_ids, theta, scaling: dict):
+    """LlamaRotaryEmbedding (ROPE_INIT_FUNCTIONS, dynamic_rope_update) and apply_rotary_pos_emb."""
+    from transformers import LlamaConfig
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
+
+    parameters = {"rope_type": scaling.pop("type"), "rope_theta": theta, **scaling}
+    max_positions = scaling.get("max_position_embeddings", 128)
+    heads, head_dim = x.shape[1], x.shape[-1]
+    config = LlamaConfig(
+        hidden_size=heads * head_dim, num_attention_heads=heads, max_position_embeddings=max_positions, rope_parameters=parameters
+    )
+    cos, sin = LlamaRotaryEmbedding(config)(x, position_ids)
+    return apply_rotary_pos_emb(x, x, cos, sin)[0]
+
+
+@covers("rope")
+@pytest.mark.parametrize("case", list(SCALINGS))
+def test_rope_scaling_and_positions_match_transformers(case):
+    """Each rope_type's frequencies and attention factor, at per-token positions (two packed
+    documents in row 0, a left-padded row 1), bit for bit what transformers computes."""
+    t = trace_of(
+        f"""
+        - {{id: y, op: rope, input: x, theta: 10000.0, positions: pos, rope_scaling: {SCALINGS[case]}}}
+        - {{id: z, op: rope, input: x, theta: 10000.0, offset: 3, rope_scaling: {SCALINGS[case]}}}
+        """,
+        inputs="x: {shape: [2, 2, 6, 8], init: randn}\npos: {shape: [2, 6], dtype: int64, values: [[0, 1, 2, 0, 1, 12], [0, 0, 0, 1, 2, 3]]}",
+    )
+    scaling = yaml.safe_load(SCALINGS[case])
+    x, pos = t["x"].tensor, t["pos"].tensor
+    assert torch.equal(t["y"].tensor, transformers_rope(x, pos, 10000.0, dict(scaling)))
+    assert torch.equal(t["z"].tensor, transformers_rope(x, torch.arange(3, 9)[None].expand(2, -1), 10000.0, dict(scaling)))
+
+
+@covers("rope")
+def test_rope_positions_on_every_layout():
+    """(T,) and (B, T) positions on (B, H, T, Dh), (B, T, H, Dh) and (B, T, D), against the offset form."""
+    t = trace_of(
+        """
+        - {id: a, op: rope, input: x, positions: p1}
+        - {id: b, op: rope, input: x, offset: 2}
+        - {id: xt, op: transpose, input: x, dims: [1, 2]}
+        - {id: c, op: rope, input: xt, positions: p2, seq_dim: -3, style: interleaved}
+        - {id: d, op: rope, input: xt, offset: 2, seq_dim: -3, style: interleaved}
+        - {id: flat, op: reshape, input: xt, shape: [2, 5, 24]}
+        - {id: e, op: rope, input: flat, positions: p2, rotary_dim: 6}
+        - {id: f, op: rope, input: flat, offset: 2, rotary_dim: 6}
+        """,
+        inputs="x: {shape: [2, 3, 5, 8], init: randn}\np1: {shape: [5], dtype: int64, values: [2, 3, 4, 5, 6]}\n"
+        "p2: {shape: [1, 5], dtype: int32, values: [[2, 3, 4, 5, 6]]}",
+    )
+    for got, want in (("a", "b"), ("c", "d"), ("e", "f")):
+        assert torch.equal(t[got].tensor, t[want].tensor), got
+    assert t["c/cos"].shape == (1, 5, 8)
+
+
+@pytest.mark.parametrize(
+    ("step", "pos", "code", "says"),
+    [
+        ("positions: pos", "{shape: [6], init: randn}", "rope-positions", "integer positions"),
+        ("positions: pos", "{shape: [5], dtype: int64, init: zeros}", "rope-positions", "(T,) or (B, T) with T = 6"),
+        ("positions: pos", "{shape: [3, 6], dtype: int64, init: zeros}", "rope-positions", "pair B with the input's dim 0"),
+        ("positions: pos, offset: 2", "{shape: [6], dtype: int64, init: zeros}", "invalid-value", "not both"),
+        (
+            "rope_scaling: {type: longrope, short_factor: [1.0], long_factor: [2.0], original_max_position_embeddings: 4, factor: 2.0}",
+            "{shape: [6], dtype: int64, init: zeros}",
+            "rope-scaling",
+            "one factor per frequency: 4",
+        ),
+        (
+            "rope_scaling: {type: longrope, short_factor: [1.0], long_factor: [2.0], original_max_position_embeddings: 4}",
+            "{shape: [6], dtype: int64, init: zeros}",
+            "invalid-value",
+            "needs 'factor'",
+        ),
+    ],
+)
+def test_rope_refuses_bad_positions_and_scaling(step, pos, code, says, tmp_path):
+    text = pipeline_text(f"- {{id: y, op: rope, input: x, {step}}}", inputs=f"x: {{shape: [2, 2, 6, 8], init: randn}}\npos: {pos}")
+    assert says in str(refused(text, tmp_path, code))

@@ -19,7 +19,7 @@ from collections.abc import Callable
 
 from ..core.dtypes import DTYPE_BYTES
 from ..core.layout import Meta
-from ..steps.attention import Dropout, Mask, Softmax
+from ..steps.attention import Dropout, Mask, Softcap, Softmax
 from ..steps.einsum import Einsum, parse_equation
 from ..steps.elementwise import LayerNorm
 from ..steps.fused import Sdpa
@@ -261,18 +261,30 @@ def _sdpa_math_workspace(ins: list[Meta], out: Meta) -> int:
 
 @_counts(_WORKSPACE, Mask)
 def _mask_workspace(step, ins, outs):
-    """The bool masks the kernel builds and drops within the step: the causal pattern (from two
-    int64 ranges), the mask tensor as bool, inverted, and combined with the pattern."""
-    total = 0
-    if step.causal:
-        t_q, t_k = ins[0].sizes[-2:]
+    """The bool masks the kernel builds and drops within the step: the position pattern (from two
+    int64 ranges: causal, a window's or band's shifted ranges and comparisons, a chunk's divided
+    ranges), the documents' (B, T, T) comparison, the mask tensor as bool and inverted, and the
+    pattern ORed with each."""
+    t_q, t_k = ins[0].sizes[-2:]
+    scores, total = t_q * t_k, 0
+    if step.positional():
         # the query range and its shifted copy, then the shifted one, the key range and the pattern
-        total += max(16 * t_q, 8 * (t_q + t_k) + t_q * t_k) + (8 * t_q + 2 * t_q * t_k if step.window is not None else 0)
+        total += max(16 * t_q, 8 * (t_q + t_k) + scores)
+        total += 0 if step.window is None else (8 * t_q + 2 * scores) * (1 if step.causal else 2)
+        total += 0 if step.chunk is None else 8 * (t_q + t_k) + 2 * scores
+    if step.segments is not None:
+        total += math.prod(ins[-1].sizes[:-1]) * scores
     if step.mask is not None:
-        mask = ins[1] if len(ins) > 1 else None
-        total += mask.numel * ((mask.dtype != "bool") + (step.polarity == "keep")) if mask is not None else 0
-        total += outs[-1].numel if step.causal else 0
-    return total
+        mask = ins[1]
+        total += mask.numel * ((mask.dtype != "bool") + (step.polarity == "keep"))
+    parts = step.positional() + (step.segments is not None) + (step.mask is not None)
+    return total + (parts - 1) * outs[-1].numel  # each OR of two patterns
+
+
+@_counts(_WORKSPACE, Softcap)
+def _softcap_workspace(step, ins, outs):
+    """x / cap and its tanh, alive together while tanh runs."""
+    return 2 * ins[0].nbytes
 
 
 @_counts(_WORKSPACE, Dropout)
@@ -288,11 +300,14 @@ def _dropout_workspace(step, ins, outs):
 def _rope_workspace(step, ins, outs):
     """The kernel's temporaries: the float32 frequency tables, and x_rot * cos, the rotation
     and rotation * sin alive together with their sum; a partial rotary's cat then makes the
-    output while the rotation and the rotated part are still alive."""
-    x, (length, rot) = ins[0], outs[0].sizes
+    output while the rotation and the rotated part are still alive. Scaled frequencies add the
+    cos and sin multiplied by the attention factor and the scaling's own (R/2,) temporaries."""
+    x, rot = ins[0], outs[0].sizes[-1]
+    rows = math.prod(outs[0].sizes[:-1])  # positions: T, or B * T for (B, T) positions
     head = x.sizes[-1]
     part = x.nbytes // head * rot if head else 0
-    tables = 14 * length * rot + 8 * rot + 16 * length  # int64 ranges, float32 freqs, emb, cos, sin
+    tables = 14 * rows * rot + 8 * rot + 16 * rows  # int64 ranges, float32 freqs, emb, cos, sin
+    tables += 0 if step.rope_scaling is None else 8 * rows * rot + 64 * rot + 256
     return tables + (3 * part if rot == head else max(4 * part - x.nbytes, 2 * part))
 
 

@@ -46,7 +46,7 @@ class SoftmaxNaNs:
             if masks:
                 step, masking = masks[0]
                 fill = "-inf" if masking.fill == float("-inf") else f"{masking.fill:g}"
-                cause = f"; mask step '{step.id}' fills {fill} — fill with -1e9 or keep at least one key per query"
+                cause = f"; mask step '{step.id}' fills {fill} — use fill: min (what transformers' eager masks add: such rows become uniform) or keep at least one key per query"
             message = (
                 f"softmax produced {n_bad} NaN row{'s' if n_bad != 1 else ''} of {n_rows} (rows whose every score was -inf or NaN){cause}"
             )

@@ -139,11 +139,13 @@ class Masking:
     """What a masking kind hides from attention: a causal pattern and/or a mask tensor."""
 
     causal: bool
-    window: int | str | None  # a dim expression: each query sees only its last W keys
+    window: int | str | None  # a dim expression: each query sees only its last W keys (without causal: a band)
     align: str  # "bottom-right" (the last query is the last key) or "top-left"
     tensor: str | None  # the mask tensor's id
     polarity: str | None  # "keep" (True attends), "block" (True is hidden), None: added to the scores
     fill: float  # what a hidden score becomes
+    chunk: int | str | None = None  # a dim expression: each query sees only keys of its own chunk
+    segments: str | None = None  # the document ids' tensor: each query sees only keys of its document
 
 
 @dataclass(frozen=True)
@@ -171,6 +173,7 @@ class Rotation:
 
     seq_dim: int
     offset: int | str  # a dim expression
+    positions: str | None = None  # a tensor of each token's position, given instead of the offset
 
 
 @dataclass(frozen=True)

@@ -10,12 +10,13 @@ import inspect
 import math
 from typing import Literal
 
-from pydantic import Field, StrictBool, StrictInt
+from pydantic import Field, StrictBool, StrictInt, model_validator
 
-from ..core.fields import DimText
-from ..core.layout import Meta, fresh, pointwise, view
+from ..core.fields import DimText, TensorId
+from ..core.layout import Meta, contiguous_strides, fresh, pointwise, view
 from ..core.pysource import atom, py_float
 from .contract import Composite, Inner, Rotation, StepBase, register
+from .rope_scaling import FREQUENCIES, Scaling, fields, needs_seq_len, rope_default, sources
 from .rules import StepError, norm_dim, require_float, show
 
 
@@ -32,7 +33,23 @@ class Rope(StepBase):
         out = cat([out, x[..., R:]], -1)                                        # partial rotary only
 
     ``offset`` is the position of the first token: ``past`` for a decode step after ``past``
-    cached tokens. ``seq_dim`` names the positions' axis (default -2; -3 for (B, T, H, Dh)).
+    cached tokens. ``positions`` instead names an integer tensor of each token's position, (T,) or
+    (B, T) (transformers' ``position_ids``: packed sequences, left padding); the tables are then
+    (B, T, R) and ``freqs = positions[..., None].float() * inv_freq``. ``seq_dim`` names the
+    positions' axis (default -2; -3 for (B, T, H, Dh)); a (B, T) ``positions`` pairs its B with dim 0.
+
+    ``rope_scaling`` computes ``inv_freq`` as transformers' ``ROPE_INIT_FUNCTIONS`` for that
+    ``rope_type`` (the keys of ``config.rope_parameters`` but ``rope_theta``; defaults in brackets),
+    and multiplies cos and sin by its attention factor (yarn, longrope)::
+
+        {type: linear, factor}                                   # inv_freq / factor
+        {type: dynamic, factor, max_position_embeddings}         # NTK: theta grows past the context
+        {type: llama3, factor, low_freq_factor [1], high_freq_factor [4], original_max_position_embeddings [8192]}
+        {type: yarn, factor, original_max_position_embeddings, beta_fast [32], beta_slow [1],
+         mscale, mscale_all_dim, attention_factor, truncate [true]}
+        {type: longrope, short_factor, long_factor, original_max_position_embeddings, factor, attention_factor}
+
+    ``dynamic`` and ``longrope`` read the largest position + 1 over the batch, as transformers does.
     """
 
     op: Literal["rope"] = "rope"
@@ -43,20 +60,32 @@ class Rope(StepBase):
     offset: DimText = Field(0, description="position of the first token, a dim expression (e.g. past)")
     rotary_dim: DimText | None = Field(None, description="rotate only the first R features (partial rotary; default: all of Dh)")
     seq_dim: StrictInt = Field(-2, description="the axis of token positions (default -2: (…, T, Dh))")
+    positions: TensorId | None = Field(None, description="an integer (T,) or (B, T) tensor of token positions, instead of offset")
+    rope_scaling: Scaling | None = Field(None, description="frequency scaling, {type: linear, factor: 8.0} and the others above")
+    param_fields = ("positions",)
     example = """\
 - id: q_rot
   op: rope
   input: q_h               # (B, H, T, Dh)
-  theta: 10000.0
-  offset: past             # decode: positions past .. past + T - 1"""
+  theta: 500000.0
+  positions: position_ids  # (B, T) int64
+  rope_scaling: {type: llama3, factor: 8.0, low_freq_factor: 1.0, high_freq_factor: 4.0, original_max_position_embeddings: 8192}"""
+
+    @model_validator(mode="after")
+    def _one_origin(self):
+        if self.positions is not None and self.offset != 0:
+            raise ValueError("give 'offset' or a 'positions' tensor, not both (positions already say where each token is)")
+        return self
 
     def args(self):
         shown = [f"θ={self.theta:g}"] + ([] if self.style == "half" else ["interleaved"])
         shown += [] if self.offset == 0 else [f"+{self.offset}"]
+        shown += [] if self.positions is None else [f"at {self.positions}"]
+        shown += [] if self.rope_scaling is None else [self.rope_scaling.type]
         return shown + ([] if self.rotary_dim is None else [f"R={self.rotary_dim}"])
 
     def rotation(self):
-        return Rotation(self.seq_dim, self.offset)
+        return Rotation(self.seq_dim, self.offset, self.positions)
 
     def infer(self, ins, ctx):
         x = ins[0]
@@ -76,9 +105,12 @@ class Rope(StepBase):
             )
         if ctx.dim(self.offset, "offset").value < 0:
             raise StepError("rope-offset", f"offset {self.offset} is negative", "offset")
-        table = fresh((x.shape[seq], rot), x.dtype)
+        self._check_scaling(rot)
+        lead = () if self.positions is None else self._positions_batch(x, seq, ins[1])
+        table = fresh(lead + (x.shape[seq], rot), x.dtype)
         part = x if rot.value == head.value else Meta(x.shape[:-1] + (rot,), x.stride, x.dtype, x.offset, x.root)
-        broadcast = _table_view(table, len(x.shape) - 1 - seq, ctx)
+        shape = _table_view(table.shape, seq, len(x.shape), ctx.alg.const(1))
+        broadcast = view(table, shape, contiguous_strides(tuple(d.value for d in shape)))
         # x * cos + rotate(x) * sin: the rotation (a cat or stack) is a fresh row-major tensor
         with_cos = pointwise([part, broadcast], part.shape, x.dtype)
         with_sin = pointwise([fresh(part.shape, x.dtype), broadcast], part.shape, x.dtype)
@@ -86,26 +118,89 @@ class Rope(StepBase):
         out = rotated if rot.value == head.value else fresh(x.shape, x.dtype)
         return Composite((Inner("cos", "cos", table), Inner("sin", "sin", table), Inner("rotated", "rope", out)))
 
+    def _check_scaling(self, rot) -> None:
+        scaling = self.rope_scaling
+        if scaling is None:
+            return
+        if scaling.type == "dynamic" and rot.value <= 2:
+            raise StepError(
+                "rope-scaling",
+                f"dynamic scaling raises theta to R/(R-2): it needs a rotary dim above 2, found {rot}={rot.value}",
+                "rope_scaling",
+            )
+        if scaling.type == "yarn" and self.theta == 1:
+            raise StepError("rope-scaling", "yarn scaling divides by ln(theta): theta 1 has no frequencies to blend", "theta")
+        if scaling.type == "longrope" and len(scaling.short_factor) * 2 != rot.value:
+            raise StepError(
+                "rope-scaling",
+                f"longrope needs one factor per frequency: {rot.value // 2} (rotary dim {rot}={rot.value} / 2), found {len(scaling.short_factor)}",
+                "scaling",
+            )
+
+    def _positions_batch(self, x: Meta, seq: int, pos: Meta) -> tuple:
+        """The batch dims the tables take from a (B, T) ``positions`` (none for (T,))."""
+        name, length = self.positions, x.shape[seq]
+        if pos.dtype not in ("int64", "int32"):
+            raise StepError(
+                "rope-positions",
+                f"positions '{name}' must hold integer positions, found {pos.dtype}",
+                "positions",
+                "declare it with dtype: int64",
+            )
+        if len(pos.shape) not in (1, 2) or pos.sizes[-1] != length.value:
+            expected = f"(T,) or (B, T) with T = {length}={length.value} (the input's dim {self.seq_dim})"
+            raise StepError("rope-positions", f"positions '{name}' must be {expected}, found {show(pos)}", "positions")
+        if len(pos.shape) == 2 and (seq == 0 or pos.sizes[0] not in (1, x.sizes[0])):
+            raise StepError(
+                "rope-positions",
+                f"(B, T) positions '{name}' {show(pos)} pair B with the input's dim 0, {x.shape[0]}={x.sizes[0]} of {show(x)}",
+                "positions",
+                "give (T,) positions for one sequence, or put the batch first",
+            )
+        return pos.shape[:1] if len(pos.shape) == 2 else ()
+
     def kernel(self, k):
         torch, x = k.torch, k.ins[0]
         seq = self.seq_dim % len(x.shape)
         length, head = x.sizes[seq], x.sizes[-1]
         rot = head if self.rotary_dim is None else k.value(self.rotary_dim)
-        start, theta, half = k.value(self.offset), self.theta, self.style == "half"
+        start, half, scaled = k.value(self.offset), self.style == "half", self.rope_scaling is not None
+        frequencies = self._frequencies(k, rot, start + length)
         dtype = getattr(torch, x.dtype)
-        table_shape = (length,) + (1,) * (len(x.sizes) - 2 - seq) + (rot,)
+        table_shape = _table_view(k.outs[0].sizes, seq, len(x.sizes), 1)
 
-        def rope(x):
-            inv_freq = 1.0 / (theta ** (torch.arange(0, rot, 2, dtype=torch.int64, device=x.device).float() / rot))
-            freqs = torch.arange(start, start + length, device=x.device).float()[:, None] * inv_freq
+        def rope(x, positions=None):
+            inv_freq, factor = frequencies(x.device, positions)
+            if positions is None:
+                freqs = torch.arange(start, start + length, device=x.device).float()[:, None] * inv_freq
+            else:
+                freqs = positions[..., None].float() * inv_freq
             emb = torch.cat((freqs, freqs), dim=-1) if half else torch.repeat_interleave(freqs, 2, dim=-1)
-            cos, sin = emb.cos().to(dtype), emb.sin().to(dtype)
+            cos, sin = (emb.cos() * factor, emb.sin() * factor) if scaled else (emb.cos(), emb.sin())
+            cos, sin = cos.to(dtype), sin.to(dtype)
             part = x if rot == head else x[..., :rot]
             turned = _rotate_half(torch, part) if half else _rotate_every_two(torch, part)
             out = part * cos.view(table_shape) + turned * sin.view(table_shape)
             return cos, sin, out if rot == head else torch.cat((out, x[..., rot:]), dim=-1)
 
         return rope
+
+    def _frequencies(self, k, rot: int, end: int):
+        """``(device, positions) -> (inv_freq, attention factor)`` for this step's scaling."""
+        torch, theta, scaling = k.torch, self.theta, self.rope_scaling
+        if scaling is None:
+            return lambda device, positions: (rope_default(torch, rot, theta, device), 1.0)
+        compute, kwargs = FREQUENCIES[scaling.type], fields(scaling)
+        if not needs_seq_len(scaling):
+            return lambda device, positions: compute(torch, rot, theta, device, **kwargs)
+        if self.positions is not None and k.device.type == "meta":
+            raise k.error("rope-meta", f"{scaling.type} scaling reads the largest position, and a meta run has no values", "rope_scaling")
+
+        def from_largest(device, positions):
+            seq_len = torch.tensor(end) if positions is None else _largest(torch, positions)
+            return compute(torch, rot, theta, device, seq_len=seq_len, **kwargs)
+
+        return from_largest
 
     def emit(self, e):
         x, meta = e.args[0], e.ins[0]
@@ -114,30 +209,63 @@ class Rope(StepBase):
         rot = head if self.rotary_dim is None else e.dim(self.rotary_dim)
         partial = self.rotary_dim is not None and e.outs[0].sizes[-1] != meta.sizes[-1]
         offset = e.dim(self.offset)
-        positions = f"torch.arange({length}" if offset == "0" else f"torch.arange({offset}, {offset} + {length}"
-        inv_freq, freqs, emb, cos, sin = (e.local(n) for n in ("inv_freq", "freqs", "emb", "cos", "sin"))
+        inv_freq, factor, freqs, emb, cos, sin = (e.local(n) for n in ("inv_freq", "factor", "freqs", "emb", "cos", "sin"))
+        if self.positions is not None:
+            steps = f"{e.args[1]}[..., None].float()"
+        else:
+            steps = f"torch.arange({length}" if offset == "0" else f"torch.arange({offset}, {offset} + {length}"
+            steps += f", device={x}.device).float()[:, None]"
         turn = _rotate_half if self.style == "half" else _rotate_every_two
         rotate = e.helper(turn.__name__, inspect.getsource(turn))
         part = f"{x}[..., :{rot}]" if partial else x
-        table = ", ".join([length] + ["1"] * (len(meta.shape) - 2 - seq) + [rot])
-        view = "" if seq == len(meta.shape) - 2 else f".view({table})"
+        table_shape = _table_view(tuple(e.size(d) for d in e.outs[0].shape), seq, len(meta.shape), "1")
+        view = "" if len(table_shape) == len(e.outs[0].shape) else f".view({', '.join(table_shape)})"
         rotated = f"{part} * {cos}{view} + {rotate}(torch, {part}) * {sin}{view}"
+        cast = f"({emb}.cos() * {factor}).to({x}.dtype), ({emb}.sin() * {factor}).to({x}.dtype)"
         return [
-            f"{inv_freq} = 1.0 / ({py_float(self.theta)} ** (torch.arange(0, {rot}, 2, dtype=torch.int64, device={x}.device).float() / {atom(rot)}))",
-            f"{freqs} = {positions}, device={x}.device).float()[:, None] * {inv_freq}",
+            *self._emit_frequencies(e, rot, f"{offset} + {length}", inv_freq, factor),
+            f"{freqs} = {steps} * {inv_freq}",
             f"{emb} = torch.cat(({freqs}, {freqs}), dim=-1)"
             if self.style == "half"
             else f"{emb} = torch.repeat_interleave({freqs}, 2, dim=-1)",
-            f"{cos}, {sin} = {emb}.cos().to({x}.dtype), {emb}.sin().to({x}.dtype)",
+            f"{cos}, {sin} = {cast}" if self.rope_scaling else f"{cos}, {sin} = {emb}.cos().to({x}.dtype), {emb}.sin().to({x}.dtype)",
             f"{e.targets[0]} = torch.cat(({rotated}, {x}[..., {rot}:]), dim=-1)" if partial else f"{e.targets[0]} = {rotated}",
         ]
 
+    def _emit_frequencies(self, e, rot: str, end: str, inv_freq: str, factor: str) -> list[str]:
+        x, theta = e.args[0], py_float(self.theta)
+        if self.rope_scaling is None:
+            arange = f"torch.arange(0, {rot}, 2, dtype=torch.int64, device={x}.device)"
+            return [f"{inv_freq} = 1.0 / ({theta} ** ({arange}.float() / {atom(rot)}))"]
+        for name, source in sources(self.rope_scaling):
+            e.helper(name, source)
+        kwargs = [f"{key}={_literal(value)}" for key, value in fields(self.rope_scaling).items()]
+        if needs_seq_len(self.rope_scaling):
+            largest = (
+                f"{e.helper('_largest', inspect.getsource(_largest))}(torch, {e.args[1]})" if self.positions else f"torch.tensor({end})"
+            )
+            kwargs.insert(0, f"seq_len={largest}")
+        call = f"{FREQUENCIES[self.rope_scaling.type].__name__}(torch, {rot}, {theta}, {x}.device, {', '.join(kwargs)})"
+        return [f"{inv_freq}, {factor} = {call}"]
 
-def _table_view(table: Meta, gap: int, ctx) -> Meta:
-    """The (T, R) table viewed as (T, 1, …, 1, R) so it broadcasts against (…, T, …, R)."""
-    shape = table.shape[:1] + (ctx.alg.const(1),) * (gap - 1) + table.shape[1:]
-    stride = table.stride[:1] + (table.stride[1] * table.sizes[1],) * (gap - 1) + table.stride[1:]
-    return view(table, shape, stride)
+
+def _largest(torch, positions):
+    """The largest position + 1 over the batch (transformers' ``torch.max(position_ids) + 1``); 0 for none."""
+    return positions.max() + 1 if positions.numel() else torch.tensor(0)
+
+
+def _literal(value) -> str:
+    """A scaling field as Python source: numbers that read back bit for bit."""
+    if isinstance(value, list):
+        return "[" + ", ".join(map(_literal, value)) + "]"
+    return py_float(value) if isinstance(value, float) else repr(value)
+
+
+def _table_view(table: tuple, seq: int, ndim: int, one) -> tuple:
+    """The (T, R) or (B, T, R) table's shape (dims, sizes or source text) viewed to broadcast
+    against an ndim-d input whose positions are on axis ``seq``: (B, 1, …, T, 1, …, R)."""
+    lead = table[:-2]
+    return lead + (one,) * (seq - len(lead)) + table[-2:-1] + (one,) * (ndim - 2 - seq) + table[-1:]
 
 
 def _rotate_half(torch, x):

@@ -114,7 +114,7 @@ class NanRiskMask(Lint):
             message = (
                 f"fill -inf, and mask '{masking.tensor}' {show(analysis, masking.tensor)} with polarity {masking.polarity} hides every key in "
                 f"{len(empty)} of {len(rows)} rows (first: mask{where}); softmax of an all -inf row is NaN and the NaN "
-                f"spreads to every later step — fill with -1e9 (such a row then gets uniform weights, as tutorial 003 does), "
+                f"spreads to every later step — use fill: min or -1e9 (such a row then gets uniform weights, as transformers and tutorial 003 do), "
                 f"or make every query keep at least one key"
             )
             yield warning(analysis, node, self.code, message, "fill")
@@ -125,7 +125,7 @@ class NanRiskMask(Lint):
             return
         message = (
             f"causal: true aligns the last query with the last key, and the scores have T_q={t_q} > T_kv={t_k}: the first "
-            f"{t_q - t_k} queries see no key, so their -inf rows become NaN — use align: top-left if query i is key i, or fill with -1e9"
+            f"{t_q - t_k} queries see no key, so their -inf rows become NaN — use align: top-left if query i is key i, or fill: min"
         )
         yield warning(analysis, node, self.code, message, "causal")
 

@@ -82,10 +82,10 @@ class RopeOffset(Lint):
             fresh = _walk(analysis, keys.fresh)
             length, written = _cache_length(analysis, keys.join)
             for rope in fresh.rotations[:1]:
-                if _offset(rope) != length:
+                if rope.step.rotation().positions is None and _offset(rope) != length:
                     yield self._warn(analysis, rope, f"the new keys are appended after {written} cached ones by '{keys.join.id}'", written)
             for rope in _walk(analysis, site.query).rotations[:1]:
-                if _offset(rope) != length:
+                if rope.step.rotation().positions is None and _offset(rope) != length:
                     yield self._warn(
                         analysis, rope, f"the queries are the new tokens, after the {written} cached keys of '{keys.join.id}'", written
                     )
