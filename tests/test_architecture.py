@@ -25,7 +25,11 @@ EXPANDED_BEFORE_ANALYSIS = {"block", "block_input"}  # spec-level kinds: no kern
 # bottom to top (docs/architecture.md): a module imports modules of its own layer or of layers below
 LAYERS = ("core", "steps", "spec", "analysis", "runtime", "presentation", "facade")
 # the only imports of tracer's own modules made inside a function: each keeps torch out of `tracer check`
-LAZY = {("tracer", "tracer.module"), ("tracer", "tracer.importing")}  # tracer.to_module, tracer.from_module: torch
+LAZY = {
+    ("tracer", "tracer.module"),
+    ("tracer", "tracer.importing"),
+    ("tracer.cli", "tracer.importing"),
+}  # to_module, from_module, `tracer import`: torch
 
 
 def _module(path: Path) -> str:

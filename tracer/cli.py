@@ -15,6 +15,7 @@ from .analysis.memory import check_budget, default_budget, parse_bytes
 from .analysis.shapes import analyze
 from .api import Pipeline, load
 from .core.errors import Diagnostic, InternalError, TracerError, printable
+from .diff import diff, diff_json, format_diff
 from .presentation import outputs
 from .presentation.export import export_source
 from .presentation.files import check_output, write_atomic
@@ -450,8 +451,6 @@ def _import(args) -> int:
 
 
 def _diff(args) -> int:
-    from .diff import diff, diff_json, format_diff
-
     found = diff(load(args.files[0]), load(args.files[1]), values=args.values)
     print(diff_json(found) if args.json else format_diff(found))
     return 0
