@@ -1,7 +1,6 @@
 """The zoo pipelines equal transformers' own modules (small random configs, weights copied in), and
 a perturbed weight changes the result (the comparison can fail)."""
 
-import pytest
 import torch
 from transformers import Gemma2Config, LlamaConfig
 from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask, find_packed_sequence_indices
