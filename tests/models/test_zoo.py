@@ -1,0 +1,74 @@
+"""The zoo pipelines equal transformers' own modules (small random configs, weights copied in), and
+a perturbed weight changes the result (the comparison can fail)."""
+
+import torch
+from transformers import Gemma2Config, LlamaConfig
+from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask, find_packed_sequence_indices
+from transformers.models.gemma2.modeling_gemma2 import Gemma2DecoderLayer, Gemma2RotaryEmbedding
+from transformers.models.llama.modeling_llama import LlamaAttention, LlamaRotaryEmbedding
+
+from tests.models.test_models import ATOL, run
+
+
+def compare(name: str, expected, tensors: dict, perturb: str) -> float:
+    """The pipeline's ``out`` against ``expected``; then again with one weight nudged, which must differ."""
+    diff = (run(name, **tensors)["out"].tensor - expected).abs().max().item()
+    assert diff <= ATOL, diff
+    print(f"{name}: max abs diff {diff:.3g}")
+    nudged = dict(tensors, **{perturb: tensors[perturb] + 0.05})
+    assert (run(name, **nudged)["out"].tensor - expected).abs().max().item() > 1e-3
+    return diff
+
+
+def randomized(module, low: float = 0.5, high: float = 1.5):
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            if "norm" in name:
+                p.uniform_(low, high)  # norms start at 1 (or 0): a swapped one would not show
+    return module.eval()
+
+
+@torch.no_grad()
+def test_gemma2_decoder_layer_equals_gemma2decoderlayer():
+    torch.manual_seed(0)
+    config = Gemma2Config(
+        hidden_size=16, num_attention_heads=2, num_key_value_heads=1, head_dim=8, intermediate_size=32, num_hidden_layers=2,
+        query_pre_attn_scalar=8, attn_logit_softcapping=2.0, sliding_window=3, attn_implementation="eager",
+    )  # fmt: skip
+    layer = randomized(Gemma2DecoderLayer(config, layer_idx=0), -0.5, 0.5)
+    assert layer.self_attn.sliding_window == 3 and layer.self_attn.scaling == 8**-0.5
+    x = torch.randn(2, 6, 16)
+    pos = torch.arange(6)[None].expand(2, -1)
+    mask = create_sliding_window_causal_mask(config, x, None, None, position_ids=pos)
+    expected = layer(x, position_embeddings=Gemma2RotaryEmbedding(config)(x, pos), attention_mask=mask, position_ids=pos)
+    a, m = layer.self_attn, layer.mlp
+    weights = {
+        "ln_in": layer.input_layernorm.weight, "W_q": a.q_proj.weight, "W_k": a.k_proj.weight, "W_v": a.v_proj.weight,
+        "W_o": a.o_proj.weight, "ln_post_attn": layer.post_attention_layernorm.weight,
+        "ln_pre_ff": layer.pre_feedforward_layernorm.weight, "W_gate": m.gate_proj.weight, "W_up": m.up_proj.weight,
+        "W_down": m.down_proj.weight, "ln_post_ff": layer.post_feedforward_layernorm.weight,
+    }  # fmt: skip
+    compare("gemma2_decoder_layer.yaml", expected, {"x": x, **weights}, "ln_post_attn")
+
+
+@torch.no_grad()
+def test_llama31_packed_attention_equals_llamaattention_on_packed_documents():
+    torch.manual_seed(0)
+    rope = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0}
+    config = LlamaConfig(
+        hidden_size=32, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+        rope_parameters={**rope, "original_max_position_embeddings": 32}, attn_implementation="eager",
+    )  # fmt: skip
+    attn = LlamaAttention(config, layer_idx=0).eval()
+    x = torch.randn(2, 8, 32)
+    pos = torch.tensor([[0, 1, 2, 0, 1, 2, 3, 0], [0, 1, 2, 3, 4, 5, 6, 7]])
+    mask = create_causal_mask(config, x, None, None, position_ids=pos)  # packed: same-document causal
+    documents = find_packed_sequence_indices(pos)
+    assert documents.tolist() == [[0, 0, 0, 1, 1, 1, 1, 2], [0, 0, 0, 0, 0, 0, 0, 0]]  # the pipeline's values
+    expected, _ = attn(x, position_embeddings=LlamaRotaryEmbedding(config)(x, pos), attention_mask=mask)
+    weights = {"W_q": attn.q_proj.weight, "W_k": attn.k_proj.weight, "W_v": attn.v_proj.weight, "W_o": attn.o_proj.weight}
+    compare("llama31_packed_attention.yaml", expected, {"x": x, "position_ids": pos, "documents": documents, **weights}, "W_k")
+    # one document per row is not the same attention: the segments matter
+    whole = run("llama31_packed_attention.yaml", x=x, position_ids=pos, documents=torch.zeros_like(pos), **weights)
+    assert (whole["out"].tensor - expected).abs().max().item() > 1e-3
