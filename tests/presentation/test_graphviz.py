@@ -125,3 +125,21 @@ def test_pdf_from_a_renderer_without_pdf_says_so(tmp_path):
     with chosen_renderer(PURE), pytest.raises(tracer.TracerError) as info:
         render_bytes("digraph g { a -> b }", "pdf", "p.yaml")
     assert info.value.code == "no-renderer" and "`graphviz-pure` cannot write pdf" in str(info.value)
+
+
+FAILING_RENDERERS = {
+    "killed": ("kill -SEGV $$", "`dot_fake -Tsvg` was killed by SIGSEGV and said nothing; write the DOT text with -o NAME.dot"),
+    "odd bytes": ("printf 'bad \\377 byte\\n' >&2; exit 1", "`dot_fake -Tsvg` exited with status 1: bad \\xff byte; write the DOT"),
+    "silent": ("exit 0", "`dot_fake -Tsvg` exited with status 0 but wrote no picture; write the DOT text"),
+    "empty picture": ("printf 'warn \\377\\n' >&2; : > \"$4\"", "`dot_fake -Tsvg` exited with status 0 but wrote no picture"),
+}
+
+
+@pytest.mark.parametrize("script, said", FAILING_RENDERERS.values(), ids=FAILING_RENDERERS)
+def test_a_renderer_that_fails_oddly_is_one_located_error(tmp_path, script, said):
+    fake = tmp_path / "dot_fake"
+    fake.write_text(f"#!/bin/sh\n{script}\n")
+    fake.chmod(0o755)
+    done = tracer_cli("render", CAUSAL, "--dot", fake, "-o", tmp_path / "d.svg")
+    assert done.returncode == 1 and f"causal_mha.yaml: error[render-failed]: {said}" in done.stderr, done.stderr
+    assert not (tmp_path / "d.svg").exists()

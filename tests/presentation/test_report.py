@@ -321,3 +321,12 @@ def test_png_colours_reads_a_known_picture():
 def test_report_module_constants_are_documented():
     doc = (ROOT / "docs" / "report.md").read_text()
     assert f"{MAX_SIDE} × {MAX_SIDE}" in doc and f"{MAX_MAPS} maps" in doc
+
+
+@pytest.mark.parametrize("fragment", ["%E0%A4%A", "%", "%ZZ", "%C0%80"])
+def test_browser_a_malformed_link_shows_the_summary(browser, reports, fragment):
+    browser.open(reports["causal"].as_uri() + "#" + fragment)
+    assert browser.evaluate("document.documentElement.dataset.ready") == "true"
+    assert browser.evaluate("document.querySelector('#panel h2').textContent") == "causal_mha"
+    browser.evaluate("location.hash = '#%E0%A4%A'")  # a later bad link too
+    assert browser.problems() == []

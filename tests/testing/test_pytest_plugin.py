@@ -2,7 +2,7 @@
 
 import pytest
 
-from tests.conftest import PIPELINES
+from tests.conftest import PIPELINES, ROOT
 
 CAUSAL = PIPELINES / "causal_mha.yaml"
 
@@ -77,3 +77,55 @@ def test_the_ini_option_is_relative_to_the_ini_files_folder(project, monkeypatch
     monkeypatch.chdir(project.path / "sub")  # started elsewhere, as from an editor's terminal
     result = project.runpytest("-p", "no:cacheprovider", "-p", "no:hypothesispytest", str(project.path))
     result.assert_outcomes(passed=2)  # the pipeline and test_plain.py
+
+
+def _glob(base, pattern):
+    from tracer.pytest_plugin import _glob as walk
+
+    return sorted(p.relative_to(base).as_posix() for p in walk(base, pattern))
+
+
+def test_double_star_never_descends_through_a_folder_symlink(tmp_path):
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "p.yaml").write_text("")
+    (tmp_path / "sub/q.yaml").write_text("")
+    for link in "xyz":
+        (tmp_path / link).symlink_to(".")
+    assert _glob(tmp_path, "**/*.yaml") == ["p.yaml", "sub/q.yaml"]
+    assert _glob(tmp_path, "x/sub/*.yaml") == ["x/sub/q.yaml"]  # a symlink the pattern names is followed
+    assert _glob(tmp_path, str(tmp_path / "**" / "q.yaml")) == ["sub/q.yaml"]  # absolute: from its anchor
+    assert _glob(tmp_path / "sub", "../*.yaml") == ["../p.yaml"]
+
+
+def test_a_pattern_that_walks_too_far_is_stopped(tmp_path, monkeypatch):
+    import tracer.pytest_plugin as plugin
+
+    for i in range(10):
+        (tmp_path / f"p{i}.yaml").write_text("")
+    monkeypatch.setattr(plugin, "MAX_VISITED", 5)
+    with pytest.raises(pytest.UsageError, match=r"--tracer-pipelines '\*\*/\*.yaml' visits more than 5 files; narrow the pattern"):
+        _glob(tmp_path, "**/*.yaml")
+
+
+def test_folder_symlink_loops_do_not_stall_collection(pytester, monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))  # the child imports this checkout's plugin
+    (pytester.path / "p.yaml").write_text(CAUSAL.read_text())
+    for link in "xyz":
+        (pytester.path / link).symlink_to(".")
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--tracer-pipelines=**/*.yaml", "--co", "-q", timeout=60)
+    assert result.ret == 0 and "p.yaml::causal_mha" in result.stdout.lines and "1 test collected" in result.stdout.str()
+
+
+ODD_NAMES = ["w[1].yaml", "x::y.yaml", "e\x1b[31mred\x07.yaml", "t\x1b]0;title\x07.yaml"]
+
+
+def test_odd_file_names_neither_abort_the_session_nor_reach_the_terminal(pytester):
+    (pytester.path / "pipes").mkdir()
+    for name in ODD_NAMES:
+        (pytester.path / "pipes" / name).write_text(CAUSAL.read_text().replace("name: causal_mha", "name: ''"))
+    result = run(pytester, "-rA")
+    text = result.stdout.str()
+    assert result.ret == 0 and "\x1b" not in text and "\x07" not in text, text
+    result.assert_outcomes(passed=4, warnings=4)
+    assert "PASSED pipes/e\\x1b[31mred\\x07.yaml::e\\x1b[31mred\\x07" in text
+    assert "pipes/w[1].yaml: pytest reads [, ] and :: in an argument as test ids, so this file is collected only with its folder" in text

@@ -31,8 +31,12 @@ def printable(text: object) -> str:
 
 def display(text: object) -> str:
     """``printable(text)`` that can be written as UTF-8: a file name's undecodable bytes (which
-    Python keeps as lone surrogates) as ``\\xff`` escapes."""
-    return printable(text).encode("utf-8", "backslashreplace").decode("utf-8")
+    Python keeps as lone surrogates) as the ``\\xff`` escapes of those bytes."""
+    shown = printable(text)
+    try:
+        return shown.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    except UnicodeEncodeError:  # a surrogate no file name decodes to: escape its code point
+        return shown.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 @dataclass(frozen=True)

@@ -246,18 +246,19 @@ def dependency_order(exprs: Mapping[str, dimexpr.Expr], leaves: frozenset = froz
     for root in exprs:
         if root in done:
             continue
-        visiting, frames = [root], [(root, iter(_deps(exprs, root, leaves)))]
+        visiting, on_path = [root], {root}  # the path in order (to name a cycle), and as a set (to find one in O(1))
+        frames = [(root, iter(_deps(exprs, root, leaves)))]
         while frames:
             name, deps = frames[-1]
             dep = next((d for d in deps if d not in done), None)
             if dep is None:
                 frames.pop()
-                visiting.pop()
+                on_path.discard(visiting.pop())
                 done.add(name)
                 order.append(name)
                 continue
             try:
-                if dep in visiting:
+                if dep in on_path:
                     cycle = " -> ".join(visiting[visiting.index(dep) :] + [dep])
                     raise dimexpr.DimError(f"dims depend on each other in a cycle: {cycle}", "dim-cycle")
                 if dep not in exprs:
@@ -268,6 +269,7 @@ def dependency_order(exprs: Mapping[str, dimexpr.Expr], leaves: frozenset = froz
                 exc.dim = name
                 raise
             visiting.append(dep)
+            on_path.add(dep)
             frames.append((dep, iter(_deps(exprs, dep, leaves))))
     return order
 

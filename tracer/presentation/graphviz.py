@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import sysconfig
@@ -71,16 +72,43 @@ def render_bytes(source: str, fmt: str, pipeline_file: str, timeout: float = DOT
         dot_path, picture = Path(folder) / "diagram.dot", Path(folder) / f"diagram.{fmt}"
         dot_path.write_text(source, encoding="utf-8")
         try:
-            done = subprocess.run([exe, f"-T{fmt}", str(dot_path), "-o", str(picture)], capture_output=True, text=True, timeout=timeout)
+            done = subprocess.run([exe, f"-T{fmt}", str(dot_path), "-o", str(picture)], capture_output=True, timeout=timeout)
         except subprocess.TimeoutExpired:
             raise TracerError(Diagnostic(pipeline_file, None, "render-timeout", _too_slow(timeout))) from None
-        if done.returncode != 0 and "not recognized" in done.stderr:
-            raise no_renderer(pipeline_file, fmt, f"`{Path(exe).name}` cannot write {fmt} ({done.stderr.strip().splitlines()[0]})")
+        said = done.stderr.decode("utf-8", "backslashreplace").strip()  # a renderer may write any bytes
+        if done.returncode != 0 and "not recognized" in said:
+            raise no_renderer(pipeline_file, fmt, f"`{Path(exe).name}` cannot write {fmt} ({said.splitlines()[0]})")
         if done.returncode != 0:
-            raise TracerError(Diagnostic(pipeline_file, None, "render-failed", f"`dot -T{fmt}` failed: {done.stderr.strip()[:2000]}"))
-        for line in dict.fromkeys(done.stderr.strip().splitlines()[:20]):  # e.g. a PNG scaled down to fit: say so
+            raise _failed(
+                pipeline_file,
+                exe,
+                fmt,
+                f"{_ended(done.returncode)}: {said[:2000]}" if said else f"{_ended(done.returncode)} and said nothing",
+            )
+        for line in dict.fromkeys(said.splitlines()[:20]):  # e.g. a PNG scaled down to fit: say so
             print(Diagnostic(pipeline_file, None, "dot-warning", f"Graphviz: {line.strip()}", severity="warning"), file=sys.stderr)
-        return picture.read_bytes()
+        drawn = picture.read_bytes() if picture.is_file() else b""
+        if not drawn:
+            raise _failed(pipeline_file, exe, fmt, "exited with status 0 but wrote no picture")
+        return drawn
+
+
+def _ended(returncode: int) -> str:
+    """How the renderer stopped: a negative status is the signal that killed it."""
+    if returncode < 0:
+        try:
+            return f"was killed by {signal.Signals(-returncode).name}"
+        except ValueError:
+            return f"was killed by signal {-returncode}"
+    return f"exited with status {returncode}"
+
+
+def _failed(pipeline_file: str, exe: str, fmt: str, what: str) -> TracerError:
+    message = (
+        f"`{Path(exe).name} -T{fmt}` {what}; write the DOT text with -o NAME.dot and draw it yourself, "
+        "fold repeated blocks with --collapse 'BLOCK/*', or name another renderer with --dot PATH"
+    )
+    return TracerError(Diagnostic(pipeline_file, None, "render-failed", message))
 
 
 def _too_slow(timeout: float) -> str:

@@ -17,9 +17,12 @@ LOW, HIGH, NAN = (255, 255, 255), (8, 81, 156), "#f4a6a6"  # white -> dark blue;
 
 
 def is_attention_weights(step: Any, record: Any) -> bool:
-    """A softmax over the last dim of a tensor with at least two dims, whose values were kept."""
+    """A softmax over the last dim of a tensor with at least two dims, whose values were kept and
+    hold at least one map (a dim of 0 anywhere leaves nothing to draw, and no side to divide by)."""
     rank, dim = len(record.shape), step.normalises()
-    return dim is not None and rank >= 2 and dim in (-1, rank - 1) and record.tensor is not None and record.tensor.device.type != "meta"
+    if dim is None or rank < 2 or dim not in (-1, rank - 1) or record.tensor is None:
+        return False
+    return record.tensor.device.type != "meta" and record.tensor.numel() > 0
 
 
 def leading_maps(tensor: Any) -> Any:

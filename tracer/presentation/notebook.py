@@ -11,7 +11,7 @@ import html
 import re
 from typing import Any
 
-from ..core.errors import TracerError
+from ..core.errors import TracerError, display
 from ..core.formatting import human_bytes, human_count
 from ..runtime.records import NOTEBOOK_STYLE as _STYLE
 from .diagram import dot_source
@@ -44,7 +44,7 @@ def pipeline_html(pipeline: Any) -> str:
     dims = ", ".join(f"{k}={v}" for k, v in analysis.dims.items()) or "none"
     expanded = len(analysis.nodes)
     rows = [
-        ("file", pipeline.path),
+        ("file", display(pipeline.path)),  # a file name's undecodable bytes as \xff
         ("dims", dims),
         ("inputs", ", ".join(spec.inputs) or "none"),
         ("params", f"{len(analysis.pipeline.params):,}"),

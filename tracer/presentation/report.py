@@ -23,6 +23,7 @@ from collections.abc import Iterable
 from importlib import resources
 from typing import TYPE_CHECKING, Any
 
+from ..core.errors import display
 from ..core.formatting import human_bytes
 from ..runtime.records import TensorRecord
 from .diagram import diagram
@@ -103,7 +104,7 @@ class _Data:
         trace = self.trace
         return {
             "name": trace.name,
-            "file": self.analysis.source.file,
+            "file": display(self.analysis.source.file),  # a file name's undecodable bytes as \xff
             "dims": trace.dims,
             "seed": trace.seed,
             "peak": human_bytes(self.analysis.memory.peak_bytes),
@@ -184,7 +185,7 @@ class _Data:
         else:
             path = ("inputs" if record.op == "input" else "params", record.id)
         found = self.analysis.source.error(path, "where", "", prefer_key=True)
-        return found.file if found.position is None else f"{found.file}:{found.position.line}"
+        return display(found.file if found.position is None else f"{found.file}:{found.position.line}")
 
     def note(self, record: TensorRecord, node: Any) -> str | None:
         if node is not None:

@@ -134,7 +134,8 @@
     const href = anchor.getAttribute("href") || anchor.getAttribute("xlink:href") || "";
     const item = anchor.closest("g.node, g.edge");
     if (!href.startsWith("#") || !item) continue;
-    const target = decodeURIComponent(href.slice(1));
+    const target = fragment(href.slice(1));
+    if (target === null) continue;
     if (!drawn.has(target)) drawn.set(target, new Set());
     drawn.get(target).add(item);
     anchor.addEventListener("click", (event) => {
@@ -158,14 +159,27 @@
 
   // ------------------------------------------------------------ selection
 
+  // the target a #fragment names; a malformed one (#%E0%A4%A) names none, rather than throwing a URIError
+  function fragment(text) {
+    try {
+      return decodeURIComponent(text);
+    } catch {
+      return null;
+    }
+  }
+
   function go(target) {
-    if (decodeURIComponent(location.hash.slice(1)) === target) select(target);
+    if (fragment(location.hash.slice(1)) === target) select(target);
     else location.hash = hrefOf(target);
   }
 
   function select(target) {
     for (const node of svg.querySelectorAll(".selected")) node.classList.remove("selected");
     panel.replaceChildren();
+    if (target === null) {
+      panel.append(el("h2", {}, data.name), summary());
+      return;
+    }
     if (target.startsWith("group=")) groupPanel(target.slice(6));
     else if (byId.has(target)) tensorPanel(byId.get(target));
     else panel.append(el("h2", {}, "not found"), el("p", {}, `no tensor '${target}' in this trace`), summary());
@@ -372,9 +386,8 @@
 
   // ------------------------------------------------------------ start
 
-  window.addEventListener("hashchange", () => select(decodeURIComponent(location.hash.slice(1))));
+  window.addEventListener("hashchange", () => select(fragment(location.hash.slice(1))));
   fit();
-  if (location.hash.length > 1) select(decodeURIComponent(location.hash.slice(1)));
-  else panel.append(el("h2", {}, data.name), summary());
+  select(location.hash.length > 1 ? fragment(location.hash.slice(1)) : null);
   document.documentElement.dataset.ready = "true";
 })();

@@ -1,0 +1,79 @@
+"""How check and export grow with the size of a pipeline: a chain of steps, steps nothing reads
+(dead fan-out), and derived dims declared last-first (the deepest walk there is). Every column
+should stay near constant per item as n doubles; a quadratic step shows up as a column that
+doubles. Prints a table; asserts nothing (speed is measured here, never in the unit tests).
+
+    .venv/bin/python benchmarks/growth.py [--sizes 1000 2000 4000 8000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import tracer  # noqa: E402
+from tracer.presentation.export import export_source  # noqa: E402
+
+HEAD = ["dims: {B: 1, D: 4}", "inputs:", "  x: {shape: [B, D], init: randn}", "steps:"]
+
+
+def chain(n: int) -> str:
+    steps = [f"  - {{id: s{i}, op: tanh, input: {'x' if i == 0 else f's{i - 1}'}}}" for i in range(n)]
+    return "\n".join(["name: chain", *HEAD, *steps]) + "\n"
+
+
+def fan_out(n: int) -> str:
+    return "\n".join(["name: fan", *HEAD, *(f"  - {{id: s{i}, op: tanh, input: x}}" for i in range(n))]) + "\n"
+
+
+def reversed_dims(n: int) -> str:
+    dims = [f"  d{i}: d{i - 1} + 1" for i in range(n - 1, 0, -1)] + ["  d0: 1"]
+    return (
+        "\n".join(
+            [
+                "name: dims",
+                "dims:",
+                *dims,
+                "inputs:",
+                f"  x: {{shape: [d{n - 1}], init: randn}}",
+                "steps:",
+                "  - {id: y, op: tanh, input: x}",
+            ]
+        )
+        + "\n"
+    )
+
+
+def per_item_us(text: str, n: int, folder: Path) -> tuple[float, float]:
+    """Microseconds per item for load + check, and for export."""
+    path = folder / "p.yaml"
+    path.write_text(text)
+    start = time.perf_counter()
+    pipeline = tracer.load(path)
+    checked = time.perf_counter()
+    export_source(pipeline)
+    done = time.perf_counter()
+    return (checked - start) / n * 1e6, (done - checked) / n * 1e6
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", type=int, nargs="+", default=[1000, 2000, 4000, 8000])
+    args = parser.parse_args(argv)
+    folder = Path(__import__("tempfile").mkdtemp(prefix="tracer-growth-"))
+    per_item_us(chain(10), 10, folder)  # warm up imports and caches
+    print(f"{'shape':<15}{'n':>7}{'check µs/item':>16}{'export µs/item':>16}")
+    for shape, make in (("chain", chain), ("dead fan-out", fan_out), ("reversed dims", reversed_dims)):
+        for n in args.sizes:
+            check, export = per_item_us(make(n), n, folder)
+            print(f"{shape:<15}{n:>7}{check:>16.1f}{export:>16.1f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
