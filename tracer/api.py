@@ -16,6 +16,7 @@ from .presentation.notebook import pipeline_html
 from .presentation.trace import Trace
 from .runtime.interpreter import Plan, device_problem, torch_module
 from .runtime.tensors import create_tensors, match
+from .runtime.watch import ValueRows
 from .spec.load import load_spec, load_spec_text
 from .spec.pipeline import SEED_MAX, SEED_MIN, PipelineSpec
 from .spec.source import SourceMap
@@ -60,6 +61,7 @@ class Pipeline:
         observe: Callable[[str, Any], None] | None = None,
         params: Mapping[str, Any] | None = None,
         inputs: Mapping[str, Any] | None = None,
+        check_values: bool = False,
     ) -> Trace:
         """Execute on torch and record every tensor. ``params`` and ``inputs`` replace declared
         tensors by name (a param's id, with ``/`` or ``.``: ``layers.3.W_q``), ``tensors`` either;
@@ -67,7 +69,10 @@ class Pipeline:
 
         ``observe(record_id, tensor)`` is called for every tensor a step produces, right after the
         step and before the tensor is freed: a hook for statistics (NaN rows, norms) that keeps no
-        tensor alive, e.g. ``tracer.runtime.watch.SoftmaxNaNs``.
+        tensor alive, e.g. ``tracer.runtime.watch.SoftmaxNaNs``. ``check_values`` watches every
+        tensor for rows holding NaN or inf and masks that hide every key of a query
+        (``tracer.runtime.watch.ValueRows``): the trace's ``value_rows`` and ``value_warnings``, shown
+        by its table, JSON, notebook view and report; ``tracer run`` always does.
 
         A real run whose estimated peak (``analysis.peak_bytes``) exceeds ``max_memory`` (bytes or
         ``'8GiB'``; default: half of the available RAM) raises ``TracerError`` before anything is
@@ -105,8 +110,11 @@ class Pipeline:
             created, rng_state = self._tensors[tensor_key]
             if rng_state is not None and plan.random:
                 torch.set_rng_state(rng_state)  # training dropout sees the same RNG as a fresh run
-        records, outputs, as_predicted = plan.run(created, keep_values, observe)
+        watch = ValueRows(analysis) if check_values else None
+        records, outputs, as_predicted = plan.run(created, keep_values, _both(watch, observe))
         trace = Trace(self, analysis, records, outputs, seed, keep_values, as_predicted=as_predicted)
+        if watch is not None:
+            trace.value_rows, trace.value_warnings = watch.found, tuple(watch.warnings())
         if not as_predicted:  # otherwise the static check of expect: already covers this run
             _enforce_expectations(trace)
         return trace
@@ -193,3 +201,15 @@ run.__signature__ = inspect.Signature(  # help() and editors show Pipeline.run's
     + list(inspect.signature(Pipeline.run).parameters.values())[1:],
     return_annotation="Trace",
 )
+
+
+def _both(first: Callable | None, second: Callable | None) -> Callable | None:
+    """One run hook calling both (either may be None)."""
+    if first is None or second is None:
+        return first or second
+
+    def both(record_id: str, tensor: Any) -> None:
+        first(record_id, tensor)
+        second(record_id, tensor)
+
+    return both

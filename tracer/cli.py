@@ -23,7 +23,6 @@ from .presentation.graphviz import chosen_renderer
 from .presentation.progress import Progress
 from .runtime.interpreter import device_problem
 from .runtime.tensors import match
-from .runtime.watch import SoftmaxNaNs
 from .spec.load import load_spec
 
 DRAWINGS = ("svg", "png", "pdf", "dot", "html")  # what `tracer render -o` writes, by suffix
@@ -274,7 +273,6 @@ def _run(args) -> int:
     analysis = pipeline.check(dict(args.dim))
     if args.output:
         check_output(args.output, _reads(args, analysis), args.file)  # before the run: never the files it reads
-    nans = SoftmaxNaNs(analysis)
     params = _weights(args, analysis) if args.weights or args.weights_map else None
     with _running(analysis, args.quiet) as progress:
         trace = pipeline.run(
@@ -283,10 +281,11 @@ def _run(args) -> int:
             keep_values=args.values,
             device=args.device,
             max_memory=args.max_memory,
-            observe=_with_progress(nans, progress),
+            observe=_with_progress(None, progress),
             params=params,
+            check_values=True,
         )
-    for warning in trace.analysis.warnings + nans.warnings():
+    for warning in trace.analysis.warnings + list(trace.value_warnings):
         print(warning, file=sys.stderr)
     if args.output:
         text = trace.to_json(values=args.values) if args.json else _table(trace, args) + "\n" + trace.peak_line()
@@ -389,7 +388,7 @@ def _draw(args) -> int:
     check_output(output, _reads(args, analysis), args.file)  # before the run: never the files it reads
     with _running(analysis, args.quiet) as progress:
         observe = _with_progress(None, progress)
-        trace = pipeline.run(dims=dict(args.dim), device=args.device, keep_values=args.values, observe=observe)
+        trace = pipeline.run(dims=dict(args.dim), device=args.device, keep_values=args.values, observe=observe, check_values=True)
     options = outputs.Options(collapse=tuple(args.collapse), expand=args.expand, timeout=args.timeout)
     with Progress(f"drawing {output.name}", quiet=args.quiet).ticking():
         written = outputs.write(trace, output, fmt, options)  # with values: heatmaps in softmax nodes

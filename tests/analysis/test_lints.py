@@ -181,7 +181,8 @@ def test_mask_polarity_on_literal_masks_and_seeds():
     }
     # tutorial 002 (triu + block) and 003 (random keep-mask) are right
     for name in ("002_weight_split_step_by_step", "003_mha_step_by_step"):
-        assert not tracer.load(PIPELINES / "seeds" / f"{name}.yaml").check().warnings
+        found = {w.code for w in tracer.load(PIPELINES / "seeds" / f"{name}.yaml").check().warnings}
+        assert not found & {"mask-polarity", "nan-risk-mask"}
 
 
 def test_view_non_contiguous_is_an_error():
@@ -405,3 +406,129 @@ expect:
         tracer.loads(wrong, "e.yaml")
     [error] = found.value.diagnostics
     assert error.code == "expect" and "T where the tensor has hs (both 4)" in error.message
+
+
+# ---------------------------------------------------------------- masks added to the scores, and masks that fit by coincidence
+
+BERT = (PIPELINES / "models" / "bert_self_attention.yaml").read_text()
+BERT_BIAS = """  - {id: padding, op: sub, inputs: [one, mask_f], group: padding mask}
+  - {id: bias, op: mul, inputs: [padding, min_value], group: padding mask}"""
+
+
+@pytest.mark.parametrize(
+    "old, new",
+    [
+        # BERT's mask cast to float and added as it is
+        (BERT_BIAS, "  - {id: bias, op: expand, input: mask_f, shape: [B, 1, 1, T]}"),
+        # a bool mask made float, through a view instead of unsqueezes
+        (
+            "  attention_mask: {shape: [B, T], init: ones, dtype: int64}",
+            "  attention_mask: {shape: [B, T], init: ones, dtype: bool}",
+        ),
+    ],
+)
+def test_binary_mask_added_catches_variants_of_bert(old, new):
+    assert old in BERT and codes(BERT) == set()
+    text = BERT.replace(old, new)
+    if "dtype: bool" in new:  # the bool mask still goes through (1 - m) * min: right, until the sub is dropped
+        assert codes(text) == set()
+        text = text.replace(BERT_BIAS, "  - {id: bias, op: view, input: mask_f, shape: [B, 1, 1, T]}")
+    [warning] = warnings_of(text)
+    assert warning.code == "binary-mask-added" and warning.step == "masked"
+    assert warning.position.line == line_of(text, "{id: masked, op: add")
+
+
+def test_binary_mask_added_reads_declared_content_and_sdpa_float_masks():
+    base = """
+name: m
+dims: {B: 1, H: 2, T: 4, Dh: 4}
+inputs:
+  q: {shape: [B, H, T, Dh], init: randn}
+  k: {shape: [B, H, T, Dh], init: randn}
+  v: {shape: [B, H, T, Dh], init: randn}
+params:
+  bias: {shape: [T, T], INIT}
+steps:
+  - {id: kt, op: transpose, input: k, dims: [2, 3]}
+  - {id: s, op: matmul, inputs: [q, kt]}
+  - {id: scaled, op: scale, divide: {sqrt: Dh}}
+  - {id: masked, op: add, inputs: [scaled, bias]}
+  - {id: w, op: softmax, dim: -1}
+  - {id: c, op: matmul, inputs: [w, v]}
+"""
+    assert codes(base.replace("INIT", "init: tril")) == {"binary-mask-added"}  # a float tril: 1 = keep, added
+    assert codes(base.replace("INIT", "values: [[0, 1, 1, 1], [0, 0, 1, 1], [0, 0, 0, 1], [0, 0, 0, 0]]")) == {"binary-mask-added"}
+    assert codes(base.replace("INIT", "init: zeros")) == set()  # an all-zero additive mask hides nothing, rightly
+    assert codes(base.replace("INIT", "init: randn")) == set()  # a learned bias (T5, ALiBi) is not judged
+    fused = """
+name: f
+dims: {B: 1, H: 2, T: 4, Dh: 4}
+inputs:
+  q: {shape: [B, H, T, Dh], init: randn}
+  k: {shape: [B, H, T, Dh], init: randn}
+  v: {shape: [B, H, T, Dh], init: randn}
+  keep: {shape: [T, T], init: tril, dtype: bool}
+steps:
+  - {id: keep_f, op: cast, input: keep, dtype: float32}
+  - {id: c, op: sdpa, inputs: [q, k, v], mask: keep_f}
+"""
+    [warning] = warnings_of(fused)
+    assert warning.code == "binary-mask-added" and "'keep'" in warning.message and "polarity: keep" in warning.message
+
+
+def test_scores_pass_through_an_additive_mask_to_the_other_lints():
+    """The attention core follows an add into the scores, so a wrong scale behind BERT's additive
+    mask is caught as it is without one."""
+    wrong = BERT.replace("divide: {sqrt: Dh}", "divide: {sqrt: d_model}")
+    assert "scale-mismatch" in codes(wrong)
+    [site] = tracer.loads(BERT, "b.yaml").check().attention
+    assert site.biases == (("masked", "bias"),) and site.chain == ("scaled", "masked")
+
+
+MASKED = """
+name: p
+dims: {B: 4, H: 2, T: 4, Dh: 4}
+inputs:
+  q: {shape: [B, H, T, Dh], init: randn}
+  k: {shape: [B, H, T, Dh], init: randn}
+  v: {shape: [B, H, T, Dh], init: randn}
+  pad: {shape: [B, T], init: ones, dtype: bool}
+steps:
+  - {id: c, op: sdpa, inputs: [q, k, v], mask: pad, polarity: keep}
+"""
+UNFUSED = """  - {id: kt, op: transpose, input: k, dims: [2, 3]}
+  - {id: s, op: matmul, inputs: [q, kt]}
+  - {id: scaled, op: scale, divide: {sqrt: Dh}}
+  - {id: c, op: mask, mask: pad, polarity: keep}
+  - {id: w, op: softmax, dim: -1}
+  - {id: out, op: matmul, inputs: [w, v]}"""
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_a_padding_mask_that_broadcasts_only_because_batch_equals_length_is_warned(fused):
+    """A (B, T) padding mask against (B, H, T, T) scores lines B up with the queries' T: it runs
+    only while B == T, and hides the wrong keys even then."""
+    text = MASKED if fused else MASKED.replace("  - {id: c, op: sdpa, inputs: [q, k, v], mask: pad, polarity: keep}", UNFUSED)
+    [warning] = warnings_of(text)
+    assert warning.code == "dim-mismatch" and warning.step == "c"
+    assert "T and B are equal only because T=4 and B=4" in warning.message
+    assert warning.position.line == line_of(text, "{id: c, op:")
+    fixed = text.replace("pad: {shape: [B, T]", "pad: {shape: [B, 1, 1, T]")  # mask[:, None, None, :]
+    assert codes(fixed) == set()
+    with pytest.raises(tracer.TracerError) as refused:  # at other sizes it does not even run
+        tracer.loads(text.replace("B: 4", "B: 2"), "p.yaml")
+    assert refused.value.diagnostics[0].code == "broadcast"
+
+
+def test_an_add_that_lines_up_different_dims_of_equal_size_is_warned():
+    text = """
+name: a
+dims: {T: 4, d: 4}
+inputs:
+  x: {shape: [T, d], init: randn}
+  pos: {shape: [d, T], init: randn}
+steps:
+  - {id: y, op: add, inputs: [x, pos]}
+"""
+    [warning] = warnings_of(text)
+    assert warning.code == "dim-mismatch" and "d and T are equal only because d=4 and T=4" in warning.message

@@ -50,6 +50,7 @@ class Site:
     random: tuple[str, ...] = ()  # steps that draw from the RNG between the scores and the values (training dropout)
     implicit_scale: float | None = None  # a fused kernel's own scale: explicit, or 1/sqrt(head dim) by default
     after: tuple[str, ...] = ()  # steps between the softmax and the product with the values (dropout)
+    biases: tuple[tuple[str, str], ...] = ()  # (step, tensor) added to the scores in the chain: additive masks, position biases
 
     @property
     def multiplier(self) -> float:
@@ -95,6 +96,7 @@ def unfused_site(analysis, softmax: Node) -> Site | None:
             masks.append((node.id, masking))
         if node.step.is_random():
             random.append(node.id)
+    biases = _biases(chain, product)
     context, after = _applied(analysis, softmax)
     values = context.reads[1] if context is not None and len(context.reads) > 1 else None
     return Site(
@@ -115,7 +117,17 @@ def unfused_site(analysis, softmax: Node) -> Site | None:
         tuple(random) + tuple(n.id for n in after if n.step.is_random()),
         None,
         tuple(n.id for n in after),
+        biases,
     )
+
+
+def _biases(chain: list[Node], product: Node) -> tuple[tuple[str, str], ...]:
+    """(step, operand) for every operand of a chain step that is not the scores passing through."""
+    found, scores = [], product.value
+    for node in chain:
+        found += [(node.id, operand) for operand in node.inputs if operand != scores]
+        scores = node.value
+    return tuple(found)
 
 
 def prescales(analysis, tensor_id: str) -> list[Scaled]:
@@ -136,20 +148,29 @@ def prescales(analysis, tensor_id: str) -> list[Scaled]:
 
 def score_chain(analysis, softmax: Node) -> tuple[list[Node], Node | None]:
     """The steps that pass scores between a product and ``softmax`` (execution order), and the
-    product; (steps, None) when the chain starts anywhere else."""
-    chain: list[Node] = []
-    current = softmax.inputs[0] if softmax.inputs else None
-    while current is not None and len(chain) <= MAX_CHAIN:
-        node = analysis.producer(current)
-        if node is None or not node.outs:
-            break
-        if node.step.makes_scores and len(node.reads) >= 2:  # a one-operand einsum is a reduction, not q·k
-            return chain[::-1], node
-        if not node.step.passes_scores or not node.inputs:
-            break
-        chain.append(node)
-        current = node.inputs[0]
-    return chain[::-1], None
+    product; (the steps, None) when the chain starts anywhere else. A step with several inputs (scores
+    plus an additive bias) is followed through whichever input leads back to a product."""
+    if not softmax.inputs:
+        return [], None
+    return _chain_from(analysis, softmax.inputs[0], 0, set())
+
+
+def _chain_from(analysis, current: str, depth: int, dead_ends: set[str]) -> tuple[list[Node], Node | None]:
+    node = analysis.producer(current)
+    if node is None or not node.outs or depth > MAX_CHAIN or current in dead_ends:
+        return [], None
+    if node.step.makes_scores and len(node.reads) >= 2:  # a one-operand einsum is a reduction, not q·k
+        return [], node
+    if not node.step.passes_scores:
+        return [], None
+    walked = []
+    for operand in node.inputs:
+        chain, product = _chain_from(analysis, operand, depth + 1, dead_ends)
+        if product is not None:
+            return chain + [node], product
+        walked = walked or chain
+    dead_ends.add(current)  # an add of two adds of … is walked once per tensor, not once per path
+    return walked + [node], None
 
 
 def _applied(analysis, softmax: Node) -> tuple[Node | None, list[Node]]:

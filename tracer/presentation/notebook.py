@@ -16,7 +16,7 @@ from ..core.formatting import human_bytes, human_count
 from ..runtime.records import NOTEBOOK_STYLE as _STYLE
 from .diagram import dot_source
 from .graphviz import render_bytes
-from .table import ACTIVATIONS, PARAMETERS, table_rows
+from .table import ACTIVATIONS, PARAMETERS, VALUES, table_rows, value_rows
 
 MAX_NODES = 400  # beyond this a diagram is unreadable inline; `tracer render` still draws it
 MAX_SVG_BYTES = 2_000_000
@@ -35,6 +35,9 @@ def trace_html(trace: Any) -> str:
     if params:
         count = sum(1 for r in trace.records if r.op == "param")
         parts.append(f"<details><summary>{count:,} parameter tensors</summary>{_table(PARAMETERS, params)}</details>")
+    found = value_rows(trace)
+    if found:  # run(check_values=True) found NaN, inf or fully masked rows
+        parts.append(_table(VALUES, found) + "".join(_note(str(w)) for w in trace.value_warnings))
     parts.append(_diagram(trace))
     return f'<div class="tracer trace">{_STYLE}{"".join(parts)}</div>'
 

@@ -112,7 +112,7 @@ class _Data:
             "caps": {"side": MAX_SIDE, "maps": MAX_MAPS, "cells": MAX_CELLS},
             "tensors": [self.tensor(record) for record in trace.records],
             "attention": self.sites,
-            "checks": [d.as_dict() for d in self.analysis.diagnostics],
+            "checks": [d.as_dict() for d in trace.checks],
             "groups": self.groups(),
         }
 
@@ -140,6 +140,9 @@ class _Data:
         if record.id in self.roles:
             data["attention"] = self.roles[record.id]
         data["axes"] = [role or "" for role in self.analysis.axis_roles(record.id)]
+        rows = self.trace.value_rows.get(record.id)
+        if rows:
+            data["rows"] = str(rows)
         flops = getattr(record, "flops", None)  # when records carry a FLOP count, the panel shows it
         if flops is not None:
             data["flops"] = flops

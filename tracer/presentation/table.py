@@ -13,6 +13,7 @@ from .folding import repeat_folds
 
 ACTIVATIONS = ("tensor", "op", "shape", "concrete", "stride", "contig", "view_of", "size", "FLOPs")
 PARAMETERS = ("parameter", "shape", "concrete", "dtype", "count", "size")
+VALUES = ("tensor", "rows", "NaN", "inf", "all masked")  # rows: slices along the last dim (a softmax's own)
 # when a table is wider than the terminal, these columns give way first (their text elided in the middle)
 _SHRINK = (("view_of", 7), ("tensor", 14), ("parameter", 14), ("shape", 24), ("op", 8), ("tensor", 12), ("shape", 18))
 
@@ -38,8 +39,20 @@ def format_table(trace: Any, width: int | None = None, depth: int | None = None,
     lines += _columns([ACTIVATIONS, *tensors], width)
     if params:
         lines += ["", "parameters"] + _columns([PARAMETERS, *params], width)
+    found = value_rows(trace)
+    if found:
+        lines += ["", "values"] + _columns([VALUES, *found], width)
     lines += ["", totals_line(trace)]
     return "\n".join(lines)
+
+
+def value_rows(trace: Any) -> list[tuple[str, ...]]:
+    """Tensors whose rows the run found holding NaN or inf, or hiding every key (check_values)."""
+    return [(rid, str(r.rows), _count(r.nan), _count(r.inf), _count(r.masked)) for rid, r in trace.value_rows.items() if r]
+
+
+def _count(n: int) -> str:
+    return str(n) if n else "-"
 
 
 def table_rows(trace: Any, depth: int | None = None, expand: bool = False) -> tuple[list[tuple[str, ...]], list[tuple[str, ...]]]:

@@ -38,6 +38,8 @@ class Trace:
         self.seed = seed
         self.keep_values = keep_values
         self._by_id = {r.id: r for r in records}
+        self.value_rows: dict = {}  # record id -> runtime.watch.Rows, when run with check_values
+        self.value_warnings: tuple = ()  # what those rows say: NaN from a mask, where NaN or inf began
 
     @property
     def name(self) -> str:
@@ -93,12 +95,21 @@ class Trace:
                 "peak_bytes": self.peak_bytes,
             },
             "tensors": [self._tensor_dict(r, values) for r in self.records],
-            "checks": [d.as_dict() for d in self.analysis.diagnostics],
+            "checks": [d.as_dict() for d in self.checks],
         }
 
+    @property
+    def checks(self) -> tuple:
+        """Every finding: the static ones, then what the run's values showed."""
+        return tuple(self.analysis.diagnostics) + self.value_warnings
+
     def _tensor_dict(self, record, values: bool) -> dict:
-        """A record, with what each axis means (tracer.analysis.roles; null where the dims do not say)."""
-        return {**record.to_dict(values), "axis_roles": list(self.analysis.axis_roles(record.id))}
+        """A record, with what each axis means (tracer.analysis.roles; null where the dims do not say)
+        and, when the run checked values, its rows holding NaN or inf or hiding every key."""
+        found = {**record.to_dict(values), "axis_roles": list(self.analysis.axis_roles(record.id))}
+        if record.id in self.value_rows:
+            found["rows"] = self.value_rows[record.id].as_dict()
+        return found
 
     def to_json(self, values: bool = False, indent: int | None = 2) -> str:
         return json.dumps(self.to_dict(values), indent=indent, allow_nan=False)

@@ -238,7 +238,7 @@ class Mask(StepBase):
                 "use fill: min (the dtype's most negative number) or fill: -inf",
             )
         if self.mask is not None:
-            out = broadcast(scores, ins[1], f"mask '{self.mask}' against scores", "mask")
+            out = broadcast(scores, ins[1], f"mask '{self.mask}' against scores", "mask", ctx)
             if tuple(d.value for d in out) != scores.sizes:
                 raise StepError("broadcast", f"mask '{self.mask}' {show(ins[1])} would enlarge the scores {show(scores)}", "mask")
         if self.segments is not None:

@@ -226,6 +226,7 @@ class StepBase(Strict):
     elementwise: ClassVar[bool] = False  # output element i reads input element i only (after broadcasting)
     includes_file: ClassVar[bool] = False  # another pipeline file, expanded into its steps before analysis (op: block)
     regroups: ClassVar[bool] = False  # splits or merges neighbouring dims in memory order (view, reshape)
+    keeps_values: ClassVar[bool] = False  # every output element is an input element: layout ops, and cast (a 0/1 mask stays 0/1)
 
     @model_validator(mode="after")
     def _one_input_form(self) -> StepBase:

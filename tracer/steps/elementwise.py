@@ -15,10 +15,11 @@ from .rules import StepError, broadcast, require_float, show
 
 @register
 class Add(StepBase):
-    """``a + b`` with broadcasting (residual connections, biases)."""
+    """``a + b`` with broadcasting (residual connections, biases, additive attention masks)."""
 
     op: Literal["add"] = "add"
     elementwise = True
+    passes_scores = True  # scores + an additive mask or position bias (BERT, T5, ALiBi) are still scores
     arity = 2
     example = """\
 - id: residual_1
@@ -29,7 +30,7 @@ class Add(StepBase):
         a, b = ins
         if a.dtype != b.dtype:
             raise StepError("dtype", f"add of {a.dtype} and {b.dtype}", "inputs")
-        shape = broadcast(a, b, f"add '{ctx.input_ids[0]}' + '{ctx.input_ids[1]}'", "inputs")
+        shape = broadcast(a, b, f"add '{ctx.input_ids[0]}' + '{ctx.input_ids[1]}'", "inputs", ctx)
         return pointwise([a, b], shape, a.dtype)
 
     def kernel(self, k):

@@ -22,6 +22,7 @@ class RepeatInterleave(StepBase):
     """``torch.repeat_interleave(x, repeats, dim)``: each entry along ``dim`` repeated in place (a copy)."""
 
     op: Literal["repeat_interleave"] = "repeat_interleave"
+    keeps_values = True
     repeats: DimText = Field(description="how many times each entry repeats, e.g. n_rep = H // H_kv")
     dim: StrictInt = Field(description="the dim to repeat along, e.g. 1 for the heads of (B, H_kv, T, Dh)")
     copies_data = True
@@ -58,6 +59,7 @@ class Expand(StepBase):
     (stride 0); ``-1`` keeps a dim's size."""
 
     op: Literal["expand"] = "expand"
+    keeps_values = True
     shape: list[DimText] = Field(max_length=16, description="target shape; -1 keeps the input's size")
     example = """\
 - id: k_exp

@@ -100,7 +100,7 @@ class Sdpa(StepBase):
                 )
             if mask.dtype not in ("bool", "int32", "int64") and self.polarity is not None:
                 raise StepError("mask-polarity", f"a {mask.dtype} mask is added to the scores; polarity applies to bool masks", "polarity")
-            out = broadcast(fresh(scores, q.dtype), mask, f"mask '{self.mask}' against the scores", "mask")
+            out = broadcast(fresh(scores, q.dtype), mask, f"mask '{self.mask}' against the scores", "mask", ctx)
             if tuple(d.value for d in out) != tuple(d.value for d in scores):
                 raise StepError(
                     "broadcast", f"mask '{self.mask}' {show(mask)} would enlarge the scores ({', '.join(map(str, scores))})", "mask"

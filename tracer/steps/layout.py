@@ -46,6 +46,7 @@ class View(StepBase):
     """``x.view(*shape)``: same storage, new shape; fails on layouts a view cannot express."""
 
     op: Literal["view"] = "view"
+    keeps_values = True
     regroups = True
     shape: list[DimText] = Field(max_length=16, description="target shape; one entry may be -1")
     example = """\
@@ -84,6 +85,7 @@ class Reshape(StepBase):
     """``x.reshape(*shape)``: a view when the layout allows it, otherwise a contiguous copy."""
 
     op: Literal["reshape"] = "reshape"
+    keeps_values = True
     copies_data = True  # when the layout forces it; a view otherwise (the record says which)
     regroups = True
     shape: list[DimText] = Field(max_length=16, description="target shape; one entry may be -1")
@@ -115,6 +117,7 @@ class Transpose(StepBase):
     """``x.transpose(a, b)``: swaps two dims; a view, usually not contiguous."""
 
     op: Literal["transpose"] = "transpose"
+    keeps_values = True
     dims: list[StrictInt] = Field(min_length=2, max_length=2, description="the two dims to swap, e.g. [1, 2] or [-2, -1]")
     example = """\
 - id: k_t
@@ -146,6 +149,7 @@ class Permute(StepBase):
     """``x.permute(*dims)``: reorders all dims; a view."""
 
     op: Literal["permute"] = "permute"
+    keeps_values = True
     dims: list[StrictInt] = Field(max_length=16, description="a permutation of the input's dims")
     example = """\
 - id: multihead_keys_p
@@ -176,6 +180,7 @@ class Contiguous(StepBase):
     """``x.contiguous()``: copies into row-major order, or returns ``x`` itself if it already is."""
 
     op: Literal["contiguous"] = "contiguous"
+    keeps_values = True
     copies_data = True
     example = """\
 - id: ctx_c
@@ -198,6 +203,7 @@ class Unsqueeze(StepBase):
     """``x.unsqueeze(dim)``: inserts a size-1 dim; a view."""
 
     op: Literal["unsqueeze"] = "unsqueeze"
+    keeps_values = True
     dim: StrictInt
     example = """\
 - id: x_in
@@ -230,6 +236,7 @@ class Repeat(StepBase):
     """``x.repeat(*repeats)``: tiles the tensor (a copy); extra leading repeats add dims."""
 
     op: Literal["repeat"] = "repeat"
+    keeps_values = True
     copies_data = True
     repeats: list[DimText] = Field(max_length=16)
     example = """\
@@ -269,6 +276,7 @@ class Index(StepBase):
     """``x.select(dim, index)`` (drops the dim) or ``x[..., start:stop:step]`` along ``dim``; a view."""
 
     op: Literal["index"] = "index"
+    keeps_values = True
     dim: StrictInt = 0
     index: DimText | None = Field(None, description="select one position (the dim disappears)")
     start: DimText | None = Field(None, description="slice start (default 0)")
@@ -439,6 +447,7 @@ class Merge(StepBase):
     """
 
     op: Literal["merge"] = "merge"
+    keeps_values = True
     example = """\
 - id: context
   op: merge

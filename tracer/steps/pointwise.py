@@ -30,7 +30,7 @@ class _Binary(StepBase):
     def infer(self, ins, ctx):
         a, b = ins
         names = ctx.input_ids
-        shape = broadcast(a, b, f"{self.op} '{names[0]}' {self.symbol} '{names[1]}'", "inputs")
+        shape = broadcast(a, b, f"{self.op} '{names[0]}' {self.symbol} '{names[1]}'", "inputs", ctx)
         dtype = promote([a, b])
         if dtype == "bool" and self.op == "sub":
             raise StepError(
@@ -195,6 +195,7 @@ class Cast(StepBase):
     """``x.to(dtype)``: a copy in the new dtype laid out like ``x``; ``x`` itself when it already has it."""
 
     op: Literal["cast"] = "cast"
+    keeps_values = True
     dtype: DType = Field(description="the dtype to convert to")
     elementwise = True
     example = """\

@@ -50,13 +50,26 @@ def broadcast_dims(sa, sb) -> tuple | Mismatch:
     return tuple(out)
 
 
-def broadcast(a: Meta, b: Meta, what: str, field: str | None = None):
-    """The broadcast shape of two tensors (numpy rules), keeping ``a``'s dim names."""
+def broadcast(a: Meta, b: Meta, what: str, field: str | None = None, ctx=None):
+    """The broadcast shape of two tensors (numpy rules), keeping ``a``'s dim names. With ``ctx``,
+    dims that line up only because their sizes happen to be equal today are warned about (a (B, T)
+    mask against (B, H, T, T) scores broadcasts B onto the queries' T when B == T)."""
     shape = broadcast_dims(a.shape, b.shape)
     if isinstance(shape, Mismatch):
         da, db = shape
         raise StepError("broadcast", f"{what}: {show(a)} and {show(b)} do not broadcast ({da}={da.value} vs {db}={db.value})", field)
+    pair = _coincidence(a.shape, b.shape) if ctx is not None else None
+    if pair is not None:
+        ctx.warn_if_different(*pair, f"{what}: {a.symbolic} and {b.symbolic} line up from the right", field or "inputs")
     return shape
+
+
+def _coincidence(sa, sb) -> tuple[Dim, Dim] | None:
+    """The first two dims broadcasting lines up that are different dims of equal size today."""
+    for da, db in zip(reversed(sa), reversed(sb)):
+        if da.value == db.value != 1 and not da.same_symbol(db) and da.poly.constant is None and db.poly.constant is None:
+            return da, db
+    return None
 
 
 def require_float(meta: Meta, name: str, what: str) -> None:

@@ -9,6 +9,8 @@ from .registry import Lint, register, show, warning
 
 #: a mask larger than this many elements is not expanded by the lints
 MAX_PATTERN = 1_000_000
+#: layout steps followed back from an added tensor to the mask it came from
+MAX_WALK = 64
 
 
 def declared_mask_rows(analysis, name: str) -> list[list[bool]] | None:
@@ -179,3 +181,74 @@ class MaskPolarity(Lint):
                     f"use polarity: keep (tutorial 003's masked_fill(mask == False, -1e9)), or a triu(…, 1) mask with polarity: block"
                 )
             yield warning(analysis, node, self.code, message, "polarity")
+
+
+INTEGER_DTYPES = ("bool", "int64", "int32")
+
+
+@register
+class BinaryMaskAdded(Lint):
+    """**What.** A 0/1 mask *added* to the attention scores: an `add` into the scores (or a float
+    `mask` given to `sdpa`, which torch adds) whose operand is a bool or integer tensor cast to
+    float, or a declared tensor whose content is 0/1 (`init: ones`, `tril`, `triu`, `values:` of
+    0s and 1s), reached through layout steps only (unsqueeze, view, expand, cast…).
+
+    **Why it matters.** An additive mask must hold 0 where a query may attend and a large negative
+    number where it may not. Added as it is, a padding mask of 1s and 0s raises every kept score
+    by 1 and hides nothing: padded keys keep almost all their weight, shapes are right, and it runs.
+
+    **Fix.** Let a `mask` step hide the keys (`mask: attention_mask, polarity: keep, fill: min`), or
+    build the additive form first as BERT's `get_extended_attention_mask` does:
+    `(1.0 - mask) * torch.finfo(dtype).min` (a `sub` and a `mul` before the `add`).
+    """
+
+    code, example, origin = "binary-mask-added", "binary_mask_added", "padding masks (public issue trackers)"
+
+    def check(self, analysis):
+        for site in analysis.attention:
+            added = list(site.biases)
+            added += [(step, m.tensor) for step, m in site.masks if m.tensor is not None and m.polarity is None]
+            for step, tensor in added:
+                origin = _binary_origin(analysis, tensor)
+                if origin is not None:
+                    yield self._warning(analysis, analysis.node(step), tensor, origin)
+
+    def _warning(self, analysis, node, tensor: str, origin: str):
+        field = "mask" if node.step.fused_attention() is not None else "inputs"
+        found = analysis.metas[origin]
+        source = "" if origin == tensor else f" ({found.dtype} '{origin}' {show(analysis, origin)}, moved and cast)"
+        message = (
+            f"'{tensor}' {show(analysis, tensor)} is added to the scores but is a 0/1 mask{source}: adding it raises every kept "
+            f"score by 1 and hides no key — hide keys with op: mask (mask: {origin}, polarity: keep, fill: min), or add "
+            f"(1 - mask) * finfo.min as BERT's get_extended_attention_mask does (a sub and a mul before the add)"
+        )
+        return warning(analysis, node, self.code, message, field)
+
+
+def _binary_origin(analysis, tensor: str) -> str | None:
+    """The tensor a 0/1 mask came from, following layout steps and casts back from ``tensor``;
+    None when any other step computed it (BERT's (1 - m) * min) or its content is unknown."""
+    current = tensor
+    for _ in range(MAX_WALK):
+        if analysis.metas[current].dtype in INTEGER_DTYPES:
+            return current
+        node = analysis.producer(current)
+        if node is None:
+            return current if _holds_ones(analysis, current) else None
+        if not node.step.keeps_values or len(node.inputs) != 1:
+            return None
+        current = node.inputs[0]
+    return None
+
+
+def _holds_ones(analysis, name: str) -> bool:
+    """A declared 0/1 tensor with at least one 1 (all zeros is a valid additive 'no mask')."""
+    declared = analysis.declared.get(name)
+    if declared is None:
+        return False
+    values = declared.decl.values
+    if values is not None:
+        flat = set(_flatten(values))
+        return flat <= {0, 1} and 1 in flat
+    rows = declared_mask_rows(analysis, name)
+    return rows is not None and any(any(row) for row in rows)
