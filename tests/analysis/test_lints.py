@@ -380,11 +380,38 @@ DECODE = (PIPELINES / "models" / "kv_cache_decode.yaml").read_text()
         (DECODE, "{id: q_rot, op: rope, input: q_h, offset: past}", "{id: q_rot, op: rope, input: q_h}", "rope-offset"),
         # top-left causal alignment after the cache
         (DECODE, "{id: masked, op: mask, causal: true,", "{id: masked, op: mask, causal: true, align: top-left,", "causal-align"),
+        # repeat_kv's expand with the copies outside the kv heads: tiled, as repeat(1, n_rep, 1, 1) is
+        (
+            DECODE,
+            "  - {id: k_rep, op: repeat_interleave, input: k_all, repeats: n_rep, dim: 1, group: attention}",
+            "  - {id: k_u, op: unsqueeze, input: k_all, dim: 1}\n  - {id: k_e, op: expand, shape: [B, n_rep, H_kv, T_kv, Dh]}\n"
+            "  - {id: k_rep, op: reshape, shape: [B, H, T_kv, Dh]}",
+            "gqa-head-order",
+        ),
+        # new values rotated, then joined to the value cache
+        (
+            DECODE,
+            "  - {id: v_all, op: cat, inputs: [v_cache, v_h], dim: 2, group: cache}",
+            "  - {id: v_r, op: rope, input: v_h, offset: past}\n  - {id: v_all, op: cat, inputs: [v_cache, v_r], dim: 2, group: cache}",
+            "rope-on-values",
+        ),
     ],
 )
 def test_semantic_lints_catch_variants_of_the_bundled_models(text, old, new, code):
     assert old in text and codes(text) == set()
     assert code in codes(text.replace(old, new))
+
+
+def test_repeat_kv_with_the_copies_inside_the_heads_is_clean():
+    right = DECODE.replace(
+        "  - {id: k_rep, op: repeat_interleave, input: k_all, repeats: n_rep, dim: 1, group: attention}",
+        "  - {id: k_u, op: unsqueeze, input: k_all, dim: 2}\n  - {id: k_e, op: expand, shape: [B, H_kv, n_rep, T_kv, Dh]}\n"
+        "  - {id: k_rep, op: reshape, shape: [B, H, T_kv, Dh]}",
+    )
+    assert codes(right) == set()
+    trace = tracer.loads(right, "d.yaml").run()
+    reference = tracer.loads(DECODE, "d.yaml").run()
+    assert (trace.outputs["out"] == reference.outputs["out"]).all()  # the same heads as repeat_interleave
 
 
 def test_expect_compares_dim_names_not_only_sizes():

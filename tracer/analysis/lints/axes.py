@@ -169,15 +169,17 @@ class RopeOnValues(Lint):
 
 
 def _upstream_rotation(analysis, tensor_id: str):
-    """The rope step a tensor comes from through single-input steps, if any."""
-    current = tensor_id
-    for _ in range(MAX_WALK):
+    """The rope step a tensor comes from through single-input steps and concatenations (a
+    value cache joined with the new values), if any."""
+    frontier, seen = [tensor_id], set()
+    while frontier and len(seen) < MAX_WALK:
+        current = frontier.pop()
         node = analysis.producer(current)
-        if node is None or not node.inputs:
-            return None
+        if current in seen or node is None or not node.inputs:
+            continue
+        seen.add(current)
         if node.step.rotation() is not None:
             return node
-        if len(node.inputs) != 1:
-            return None
-        current = node.inputs[0]
+        if node.step.joins() is not None or len(node.inputs) == 1:
+            frontier += reversed(node.inputs)
     return None
