@@ -460,9 +460,8 @@ def test_binary_mask_added_catches_variants_of_bert(old, new):
     if "dtype: bool" in new:  # the bool mask still goes through (1 - m) * min: right, until the sub is dropped
         assert codes(text) == set()
         text = text.replace(BERT_BIAS, "  - {id: bias, op: view, input: mask_f, shape: [B, 1, 1, T]}")
-    [warning] = warnings_of(text)
-    assert warning.code == "binary-mask-added" and warning.step == "masked"
-    assert warning.position.line == line_of(text, "{id: masked, op: add")
+    [warning] = [d for d in warnings_of(text) if d.code == "binary-mask-added"]  # (and `one`, `min_value` now unused)
+    assert warning.step == "masked" and warning.position.line == line_of(text, "{id: masked, op: add")
 
 
 def test_binary_mask_added_reads_declared_content_and_sdpa_float_masks():
@@ -559,3 +558,29 @@ steps:
 """
     [warning] = warnings_of(text)
     assert warning.code == "dim-mismatch" and "d and T are equal only because d=4 and T=4" in warning.message
+
+
+GPT2 = (PIPELINES / "models" / "gpt2_attention.yaml").read_text()
+
+
+def test_an_unread_split_output_is_named_at_the_split():
+    """GPT-2's fused qkv with the values never read: the queries stand in for them."""
+    text = GPT2.replace("{id: v_heads, op: view, input: v,", "{id: v_heads, op: view, input: q,")
+    assert text != GPT2 and codes(GPT2) == set()
+    found = {d.code: d for d in warnings_of(text)}
+    assert "output 'v' of this split is never read" in found["unused-tensor"].message
+    assert found["unused-tensor"].position.line == line_of(text, "{id: qkv_split, op: split")
+
+
+def test_an_unread_declaration_is_warned_at_its_line_unless_allowed_with_a_reason():
+    text = example("unused_tensor")
+    [d] = warnings_of(text)
+    assert (d.code, d.position.line) == ("unused-tensor", line_of(text, "attention_mask: {shape"))
+    allowed = text.replace("dtype: bool}", "dtype: bool, allow: {unused-tensor: kept for the API}}")
+    [note] = tracer.loads(allowed, "u.yaml").check().diagnostics
+    assert note.severity == "allowed" and "kept for the API" in note.message
+    stale = example("fixed/unused_tensor").replace("dtype: bool}", "dtype: bool, allow: {unused-tensor: kept for the API}}")
+    [d] = tracer.loads(stale, "u.yaml").check().diagnostics
+    assert d.code == "unused-allow" and "kept for the API" in d.message
+    with pytest.raises(tracer.TracerError):  # only unused-tensor can be allowed on a declaration
+        tracer.loads(text.replace("dtype: bool}", "dtype: bool, allow: {dead-step: no}}"), "u.yaml")

@@ -489,7 +489,9 @@ def test_seed_diagnostics(name):
 def test_clean_seeds_pass_strict(capsys):
     clean = [str(SEEDS / f"{n}.yaml") for n, codes in EXPECTED_WARNINGS.items() if not codes]
     assert main(["check", "--strict", *clean]) == 0
-    assert capsys.readouterr().err == ""
+    shown = capsys.readouterr().err.splitlines()
+    assert all("allowed[unused-tensor]" in line and "advances the RNG" in line for line in shown)  # 000's RNG-only params
+    assert len(shown) == 3
 
 
 def test_run_json_values_shows_the_printed_numbers(capsys):

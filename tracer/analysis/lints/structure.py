@@ -189,3 +189,54 @@ def natural(alg, poly, depth: int = 0) -> bool:
         return True
     quotients = (p for p in alg.names if len(p.terms) == 1 and any(exp < 0 for _, exp in p.terms[0][0]))
     return depth < 4 and any((rest := poly.divide(p)) is not None and natural(alg, rest, depth + 1) for p in quotients)
+
+
+@register
+class UnusedTensor(Lint):
+    """**What.** An input or param that the file declares and no step reads (and that is not an
+    output); or an output of a multi-output step (`split`) that no step reads.
+
+    **Why it matters.** A declared tensor is declared to be used. A padding mask that no `mask`
+    step names means the model attends to padding; a `v` split off a fused projection that nothing
+    reads usually means another tensor is being used in its place. It runs, and every shape is
+    right.
+
+    **Fix.** Feed it to the step that was meant to read it (`mask: attention_mask`), or delete it.
+    """
+
+    code, example, origin = "unused-tensor", "unused_tensor", "padding masks and fused qkv splits (public issue trackers)"
+
+    def check(self, analysis):
+        used = set(analysis.outputs)
+        for name, declared in analysis.declared.items():
+            if "/" not in name:  # a block's own tensors are judged in the block's file
+                yield from self._declared(analysis, name, declared, name in used or bool(analysis.graph.users.get(name)))
+        for node in analysis.nodes.values():
+            names = node.step.output_ids()
+            unread = [n for n in names if n not in used and not analysis.graph.users.get(n)]
+            if len(names) > 1 and unread and len(unread) < len(names):  # all unread: dead-step says so
+                message = (
+                    f"output{'s' if len(unread) > 1 else ''} {', '.join(map(repr, unread))} of this {node.op} "
+                    f"{'are' if len(unread) > 1 else 'is'} never read and not an output: is another tensor used in "
+                    f"{'their' if len(unread) > 1 else 'its'} place?"
+                )
+                yield warning(analysis, node, self.code, message, node.step.output_field)
+
+    def _declared(self, analysis, name: str, declared, read: bool):
+        """A declaration's own ``allow: {unused-tensor: reason}`` reports it as allowed (and goes
+        stale, with a warning, once a step reads it)."""
+        reason = (declared.decl.allow or {}).get(self.code)
+        where = (declared.section, name)
+        if read:
+            if reason is not None:
+                message = f"allow: '{self.code}' no longer applies: a step reads '{name}'; remove the allow (its reason: {reason})"
+                yield analysis.source.error(where + ("allow",), "unused-allow", message, severity="warning")
+            return
+        message = (
+            f"{declared.section[:-1]} '{name}' {show(analysis, name)} is declared but no step reads it — feed it to the step "
+            f"meant to use it (a mask step's mask:, a linear's weight:) or delete it"
+        )
+        if reason is None:
+            yield analysis.source.error(where, self.code, message, severity="warning")
+        else:
+            yield analysis.source.error(where, self.code, f"{message} — allowed: {reason}", severity="allowed")
