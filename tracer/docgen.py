@@ -172,9 +172,17 @@ $ tracer check --strict pipelines/lint_examples/fixed/*.yaml # their fixes: clea
 
 Each lint is one registered class in `tracer/analysis/lints/` that reads the finished static
 analysis (no torch, nothing runs); attention lints read the attention core
-(`tracer.analysis.attention`), found once per analysis. The one check that needs values, NaN rows
-in softmax outputs, is a run hook: `tracer run` passes `tracer.runtime.watch.SoftmaxNaNs` as
-`run(observe=...)`, which sees every softmax output as it is produced and keeps none of them.
+(`tracer.analysis.attention`), found once per analysis, and the facts it derives: what each axis
+means (`tracer.analysis.roles`: batch, heads, positions, head dim, features) and which tokens each
+positions axis holds (`tracer.analysis.positions`: `past .. T + past - 1` after a rope at offset
+`past`; the cache, then the new tokens, after a concat). `tracer run --json` shows both per tensor
+(`axis_roles`, `positions`).
+
+What only values can tell is checked while running: `tracer run` (and `run(check_values=True)` in
+Python, through the `tracer.runtime.watch.ValueRows` hook) counts the rows of every tensor that
+hold NaN or inf and the queries a mask hid entirely, names the first step that made NaN or inf
+(`non-finite`), and shows them in the table (a `values` section), the JSON (`rows`, `checks`),
+the notebook view and the report. The hook sees each tensor as it is produced and keeps none.
 
 | code | from | example | fixed |
 |---|---|---|---|

@@ -24,7 +24,7 @@ from ..spec.pipeline import PipelineSpec, TensorDecl, tensor_dtype
 from ..spec.source import SourceMap
 from ..steps.contract import Composite, Outputs, Shape
 from ..steps.rules import StepError
-from . import costs, roles
+from . import costs, positions, roles
 from .attention import find_sites
 from .expect import Expectation, check_expectations
 from .graph import CHAIN, ONE, OUTPUTS, Node, Out, StepGraph, build_graph
@@ -99,6 +99,15 @@ class Analysis:
             return ()
         node = self.producer(self.record_of(tensor_id))
         return roles.axis_roles(meta, (node.dims if node is not None else self.alg).exprs)
+
+    @cached_property
+    def _positions(self) -> dict[str, positions.Positions]:
+        return positions.token_positions(self, self.axis_roles)
+
+    def token_positions(self, tensor_id: str) -> positions.Positions:
+        """Which tokens each positions axis of a tensor holds (tracer.analysis.positions): an
+        ``Interval`` per axis, None where an axis holds no positions or they are not known."""
+        return self._positions.get(self.record_of(tensor_id), ())
 
     def users(self, tensor_id: str) -> tuple[Node, ...]:
         """The nodes that read a tensor (by the name the file gives it), in file order."""

@@ -140,6 +140,9 @@ class _Data:
         if record.id in self.roles:
             data["attention"] = self.roles[record.id]
         data["axes"] = [role or "" for role in self.analysis.axis_roles(record.id)]
+        tokens = [str(p) for p in self.analysis.token_positions(record.id) if p is not None]
+        if tokens:
+            data["tokens"] = "; ".join(tokens)
         rows = self.trace.value_rows.get(record.id)
         if rows:
             data["rows"] = str(rows)

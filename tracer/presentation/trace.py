@@ -104,9 +104,10 @@ class Trace:
         return tuple(self.analysis.diagnostics) + self.value_warnings
 
     def _tensor_dict(self, record, values: bool) -> dict:
-        """A record, with what each axis means (tracer.analysis.roles; null where the dims do not say)
-        and, when the run checked values, its rows holding NaN or inf or hiding every key."""
+        """A record, with what each axis means (tracer.analysis.roles; null where the dims do not say),
+        which tokens each positions axis holds (tracer.analysis.positions) and, when the run checked values, its rows holding NaN or inf or hiding every key."""
         found = {**record.to_dict(values), "axis_roles": list(self.analysis.axis_roles(record.id))}
+        found["positions"] = [None if p is None else str(p) for p in self.analysis.token_positions(record.id)]
         if record.id in self.value_rows:
             found["rows"] = self.value_rows[record.id].as_dict()
         return found

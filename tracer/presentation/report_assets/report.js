@@ -246,6 +246,7 @@
         ["op", t.op],
         ["shape", t.symbolic],
         ["axes", t.axes.some((a) => a) ? `(${t.axes.map((a) => a || "?").join(", ")})` : undefined],
+        ["tokens", t.tokens],
         ["rows", t.rows],
         ["concrete", list(t.shape)],
         ["dtype", t.dtype],
