@@ -405,3 +405,30 @@ expect:
         tracer.loads(wrong, "e.yaml")
     [error] = found.value.diagnostics
     assert error.code == "expect" and "T where the tensor has hs (both 4)" in error.message
+
+
+MLA_KEYS = """\
+name: mla_keys
+dims: {B: 1, H: 2, T: 3, Dn: 4, Dr: 4}
+inputs:
+  q: {shape: [B, H, T, Dn + Dr], init: randn}
+  k_nope: {shape: [B, H, T, Dn], init: randn}
+  k_rope: {shape: [B, H, T, Dr], init: randn}
+  v: {shape: [B, H, T, Dn], init: randn}
+steps:
+  - {id: k_rot, op: rope, input: k_rope}
+  - {id: key, op: cat, inputs: [k_nope, k_rot], dim: DIM}
+  - {id: context, op: sdpa, inputs: [q, key, v], causal: true}
+"""
+
+
+def test_keys_joined_along_their_features_are_no_cache_for_rope_offset():
+    """DeepSeek's MLA keys are cat([k_nope, k_rope], -1): features, not a cache appended along the
+    positions, so their rope at offset 0 is right (rope-offset fired on it before)."""
+    assert "rope-offset" not in codes(MLA_KEYS.replace("DIM", "-1"))
+    along_tokens = MLA_KEYS.replace("DIM", "2").replace("k_nope: {shape: [B, H, T, Dn]", "k_nope: {shape: [B, H, T, Dn + Dr]")
+    assert "rope-offset" in codes(
+        along_tokens.replace("v: {shape: [B, H, T, Dn]", "v: {shape: [B, H, 2 * T, Dn]").replace(
+            "k_rope: {shape: [B, H, T, Dr]", "k_rope: {shape: [B, H, T, Dn + Dr]"
+        )
+    )

@@ -2,8 +2,9 @@
 a perturbed weight changes the result (the comparison can fail)."""
 
 import torch
-from transformers import Gemma2Config, LlamaConfig
+from transformers import DeepseekV3Config, Gemma2Config, GPT2Config, GPT2LMHeadModel, LlamaConfig
 from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask, find_packed_sequence_indices
+from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3Attention, DeepseekV3RotaryEmbedding
 from transformers.models.gemma2.modeling_gemma2 import Gemma2DecoderLayer, Gemma2RotaryEmbedding
 from transformers.models.llama.modeling_llama import LlamaAttention, LlamaRotaryEmbedding
 
@@ -72,3 +73,63 @@ def test_llama31_packed_attention_equals_llamaattention_on_packed_documents():
     # one document per row is not the same attention: the segments matter
     whole = run("llama31_packed_attention.yaml", x=x, position_ids=pos, documents=torch.zeros_like(pos), **weights)
     assert (whole["out"].tensor - expected).abs().max().item() > 1e-3
+
+
+@torch.no_grad()
+def test_gpt2_lm_equals_gpt2lmheadmodel_on_a_padded_batch():
+    config = GPT2Config(
+        vocab_size=40, n_positions=16, n_embd=32, n_head=2, n_layer=2, bos_token_id=0, eos_token_id=0, attn_implementation="eager"
+    )
+    model = randomized(GPT2LMHeadModel(config))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("bias"):
+                p.uniform_(-0.1, 0.1)  # they start at zero
+    assert model.lm_head.weight is model.transformer.wte.weight  # tied: the pipeline reads wte twice
+    t = model.transformer
+    ids = torch.tensor([[5, 17, 3, 29, 11, 2], [8, 8, 31, 0, 0, 0]])  # the pipeline's values
+    padding = torch.tensor([[1] * 6, [1] * 3 + [0] * 3])
+    expected = model(ids, attention_mask=padding).logits
+    weights = {"wte": t.wte.weight, "wpe": t.wpe.weight, "ln_f_w": t.ln_f.weight, "ln_f_b": t.ln_f.bias}
+    for i, block in enumerate(t.h):
+        a, m = block.attn, block.mlp
+        weights |= {
+            f"h/{i}/ln_1_w": block.ln_1.weight, f"h/{i}/ln_1_b": block.ln_1.bias, f"h/{i}/W_attn": a.c_attn.weight,
+            f"h/{i}/b_attn": a.c_attn.bias, f"h/{i}/W_proj": a.c_proj.weight, f"h/{i}/b_proj": a.c_proj.bias,
+            f"h/{i}/ln_2_w": block.ln_2.weight, f"h/{i}/ln_2_b": block.ln_2.bias, f"h/{i}/W_fc": m.c_fc.weight,
+            f"h/{i}/b_fc": m.c_fc.bias, f"h/{i}/W_mproj": m.c_proj.weight, f"h/{i}/b_mproj": m.c_proj.bias,
+        }  # fmt: skip
+    keep = padding.bool()[:, None, None, :]
+    trace = run("gpt2_lm.yaml", ids=ids, keep=keep, **weights)
+    diff = (trace["logits"].tensor - expected).abs().max().item()
+    print(f"gpt2_lm.yaml: max abs diff {diff:.3g}")
+    assert diff <= ATOL
+    nudged = run("gpt2_lm.yaml", ids=ids, keep=keep, **dict(weights, **{"h/1/b_attn": weights["h/1/b_attn"] + 0.05}))
+    assert (nudged["logits"].tensor - expected).abs().max().item() > 1e-3
+    unpadded = run("gpt2_lm.yaml", ids=ids, keep=torch.ones_like(keep), **weights)  # the padding mask matters
+    assert (unpadded["logits"].tensor - expected).abs().max().item() > 1e-3
+
+
+@torch.no_grad()
+def test_deepseek_v3_mla_equals_deepseekv3attention_with_yarn():
+    rope = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 8}
+    config = DeepseekV3Config(
+        hidden_size=32, num_attention_heads=2, num_key_value_heads=2, q_lora_rank=8, kv_lora_rank=8, qk_nope_head_dim=6,
+        qk_rope_head_dim=4, v_head_dim=5, intermediate_size=32, moe_intermediate_size=8, n_routed_experts=8, num_hidden_layers=1,
+        vocab_size=32, max_position_embeddings=32, rope_interleave=True, attn_implementation="eager",
+        rope_parameters={**rope, "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 0.8},
+    )  # fmt: skip
+    attn = randomized(DeepseekV3Attention(config, layer_idx=0))
+    assert attn.scaling == 0.3902588031658729  # the pipeline's multiplier: 10 ** -0.5 * mscale ** 2
+    x = torch.randn(2, 6, 32)
+    pos = torch.arange(6)[None].expand(2, -1)
+    rotary = DeepseekV3RotaryEmbedding(config)
+    assert rotary.attention_scaling != 1.0  # the yarn attention factor on cos and sin shows
+    mask = create_causal_mask(config, x, None, None, position_ids=pos)
+    expected, _ = attn(x, position_embeddings=rotary(x, pos), attention_mask=mask)
+    weights = {
+        "W_qa": attn.q_a_proj.weight, "ln_qa": attn.q_a_layernorm.weight, "W_qb": attn.q_b_proj.weight,
+        "W_kva": attn.kv_a_proj_with_mqa.weight, "ln_kva": attn.kv_a_layernorm.weight, "W_kvb": attn.kv_b_proj.weight,
+        "W_o": attn.o_proj.weight,
+    }  # fmt: skip
+    compare("deepseek_v3_mla.yaml", expected, {"x": x, **weights}, "W_kvb")
