@@ -2,19 +2,22 @@
 a perturbed weight changes the result (the comparison can fail)."""
 
 import torch
-from transformers import DeepseekV3Config, Gemma2Config, GPT2Config, GPT2LMHeadModel, LlamaConfig
+from transformers import DeepseekV3Config, FalconConfig, Gemma2Config, GPT2Config, GPT2LMHeadModel, LlamaConfig, Phi3Config
 from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask, find_packed_sequence_indices
 from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3Attention, DeepseekV3RotaryEmbedding
+from transformers.models.falcon.modeling_falcon import FalconDecoderLayer, FalconRotaryEmbedding
 from transformers.models.gemma2.modeling_gemma2 import Gemma2DecoderLayer, Gemma2RotaryEmbedding
 from transformers.models.llama.modeling_llama import LlamaAttention, LlamaRotaryEmbedding
+from transformers.models.phi3.modeling_phi3 import Phi3DecoderLayer, Phi3RotaryEmbedding
 
 from tests.models.test_models import ATOL, run
 
 
 def compare(name: str, expected, tensors: dict, perturb: str) -> float:
     """The pipeline's ``out`` against ``expected``; then again with one weight nudged, which must differ."""
-    diff = (run(name, **tensors)["out"].tensor - expected).abs().max().item()
-    assert diff <= ATOL, diff
+    out = run(name, **tensors)["out"].tensor
+    diff = (out - expected).abs().max().item()
+    assert out.shape == expected.shape and diff <= ATOL, diff
     print(f"{name}: max abs diff {diff:.3g}")
     nudged = dict(tensors, **{perturb: tensors[perturb] + 0.05})
     assert (run(name, **nudged)["out"].tensor - expected).abs().max().item() > 1e-3
@@ -133,3 +136,60 @@ def test_deepseek_v3_mla_equals_deepseekv3attention_with_yarn():
         "W_o": attn.o_proj.weight,
     }  # fmt: skip
     compare("deepseek_v3_mla.yaml", expected, {"x": x, **weights}, "W_kvb")
+
+
+@torch.no_grad()
+def test_phi3_decoder_layer_equals_phi3decoderlayer_with_partial_longrope():
+    rope = {
+        "rope_type": "longrope",
+        "rope_theta": 10000.0,
+        "partial_rotary_factor": 0.5,
+        "short_factor": [1.0, 1.5],
+        "long_factor": [2.0, 5.0],
+    }
+    config = Phi3Config(
+        hidden_size=16, num_attention_heads=2, num_key_value_heads=1, intermediate_size=32, num_hidden_layers=1, vocab_size=32,
+        max_position_embeddings=16, original_max_position_embeddings=4, rope_parameters=rope, pad_token_id=0, bos_token_id=1,
+        eos_token_id=2, attn_implementation="eager",
+    )  # fmt: skip
+    layer = randomized(Phi3DecoderLayer(config, layer_idx=0))
+    x = torch.randn(2, 6, 16)
+    pos = torch.arange(6)[None].expand(2, -1)
+    rotary = Phi3RotaryEmbedding(config)
+    cos, sin = rotary(x, pos)
+    assert cos.shape[-1] == 4 and rotary.attention_scaling == 2**0.5  # partial (R = 4 of Dh = 8), scaled
+    mask = create_causal_mask(config, x, None, None, position_ids=pos)
+    expected = layer(x, attention_mask=mask, position_ids=pos, position_embeddings=(cos, sin))
+    weights = {
+        "ln_in": layer.input_layernorm.weight, "W_qkv": layer.self_attn.qkv_proj.weight, "W_o": layer.self_attn.o_proj.weight,
+        "ln_post": layer.post_attention_layernorm.weight, "W_gate_up": layer.mlp.gate_up_proj.weight,
+        "W_down": layer.mlp.down_proj.weight,
+    }  # fmt: skip
+    compare("phi3_decoder_layer.yaml", expected, {"x": x, **weights}, "W_qkv")
+
+
+@torch.no_grad()
+def test_falcon_decoder_layer_equals_falcondecoderlayer_new_architecture():
+    config = FalconConfig(
+        hidden_size=16, num_attention_heads=4, num_kv_heads=2, new_decoder_architecture=True, num_hidden_layers=1, vocab_size=32,
+        attn_implementation="eager",
+    )  # fmt: skip
+    layer = FalconDecoderLayer(config, layer_idx=0)
+    assert config.num_ln_in_parallel_attn == 2 and not config.alibi  # two LayerNorms, rotary
+    layer = randomized(layer)
+    with torch.no_grad():
+        for name, p in layer.named_parameters():
+            if name.endswith("bias"):
+                p.uniform_(-0.5, 0.5)  # the LayerNorm biases start at zero
+    x = torch.randn(2, 6, 16)
+    pos = torch.arange(6)[None].expand(2, -1)
+    mask = create_causal_mask(config, x, None, None, position_ids=pos, allow_is_causal_skip=False)
+    rope = FalconRotaryEmbedding(config)(x, pos)
+    expected = layer(x, alibi=None, attention_mask=mask, position_ids=pos, position_embeddings=rope)[0]
+    a = layer.self_attention
+    weights = {
+        "ln_attn_w": layer.ln_attn.weight, "ln_attn_b": layer.ln_attn.bias, "ln_mlp_w": layer.ln_mlp.weight,
+        "ln_mlp_b": layer.ln_mlp.bias, "W_qkv": a.query_key_value.weight, "W_dense": a.dense.weight,
+        "W_4h": layer.mlp.dense_h_to_4h.weight, "W_h": layer.mlp.dense_4h_to_h.weight,
+    }  # fmt: skip
+    compare("falcon_decoder_layer.yaml", expected, {"x": x, **weights}, "W_qkv")
