@@ -2,12 +2,30 @@
 a perturbed weight changes the result (the comparison can fail)."""
 
 import torch
-from transformers import DeepseekV3Config, FalconConfig, Gemma2Config, GPT2Config, GPT2LMHeadModel, LlamaConfig, Phi3Config
-from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask, find_packed_sequence_indices
+from transformers import (
+    BartConfig,
+    DeepseekV3Config,
+    FalconConfig,
+    Gemma2Config,
+    GPT2Config,
+    GPT2LMHeadModel,
+    LlamaConfig,
+    ModernBertConfig,
+    Phi3Config,
+)
+from transformers.masking_utils import (
+    create_bidirectional_mask,
+    create_bidirectional_sliding_window_mask,
+    create_causal_mask,
+    create_sliding_window_causal_mask,
+    find_packed_sequence_indices,
+)
+from transformers.models.bart.modeling_bart import BartDecoderLayer
 from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3Attention, DeepseekV3RotaryEmbedding
 from transformers.models.falcon.modeling_falcon import FalconDecoderLayer, FalconRotaryEmbedding
 from transformers.models.gemma2.modeling_gemma2 import Gemma2DecoderLayer, Gemma2RotaryEmbedding
 from transformers.models.llama.modeling_llama import LlamaAttention, LlamaRotaryEmbedding
+from transformers.models.modernbert.modeling_modernbert import ModernBertEncoderLayer, ModernBertRotaryEmbedding
 from transformers.models.phi3.modeling_phi3 import Phi3DecoderLayer, Phi3RotaryEmbedding
 
 from tests.models.test_models import ATOL, run
@@ -193,3 +211,49 @@ def test_falcon_decoder_layer_equals_falcondecoderlayer_new_architecture():
         "W_4h": layer.mlp.dense_h_to_4h.weight, "W_h": layer.mlp.dense_4h_to_h.weight,
     }  # fmt: skip
     compare("falcon_decoder_layer.yaml", expected, {"x": x, **weights}, "W_qkv")
+
+
+@torch.no_grad()
+def test_bart_cross_attention_equals_bartdecoderlayer_encoder_attn_with_source_padding():
+    config = BartConfig(d_model=32, decoder_attention_heads=2, encoder_attention_heads=2, decoder_ffn_dim=32, encoder_ffn_dim=32,
+                        vocab_size=40, max_position_embeddings=16, attn_implementation="eager")  # fmt: skip
+    layer = randomized(BartDecoderLayer(config, layer_idx=0))
+    with torch.no_grad():
+        for name, p in layer.named_parameters():
+            if name.endswith("bias"):
+                p.uniform_(-0.5, 0.5)  # they start at zero
+    x, enc = torch.randn(2, 5, 32), torch.randn(2, 7, 32)
+    source = torch.tensor([[1] * 7, [1] * 4 + [0] * 3])  # the pipeline's padding
+    mask = create_bidirectional_mask(config, x, source, encoder_hidden_states=enc)
+    attn, norm = layer.encoder_attn, layer.encoder_attn_layer_norm
+    expected = norm(x + attn(x, key_value_states=enc, attention_mask=mask)[0])
+    weights = {"ln_w": norm.weight, "ln_b": norm.bias}
+    for name, proj in (("q", attn.q_proj), ("k", attn.k_proj), ("v", attn.v_proj), ("o", attn.out_proj)):
+        weights |= {f"W_{name}": proj.weight, f"b_{name}": proj.bias}
+    compare("bart_cross_attention.yaml", expected, {"x": x, "enc": enc, **weights}, "W_k")  # (a key bias cancels in the softmax)
+    keep = source.bool()[:, None, None, :]
+    unmasked = run("bart_cross_attention.yaml", x=x, enc=enc, keep=torch.ones_like(keep), **weights)  # the padding matters
+    assert (unmasked["out"].tensor - expected).abs().max().item() > 1e-3
+
+
+@torch.no_grad()
+def test_modernbert_local_layer_equals_modernbertencoderlayer_on_a_band_with_padding():
+    config = ModernBertConfig(
+        hidden_size=16, num_attention_heads=2, intermediate_size=24, num_hidden_layers=2, vocab_size=32, local_attention=4,
+        layer_types=["full_attention", "sliding_attention"], pad_token_id=0, bos_token_id=1, eos_token_id=2, cls_token_id=1,
+        sep_token_id=2, attn_implementation="eager",
+    )  # fmt: skip
+    layer = randomized(ModernBertEncoderLayer(config, layer_idx=1))
+    x = torch.randn(2, 8, 16)
+    padding = torch.tensor([[1] * 8, [1] * 5 + [0] * 3])  # the pipeline's
+    mask = create_bidirectional_sliding_window_mask(config, x, padding)
+    rope = ModernBertRotaryEmbedding(config)(x, torch.arange(8)[None], "sliding_attention")
+    expected = layer(x, attention_mask=mask, position_embeddings=rope)
+    weights = {
+        "ln_attn": layer.attn_norm.weight, "W_qkv": layer.attn.Wqkv.weight, "W_o": layer.attn.Wo.weight,
+        "ln_mlp": layer.mlp_norm.weight, "W_i": layer.mlp.Wi.weight, "W_mo": layer.mlp.Wo.weight,
+    }  # fmt: skip
+    compare("modernbert_local_layer.yaml", expected, {"x": x, **weights}, "W_qkv")
+    keep = padding.bool()[:, None, None, :]
+    wide = run("modernbert_local_layer.yaml", dims={"W": 8}, x=x, keep=keep, **weights)  # no band: the window matters
+    assert (wide["out"].tensor - expected).abs().max().item() > 1e-3
