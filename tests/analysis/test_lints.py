@@ -236,7 +236,8 @@ def test_cli_run_reports_nan_rows_without_keeping_values(tmp_path, capsys):
 @pytest.mark.parametrize("path", sorted((PIPELINES / "models").glob("*.yaml")), ids=lambda p: p.stem)
 def test_model_pipelines_are_clean_under_strict(path, capsys):
     assert main(["check", "--strict", str(path)]) == 0
-    assert capsys.readouterr().err == ""
+    # nothing but a lint the file allows, with its reason (DeepSeek's YaRN scaling is legitimately unusual)
+    assert all("allowed[" in line for line in capsys.readouterr().err.splitlines())
 
 
 def test_view_scrambles_dims_located_and_fixed():
