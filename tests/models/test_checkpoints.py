@@ -6,6 +6,7 @@ written is a located error."""
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 import torch
@@ -24,6 +25,7 @@ from transformers import (
 )
 from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
 
+import tracer
 from tests.conftest import tracer_cli
 from tests.models.test_models import ATOL, MODELS
 from tracer.checkpoints import bind, from_pretrained, read_params
@@ -220,3 +222,22 @@ def test_tensors_over_the_budget_are_refused_before_any_is_read(llama_folder):
     with pytest.raises(TracerError) as info:
         read_params(pipeline, llama_folder, 0, max_bytes=layer_bytes - 1)
     assert [d.code for d in info.value.diagnostics] == ["weights-too-large"]
+
+
+def test_a_config_that_is_not_a_regular_file_is_refused_without_blocking(llama_folder, tmp_path):
+    for item in llama_folder.iterdir():
+        if item.name != "config.json":
+            (tmp_path / item.name).symlink_to(item)
+    os.mkfifo(tmp_path / "config.json")  # opening it for reading would wait for a writer forever
+    message = refusal(MODELS / "llama_decoder_layer.yaml", "--weights", tmp_path, "--layer", "0")
+    assert "config.json" in message and "is a FIFO, not a regular file" in message
+
+
+def test_config_keys_per_layer_need_a_per_layer_prefix(tmp_path):
+    text = (MODELS / "llama_decoder_layer.yaml").read_text().replace("prefix: model.layers.{layer}.", "prefix: model.layers.0.")
+    text = text.replace("    mlp_bias: false\n", "    mlp_bias: false\n    layer_types.{layer}: full_attention\n")
+    (tmp_path / "p.yaml").write_text(text)
+    with pytest.raises(TracerError) as info:
+        tracer.load(tmp_path / "p.yaml")
+    (problem,) = info.value.diagnostics
+    assert problem.position is not None and "needs a per-layer prefix" in problem.message

@@ -132,6 +132,13 @@ class Checkpoint(Strict):
         "or null (a key the pipeline does not compute with); every key under the prefix must be named",
     )
 
+    @model_validator(mode="after")
+    def _layer_needs_a_per_layer_prefix(self):
+        keys = [*self.dims, *self.fields, *self.require]
+        if "{layer}" not in self.prefix and any("{layer}" in key for key in keys):
+            raise ValueError("a config key with {layer} needs a per-layer prefix, such as 'model.layers.{layer}.'")
+        return self
+
 
 class Expect(Strict):
     shape: list[DimText] | None = None
