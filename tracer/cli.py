@@ -10,7 +10,7 @@ import sys
 import threading
 from pathlib import Path
 
-from . import __version__, weights
+from . import __version__, checkpoints, weights
 from .analysis.memory import check_budget, default_budget, parse_bytes
 from .analysis.shapes import analyze
 from .api import Pipeline, load
@@ -129,7 +129,14 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--weights",
         metavar="W",
-        help="the params from a .safetensors file or a torch.save'd state_dict (keys: param ids, with / or .); every param must be there",
+        help="the params from a .safetensors file or a torch.save'd state_dict (keys: param ids, with / or .; every param must be there), "
+        "or a transformers save_pretrained folder, read as the pipeline's checkpoint: section says (dims from config.json too)",
+    )
+    run.add_argument(
+        "--layer",
+        type=_whole,
+        metavar="N",
+        help="with --weights FOLDER: the layer whose tensors fill the params (model.layers.N. in a Llama checkpoint)",
     )
     run.add_argument(
         "--weights-map",
@@ -268,12 +275,11 @@ def _check(args) -> int:
 
 def _run(args) -> int:
 
-    pipeline = load(args.file) if not args.dim else _load_unchecked(args.file)
-
+    pipeline = _pipeline_to_run(args)
     analysis = pipeline.check(dict(args.dim))
     if args.output:
         check_output(args.output, _reads(args, analysis), args.file)  # before the run: never the files it reads
-    params = _weights(args, analysis) if args.weights or args.weights_map else None
+    params = _weights(args, pipeline, analysis) if args.weights or args.weights_map else None
     with _running(analysis, args.quiet) as progress:
         trace = pipeline.run(
             dims=dict(args.dim),
@@ -309,13 +315,39 @@ def _reads(args, analysis) -> list[str]:
     return outputs.read_files(analysis) + [f for f in given if f]
 
 
-def _weights(args, analysis) -> dict:
+def _pipeline_to_run(args) -> Pipeline:
+    """The file, with a save_pretrained folder's dims and fields bound when --weights is one."""
+    if not _is_folder(args.weights):
+        if args.layer is not None:
+            raise TracerError(
+                Diagnostic(args.file, None, "checkpoint", "--layer picks a layer of a save_pretrained folder: give one with --weights")
+            )
+        return load(args.file) if not args.dim else _load_unchecked(args.file)
+    if args.weights_map:
+        raise TracerError(
+            Diagnostic(
+                args.weights_map,
+                None,
+                "weights-map",
+                "a save_pretrained folder is renamed by the pipeline's checkpoint: section, not --weights-map",
+            )
+        )
+    return checkpoints.bind(_load_unchecked(args.file), args.weights, args.layer)
+
+
+def _is_folder(path: str | None) -> bool:
+    return path is not None and os.path.isdir(path)
+
+
+def _weights(args, pipeline, analysis) -> dict:
     """Every param from the checkpoint (renamed by the map): unknown, missing and mis-shaped keys together."""
 
     if args.weights_map and not args.weights:
         raise TracerError(Diagnostic(args.weights_map, None, "weights-map", "--weights-map renames the keys of --weights: give both"))
     check_budget(analysis, args.device, args.max_memory)  # a run that would be refused reads no weights
     budget = args.max_memory if args.max_memory is not None else default_budget(args.device)[0]
+    if _is_folder(args.weights):
+        return checkpoints.read_params(pipeline, args.weights, args.layer, budget, dict(args.dim))
     state = weights.read(args.weights, max_bytes=budget)
     if args.weights_map:
         state = weights.rename(state, weights.read_map(args.weights_map))
@@ -343,6 +375,12 @@ def _with_progress(observe, progress):
 
 def _table(trace, args) -> str:
     return trace.table(width=shutil.get_terminal_size((100, 24)).columns, depth=args.depth, expand=args.expand)
+
+
+def _whole(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"expected a whole number such as 0, got '{text}'")
+    return int(text)
 
 
 def _positive(text: str) -> int:

@@ -28,7 +28,7 @@ def _rotate_half(torch, x):
 class Gemma2DecoderLayer(nn.Module):
     # The pipeline 'gemma2_decoder_layer', as PyTorch.
 
-    def __init__(self, *, d_model=16, H=2, H_kv=1, Dh=8, d_ff=32, W=3, seed=None):
+    def __init__(self, *, d_model=16, H=2, H_kv=1, Dh=8, d_ff=32, W=3, S=8, seed=None):
         super().__init__()
         if H_kv == 0:
             raise ValueError(f"dim n_rep = H // H_kv: division by zero in 'H // H_kv' (H_kv={H_kv})")
@@ -42,6 +42,7 @@ class Gemma2DecoderLayer(nn.Module):
         self.Dh = Dh
         self.d_ff = d_ff
         self.W = W
+        self.S = S
         generator = None if seed is None else torch.Generator().manual_seed(seed)  # a seed: the traced run's params
         if generator is not None:
             torch.empty(2, 6, 16).normal_(generator=generator)  # input 'x' is drawn here in the traced run: same seed, same params
@@ -66,7 +67,7 @@ class Gemma2DecoderLayer(nn.Module):
 
     def forward(self, x):
         B, T = x.shape[0], x.shape[1]  # sizes from the input
-        H, H_kv, n_rep, Dh, W = self.H, self.H_kv, self.n_rep, self.Dh, self.W  # dims
+        H, H_kv, n_rep, Dh, W, S = self.H, self.H_kv, self.n_rep, self.Dh, self.W, self.S  # dims
         h_h = x.to(torch.float32)  # h
         h_h = h_h * torch.rsqrt(h_h.pow(2).mean(-1, keepdim=True) + 1e-06)  # h
         h = (h_h * (1.0 + self.ln_in.float())).to(x.dtype)  # (B, T, d_model) h
@@ -93,7 +94,7 @@ class Gemma2DecoderLayer(nn.Module):
         v_rep = torch.repeat_interleave(v_h, n_rep, dim=1)  # (B, H, T, Dh) v_rep
         k_t = k_rep.transpose(2, 3)  # (B, H, Dh, T) k_t
         scores = q_rot @ k_t  # (B, H, T, T) scores
-        scaled = scores * 0.3535533905932738  # (B, H, T, T) scaled
+        scaled = scores / math.sqrt(S)  # (B, H, T, T) scaled
         capped = torch.tanh(scaled / 2.0) * 2.0  # (B, H, T, T) capped
         masked = capped.masked_fill((torch.ones(T, T, dtype=torch.bool, device=capped.device).triu(1) | torch.ones(T, T, dtype=torch.bool, device=capped.device).tril(-W)), torch.finfo(capped.dtype).min)  # (B, H, T, T) masked
         weights = torch.softmax(masked, dim=-1)  # (B, H, T, T) weights

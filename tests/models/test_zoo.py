@@ -2,18 +2,40 @@
 a perturbed weight changes the result (the comparison can fail)."""
 
 import torch
-from transformers import Gemma2Config, LlamaConfig
-from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask, find_packed_sequence_indices
+from transformers import (
+    BartConfig,
+    DeepseekV3Config,
+    FalconConfig,
+    Gemma2Config,
+    GPT2Config,
+    GPT2LMHeadModel,
+    LlamaConfig,
+    ModernBertConfig,
+    Phi3Config,
+)
+from transformers.masking_utils import (
+    create_bidirectional_mask,
+    create_bidirectional_sliding_window_mask,
+    create_causal_mask,
+    create_sliding_window_causal_mask,
+    find_packed_sequence_indices,
+)
+from transformers.models.bart.modeling_bart import BartDecoderLayer
+from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3Attention, DeepseekV3RotaryEmbedding
+from transformers.models.falcon.modeling_falcon import FalconDecoderLayer, FalconRotaryEmbedding
 from transformers.models.gemma2.modeling_gemma2 import Gemma2DecoderLayer, Gemma2RotaryEmbedding
 from transformers.models.llama.modeling_llama import LlamaAttention, LlamaRotaryEmbedding
+from transformers.models.modernbert.modeling_modernbert import ModernBertEncoderLayer, ModernBertRotaryEmbedding
+from transformers.models.phi3.modeling_phi3 import Phi3DecoderLayer, Phi3RotaryEmbedding
 
 from tests.models.test_models import ATOL, run
 
 
 def compare(name: str, expected, tensors: dict, perturb: str) -> float:
     """The pipeline's ``out`` against ``expected``; then again with one weight nudged, which must differ."""
-    diff = (run(name, **tensors)["out"].tensor - expected).abs().max().item()
-    assert diff <= ATOL, diff
+    out = run(name, **tensors)["out"].tensor
+    diff = (out - expected).abs().max().item()
+    assert out.shape == expected.shape and diff <= ATOL, diff
     print(f"{name}: max abs diff {diff:.3g}")
     nudged = dict(tensors, **{perturb: tensors[perturb] + 0.05})
     assert (run(name, **nudged)["out"].tensor - expected).abs().max().item() > 1e-3
@@ -72,3 +94,166 @@ def test_llama31_packed_attention_equals_llamaattention_on_packed_documents():
     # one document per row is not the same attention: the segments matter
     whole = run("llama31_packed_attention.yaml", x=x, position_ids=pos, documents=torch.zeros_like(pos), **weights)
     assert (whole["out"].tensor - expected).abs().max().item() > 1e-3
+
+
+@torch.no_grad()
+def test_gpt2_lm_equals_gpt2lmheadmodel_on_a_padded_batch():
+    config = GPT2Config(
+        vocab_size=40, n_positions=16, n_embd=32, n_head=2, n_layer=2, bos_token_id=0, eos_token_id=0, attn_implementation="eager"
+    )
+    model = randomized(GPT2LMHeadModel(config))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("bias"):
+                p.uniform_(-0.1, 0.1)  # they start at zero
+    assert model.lm_head.weight is model.transformer.wte.weight  # tied: the pipeline reads wte twice
+    t = model.transformer
+    ids = torch.tensor([[5, 17, 3, 29, 11, 2], [8, 8, 31, 0, 0, 0]])  # the pipeline's values
+    padding = torch.tensor([[1] * 6, [1] * 3 + [0] * 3])
+    expected = model(ids, attention_mask=padding).logits
+    weights = {"wte": t.wte.weight, "wpe": t.wpe.weight, "ln_f_w": t.ln_f.weight, "ln_f_b": t.ln_f.bias}
+    for i, block in enumerate(t.h):
+        a, m = block.attn, block.mlp
+        weights |= {
+            f"h/{i}/ln_1_w": block.ln_1.weight, f"h/{i}/ln_1_b": block.ln_1.bias, f"h/{i}/W_attn": a.c_attn.weight,
+            f"h/{i}/b_attn": a.c_attn.bias, f"h/{i}/W_proj": a.c_proj.weight, f"h/{i}/b_proj": a.c_proj.bias,
+            f"h/{i}/ln_2_w": block.ln_2.weight, f"h/{i}/ln_2_b": block.ln_2.bias, f"h/{i}/W_fc": m.c_fc.weight,
+            f"h/{i}/b_fc": m.c_fc.bias, f"h/{i}/W_mproj": m.c_proj.weight, f"h/{i}/b_mproj": m.c_proj.bias,
+        }  # fmt: skip
+    keep = padding.bool()[:, None, None, :]
+    trace = run("gpt2_lm.yaml", ids=ids, keep=keep, **weights)
+    diff = (trace["logits"].tensor - expected).abs().max().item()
+    print(f"gpt2_lm.yaml: max abs diff {diff:.3g}")
+    assert diff <= ATOL
+    nudged = run("gpt2_lm.yaml", ids=ids, keep=keep, **dict(weights, **{"h/1/b_attn": weights["h/1/b_attn"] + 0.05}))
+    assert (nudged["logits"].tensor - expected).abs().max().item() > 1e-3
+    unpadded = run("gpt2_lm.yaml", ids=ids, keep=torch.ones_like(keep), **weights)  # the padding mask matters
+    assert (unpadded["logits"].tensor - expected).abs().max().item() > 1e-3
+
+
+@torch.no_grad()
+def test_deepseek_v3_mla_equals_deepseekv3attention_with_yarn():
+    rope = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 8}
+    config = DeepseekV3Config(
+        hidden_size=32, num_attention_heads=2, num_key_value_heads=2, q_lora_rank=8, kv_lora_rank=8, qk_nope_head_dim=6,
+        qk_rope_head_dim=4, v_head_dim=5, intermediate_size=32, moe_intermediate_size=8, n_routed_experts=8, num_hidden_layers=1,
+        vocab_size=32, max_position_embeddings=32, rope_interleave=True, attn_implementation="eager",
+        rope_parameters={**rope, "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 0.8},
+    )  # fmt: skip
+    attn = randomized(DeepseekV3Attention(config, layer_idx=0))
+    assert attn.scaling == 0.3902588031658729  # the pipeline's multiplier: 10 ** -0.5 * mscale ** 2
+    x = torch.randn(2, 6, 32)
+    pos = torch.arange(6)[None].expand(2, -1)
+    rotary = DeepseekV3RotaryEmbedding(config)
+    assert rotary.attention_scaling != 1.0  # the yarn attention factor on cos and sin shows
+    mask = create_causal_mask(config, x, None, None, position_ids=pos)
+    expected, _ = attn(x, position_embeddings=rotary(x, pos), attention_mask=mask)
+    weights = {
+        "W_qa": attn.q_a_proj.weight, "ln_qa": attn.q_a_layernorm.weight, "W_qb": attn.q_b_proj.weight,
+        "W_kva": attn.kv_a_proj_with_mqa.weight, "ln_kva": attn.kv_a_layernorm.weight, "W_kvb": attn.kv_b_proj.weight,
+        "W_o": attn.o_proj.weight,
+    }  # fmt: skip
+    compare("deepseek_v3_mla.yaml", expected, {"x": x, **weights}, "W_kvb")
+
+
+@torch.no_grad()
+def test_phi3_decoder_layer_equals_phi3decoderlayer_with_partial_longrope():
+    rope = {
+        "rope_type": "longrope",
+        "rope_theta": 10000.0,
+        "partial_rotary_factor": 0.5,
+        "short_factor": [1.0, 1.5],
+        "long_factor": [2.0, 5.0],
+    }
+    config = Phi3Config(
+        hidden_size=16, num_attention_heads=2, num_key_value_heads=1, intermediate_size=32, num_hidden_layers=1, vocab_size=32,
+        max_position_embeddings=16, original_max_position_embeddings=4, rope_parameters=rope, pad_token_id=0, bos_token_id=1,
+        eos_token_id=2, attn_implementation="eager",
+    )  # fmt: skip
+    layer = randomized(Phi3DecoderLayer(config, layer_idx=0))
+    x = torch.randn(2, 6, 16)
+    pos = torch.arange(6)[None].expand(2, -1)
+    rotary = Phi3RotaryEmbedding(config)
+    cos, sin = rotary(x, pos)
+    assert cos.shape[-1] == 4 and rotary.attention_scaling == 2**0.5  # partial (R = 4 of Dh = 8), scaled
+    mask = create_causal_mask(config, x, None, None, position_ids=pos)
+    expected = layer(x, attention_mask=mask, position_ids=pos, position_embeddings=(cos, sin))
+    weights = {
+        "ln_in": layer.input_layernorm.weight, "W_qkv": layer.self_attn.qkv_proj.weight, "W_o": layer.self_attn.o_proj.weight,
+        "ln_post": layer.post_attention_layernorm.weight, "W_gate_up": layer.mlp.gate_up_proj.weight,
+        "W_down": layer.mlp.down_proj.weight,
+    }  # fmt: skip
+    compare("phi3_decoder_layer.yaml", expected, {"x": x, **weights}, "W_qkv")
+
+
+@torch.no_grad()
+def test_falcon_decoder_layer_equals_falcondecoderlayer_new_architecture():
+    config = FalconConfig(
+        hidden_size=16, num_attention_heads=4, num_kv_heads=2, new_decoder_architecture=True, num_hidden_layers=1, vocab_size=32,
+        attn_implementation="eager",
+    )  # fmt: skip
+    layer = FalconDecoderLayer(config, layer_idx=0)
+    assert config.num_ln_in_parallel_attn == 2 and not config.alibi  # two LayerNorms, rotary
+    layer = randomized(layer)
+    with torch.no_grad():
+        for name, p in layer.named_parameters():
+            if name.endswith("bias"):
+                p.uniform_(-0.5, 0.5)  # the LayerNorm biases start at zero
+    x = torch.randn(2, 6, 16)
+    pos = torch.arange(6)[None].expand(2, -1)
+    mask = create_causal_mask(config, x, None, None, position_ids=pos, allow_is_causal_skip=False)
+    rope = FalconRotaryEmbedding(config)(x, pos)
+    expected = layer(x, alibi=None, attention_mask=mask, position_ids=pos, position_embeddings=rope)[0]
+    a = layer.self_attention
+    weights = {
+        "ln_attn_w": layer.ln_attn.weight, "ln_attn_b": layer.ln_attn.bias, "ln_mlp_w": layer.ln_mlp.weight,
+        "ln_mlp_b": layer.ln_mlp.bias, "W_qkv": a.query_key_value.weight, "W_dense": a.dense.weight,
+        "W_4h": layer.mlp.dense_h_to_4h.weight, "W_h": layer.mlp.dense_4h_to_h.weight,
+    }  # fmt: skip
+    compare("falcon_decoder_layer.yaml", expected, {"x": x, **weights}, "W_qkv")
+
+
+@torch.no_grad()
+def test_bart_cross_attention_equals_bartdecoderlayer_encoder_attn_with_source_padding():
+    config = BartConfig(d_model=32, decoder_attention_heads=2, encoder_attention_heads=2, decoder_ffn_dim=32, encoder_ffn_dim=32,
+                        vocab_size=40, max_position_embeddings=16, attn_implementation="eager")  # fmt: skip
+    layer = randomized(BartDecoderLayer(config, layer_idx=0))
+    with torch.no_grad():
+        for name, p in layer.named_parameters():
+            if name.endswith("bias"):
+                p.uniform_(-0.5, 0.5)  # they start at zero
+    x, enc = torch.randn(2, 5, 32), torch.randn(2, 7, 32)
+    source = torch.tensor([[1] * 7, [1] * 4 + [0] * 3])  # the pipeline's padding
+    mask = create_bidirectional_mask(config, x, source, encoder_hidden_states=enc)
+    attn, norm = layer.encoder_attn, layer.encoder_attn_layer_norm
+    expected = norm(x + attn(x, key_value_states=enc, attention_mask=mask)[0])
+    weights = {"ln_w": norm.weight, "ln_b": norm.bias}
+    for name, proj in (("q", attn.q_proj), ("k", attn.k_proj), ("v", attn.v_proj), ("o", attn.out_proj)):
+        weights |= {f"W_{name}": proj.weight, f"b_{name}": proj.bias}
+    compare("bart_cross_attention.yaml", expected, {"x": x, "enc": enc, **weights}, "W_k")  # (a key bias cancels in the softmax)
+    keep = source.bool()[:, None, None, :]
+    unmasked = run("bart_cross_attention.yaml", x=x, enc=enc, keep=torch.ones_like(keep), **weights)  # the padding matters
+    assert (unmasked["out"].tensor - expected).abs().max().item() > 1e-3
+
+
+@torch.no_grad()
+def test_modernbert_local_layer_equals_modernbertencoderlayer_on_a_band_with_padding():
+    config = ModernBertConfig(
+        hidden_size=16, num_attention_heads=2, intermediate_size=24, num_hidden_layers=2, vocab_size=32, local_attention=4,
+        layer_types=["full_attention", "sliding_attention"], pad_token_id=0, bos_token_id=1, eos_token_id=2, cls_token_id=1,
+        sep_token_id=2, attn_implementation="eager",
+    )  # fmt: skip
+    layer = randomized(ModernBertEncoderLayer(config, layer_idx=1))
+    x = torch.randn(2, 8, 16)
+    padding = torch.tensor([[1] * 8, [1] * 5 + [0] * 3])  # the pipeline's
+    mask = create_bidirectional_sliding_window_mask(config, x, padding)
+    rope = ModernBertRotaryEmbedding(config)(x, torch.arange(8)[None], "sliding_attention")
+    expected = layer(x, attention_mask=mask, position_embeddings=rope)
+    weights = {
+        "ln_attn": layer.attn_norm.weight, "W_qkv": layer.attn.Wqkv.weight, "W_o": layer.attn.Wo.weight,
+        "ln_mlp": layer.mlp_norm.weight, "W_i": layer.mlp.Wi.weight, "W_mo": layer.mlp.Wo.weight,
+    }  # fmt: skip
+    compare("modernbert_local_layer.yaml", expected, {"x": x, **weights}, "W_qkv")
+    keep = padding.bool()[:, None, None, :]
+    wide = run("modernbert_local_layer.yaml", dims={"W": 8}, x=x, keep=keep, **weights)  # no band: the window matters
+    assert (wide["out"].tensor - expected).abs().max().item() > 1e-3

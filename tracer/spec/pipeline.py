@@ -99,6 +99,51 @@ def _count_scalars(value: Any, depth: int) -> int:
     raise ValueError(f"'values' must be a nested list of numbers, found {type(value).__name__}")
 
 
+# A config.json key: dotted into nested objects and lists (rope_parameters.rope_theta,
+# layer_types.{layer}); {layer} stands for the layer picked with --layer.
+ConfigKey = Annotated[str, Field(pattern=r"^[A-Za-z0-9_]+(\.([A-Za-z0-9_]+|\{layer\}))*$", max_length=200)]
+FieldRef = Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_.\-]*\.[a-z_]+$", max_length=120)]
+
+
+class Split(Strict):
+    """A packed checkpoint tensor cut into equal pieces."""
+
+    into: list[TensorId] = Field(min_length=1, description="the params, in order")
+    dim: StrictInt = Field(0, description="the dim it is cut along")
+
+
+class Checkpoint(Strict):
+    """How a transformers ``save_pretrained`` folder fills this pipeline (``--weights DIR``)."""
+
+    dims: dict[ConfigKey, Annotated[str, Field(pattern=DIM_PATTERN)]] = Field(
+        default_factory=dict, description="config.json key -> the dim it sets, e.g. {hidden_size: d_model}"
+    )
+    fields: dict[ConfigKey, list[FieldRef]] = Field(
+        default_factory=dict, description="config.json key -> the step fields it sets, as STEP.FIELD, e.g. {rms_norm_eps: [h.eps]}"
+    )
+    require: dict[ConfigKey, Scalar | str | None] = Field(
+        default_factory=dict,
+        description="config.json values this pipeline is written for, e.g. {hidden_act: silu}; a checkpoint with another value is refused",
+    )
+    prefix: str = Field(
+        "",
+        max_length=200,
+        description="what the keys of `params` start with in the checkpoint; {layer} is the layer given by --layer, e.g. 'model.layers.{layer}.'",
+    )
+    params: dict[str, TensorId | list[TensorId] | Split | None] = Field(
+        min_length=1,
+        description="checkpoint key (after the prefix) -> param id, [P1, P2, ...] (a packed tensor cut along dim 0), {into, dim}, "
+        "or null (a key the pipeline does not compute with); every key under the prefix must be named",
+    )
+
+    @model_validator(mode="after")
+    def _layer_needs_a_per_layer_prefix(self):
+        keys = [*self.dims, *self.fields, *self.require]
+        if "{layer}" not in self.prefix and any("{layer}" in key for key in keys):
+            raise ValueError("a config key with {layer} needs a per-layer prefix, such as 'model.layers.{layer}.'")
+        return self
+
+
 class Expect(Strict):
     shape: list[DimText] | None = None
     contiguous: StrictBool | None = None
@@ -131,6 +176,10 @@ class PipelineSpec(Strict):
     expect: dict[RecordId, list[DimText] | Expect] = Field(
         default_factory=dict,
         description="id -> shape, or {shape, contiguous}; checked before and after running (a block's tensors as BLOCK/ID or BLOCK/COPY/ID)",
+    )
+    checkpoint: Checkpoint | None = Field(
+        None,
+        description="how a transformers save_pretrained folder fills the dims, step fields and params (`tracer run FILE --weights DIR`)",
     )
 
 

@@ -28,13 +28,13 @@ class _Path:
     fresh: str | None  # its last operand: the new tokens
 
 
-def _walk(analysis, tensor_id: str) -> _Path:
+def _walk(analysis, tensor_id: str, site) -> _Path:
     rotations, current = [], tensor_id
     for _ in range(MAX_WALK):
         node = analysis.producer(current)
         if node is None or not node.inputs:
             break
-        if node.step.joins() is not None and len(node.inputs) >= 2:
+        if node.step.joins() is not None and len(node.inputs) >= 2 and _joins_tokens(analysis, node, site):
             return _Path(tuple(rotations), node, tuple(node.inputs[:-1]), node.inputs[-1])
         if node.step.rotation() is not None:
             rotations.append(node)
@@ -42,6 +42,15 @@ def _walk(analysis, tensor_id: str) -> _Path:
             break
         current = node.inputs[0]
     return _Path(tuple(rotations), None, (), None)
+
+
+def _joins_tokens(analysis, join, site) -> bool:
+    """Whether a cat appends tokens (a cache) rather than features: DeepSeek's keys are
+    ``cat([k_nope, k_rope], -1)``, as long along the cat dim as the head dim q · k contracts over."""
+    meta = analysis.meta(join.id)
+    if meta is None or site.head_dim is None:
+        return True
+    return meta.shape[join.step.joins() % len(meta.shape)].poly != site.head_dim.poly
 
 
 def _offset(node) -> Poly:
@@ -76,15 +85,15 @@ class RopeOffset(Lint):
 
     def check(self, analysis):
         for site in analysis.attention:
-            keys = _walk(analysis, site.keys)
+            keys = _walk(analysis, site.keys, site)
             if keys.join is None or keys.rotations:
                 continue  # no cache, or rope after it (rope-after-cache)
-            fresh = _walk(analysis, keys.fresh)
+            fresh = _walk(analysis, keys.fresh, site)
             length, written = _cache_length(analysis, keys.join)
             for rope in fresh.rotations[:1]:
                 if rope.step.rotation().positions is None and _offset(rope) != length:
                     yield self._warn(analysis, rope, f"the new keys are appended after {written} cached ones by '{keys.join.id}'", written)
-            for rope in _walk(analysis, site.query).rotations[:1]:
+            for rope in _walk(analysis, site.query, site).rotations[:1]:
                 if rope.step.rotation().positions is None and _offset(rope) != length:
                     yield self._warn(
                         analysis, rope, f"the queries are the new tokens, after the {written} cached keys of '{keys.join.id}'", written
@@ -112,7 +121,7 @@ class RopeAfterCache(Lint):
 
     def check(self, analysis):
         for site in analysis.attention:
-            keys = _walk(analysis, site.keys)
+            keys = _walk(analysis, site.keys, site)
             if keys.join is not None and keys.rotations:
                 rope = keys.rotations[-1]
                 message = (
@@ -138,7 +147,7 @@ class CausalAlign(Lint):
     def check(self, analysis):
         for site in analysis.attention:
             top_left = [(step, m) for step, m in site.masks if m.causal and m.align == "top-left"]
-            keys = _walk(analysis, site.keys)
+            keys = _walk(analysis, site.keys, site)
             if not top_left or keys.join is None:
                 continue
             step = top_left[0][0]

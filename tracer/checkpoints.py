@@ -1,0 +1,335 @@
+"""Real checkpoints in: a transformers ``save_pretrained`` folder (``config.json`` with
+``model.safetensors``, or the shards ``model.safetensors.index.json`` lists) fills a pipeline as its
+``checkpoint:`` section says: dims and step fields from the config, params from the tensors of
+one layer (``--layer N``), keys renamed as ``--weights-map`` renames them.
+
+The folder is untrusted input, read as :func:`tracer.weights.read` reads a file: only regular
+files are opened, a shard the index names must be a ``.safetensors`` file beside it, only the
+shards holding a needed tensor are opened, and the needed tensors' bytes (from the safetensors
+headers) are held against the budget before any is copied.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from .api import Pipeline
+from .core.errors import Diagnostic, TracerError
+from .core.formatting import human_bytes
+from .runtime.tensors import match
+from .spec.load import load_spec
+from .spec.pipeline import Checkpoint, Split
+from .spec.source import open_regular
+from .weights import rename
+
+CONFIG, SINGLE, INDEX = "config.json", "model.safetensors", "model.safetensors.index.json"
+MAX_JSON = 16 * 2**20  # the shard index of a 400-shard model is about 2 MB
+_ITEM_BYTES = {"F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "F16": 2, "BF16": 2, "I16": 2, "U16": 2}  # else 1 byte
+_MISSING = object()
+
+
+def from_pretrained(
+    pipeline: Pipeline | str | Path, folder: str | Path, layer: int | None = None, max_bytes: int | None = None
+) -> tuple[Pipeline, dict[str, Any]]:
+    """``pipeline`` with the dims and step fields of ``folder``'s ``config.json``, and its params
+    from the checkpoint (layer ``layer`` when the keys are per layer): run it with
+    ``bound.run(params=params, inputs=...)``."""
+    bound = bind(pipeline, folder, layer)
+    return bound, read_params(bound, folder, layer, max_bytes)
+
+
+def bind(pipeline: Pipeline | str | Path, folder: str | Path, layer: int | None = None) -> Pipeline:
+    """A new pipeline whose dims and step fields are the values ``config.json`` gives them; a
+    config that differs from what the pipeline ``require:``s is refused, every problem at once."""
+    if not isinstance(pipeline, Pipeline):
+        pipeline = Pipeline(*load_spec(pipeline))
+    section = _section(pipeline)
+    _prefix(pipeline, section, layer)  # a missing or stray --layer before anything is read
+    config_path = Path(folder) / CONFIG
+    config = _read_json(_folder(folder) / CONFIG)
+    if not isinstance(config, dict):
+        raise TracerError(Diagnostic(str(config_path), None, "checkpoint", "expected a JSON object, as save_pretrained writes"))
+    binder = _Binder(pipeline, config, str(config_path), layer)
+    dims = binder.dims(section.dims)
+    steps = binder.fields(section.fields)
+    binder.require(section.require)
+    if binder.problems:
+        raise TracerError(binder.problems)
+    return Pipeline(pipeline.spec.model_copy(update={"dims": dims, "steps": steps}), pipeline.source)
+
+
+def read_params(
+    pipeline: Pipeline, folder: str | Path, layer: int | None = None, max_bytes: int | None = None, dims: Mapping[str, int] | None = None
+) -> dict[str, Any]:
+    """Every param of ``pipeline`` (at ``dims``) from the checkpoint's tensors, checked against its declaration."""
+    section = _section(pipeline)
+    prefix = _prefix(pipeline, section, layer)
+    wanted = {prefix + key: key for key in section.params}
+    state = _Shards(_folder(folder), pipeline, prefix, wanted).read(max_bytes)
+    mapping = {key: _target(section.params[key]) for key in section.params}
+    params = rename({wanted[key]: tensor for key, tensor in state.items()}, mapping)
+    analysis = pipeline.check(dims)
+    analysis.raise_errors()
+    return match(analysis, params, "params", f"--weights {folder}", complete=True)
+
+
+def _section(pipeline: Pipeline) -> Checkpoint:
+    if pipeline.spec.checkpoint is None:
+        raise TracerError(
+            Diagnostic(
+                pipeline.path,
+                None,
+                "checkpoint",
+                "a save_pretrained folder fills a pipeline with a 'checkpoint:' section (which config.json keys set which dims, "
+                "which keys are which params); add one, or give --weights a .safetensors file",
+            )
+        )
+    return pipeline.spec.checkpoint
+
+
+def _prefix(pipeline: Pipeline, section: Checkpoint, layer: int | None) -> str:
+    per_layer = "{layer}" in section.prefix
+    if per_layer == (layer is not None):
+        return section.prefix.replace("{layer}", str(layer))
+    message = (
+        f"the checkpoint's keys are per layer ('{section.prefix}'): give the layer, --layer N"
+        if per_layer
+        else "the checkpoint's keys name no layer (its prefix has no {layer}): drop --layer"
+    )
+    raise TracerError(pipeline.source.error(("checkpoint", "prefix"), "checkpoint", message, prefer_key=True))
+
+
+def _folder(folder: str | Path) -> Path:
+    path = Path(folder)
+    if not path.is_dir():
+        raise TracerError(
+            Diagnostic(
+                str(folder),
+                None,
+                "weights-folder",
+                "is not a folder; give the folder save_pretrained wrote (config.json, model.safetensors)",
+            )
+        )
+    return path
+
+
+def _read_json(path: Path) -> Any:
+    fd, info = open_regular(path, str(path), "expected the JSON file save_pretrained writes", codes=("weights-folder", "weights-folder"))
+    with os.fdopen(fd, "rb") as file:
+        data = file.read(MAX_JSON + 1)
+    if len(data) > MAX_JSON:
+        raise TracerError(
+            Diagnostic(str(path), None, "weights-folder", f"is over {human_bytes(MAX_JSON)}; save_pretrained writes far less")
+        )
+    try:
+        return json.loads(data)
+    except (ValueError, RecursionError) as exc:
+        raise TracerError(Diagnostic(str(path), None, "weights-folder", f"is not JSON ({str(exc)[:200]})")) from None
+
+
+def _target(target: str | list[str] | Split | None) -> Any:
+    """A map entry as :func:`tracer.weights.rename` takes it."""
+    return target if target is None or isinstance(target, (str, list)) else target.model_dump()
+
+
+class _Binder:
+    """Reads config.json values into dims and step fields, collecting every problem."""
+
+    def __init__(self, pipeline: Pipeline, config: dict, config_name: str, layer: int | None):
+        self.pipeline, self.config, self.config_name, self.layer = pipeline, config, config_name, layer
+        self.problems: list[Diagnostic] = []
+
+    def value(self, key: str, path: tuple) -> Any:
+        """The config's value at a dotted key (``_MISSING``, with a problem, when there is none)."""
+        node: Any = self.config
+        for part in key.replace("{layer}", str(self.layer)).split("."):
+            if isinstance(node, dict) and part in node:
+                node = node[part]
+            elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+                node = node[int(part)]
+            else:
+                self.problem(path, f"{self.config_name} has no '{key}'" + (f" (layer {self.layer})" if "{layer}" in key else ""))
+                return _MISSING
+        return node
+
+    def problem(self, path: tuple, message: str) -> None:
+        self.problems.append(self.pipeline.source.error(("checkpoint", *path), "checkpoint", message, prefer_key=True))
+
+    def dims(self, mapping: Mapping[str, str]) -> dict[str, Any]:
+        dims = dict(self.pipeline.spec.dims)
+        for key, dim in mapping.items():
+            if dim not in dims:
+                self.problem(("dims", key), f"'{dim}' is not a dim of this pipeline; its dims: {', '.join(dims)}")
+                continue
+            value = self.value(key, ("dims", key))
+            if value is _MISSING:
+                continue
+            if type(value) is not int or value < 1:  # null too: a model without a sliding window is another pipeline
+                self.problem(("dims", key), f"{self.config_name} gives {key}: {json.dumps(value)}; dim '{dim}' needs a whole number ≥ 1")
+                continue
+            dims[dim] = value
+        return dims
+
+    def fields(self, mapping: Mapping[str, list[str]]) -> list:
+        steps = list(self.pipeline.spec.steps)
+        index = {step.id: i for i, step in enumerate(steps)}
+        for key, refs in mapping.items():
+            value = self.value(key, ("fields", key))
+            if value is _MISSING:
+                continue
+            for n, ref in enumerate(refs):
+                step_id, field = ref.rsplit(".", 1)
+                where = ("fields", key, n)
+                if step_id not in index:
+                    self.problem(where, f"'{step_id}' is not a step of this pipeline")
+                elif field in ("id", "op") or field not in type(steps[index[step_id]]).model_fields:
+                    self.problem(where, f"step '{step_id}' ({steps[index[step_id]].op}) has no field '{field}'")
+                else:
+                    steps[index[step_id]] = self.field(steps[index[step_id]], field, key, value, where)
+        return steps
+
+    def field(self, step, field: str, key: str, value: Any, where: tuple):
+        """``step`` with ``field`` set to ``value``, validated as the file's own value would be."""
+        written = step.model_dump(exclude_unset=True)
+        try:
+            return type(step).model_validate({**written, field: value})
+        except ValidationError as exc:
+            reason = exc.errors()[0]["msg"]
+            self.problem(where, f"{self.config_name} gives {key}: {json.dumps(value)}, not a value for '{step.id}' {field} ({reason})")
+            return step
+
+    def require(self, mapping: Mapping[str, Any]) -> None:
+        for key, expected in mapping.items():
+            value = self.value(key, ("require", key))
+            if value is not _MISSING and (value != expected or type(value) is not type(expected)):
+                self.problem(
+                    ("require", key),
+                    f"{self.config_name} gives {key}: {json.dumps(value)}; this pipeline computes the model with {key}: {json.dumps(expected)}",
+                )
+
+
+class _Shards:
+    """The checkpoint's tensors for the wanted keys: from model.safetensors, or from the shards the
+    index names for them."""
+
+    def __init__(self, folder: Path, pipeline: Pipeline, prefix: str, wanted: Mapping[str, str]):
+        self.folder, self.pipeline, self.prefix, self.wanted = folder, pipeline, prefix, wanted
+
+    def read(self, max_bytes: int | None) -> dict[str, Any]:
+        where = self._locations()
+        self._check_keys(set(where))
+        by_shard: dict[str, list[str]] = {}
+        for key in self.wanted:
+            by_shard.setdefault(where[key], []).append(key)
+        opened = []
+        try:
+            for shard, keys in by_shard.items():
+                opened.append((shard, keys, *self._open(shard)))
+            total = sum(_nbytes(handle, key) for _, keys, _, handle in opened for key in keys)
+            if max_bytes is not None and total > max_bytes:
+                raise TracerError(
+                    Diagnostic(
+                        str(self.folder),
+                        None,
+                        "weights-too-large",
+                        f"the tensors this pipeline takes from the checkpoint need {human_bytes(total)}, over the memory budget of "
+                        f"{human_bytes(max_bytes)}; raise it with --max-memory",
+                    )
+                )
+            return {key: handle.get_tensor(key).clone() for _, keys, _, handle in opened for key in keys}
+        finally:
+            for _, _, fd, _ in opened:
+                os.close(fd)
+
+    def _locations(self) -> dict[str, str]:
+        """Every key of the checkpoint, with the file holding it."""
+        index, single = self.folder / INDEX, self.folder / SINGLE
+        if index.exists():
+            data = _read_json(index)
+            weight_map = data.get("weight_map") if isinstance(data, dict) else None
+            if not isinstance(weight_map, dict):
+                raise TracerError(Diagnostic(str(index), None, "weights-folder", "has no 'weight_map' object (key -> shard file)"))
+            for key, shard in weight_map.items():
+                self._check_shard(key, shard, index)
+            return weight_map
+        if single.exists():
+            fd, handle = self._open(SINGLE)
+            try:
+                return dict.fromkeys(handle.keys(), SINGLE)
+            finally:
+                os.close(fd)
+        raise TracerError(
+            Diagnostic(
+                str(self.folder),
+                None,
+                "weights-folder",
+                f"has neither {SINGLE} nor {INDEX}; save the model with save_pretrained (safetensors, the default)",
+            )
+        )
+
+    def _check_shard(self, key: str, shard: Any, index: Path) -> None:
+        """A shard is a .safetensors file beside the index: no path out of the folder."""
+        if not (isinstance(shard, str) and shard.endswith(".safetensors") and Path(shard).name == shard and not shard.startswith(".")):
+            raise TracerError(
+                Diagnostic(
+                    str(index),
+                    None,
+                    "weights-folder",
+                    f"names {json.dumps(shard)[:100]} as the shard of '{key}'; a shard is a .safetensors file beside the index",
+                )
+            )
+
+    def _check_keys(self, present: set[str]) -> None:
+        """Every wanted key is there, and every key under the prefix is wanted: a tensor the
+        pipeline does not map (a bias it lacks) would otherwise be dropped and the result wrong."""
+        source, problems = self.pipeline.source, []
+        if self.prefix and not any(key.startswith(self.prefix) for key in present):
+            message = f"{self.folder} has no tensor whose key starts with '{self.prefix}' (a layer past the model's last?)"
+            raise TracerError(source.error(("checkpoint", "prefix"), "checkpoint", message, prefer_key=True))
+        for key, short in self.wanted.items():
+            if key not in present:
+                problems.append(
+                    source.error(("checkpoint", "params", short), "checkpoint", f"{self.folder} has no tensor '{key}'", prefer_key=True)
+                )
+        for key in sorted(present):
+            if key.startswith(self.prefix) and key not in self.wanted:
+                problems.append(
+                    source.error(
+                        ("checkpoint", "params"),
+                        "checkpoint",
+                        f"{self.folder} has '{key}', which the checkpoint map does not name: the pipeline does not compute with it; "
+                        f"map '{key[len(self.prefix) :]}' to a param, or to null if the model ignores it too",
+                        prefer_key=True,
+                    )
+                )
+        if problems:
+            raise TracerError(problems)
+
+    def _open(self, shard: str) -> tuple[int, Any]:
+        """A descriptor of the shard (checked to be a regular file) and safetensors' reader on it."""
+        from safetensors import safe_open
+
+        path = self.folder / shard
+        fd, _ = open_regular(path, str(path), "expected a .safetensors shard", codes=("weights-folder", "weights-file"))
+        opened = f"/proc/self/fd/{fd}" if os.path.isdir("/proc/self/fd") else str(path)  # the file checked, not a swapped one
+        try:
+            return fd, safe_open(opened, framework="pt")
+        except Exception as exc:  # a truncated file or a bad header: safetensors says which
+            os.close(fd)
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise TracerError(Diagnostic(str(path), None, "weights-file", f"cannot read weights ({first[:200]})")) from None
+
+
+def _nbytes(handle: Any, key: str) -> int:
+    """A tensor's bytes from the safetensors header, before it is read."""
+    piece = handle.get_slice(key)
+    count = 1
+    for size in piece.get_shape():
+        count *= size
+    return count * _ITEM_BYTES.get(piece.get_dtype(), 1)
