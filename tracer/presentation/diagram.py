@@ -339,7 +339,9 @@ class _Builder:
                 f'<FONT POINT-SIZE="9" COLOR="{MUTED}">{_esc(repeat.about)}</FONT>',
                 f'<FONT COLOR="{MUTED}">{folded} folded</FONT>',
             ]
-            graph.node(self.group_nodes[group], _rows(lines + shapes), **STYLES["repeat"])
+            # the report selects the block's output, the last copy's: its panel visits any copy
+            link = self._link(self.analysis.record_of(repeat.block))
+            graph.node(self.group_nodes[group], _rows(lines + shapes), **link, **STYLES["repeat"])
             return
         self.marks.add("collapsed")
         blocks = sorted({f"{f.block} ×{f.copies}" for f in self.repeated.values() if f.key in self._covered_by(group)})
@@ -385,6 +387,8 @@ class _Builder:
         """Steps of one op that read the same tensor first (q, k and v projections of x; gate and
         up) side by side in the file's order: Graphviz alone may draw v, k, q."""
         for tensor_id in self.records:
+            if tensor_id in self.fold:
+                continue  # drawn inside a folded or collapsed node
             siblings: dict[str, list[str]] = {}
             for node in self.analysis.users(tensor_id):
                 head = self._head(node.id)

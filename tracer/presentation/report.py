@@ -27,6 +27,7 @@ from ..core.errors import display
 from ..core.formatting import human_bytes
 from ..runtime.records import TensorRecord
 from .diagram import diagram
+from .folding import repeat_folds
 from .graphviz import render_bytes
 from .heatmap import is_attention_weights, leading_maps
 
@@ -67,7 +68,9 @@ def _asset(name: str) -> str:
 
 
 def _svg(trace: Trace, collapse: Iterable[str]) -> str:
-    source = diagram(trace, collapse, links=True, expand=True).source  # every record has a node to select
+    # repeated blocks folded as in every diagram: a 192-layer stack draws one layer, and the page's
+    # copy selector shows the records of the others
+    source = diagram(trace, collapse, links=True).source
     svg = render_bytes(source, "svg", trace.analysis.source.file).decode("utf-8")  # render's time limit and messages
     # inline SVG needs no XML prolog; Graphviz's comments only repeat node names
     return re.sub(r"<!--.*?-->", "", svg[svg.index("<svg") :], flags=re.S)
@@ -93,6 +96,10 @@ class _Data:
         inputs = self.analysis.pipeline.inputs
         self.tokens = {name: decl.tokens.words() for name, decl in inputs.items() if decl.tokens is not None}
         self.cells_left = MAX_CELLS
+        self.folds = repeat_folds(self.analysis)
+        blocks = {fold.key: fold for fold in self.folds.values()}.values()  # each repeated block once
+        self.copy_prefixes = {copy: fold for fold in blocks for copy in fold.hidden}
+        self._full: dict[str, dict] = {}
         self.sites = [_site(site) for site in self.analysis.attention]
         self.roles: dict[str, list[list]] = {}  # record id -> [[site index, its role there]]
         for n, site in enumerate(self.sites):
@@ -110,19 +117,76 @@ class _Data:
             "peak": human_bytes(self.analysis.memory.peak_bytes),
             "values": bool(trace.keep_values),
             "caps": {"side": MAX_SIDE, "maps": MAX_MAPS, "cells": MAX_CELLS},
-            "tensors": [self.tensor(record) for record in trace.records],
+            "count": len(trace.records),
+            "tensors": [self.full(record.id) for record in trace.records if record.id not in self.folds],
+            "copies": self.copies(),
             "attention": self.sites,
             "checks": [d.as_dict() for d in self.analysis.diagnostics],
             "groups": self.groups(),
         }
 
+    def full(self, record_id: str) -> dict:
+        """A record as the page shows it, made once (a folded copy is compared with copy 0's)."""
+        if record_id not in self._full:
+            self._full[record_id] = self.tensor(self.by_id[record_id])
+        return self._full[record_id]
+
+    def copy_of(self, record_id: str) -> str:
+        """The folded copy a record belongs to, the outermost: 'layers/5' for 'layers/5/attn/q'."""
+        end = record_id.find("/")
+        while record_id[:end] not in self.copy_prefixes:
+            end = record_id.find("/", end + 1)
+        return record_id[:end]
+
+    def copies(self) -> list[dict]:
+        """Each repeated block: the copy drawn, the folded copies, and of each folded record only
+        what copy 0's record, its ids moved to that copy, does not already say (the first step
+        reads the copy before; with values, the statistics; under "-" the keys it lacks). The
+        page rebuilds the rest."""
+        found: dict[str, dict] = {}
+        for record in self.trace.records:
+            fold = self.folds.get(record.id)
+            if fold is None:
+                continue
+            entry = found.setdefault(fold.key, {"shown": fold.shown, "hidden": list(fold.hidden), "changes": {}})
+            copy = self.copy_of(record.id)
+            # only what may differ is made for a folded record: a 192-layer stack costs about a 48-layer one
+            template = moved(self.full(fold.shown + record.id[len(copy) :]), fold.shown, copy)
+            actual = {**{k: v for k, v in template.items() if k not in PER_COPY}, **self.per_copy(record, self._node(record.id))}
+            changes = {key: value for key, value in actual.items() if template.get(key) != value}
+            removed = [key for key in template if key not in actual]
+            if removed:
+                changes["-"] = removed  # keys copy 0's record has and this one lacks
+            if changes:
+                entry["changes"][record.id] = changes
+        return list(found.values())
+
     def tensor(self, record: TensorRecord) -> dict:
         node = self._node(record.id)
+        return {**self.same_in_every_copy(record, node), **self.per_copy(record, node)}
+
+    def per_copy(self, record: TensorRecord, node: Any) -> dict:
+        """What may differ between the copies of a repeated block: the tensors a record reads and
+        feeds (the first step reads the copy before), its attention site, its values."""
         data = {
             "id": record.id,
-            "op": record.op,
             "inputs": list(record.inputs),
             "users": self.users.get(record.id, []),
+            "view_of": record.view_of,
+            "group": node.step.group if node is not None else None,
+        }
+        if record.id in self.roles:
+            data["attention"] = self.roles[record.id]
+        if record.tensor is not None and record.tensor.device.type != "meta":
+            data["stats"] = _stats(record.tensor)
+            if node is not None and is_attention_weights(node.step, record):
+                data["heatmap"] = self.heatmap(record)
+        return data
+
+    def same_in_every_copy(self, record: TensorRecord, node: Any) -> dict:
+        """What every copy of a repeated block shares: the copies are one block file with one set of dims."""
+        data = {
+            "op": record.op,
             "symbolic": record.symbolic,
             "shape": list(record.shape),
             "dtype": record.dtype,
@@ -130,23 +194,15 @@ class _Data:
             "stride": list(record.stride),
             "offset": record.storage_offset,
             "contiguous": record.contiguous,
-            "view_of": record.view_of,
             "bytes": record.nbytes,
             "size": human_bytes(record.nbytes),
             "where": self.where(record, node),
-            "group": node.step.group if node is not None else None,
             "note": self.note(record, node),
+            "axes": [role or "" for role in self.analysis.axis_roles(record.id)],
         }
-        if record.id in self.roles:
-            data["attention"] = self.roles[record.id]
-        data["axes"] = [role or "" for role in self.analysis.axis_roles(record.id)]
         flops = getattr(record, "flops", None)  # when records carry a FLOP count, the panel shows it
         if flops is not None:
             data["flops"] = flops
-        if record.tensor is not None and record.tensor.device.type != "meta":
-            data["stats"] = _stats(record.tensor)
-            if node is not None and is_attention_weights(node.step, record):
-                data["heatmap"] = self.heatmap(record)
         return data
 
     def heatmap(self, record: TensorRecord) -> dict:
@@ -195,9 +251,12 @@ class _Data:
         return getattr(decl, "note", None)
 
     def groups(self) -> dict[str, list[str]]:
-        """Group path -> the records of its steps, so a collapsed node's panel can list them."""
+        """Group path -> the records of its steps, so a collapsed node's panel can list them (the
+        folded copies of a repeated block draw no group)."""
         groups: dict[str, list[str]] = {}
         for record in self.trace.records:
+            if record.id in self.folds:
+                continue
             node = self._node(record.id)
             parts = node.step.group.split("/") if node is not None and node.step.group else []
             for n in range(1, len(parts) + 1):
@@ -215,6 +274,26 @@ class _Data:
                 seen.add(current)
                 todo.extend(self.by_id[current].inputs)
         return None
+
+
+PER_COPY = ("id", "inputs", "users", "view_of", "group", "attention", "stats", "heatmap")  # _Data.per_copy's keys
+MOVED = ("id", "inputs", "users", "view_of", "group")  # the fields of a record that name tensors or groups
+
+
+def moved(data: dict, old: str, new: str) -> dict:
+    """A record's data with the ids under ``old`` ('layers/0') moved under ``new`` ('layers/5');
+    report.js's ``moved`` does the same."""
+
+    def move(text):
+        if isinstance(text, str) and (text == old or text.startswith(old + "/")):
+            return new + text[len(old) :]
+        return text
+
+    out = dict(data)
+    for key in MOVED:
+        if key in out:
+            out[key] = [move(t) for t in out[key]] if isinstance(out[key], list) else move(out[key])
+    return out
 
 
 ROLES = ("query", "keys", "values", "scores", "weights", "context")  # a tensor's roles in an attention site
