@@ -172,6 +172,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     render.add_argument("--no-legend", dest="legend", action="store_false", help="leave the diagram's legend out (for slides)")
     render.add_argument(
+        "--tokens",
+        default="",
+        metavar="TEXT",
+        help='label the .html report\'s attention heatmaps with these words, one per position: --tokens "The cat sat"',
+    )
+    render.add_argument(
         "--values",
         action="store_true",
         help="run on real data and show it: per-head attention heatmaps in softmax nodes; in an .html report also per-tensor statistics",
@@ -407,7 +413,12 @@ def _draw(args) -> int:
         observe = _with_progress(None, progress)
         trace = pipeline.run(dims=dict(args.dim), device=args.device, keep_values=args.values, observe=observe)
     options = outputs.Options(
-        collapse=tuple(args.collapse), expand=args.expand, timeout=args.timeout, rankdir=args.rankdir, legend=args.legend
+        collapse=tuple(args.collapse),
+        expand=args.expand,
+        timeout=args.timeout,
+        rankdir=args.rankdir,
+        legend=args.legend,
+        tokens=tuple(args.tokens.split()),
     )
     with Progress(f"drawing {output.name}", quiet=args.quiet).ticking():
         written = outputs.write(trace, output, fmt, options)  # with values: heatmaps in softmax nodes

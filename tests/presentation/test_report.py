@@ -396,3 +396,33 @@ def test_browser_a_tall_diagram_opens_legible_with_its_inputs_in_view(browser, t
         "document.querySelector('a[*|href=\"#x\"]').closest('g.node').querySelector('text').getBoundingClientRect().height"
     )
     assert text >= 10  # fitting the whole layer drew 11 pt text at 3 px
+
+
+def test_tokens_label_the_heatmaps_and_must_have_one_word_per_position(causal, tmp_path):
+    words = "The cat sat on the mat".split()  # causal_mha: T = 6
+    heat = next(t for t in report_data(causal, words)["tensors"] if t["id"] == "weights")["heatmap"]
+    assert heat["row_labels"] == heat["col_labels"] == words
+    with pytest.raises(tracer.TracerError, match=r"the tokens are 3 words; the attention weights have 6 positions"):
+        report_data(causal, words[:3])
+    assert main(["render", str(CAUSAL), "--values", "--tokens", " ".join(words), "-o", str(tmp_path / "r.html"), "-q"]) == 0
+    assert '"tokens":["The","cat","sat","on","the","mat"]' in (tmp_path / "r.html").read_text()
+    causal.save(tmp_path / "api.html", tokens="The cat sat on the mat")
+    assert '"tokens":["The","cat"' in (tmp_path / "api.html").read_text()
+
+
+def test_browser_the_summary_shows_a_layer_by_head_grid_of_attention_maps(browser, tmp_path):
+    trace = stack_of(4, tmp_path).run(keep_values=True)  # encoder_stack's dims: H = 4, T = 8
+    page = trace.save(tmp_path / "grid.html", tokens="a b c d e f g h")
+    browser.open(page.as_uri())
+    rows = browser.evaluate(
+        "Array.from(document.querySelectorAll('#attention-grid .grid-row'), r => r.querySelectorAll('canvas.thumb').length)"
+    )
+    assert rows == [4, 4, 4, 4]  # four layers (three of them folded copies), four heads of batch item 0
+    label = browser.evaluate("document.querySelectorAll('#attention-grid .grid-label')[3].textContent")
+    assert label == "layers/3/attn_weights" and "tokens: a b c d e f g h" in panel(browser)
+    # a row of a causal-free map has no white cell: each weight is some share of the row
+    pixel = browser.evaluate("Array.from(document.querySelector('canvas.thumb').getContext('2d').getImageData(2, 2, 1, 1).data)")
+    assert pixel != [255, 255, 255, 255] and browser.evaluate("document.getElementById('colour-scale').width") == 160
+    browser.evaluate("document.querySelectorAll('#attention-grid canvas.thumb')[13].click()")
+    browser.wait_for("document.getElementById('record-id')?.textContent === 'layers/3/attn_weights'")
+    assert browser.problems() == []

@@ -46,6 +46,7 @@ class Options:
     peak: str = ""  # the table's last line: the estimated peak
     rankdir: str = "TB"  # the diagram's direction: "LR" flows left to right
     legend: bool = True  # the diagram's legend
+    tokens: tuple[str, ...] = ()  # the report's labels for the attention weights' positions
 
 
 @dataclass(frozen=True)
@@ -91,7 +92,7 @@ def _dot_text(trace: Trace, options: Options) -> str:
 
 @writer("html", ".html", ".htm", about="the interactive report, one self-contained page")
 def _html(trace: Trace, options: Options) -> bytes:
-    return report_html(trace, options.collapse).encode()
+    return report_html(trace, options.collapse, options.tokens).encode()
 
 
 @writer("json", ".json", about="every record as JSON")

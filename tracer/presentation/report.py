@@ -23,7 +23,7 @@ from collections.abc import Iterable
 from importlib import resources
 from typing import TYPE_CHECKING, Any
 
-from ..core.errors import display
+from ..core.errors import Diagnostic, TracerError, display
 from ..core.formatting import human_bytes
 from ..runtime.records import TensorRecord
 from .diagram import diagram
@@ -44,7 +44,9 @@ _SLOT = re.compile(r"\{\{(\w+)\}\}")
 _SCRIPT_UNSAFE = {ord("<"): "\\u003c", ord(">"): "\\u003e", ord("&"): "\\u0026", 0x2028: "\\u2028", 0x2029: "\\u2029"}
 
 
-def report_html(trace: Trace, collapse: Iterable[str] = ()) -> str:
+def report_html(trace: Trace, collapse: Iterable[str] = (), tokens: Iterable[str] = ()) -> str:
+    """The page; ``tokens`` (one word per position: ``"The cat sat".split()``) label the heatmaps'
+    rows and columns, as a ``tokens:`` input's words do."""
     script = _asset("report.js")
     digest = base64.b64encode(hashlib.sha256(script.encode()).digest()).decode()
     slots = {
@@ -52,7 +54,7 @@ def report_html(trace: Trace, collapse: Iterable[str] = ()) -> str:
         "CSP": f"default-src 'none'; style-src 'unsafe-inline'; img-src data:; script-src 'sha256-{digest}'",
         "CSS": _asset("report.css"),
         "SVG": _svg(trace, collapse),
-        "DATA": script_json(report_data(trace)),
+        "DATA": script_json(report_data(trace, tokens)),
         "SCRIPT": script,
     }
     return _SLOT.sub(lambda m: slots[m[1]], _asset("report.html"))
@@ -79,15 +81,31 @@ def _svg(trace: Trace, collapse: Iterable[str]) -> str:
 # ---------------------------------------------------------------- the data the page shows
 
 
-def report_data(trace: Trace) -> dict:
-    return _Data(trace).build()
+def report_data(trace: Trace, tokens: Iterable[str] = ()) -> dict:
+    return _Data(trace, _checked_tokens(trace, list(tokens))).build()
+
+
+def _checked_tokens(trace: Trace, tokens: list[str]) -> list[str]:
+    """Words that can label the attention weights: as many as their queries or their keys."""
+    if not tokens:
+        return tokens
+    analysis = trace.analysis
+    sides = {analysis.meta(site.softmax).sizes[-1] for site in analysis.attention if site.softmax is not None}
+    sides |= {analysis.meta(site.softmax).sizes[-2] for site in analysis.attention if site.softmax is not None}
+    if sides and len(tokens) not in sides:
+        lengths = " or ".join(map(str, sorted(sides)))
+        words = f"{len(tokens)} word{'s' if len(tokens) != 1 else ''}"
+        message = f"the tokens are {words}; the attention weights have {lengths} positions: give one word per position"
+        raise TracerError(Diagnostic(analysis.source.file, None, "tokens", message))
+    return tokens
 
 
 class _Data:
     """What the page shows of each record, with the lookups it needs computed once."""
 
-    def __init__(self, trace: Trace):
+    def __init__(self, trace: Trace, tokens: list[str] | None = None):
         self.trace, self.analysis = trace, trace.analysis
+        self.given_tokens = tokens or None
         self.by_id = {r.id: r for r in trace.records}
         self.users: dict[str, list[str]] = {}
         for record in trace.records:
@@ -116,6 +134,7 @@ class _Data:
             "seed": trace.seed,
             "peak": human_bytes(self.analysis.memory.peak_bytes),
             "values": bool(trace.keep_values),
+            "tokens": self.given_tokens,
             "caps": {"side": MAX_SIDE, "maps": MAX_MAPS, "cells": MAX_CELLS},
             "count": len(trace.records),
             "tensors": [self.full(record.id) for record in trace.records if record.id not in self.folds],
@@ -264,7 +283,10 @@ class _Data:
         return groups
 
     def labels(self, record: TensorRecord) -> list[str] | None:
-        """The words of the ``tokens:`` input (tutorial 000's sentence) the record derives from, if any."""
+        """The words given to the report, else those of the ``tokens:`` input (tutorial 000's
+        sentence) the record derives from, if any."""
+        if self.given_tokens:
+            return self.given_tokens
         seen, todo = set(), [record.id]
         while todo and self.tokens:
             current = todo.pop()

@@ -129,14 +129,24 @@ class Trace:
         timeout: float = DOT_TIMEOUT,
         rankdir: str = "TB",
         legend: bool = True,
+        tokens: str | Iterable[str] = (),
     ) -> Path:
         """Write the run to ``path`` in the format its suffix names (``tracer.presentation.outputs``:
         .svg .png .pdf .dot the diagram, .html the report, .json the records, .txt the table;
         no suffix: SVG), atomically; returns the path. A diagram flows ``rankdir`` ('LR': left
-        to right) and has a legend unless ``legend=False``."""
+        to right) and has a legend unless ``legend=False``. A report labels its attention heatmaps
+        with ``tokens``, one word per position ("The cat sat" or a list)."""
+        words = tuple(tokens.split() if isinstance(tokens, str) else tokens)
         path, fmt = outputs.by_suffix(path, tuple(outputs.WRITERS), default="svg")
         options = outputs.Options(
-            collapse=tuple(collapse), expand=expand, timeout=timeout, values=values, peak=self.peak_line(), rankdir=rankdir, legend=legend
+            collapse=tuple(collapse),
+            expand=expand,
+            timeout=timeout,
+            values=values,
+            peak=self.peak_line(),
+            rankdir=rankdir,
+            legend=legend,
+            tokens=words,
         )
         return outputs.write(self, path, fmt, options)
 

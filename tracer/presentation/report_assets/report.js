@@ -301,6 +301,7 @@
       el("h3", {}, "attention"),
       data.attention.length ? links(data.attention.map((s) => s.context || s.product)) : el("p", { class: "muted" }, "no attention found"),
       data.values ? el("h3", {}, "attention weights") : el("p", { class: "muted" }, "Rendered without --values: no statistics or heatmaps."),
+      data.values ? attentionGrid() : "",
       data.values ? links(weights) : "",
       el("h3", {}, "checks"),
       data.checks.length ? checksList(data.checks) : el("p", { class: "muted" }, "tracer check: clean")
@@ -422,6 +423,53 @@
     };
     for (const s of selects) s.addEventListener("change", redraw);
     redraw();
+  }
+
+  // bertviz's overview: one row per attention site (a layer), one thumbnail per head of the first
+  // batch item, every map on one colour scale; a click opens that site's weights
+  function attentionGrid() {
+    const rows = data.attention.map((s) => s.weights && record(s.weights)).filter((t) => t && t.heatmap && t.heatmap.maps.length);
+    if (!rows.length) return "";
+    const grid = el("div", { id: "attention-grid" });
+    for (const t of rows) {
+      const h = t.heatmap;
+      const row = el("div", { class: "grid-row" }, el("span", { class: "grid-label" }, link(t.id)));
+      h.lead.forEach((lead, i) => {
+        if (lead.slice(0, -1).some((v) => v !== 0)) return; // batch item 0 only
+        const where = h.lead_dims.map((name, axis) => `${name} ${lead[axis]}`).join(", ");
+        const thumb = el("canvas", { class: "thumb", title: `${t.id}: ${where}` });
+        drawThumb(thumb, h, h.maps[i]);
+        thumb.addEventListener("click", () => go(t.id));
+        row.append(thumb);
+      });
+      grid.append(row);
+    }
+    const words = data.tokens ? el("p", { class: "muted" }, `tokens: ${data.tokens.join(" ")}`) : "";
+    return el("div", {}, colourScale(), words, grid);
+  }
+
+  function drawThumb(canvas, h, map) {
+    const [rows, cols] = h.side, size = 48, cell = size / Math.max(rows, cols);
+    const levels = Uint8Array.from(atob(map.cells), (c) => c.charCodeAt(0));
+    canvas.width = canvas.height = size;
+    const ctx = canvas.getContext("2d");
+    for (let i = 0; i < rows; i++) {
+      for (let j = 0; j < cols; j++) {
+        ctx.fillStyle = colour(levels[i * cols + j]);
+        ctx.fillRect(j * cell, i * cell, Math.ceil(cell), Math.ceil(cell));
+      }
+    }
+  }
+
+  function colourScale() {
+    const bar = el("canvas", { id: "colour-scale", width: "160", height: "10" });
+    const ctx = bar.getContext("2d");
+    for (let x = 0; x < 160; x++) {
+      ctx.fillStyle = colour(Math.round((x / 159) * LEVELS));
+      ctx.fillRect(x, 0, 1, 10);
+    }
+    const nan = el("span", { class: "nan-swatch" });
+    return el("div", { class: "scale" }, "0 ", bar, " each map's largest weight · ", nan, " NaN");
   }
 
   function colour(level) {
