@@ -231,8 +231,9 @@ _ONE = Poly.const(1)
 
 
 def _operand(dim: Dim, op: str) -> str:
-    """``dim``'s label as an operand of ``op``, in parentheses unless that changes nothing: a
-    product needs none on the left of ``*`` or ``//``, a name or a number needs none anywhere."""
+    """``dim``'s label as an operand of ``op``, in parentheses unless that changes nothing: a name
+    or a number needs none anywhere, a product without ``//`` none as a factor of ``*`` (the left
+    of ``//`` is passed as a factor: ``a * b // c`` is ``(a * b) // c``)."""
     label = dim.label
     if label.isidentifier() or label.isdigit():
         return label
