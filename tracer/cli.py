@@ -118,6 +118,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     _quiet_option(run)
     run.add_argument("--depth", type=_positive, metavar="N", help="show groups nested deeper than N levels as one row each")
+    run.add_argument(
+        "--width",
+        type=_positive,
+        metavar="N",
+        help="fit the table in N columns: long ids and ops are elided, shapes never (default: the terminal's width; none in a file or a pipe)",
+    )
     run.add_argument("--device", default="cpu", type=_device, help="torch device: cpu, cuda, meta (default: cpu)")
     run.add_argument(
         "--max-memory",
@@ -167,6 +173,16 @@ def _parser() -> argparse.ArgumentParser:
         "--expand", action="store_true", help="draw every copy of a repeated block (default: the first copy and one ×N node for the rest)"
     )
     render.add_argument("--device", default="cpu", type=_device, help="torch device for the run (meta: no memory)")
+    render.add_argument(
+        "--rankdir", choices=("TB", "LR"), default="TB", help="the diagram's direction: TB top to bottom (default), LR left to right"
+    )
+    render.add_argument("--no-legend", dest="legend", action="store_false", help="leave the diagram's legend out (for slides)")
+    render.add_argument(
+        "--tokens",
+        default="",
+        metavar="TEXT",
+        help='label the .html report\'s attention heatmaps with these words, one per position: --tokens "The cat sat"',
+    )
     render.add_argument(
         "--values",
         action="store_true",
@@ -294,14 +310,14 @@ def _run(args) -> int:
     for warning in trace.analysis.warnings + list(trace.value_warnings):
         print(warning, file=sys.stderr)
     if args.output:
-        text = trace.to_json(values=args.values) if args.json else _table(trace, args) + "\n" + trace.peak_line()
+        text = trace.to_json(values=args.values) if args.json else _table(trace, args, args.width) + "\n" + trace.peak_line()
         written = write_atomic(args.output, text + chr(10), error_file=args.file, reads=_reads(args, analysis))
         print(f"wrote {printable(written)}", file=sys.stderr)
         return 0
     if args.json:
         print(trace.to_json(values=args.values))
         return 0
-    print(_table(trace, args))
+    print(_table(trace, args, args.width or _terminal_width()))
     print(trace.peak_line())
     if args.values:
         for record in trace.records:
@@ -373,8 +389,14 @@ def _with_progress(observe, progress):
     return both
 
 
-def _table(trace, args) -> str:
-    return trace.table(width=shutil.get_terminal_size((100, 24)).columns, depth=args.depth, expand=args.expand)
+def _table(trace, args, width: int | None) -> str:
+    return trace.table(width=width, depth=args.depth, expand=args.expand)
+
+
+def _terminal_width() -> int | None:
+    """The terminal's columns; ``None`` (nothing elided) when the table goes to a pipe or a file,
+    where a reader or a program wants every id whole."""
+    return shutil.get_terminal_size((100, 24)).columns if sys.stdout.isatty() else None
 
 
 def _whole(text: str) -> int:
@@ -427,7 +449,14 @@ def _draw(args) -> int:
     with _running(analysis, args.quiet) as progress:
         observe = _with_progress(None, progress)
         trace = pipeline.run(dims=dict(args.dim), device=args.device, keep_values=args.values, observe=observe, check_values=True)
-    options = outputs.Options(collapse=tuple(args.collapse), expand=args.expand, timeout=args.timeout)
+    options = outputs.Options(
+        collapse=tuple(args.collapse),
+        expand=args.expand,
+        timeout=args.timeout,
+        rankdir=args.rankdir,
+        legend=args.legend,
+        tokens=tuple(args.tokens.split()),
+    )
     with Progress(f"drawing {output.name}", quiet=args.quiet).ticking():
         written = outputs.write(trace, output, fmt, options)  # with values: heatmaps in softmax nodes
     print(f"wrote {printable(written)}")

@@ -60,7 +60,10 @@ Each dim is an int or an integer expression over other dims: int literals, dim n
 `+ - * // %`, unary minus and parentheses — nothing else (no calls, attributes, `**`).
 `//` must divide exactly (`d_model=10 is not divisible by H=3`). Override base dims at run time
 with `--dim T=128` or `dims={{"T": 128}}`; derived dims are recomputed. An expression equal to a
-declared dim prints as that dim, so `H * Dh` shows as `d_model`.
+declared dim prints as that dim, so `H * Dh` shows as `d_model`; any other expression prints as
+the file wrote it (`W_k: {{shape: [H_kv * Dh, d_model]}}` shows as `(H_kv * Dh, d_model)` in the
+table, diagrams, report and exported comments), and one tracer computes (a merge of `(H_kv, Dh)`)
+is spelled with the names it was computed from.
 
 ### `inputs` and `params`
 

@@ -37,7 +37,8 @@ def causal_trace():
 
 
 def edges(dot: str) -> list[tuple[str, str, str]]:
-    return [(m[1].strip('"'), m[2].strip('"'), m[3]) for m in map(EDGE.match, dot.splitlines()) if m]
+    """The edges that carry a tensor (not the invisible ones that order siblings)."""
+    return [(m[1].strip('"'), m[2].strip('"'), m[3]) for m in map(EDGE.match, dot.splitlines()) if m and m[3] != "style=invis"]
 
 
 def node_line(dot: str, node: str) -> str:
@@ -261,3 +262,34 @@ def test_collapse_matches_a_literal_group_first_then_a_glob_per_path_segment():
     assert folded("e*") == [("enc", "2")]  # '*' stays within one path segment
     stack = shared_pipeline(STACK).run(device="meta")
     assert dot_source(stack, collapse=["lay*"]).count(" collapsed</FONT>") == 1
+
+
+def _text_x(svg: str, node: str) -> float:
+    """Where Graphviz put a node's label, left to right."""
+    titles = {
+        "".join(g.find("{http://www.w3.org/2000/svg}title").itertext()): g for g in ET.fromstring(svg).iter() if g.get("class") == "node"
+    }
+    return float(next(titles[node].iter("{http://www.w3.org/2000/svg}text")).get("x"))
+
+
+@needs_dot
+@pytest.mark.parametrize("name", ["llama_decoder_layer", "gemma2_decoder_layer"])
+def test_q_k_v_and_gate_up_are_drawn_in_the_order_the_file_writes_them(name):
+    trace = shared_pipeline(PIPELINES / "models" / f"{name}.yaml").run(device="meta")
+    svg = trace.diagram()._repr_image_svg_xml()  # left to right by themselves, Graphviz drew these v, k, q and up, gate
+    xs = {node: _text_x(svg, node) for node in ("q", "k", "v", "gate", "up")}
+    assert xs["q"] < xs["k"] < xs["v"] and xs["gate"] < xs["up"]
+
+
+def test_rankdir_and_no_legend_for_slides(tmp_path, capsys):
+    from tracer.cli import main
+
+    trace = causal_trace()
+    wide = dot_source(trace, rankdir="LR", legend=False)
+    assert "rankdir=LR" in wide and "legend" not in wide and "rankdir=TB" in dot_source(trace) and "legend" in dot_source(trace)
+    with pytest.raises(TracerError, match="rankdir 'sideways' is not a direction Graphviz knows: use one of TB, LR"):
+        trace.diagram(rankdir="sideways")
+    assert main(["render", str(CAUSAL), "-o", str(tmp_path / "slide.dot"), "--rankdir", "LR", "--no-legend", "-q"]) == 0
+    assert (tmp_path / "slide.dot").read_text() == wide
+    trace.save(tmp_path / "api.dot", rankdir="LR", legend=False)
+    assert (tmp_path / "api.dot").read_text() == wide

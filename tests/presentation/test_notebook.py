@@ -8,6 +8,7 @@ from nbclient import NotebookClient
 
 import tracer
 import tracer.presentation.notebook
+from tests.browser import Browser, find_chromium
 from tests.conftest import PIPELINES, ROOT, shared_pipeline
 from tracer.core.formatting import human_bytes
 
@@ -62,3 +63,23 @@ def test_the_quickstart_notebook_runs_in_a_kernel():
     html = [o["data"]["text/html"] for o in outputs if "text/html" in o.get("data", {})]
     assert len(html) == 4 and sum("<svg" in h for h in html) == 2
     assert any("×47" in h for h in html)  # the stack's copies 1-47 as one node
+
+
+def test_the_diagram_fits_the_cell_width_with_its_proportions(causal, tmp_path):
+    executable = find_chromium()
+    if executable is None:
+        pytest.skip("no Chromium on PATH")
+    page = tmp_path / "cell.html"
+    page.write_text(f'<!DOCTYPE html><meta charset="utf-8"><body style="margin:0"><div style="width:600px">{causal._repr_html_()}</div>')
+    browser = Browser(executable, 1000, 700)
+    try:
+        browser.open(page.as_uri(), ready="document.readyState === 'complete'")
+        width, height, scroll = browser.evaluate(
+            "(() => { const box = document.querySelector('.diagram svg').getBoundingClientRect();"
+            " return [box.width, box.height, document.querySelector('.diagram').scrollWidth]; })()"
+        )
+    finally:
+        browser.close()
+    view = [float(v) for v in ET.fromstring(causal._repr_html_()).find(".//{*}svg").get("viewBox").split()]
+    assert view[2] > 600 and width == pytest.approx(600, abs=1) and scroll <= 601  # drawn wider than the cell: scaled down
+    assert height / width == pytest.approx(view[3] / view[2], rel=0.02)

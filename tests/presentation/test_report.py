@@ -15,7 +15,7 @@ from tests.conftest import PIPELINES, ROOT, pipeline_text
 from tracer.cli import main
 from tracer.gallery import build
 from tracer.presentation.diagram import dot_source
-from tracer.presentation.report import LEVELS, MAX_CELLS, MAX_MAPS, MAX_SIDE, report_data, script_json
+from tracer.presentation.report import LEVELS, MAX_CELLS, MAX_MAPS, MAX_SIDE, _Data, moved, report_data, script_json
 
 CAUSAL = PIPELINES / "causal_mha.yaml"
 
@@ -329,4 +329,100 @@ def test_browser_a_malformed_link_shows_the_summary(browser, reports, fragment):
     assert browser.evaluate("document.documentElement.dataset.ready") == "true"
     assert browser.evaluate("document.querySelector('#panel h2').textContent") == "causal_mha"
     browser.evaluate("location.hash = '#%E0%A4%A'")  # a later bad link too
+    assert browser.problems() == []
+
+
+def stack_of(layers: int, folder) -> tracer.Pipeline:
+    """encoder_stack with ``repeat: layers``, its block file beside it."""
+    (folder / "blocks").mkdir(exist_ok=True)
+    (folder / "blocks" / "encoder_layer.yaml").write_text((PIPELINES / "blocks" / "encoder_layer.yaml").read_text())
+    path = folder / f"stack_{layers}.yaml"
+    path.write_text((PIPELINES / "encoder_stack.yaml").read_text().replace("repeat: 48", f"repeat: {layers}"))
+    return tracer.load(path)
+
+
+@pytest.fixture(scope="module")
+def stacks(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("stacks")
+    traces = {n: stack_of(n, folder).run(device="meta") for n in (12, 48)}  # benchmarks/report_size.py: 48 and 192
+    return {n: (trace, trace.save(folder / f"stack_{n}.html")) for n, trace in traces.items()}
+
+
+def rebuilt(data: dict, record_id: str) -> dict:
+    """A record as report.js's record() rebuilds it: copy 0's, its ids moved to the copy, plus the changes."""
+    shown = {t["id"]: t for t in data["tensors"]}
+    if record_id in shown:
+        return shown[record_id]
+    block = next(b for b in data["copies"] if any(record_id.startswith(c + "/") for c in b["hidden"]))
+    copy = next(c for c in block["hidden"] if record_id.startswith(c + "/"))
+    changes = block["changes"].get(record_id, {})
+    out = {**moved(rebuilt(data, block["shown"] + record_id[len(copy) :]), block["shown"], copy), **changes}
+    return {key: value for key, value in out.items() if key not in changes.get("-", []) + ["-"]}
+
+
+def test_a_report_folds_repeated_blocks_and_every_folded_record_is_rebuilt_exactly(stacks):
+    trace, page = stacks[48]
+    size_12, size_48 = stacks[12][1].stat().st_size, page.stat().st_size
+    assert size_48 < 2 * size_12  # 4x the layers; drawing every copy made the 48-layer page 4.7 MB
+    data, svg = report_data(trace), page.read_text()
+    assert svg.count('class="node"') < 60 and "×47" in svg and len(data["tensors"]) < 60 and data["count"] == len(trace.records)
+    for record_id in ("layers/0/out", "layers/1/x", "layers/30/attn_weights", "layers/47/out", "layers/17/W_Q"):
+        assert rebuilt(data, record_id) == _Data(trace).tensor(trace[record_id]), record_id
+    assert rebuilt(data, "layers/1/x")["inputs"] == ["layers/0/out"]  # the copy reads the copy before
+
+
+def test_browser_the_copy_selector_visits_layer_k_and_its_records(browser, stacks):
+    browser.open(stacks[48][1].as_uri() + "#layers/5/attn_weights")
+    assert "layers/5/attn_weights" == browser.evaluate("document.getElementById('record-id').textContent")
+    assert browser.evaluate("document.getElementById('copy').value") == "layers/5" and "layers/5/scores" in panel(browser)
+    assert browser.evaluate("document.querySelectorAll('.node.selected').length") == 1  # copy 0's node, drawn once
+    browser.evaluate(
+        "(() => { const s = document.getElementById('copy'); s.value = 'layers/47'; s.dispatchEvent(new Event('change')); })()"
+    )
+    browser.wait_for("document.getElementById('record-id')?.textContent === 'layers/47/attn_weights'")
+    assert "layers/47/scores" in panel(browser) and browser.problems() == []
+
+
+def test_browser_a_tall_diagram_opens_legible_with_its_inputs_in_view(browser, tmp_path):
+    page = tracer.load(PIPELINES / "models" / "llama_decoder_layer.yaml").run(device="meta").save(tmp_path / "llama.html")
+    browser.open(page.as_uri())
+    node, view = browser.evaluate(
+        "(() => { const a = document.querySelector('a[*|href=\"#x\"]').closest('g.node').getBoundingClientRect();"
+        " const v = document.getElementById('viewport').getBoundingClientRect();"
+        " return [[a.left, a.top, a.right, a.bottom, a.height], [v.left, v.top, v.right, v.bottom]]; })()"
+    )
+    assert view[0] <= node[0] and node[2] <= view[2] and view[1] <= node[1] and node[3] <= view[3]  # the input is in view
+    text = browser.evaluate(
+        "document.querySelector('a[*|href=\"#x\"]').closest('g.node').querySelector('text').getBoundingClientRect().height"
+    )
+    assert text >= 10  # fitting the whole layer drew 11 pt text at 3 px
+
+
+def test_tokens_label_the_heatmaps_and_must_have_one_word_per_position(causal, tmp_path):
+    words = "The cat sat on the mat".split()  # causal_mha: T = 6
+    heat = next(t for t in report_data(causal, words)["tensors"] if t["id"] == "weights")["heatmap"]
+    assert heat["row_labels"] == heat["col_labels"] == words
+    with pytest.raises(tracer.TracerError, match=r"the tokens are 3 words; the attention weights have 6 positions"):
+        report_data(causal, words[:3])
+    assert main(["render", str(CAUSAL), "--values", "--tokens", " ".join(words), "-o", str(tmp_path / "r.html"), "-q"]) == 0
+    assert '"tokens":["The","cat","sat","on","the","mat"]' in (tmp_path / "r.html").read_text()
+    causal.save(tmp_path / "api.html", tokens="The cat sat on the mat")
+    assert '"tokens":["The","cat"' in (tmp_path / "api.html").read_text()
+
+
+def test_browser_the_summary_shows_a_layer_by_head_grid_of_attention_maps(browser, tmp_path):
+    trace = stack_of(4, tmp_path).run(keep_values=True)  # encoder_stack's dims: H = 4, T = 8
+    page = trace.save(tmp_path / "grid.html", tokens="a b c d e f g h")
+    browser.open(page.as_uri())
+    rows = browser.evaluate(
+        "Array.from(document.querySelectorAll('#attention-grid .grid-row'), r => r.querySelectorAll('canvas.thumb').length)"
+    )
+    assert rows == [4, 4, 4, 4]  # four layers (three of them folded copies), four heads of batch item 0
+    label = browser.evaluate("document.querySelectorAll('#attention-grid .grid-label')[3].textContent")
+    assert label == "layers/3/attn_weights" and "tokens: a b c d e f g h" in panel(browser)
+    # a row of a causal-free map has no white cell: each weight is some share of the row
+    pixel = browser.evaluate("Array.from(document.querySelector('canvas.thumb').getContext('2d').getImageData(2, 2, 1, 1).data)")
+    assert pixel != [255, 255, 255, 255] and browser.evaluate("document.getElementById('colour-scale').width") == 160
+    browser.evaluate("document.querySelectorAll('#attention-grid canvas.thumb')[13].click()")
+    browser.wait_for("document.getElementById('record-id')?.textContent === 'layers/3/attn_weights'")
     assert browser.problems() == []

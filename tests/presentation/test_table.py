@@ -3,6 +3,8 @@
 import pytest
 
 from tests.conftest import PIPELINES, shared_pipeline, tracer_cli
+from tracer.presentation.diagram import dot_source
+from tracer.presentation.export import export_source
 
 STACK = PIPELINES / "encoder_stack.yaml"
 
@@ -31,3 +33,33 @@ def test_depth_folds_groups_nested_deeper(stack):
     rows = [line.split()[0] for line in stack.table(depth=1).splitlines()[3:] if line and not line.startswith("parameters")]
     assert rows[:2] == ["x", "layers"] and not any(r.startswith("layers/") for r in rows[:2])
     assert tracer_cli("run", STACK, "--depth", "0").returncode == 2
+
+
+LLAMA = PIPELINES / "models" / "llama_decoder_layer.yaml"
+
+
+def test_shapes_print_as_the_file_wrote_them_in_the_table_the_diagram_and_the_exported_module():
+    pipeline = shared_pipeline(LLAMA)
+    trace = pipeline.run(device="meta")
+    # W_k is declared (H_kv * Dh, d_model); k = linear(h, W_k) computes its last dim from it
+    assert trace["k"].symbolic == "(B, T, H_kv * Dh)"
+    table = trace.table(width=100)
+    assert "(H_kv * Dh, d_model)" in table and "H_kv*d_model" not in table
+    assert "H_kv * Dh" in dot_source(trace) and "H_kv*d_model" not in dot_source(trace)
+    assert "# (H_kv * Dh, d_model)" in export_source(pipeline)
+
+
+def test_a_narrow_table_keeps_shapes_whole_and_elided_ids_distinct():
+    lines = shared_pipeline(LLAMA).run(device="meta").table(width=80).splitlines()
+    ids = [line.split()[0] for line in lines[4:] if line and not line.startswith(("parameters", "total"))]
+    assert max(map(len, lines)) <= 80 and "(B, T, H_kv * Dh)" in "\n".join(lines)
+    rotated = [i for i in ids if i.endswith("tated")]
+    assert len(rotated) == 2 and rotated[0] != rotated[1] and rotated[0].startswith("q_rot") and rotated[1].startswith("k_rot")
+
+
+def test_run_width_fits_the_table_and_a_pipe_gets_every_id_whole():
+    narrow = tracer_cli("run", LLAMA, "--device", "meta", "--width", "80")
+    assert narrow.returncode == 0 and max(map(len, narrow.stdout.splitlines()[:-1])) <= 80
+    piped = tracer_cli("run", LLAMA, "--device", "meta")  # not a terminal: no width to fit
+    assert "q_rot/rotated" in piped.stdout and "k_rot/rotated" in piped.stdout
+    assert tracer_cli("run", LLAMA, "--width", "0").returncode == 2

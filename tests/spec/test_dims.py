@@ -86,8 +86,22 @@ def test_symbolic_dims_reduce_exactly_and_print_as_declared_names():
     alg = DimAlgebra({"d_model": 8, "H": 2, "Dh": "d_model // H", "T": 6, "pair": "2 * T"})
     assert str(alg.mul(alg.dim("H"), alg.dim("Dh"))) == "d_model" and alg.dim("H * Dh").value == 8
     assert str(alg.dim("T + T")) == "pair" and str(alg.dim("d_model // H * H")) == "d_model"
-    assert str(alg.dim("T % 4")) == "(T % 4)" and alg.dim("T % 4").value == 2  # % stays an opaque symbol
+    assert alg.dim("T % 4").poly == alg.dim("(T) % 4").poly and alg.dim("T % 4").value == 2  # % stays an opaque symbol
     assert not alg.dim("T").same_symbol(alg.dim("6")) and alg.dim("T").value == alg.dim("6").value
+
+
+def test_a_dim_no_declared_name_equals_prints_as_the_file_wrote_it():
+    alg = DimAlgebra({"d_model": 8, "H": 4, "H_kv": 2, "Dh": "d_model // H", "T": 6})
+    written = alg.dim("H_kv * Dh")
+    assert str(written) == "H_kv * Dh" and str(alg.dim("T % 4")) == "T % 4"
+    # computed, not written (a merge of (H_kv, Dh)): built from the labels, not from the base dims
+    merged = alg.mul(alg.dim("H_kv"), alg.dim("Dh"))
+    assert str(merged) == "H_kv * Dh" and merged == written and merged.poly == alg.dim("H_kv*d_model // H").poly
+    assert str(alg.add(alg.dim("T"), alg.dim("Dh - 1"))) == "T + (Dh - 1)"
+    assert str(alg.add(alg.dim("T"), alg.dim("T - 1"))) == "2*T - 1"  # unless the polynomial says it shorter
+    assert str(alg.mul(alg.dim("T - 1"), alg.dim("Dh"))) == "(T - 1) * Dh"
+    # one opaque quotient, however its operands are spelled
+    assert alg.floordiv(merged, alg.dim("3")).same_symbol(alg.floordiv(alg.dim("H_kv*d_model // H"), alg.dim("3")))
 
 
 def test_dims_resolve_in_dependency_order_however_the_file_orders_them():

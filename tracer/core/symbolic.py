@@ -5,9 +5,15 @@ ints) with its concrete value. Because ``//`` in a dim expression must divide ex
 exact division, so ``d_model // H * H`` equals ``d_model`` and ``H * Dh`` prints as ``d_model``.
 ``%`` and division by a sum stay opaque atoms. No sympy, so ``tracer check`` starts fast.
 
->>> alg = DimAlgebra({"d_model": "8", "H": "2", "Dh": "d_model // H"})
+A dim prints as the file's own words: the name of the declared dim it equals, else the
+expression as the file wrote it (``H_kv * Dh``), else one built from the labels it was computed
+from, never the polynomial over base dims (``H_kv*d_model // H``) that nobody wrote.
+
+>>> alg = DimAlgebra({"d_model": "8", "H": "2", "H_kv": "1", "Dh": "d_model // H"})
 >>> str(alg.mul(alg.dim("H"), alg.dim("Dh")))
 'd_model'
+>>> str(alg.dim("H_kv * Dh")), str(alg.mul(alg.dim("H_kv"), alg.dim("Dh")))
+('H_kv * Dh', 'H_kv * Dh')
 """
 
 from __future__ import annotations
@@ -138,7 +144,7 @@ class Dim:
 
     poly: Poly
     value: int
-    label: str
+    label: str = field(compare=False)  # how it prints; two spellings of one dim are the same dim
 
     def __str__(self) -> str:
         return self.label
@@ -168,42 +174,71 @@ class DimAlgebra:
     def _poly(self, expr: dimexpr.Expr) -> Poly:
         return dimexpr.fold(expr, _Polys(self))
 
-    def make(self, poly: Poly, value: int) -> Dim:
+    def make(self, poly: Poly, value: int, spelling: str | None = None) -> Dim:
+        """The dim ``poly``, labelled by the declared dim it equals, else a whole number, else
+        ``spelling`` (the file's words for it), else the polynomial itself."""
         label = self.names.get(poly)
         if label is None:
             const = poly.constant
-            label = str(const.numerator) if const is not None and const.denominator == 1 else str(poly)
+            label = str(const.numerator) if const is not None and const.denominator == 1 else spelling or str(poly)
         return Dim(poly, value, label)
 
     def dim(self, expr: dimexpr.Expr | str | int) -> Dim:
         """A Dim from a spec expression; raises ``DimError`` (not divisible, unknown name...)."""
         if isinstance(expr, (dimexpr.Num, dimexpr.Name, dimexpr.Neg, dimexpr.BinOp)):
-            return self.make(self._poly(expr), dimexpr.evaluate(expr, self.values))
+            return self.make(self._poly(expr), dimexpr.evaluate(expr, self.values), dimexpr.text(expr))
         key = (type(expr), expr)  # (int, 1) and (bool, True) must not share an entry
         if key not in self._texts:
             parsed = dimexpr.parse(expr)
-            self._texts[key] = self.make(self._poly(parsed), dimexpr.evaluate(parsed, self.values))
+            self._texts[key] = self.make(self._poly(parsed), dimexpr.evaluate(parsed, self.values), dimexpr.text(parsed))
         return self._texts[key]
 
     def const(self, value: int) -> Dim:
         return self.make(Poly.const(value), value)
 
     def mul(self, a: Dim, b: Dim) -> Dim:
-        return self.make(a.poly * b.poly, a.value * b.value)
+        if a.poly == _ONE or b.poly == _ONE:  # a product's running total starts at 1
+            return b if a.poly == _ONE else a
+        return self._computed(a.poly * b.poly, a.value * b.value, f"{_operand(a, '*')} * {_operand(b, '*')}")
 
     def add(self, a: Dim, b: Dim) -> Dim:
-        return self.make(a.poly + b.poly, a.value + b.value)
+        return self._computed(a.poly + b.poly, a.value + b.value, f"{a} + {_operand(b, '+')}")
 
     def floordiv(self, a: Dim, b: Dim) -> Dim:
         quotient = a.poly.divide(b.poly)
-        poly = quotient if quotient is not None and a.value % max(b.value, 1) == 0 else Poly.symbol(f"({a} // {b})")
-        return self.make(poly, a.value // b.value if b.value else 0)
+        spelling = f"{_operand(a, '*')} // {_operand(b, '//')}"
+        exact = quotient is not None and a.value % max(b.value, 1) == 0
+        # an opaque quotient is named canonically, so that every spelling of it is the same dim
+        poly = quotient if exact else Poly.symbol(f"({self._canonical(a)} // {self._canonical(b)})")
+        return self._computed(poly, a.value // b.value if b.value else 0, spelling)
+
+    def _computed(self, poly: Poly, value: int, spelling: str) -> Dim:
+        """A dim computed from others, labelled by the labels it was computed from ('H_kv * Dh'),
+        unless the polynomial says it shorter ('3*head_dim', not 'head_dim + head_dim + head_dim')."""
+        return self.make(poly, value, spelling if len(spelling) <= len(str(poly)) else None)
+
+    def _canonical(self, dim: Dim) -> str:
+        return self.make(dim.poly, dim.value).label
 
     def product(self, dims: list[Dim]) -> Dim:
         result = self.const(1)
         for d in dims:
             result = self.mul(result, d)
         return result
+
+
+_ONE = Poly.const(1)
+
+
+def _operand(dim: Dim, op: str) -> str:
+    """``dim``'s label as an operand of ``op``, in parentheses unless that changes nothing: a name
+    or a number needs none anywhere, a product without ``//`` none as a factor of ``*`` (the left
+    of ``//`` is passed as a factor: ``a * b // c`` is ``(a * b) // c``)."""
+    label = dim.label
+    if label.isidentifier() or label.isdigit():
+        return label
+    plain_product = " + " not in label and " - " not in label and " % " not in label and not label.startswith("-")
+    return label if op == "*" and plain_product and " // " not in label else f"({label})"
 
 
 class _Polys(dimexpr.Fold[Poly]):

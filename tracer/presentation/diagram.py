@@ -64,18 +64,25 @@ LEGEND = (  # mark -> (sample shown in the legend, explanation); only used marks
     ("strided", "(B, T)  [2, 6]", "non-contiguous tensor (strided view)"),
     ("dtype", "int64", "dtype, when not float32"),
 )
+RANKDIRS = ("TB", "LR", "BT", "RL")  # Graphviz's: inputs at the top, at the left, ...
 
 
-def diagram(trace: Trace, collapse: Iterable[str] = (), links: bool = False, expand: bool = False):
+def diagram(
+    trace: Trace, collapse: Iterable[str] = (), links: bool = False, expand: bool = False, rankdir: str = "TB", legend: bool = True
+):
     """The trace's dataflow as a ``graphviz.Digraph`` (displays inline in Jupyter). A repeated
     block is drawn as its first copy plus one "×N" node for the others, unless ``expand``.
     ``links`` makes every node and edge a link to ``#ID`` of the tensor it shows (``#group=NAME``
-    for a collapsed group): the HTML report selects what was clicked through these."""
-    return _Builder(trace, tuple(collapse), links, expand).build()
+    for a collapsed group): the HTML report selects what was clicked through these. ``rankdir``
+    'LR' flows left to right (a slide's shape); ``legend=False`` leaves the legend out."""
+    if rankdir not in RANKDIRS:
+        message = f"rankdir {rankdir!r} is not a direction Graphviz knows: use one of {', '.join(RANKDIRS)}"
+        raise TracerError(Diagnostic(trace.analysis.source.file, None, "rankdir", message))
+    return _Builder(trace, tuple(collapse), links, expand).build(rankdir, legend)
 
 
-def dot_source(trace: Trace, collapse: Iterable[str] = (), expand: bool = False) -> str:
-    return diagram(trace, collapse, expand=expand).source
+def dot_source(trace: Trace, collapse: Iterable[str] = (), expand: bool = False, rankdir: str = "TB", legend: bool = True) -> str:
+    return diagram(trace, collapse, expand=expand, rankdir=rankdir, legend=legend).source
 
 
 # ---------------------------------------------------------------- building the graph
@@ -159,12 +166,12 @@ class _Builder:
     def _first_step(self, prefix: str) -> str | None:
         return next((s for s in self.nodes if s.startswith(prefix + "/")), None)
 
-    def build(self):
+    def build(self, rankdir: str = "TB", legend: bool = True):
         import graphviz
 
         graph = graphviz.Digraph(
             GRAPH_ID,
-            graph_attr=_graph_attrs(self.trace),
+            graph_attr={**_graph_attrs(self.trace), "rankdir": rankdir},
             node_attr={"fontname": FONT, "fontsize": "11", "margin": "0.12,0.06"},
             edge_attr={"fontname": FONT, "fontsize": "9", "color": INK, "arrowsize": "0.7"},
         )
@@ -174,7 +181,9 @@ class _Builder:
         self._output_nodes(graph)
         for edge in edges:
             self._draw_edge(graph, edge)
-        self._legend(graph)
+        self._sibling_order(graph)
+        if legend:
+            self._legend(graph)
         pipeline_file = self.analysis.source.file
         # notebooks (trace._repr_html_, a displayed diagram) draw through render_bytes: its time limit and messages
         graph._repr_image_svg_xml = lambda: render_bytes(graph.source, "svg", pipeline_file).decode("utf-8")
@@ -330,7 +339,9 @@ class _Builder:
                 f'<FONT POINT-SIZE="9" COLOR="{MUTED}">{_esc(repeat.about)}</FONT>',
                 f'<FONT COLOR="{MUTED}">{folded} folded</FONT>',
             ]
-            graph.node(self.group_nodes[group], _rows(lines + shapes), **STYLES["repeat"])
+            # the report selects the block's output, the last copy's: its panel visits any copy
+            link = self._link(self.analysis.record_of(repeat.block))
+            graph.node(self.group_nodes[group], _rows(lines + shapes), **link, **STYLES["repeat"])
             return
         self.marks.add("collapsed")
         blocks = sorted({f"{f.block} ×{f.copies}" for f in self.repeated.values() if f.key in self._covered_by(group)})
@@ -372,6 +383,24 @@ class _Builder:
             self.marks.add("dtype")
         graph.edge(edge.tail, edge.head, **attrs)
 
+    def _sibling_order(self, graph) -> None:
+        """Steps of one op that read the same tensor first (q, k and v projections of x; gate and
+        up) side by side in the file's order: Graphviz alone may draw v, k, q."""
+        for tensor_id in self.records:
+            if tensor_id in self.fold:
+                continue  # drawn inside a folded or collapsed node
+            siblings: dict[str, list[str]] = {}
+            for node in self.analysis.users(tensor_id):
+                head = self._head(node.id)
+                if node.refs[0] == tensor_id and node.id not in self.fold and head not in sum(siblings.values(), []):
+                    siblings.setdefault(node.step.op, []).append(head)
+            for heads in siblings.values():
+                if len(heads) > 1:
+                    with graph.subgraph() as row:
+                        row.attr(rank="same")
+                        for left, right in zip(heads, heads[1:]):
+                            row.edge(left, right, style="invis")
+
     def _legend(self, graph) -> None:
         rows = [_legend_row(mark, sample, text) for mark, sample, text in LEGEND if mark in self.marks]
         table = (
@@ -389,7 +418,6 @@ def _graph_attrs(trace: Trace) -> dict[str, str]:
         f'<BR/><FONT POINT-SIZE="10" COLOR="{MUTED}">{_esc(dims)}</FONT>' if dims else ""
     )
     return {
-        "rankdir": "TB",
         "label": _html(title),
         "labelloc": "t",
         "fontname": FONT,

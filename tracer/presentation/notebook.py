@@ -26,6 +26,7 @@ NO_RENDERER = (
     "conda install graphviz) or <code>pip install graphviz-pure</code>."
 )
 # one scoped style per output: every cell of the tables is styled by class, not attribute by attribute
+_SVG_SIZE = re.compile(r"<svg(?= )")
 _NODE = re.compile(r'\s+("(?:[^"\\]|\\.)*"|\w+) \[')  # a node statement in DOT (an edge has '->' after its first name)
 
 
@@ -95,7 +96,14 @@ def _diagram(trace: Any) -> str:
         return _note(NO_RENDERER if exc.code == "no-renderer" else _esc(exc.diagnostics[0].message), escaped=True)
     if len(svg) > MAX_SVG_BYTES:
         return _note(f"No inline diagram: {human_bytes(len(svg))} of SVG; draw it with `tracer render FILE`.")
-    return _scrolling(svg[svg.find("<svg") :], "60em")
+    return _fitted(svg[svg.find("<svg") :])
+
+
+def _fitted(svg: str) -> str:
+    """The drawing scaled down to the cell's width (never up), whole at a glance rather than a
+    corner of it in a scroll box: Graphviz's width and height give way to CSS, its viewBox keeps
+    the proportions."""
+    return '<div class="diagram">' + _SVG_SIZE.sub('<svg style="max-width:100%; height:auto"', svg, count=1) + "</div>"
 
 
 def _note(text: str, escaped: bool = False) -> str:

@@ -44,6 +44,9 @@ class Options:
     width: int | None = None  # the table's columns
     depth: int | None = None  # the table's nesting
     peak: str = ""  # the table's last line: the estimated peak
+    rankdir: str = "TB"  # the diagram's direction: "LR" flows left to right
+    legend: bool = True  # the diagram's legend
+    tokens: tuple[str, ...] = ()  # the report's labels for the attention weights' positions
 
 
 @dataclass(frozen=True)
@@ -69,7 +72,7 @@ def writer(name: str, *suffixes: str, about: str):
 
 def _picture(fmt: str):
     def draw(trace: Trace, options: Options) -> bytes:
-        return render_bytes(dot_source(trace, options.collapse, options.expand), fmt, trace.analysis.source.file, options.timeout)
+        return render_bytes(_dot_text(trace, options), fmt, trace.analysis.source.file, options.timeout)
 
     return draw
 
@@ -80,12 +83,16 @@ for _fmt in ("svg", "png", "pdf"):
 
 @writer("dot", ".dot", ".gv", about="the diagram's DOT text")
 def _dot(trace: Trace, options: Options) -> bytes:
-    return dot_source(trace, options.collapse, options.expand).encode()
+    return _dot_text(trace, options).encode()
+
+
+def _dot_text(trace: Trace, options: Options) -> str:
+    return dot_source(trace, options.collapse, options.expand, options.rankdir, options.legend)
 
 
 @writer("html", ".html", ".htm", about="the interactive report, one self-contained page")
 def _html(trace: Trace, options: Options) -> bytes:
-    return report_html(trace, options.collapse).encode()
+    return report_html(trace, options.collapse, options.tokens).encode()
 
 
 @writer("json", ".json", about="every record as JSON")

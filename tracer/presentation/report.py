@@ -23,10 +23,11 @@ from collections.abc import Iterable
 from importlib import resources
 from typing import TYPE_CHECKING, Any
 
-from ..core.errors import display
+from ..core.errors import Diagnostic, TracerError, display
 from ..core.formatting import human_bytes
 from ..runtime.records import TensorRecord
 from .diagram import diagram
+from .folding import repeat_folds
 from .graphviz import render_bytes
 from .heatmap import is_attention_weights, leading_maps
 
@@ -43,7 +44,9 @@ _SLOT = re.compile(r"\{\{(\w+)\}\}")
 _SCRIPT_UNSAFE = {ord("<"): "\\u003c", ord(">"): "\\u003e", ord("&"): "\\u0026", 0x2028: "\\u2028", 0x2029: "\\u2029"}
 
 
-def report_html(trace: Trace, collapse: Iterable[str] = ()) -> str:
+def report_html(trace: Trace, collapse: Iterable[str] = (), tokens: Iterable[str] = ()) -> str:
+    """The page; ``tokens`` (one word per position: ``"The cat sat".split()``) label the heatmaps'
+    rows and columns, as a ``tokens:`` input's words do."""
     script = _asset("report.js")
     digest = base64.b64encode(hashlib.sha256(script.encode()).digest()).decode()
     slots = {
@@ -51,7 +54,7 @@ def report_html(trace: Trace, collapse: Iterable[str] = ()) -> str:
         "CSP": f"default-src 'none'; style-src 'unsafe-inline'; img-src data:; script-src 'sha256-{digest}'",
         "CSS": _asset("report.css"),
         "SVG": _svg(trace, collapse),
-        "DATA": script_json(report_data(trace)),
+        "DATA": script_json(report_data(trace, tokens)),
         "SCRIPT": script,
     }
     return _SLOT.sub(lambda m: slots[m[1]], _asset("report.html"))
@@ -67,7 +70,9 @@ def _asset(name: str) -> str:
 
 
 def _svg(trace: Trace, collapse: Iterable[str]) -> str:
-    source = diagram(trace, collapse, links=True, expand=True).source  # every record has a node to select
+    # repeated blocks folded as in every diagram: a 192-layer stack draws one layer, and the page's
+    # copy selector shows the records of the others
+    source = diagram(trace, collapse, links=True).source
     svg = render_bytes(source, "svg", trace.analysis.source.file).decode("utf-8")  # render's time limit and messages
     # inline SVG needs no XML prolog; Graphviz's comments only repeat node names
     return re.sub(r"<!--.*?-->", "", svg[svg.index("<svg") :], flags=re.S)
@@ -76,15 +81,31 @@ def _svg(trace: Trace, collapse: Iterable[str]) -> str:
 # ---------------------------------------------------------------- the data the page shows
 
 
-def report_data(trace: Trace) -> dict:
-    return _Data(trace).build()
+def report_data(trace: Trace, tokens: Iterable[str] = ()) -> dict:
+    return _Data(trace, _checked_tokens(trace, list(tokens))).build()
+
+
+def _checked_tokens(trace: Trace, tokens: list[str]) -> list[str]:
+    """Words that can label the attention weights: as many as their queries or their keys."""
+    if not tokens:
+        return tokens
+    analysis = trace.analysis
+    sides = {analysis.meta(site.softmax).sizes[-1] for site in analysis.attention if site.softmax is not None}
+    sides |= {analysis.meta(site.softmax).sizes[-2] for site in analysis.attention if site.softmax is not None}
+    if sides and len(tokens) not in sides:
+        lengths = " or ".join(map(str, sorted(sides)))
+        words = f"{len(tokens)} word{'s' if len(tokens) != 1 else ''}"
+        message = f"the tokens are {words}; the attention weights have {lengths} positions: give one word per position"
+        raise TracerError(Diagnostic(analysis.source.file, None, "tokens", message))
+    return tokens
 
 
 class _Data:
     """What the page shows of each record, with the lookups it needs computed once."""
 
-    def __init__(self, trace: Trace):
+    def __init__(self, trace: Trace, tokens: list[str] | None = None):
         self.trace, self.analysis = trace, trace.analysis
+        self.given_tokens = tokens or None
         self.by_id = {r.id: r for r in trace.records}
         self.users: dict[str, list[str]] = {}
         for record in trace.records:
@@ -93,6 +114,10 @@ class _Data:
         inputs = self.analysis.pipeline.inputs
         self.tokens = {name: decl.tokens.words() for name, decl in inputs.items() if decl.tokens is not None}
         self.cells_left = MAX_CELLS
+        self.folds = repeat_folds(self.analysis)
+        blocks = {fold.key: fold for fold in self.folds.values()}.values()  # each repeated block once
+        self.copy_prefixes = {copy: fold for fold in blocks for copy in fold.hidden}
+        self._full: dict[str, dict] = {}
         self.sites = [_site(site) for site in self.analysis.attention]
         self.roles: dict[str, list[list]] = {}  # record id -> [[site index, its role there]]
         for n, site in enumerate(self.sites):
@@ -109,20 +134,81 @@ class _Data:
             "seed": trace.seed,
             "peak": human_bytes(self.analysis.memory.peak_bytes),
             "values": bool(trace.keep_values),
+            "tokens": self.given_tokens,
             "caps": {"side": MAX_SIDE, "maps": MAX_MAPS, "cells": MAX_CELLS},
-            "tensors": [self.tensor(record) for record in trace.records],
+            "count": len(trace.records),
+            "tensors": [self.full(record.id) for record in trace.records if record.id not in self.folds],
+            "copies": self.copies(),
             "attention": self.sites,
             "checks": [d.as_dict() for d in trace.checks],
             "groups": self.groups(),
         }
 
+    def full(self, record_id: str) -> dict:
+        """A record as the page shows it, made once (a folded copy is compared with copy 0's)."""
+        if record_id not in self._full:
+            self._full[record_id] = self.tensor(self.by_id[record_id])
+        return self._full[record_id]
+
+    def copy_of(self, record_id: str) -> str:
+        """The folded copy a record belongs to, the outermost: 'layers/5' for 'layers/5/attn/q'."""
+        end = record_id.find("/")
+        while record_id[:end] not in self.copy_prefixes:
+            end = record_id.find("/", end + 1)
+        return record_id[:end]
+
+    def copies(self) -> list[dict]:
+        """Each repeated block: the copy drawn, the folded copies, and of each folded record only
+        what copy 0's record, its ids moved to that copy, does not already say (the first step
+        reads the copy before; with values, the statistics; under "-" the keys it lacks). The
+        page rebuilds the rest."""
+        found: dict[str, dict] = {}
+        for record in self.trace.records:
+            fold = self.folds.get(record.id)
+            if fold is None:
+                continue
+            entry = found.setdefault(fold.key, {"shown": fold.shown, "hidden": list(fold.hidden), "changes": {}})
+            copy = self.copy_of(record.id)
+            # only what may differ is made for a folded record: a 192-layer stack costs about a 48-layer one
+            template = moved(self.full(fold.shown + record.id[len(copy) :]), fold.shown, copy)
+            actual = {**{k: v for k, v in template.items() if k not in PER_COPY}, **self.per_copy(record, self._node(record.id))}
+            changes = {key: value for key, value in actual.items() if template.get(key) != value}
+            removed = [key for key in template if key not in actual]
+            if removed:
+                changes["-"] = removed  # keys copy 0's record has and this one lacks
+            if changes:
+                entry["changes"][record.id] = changes
+        return list(found.values())
+
     def tensor(self, record: TensorRecord) -> dict:
         node = self._node(record.id)
+        return {**self.same_in_every_copy(record, node), **self.per_copy(record, node)}
+
+    def per_copy(self, record: TensorRecord, node: Any) -> dict:
+        """What may differ between the copies of a repeated block: the tensors a record reads and
+        feeds (the first step reads the copy before), its attention site, its values."""
         data = {
             "id": record.id,
-            "op": record.op,
             "inputs": list(record.inputs),
             "users": self.users.get(record.id, []),
+            "view_of": record.view_of,
+            "group": node.step.group if node is not None else None,
+        }
+        if record.id in self.roles:
+            data["attention"] = self.roles[record.id]
+        rows = self.trace.value_rows.get(record.id)
+        if rows:
+            data["rows"] = str(rows)
+        if record.tensor is not None and record.tensor.device.type != "meta":
+            data["stats"] = _stats(record.tensor)
+            if node is not None and is_attention_weights(node.step, record):
+                data["heatmap"] = self.heatmap(record)
+        return data
+
+    def same_in_every_copy(self, record: TensorRecord, node: Any) -> dict:
+        """What every copy of a repeated block shares: the copies are one block file with one set of dims."""
+        data = {
+            "op": record.op,
             "symbolic": record.symbolic,
             "shape": list(record.shape),
             "dtype": record.dtype,
@@ -130,29 +216,18 @@ class _Data:
             "stride": list(record.stride),
             "offset": record.storage_offset,
             "contiguous": record.contiguous,
-            "view_of": record.view_of,
             "bytes": record.nbytes,
             "size": human_bytes(record.nbytes),
             "where": self.where(record, node),
-            "group": node.step.group if node is not None else None,
             "note": self.note(record, node),
+            "axes": [role or "" for role in self.analysis.axis_roles(record.id)],
         }
-        if record.id in self.roles:
-            data["attention"] = self.roles[record.id]
-        data["axes"] = [role or "" for role in self.analysis.axis_roles(record.id)]
         tokens = [str(p) for p in self.analysis.token_positions(record.id) if p is not None]
         if tokens:
             data["tokens"] = "; ".join(tokens)
-        rows = self.trace.value_rows.get(record.id)
-        if rows:
-            data["rows"] = str(rows)
         flops = getattr(record, "flops", None)  # when records carry a FLOP count, the panel shows it
         if flops is not None:
             data["flops"] = flops
-        if record.tensor is not None and record.tensor.device.type != "meta":
-            data["stats"] = _stats(record.tensor)
-            if node is not None and is_attention_weights(node.step, record):
-                data["heatmap"] = self.heatmap(record)
         return data
 
     def heatmap(self, record: TensorRecord) -> dict:
@@ -201,9 +276,12 @@ class _Data:
         return getattr(decl, "note", None)
 
     def groups(self) -> dict[str, list[str]]:
-        """Group path -> the records of its steps, so a collapsed node's panel can list them."""
+        """Group path -> the records of its steps, so a collapsed node's panel can list them (the
+        folded copies of a repeated block draw no group)."""
         groups: dict[str, list[str]] = {}
         for record in self.trace.records:
+            if record.id in self.folds:
+                continue
             node = self._node(record.id)
             parts = node.step.group.split("/") if node is not None and node.step.group else []
             for n in range(1, len(parts) + 1):
@@ -211,7 +289,10 @@ class _Data:
         return groups
 
     def labels(self, record: TensorRecord) -> list[str] | None:
-        """The words of the ``tokens:`` input (tutorial 000's sentence) the record derives from, if any."""
+        """The words given to the report, else those of the ``tokens:`` input (tutorial 000's
+        sentence) the record derives from, if any."""
+        if self.given_tokens:
+            return self.given_tokens
         seen, todo = set(), [record.id]
         while todo and self.tokens:
             current = todo.pop()
@@ -221,6 +302,26 @@ class _Data:
                 seen.add(current)
                 todo.extend(self.by_id[current].inputs)
         return None
+
+
+PER_COPY = ("id", "inputs", "users", "view_of", "group", "attention", "stats", "heatmap")  # _Data.per_copy's keys
+MOVED = ("id", "inputs", "users", "view_of", "group")  # the fields of a record that name tensors or groups
+
+
+def moved(data: dict, old: str, new: str) -> dict:
+    """A record's data with the ids under ``old`` ('layers/0') moved under ``new`` ('layers/5');
+    report.js's ``moved`` does the same."""
+
+    def move(text):
+        if isinstance(text, str) and (text == old or text.startswith(old + "/")):
+            return new + text[len(old) :]
+        return text
+
+    out = dict(data)
+    for key in MOVED:
+        if key in out:
+            out[key] = [move(t) for t in out[key]] if isinstance(out[key], list) else move(out[key])
+    return out
 
 
 ROLES = ("query", "keys", "values", "scores", "weights", "context")  # a tensor's roles in an attention site

@@ -14,8 +14,13 @@ from .folding import repeat_folds
 ACTIVATIONS = ("tensor", "op", "shape", "concrete", "stride", "contig", "view_of", "size", "FLOPs")
 PARAMETERS = ("parameter", "shape", "concrete", "dtype", "count", "size")
 VALUES = ("tensor", "rows", "NaN", "inf", "all masked")  # rows: slices along the last dim (a softmax's own)
-# when a table is wider than the terminal, these columns give way first (their text elided in the middle)
-_SHRINK = (("view_of", 7), ("tensor", 14), ("parameter", 14), ("shape", 24), ("op", 8), ("tensor", 12), ("shape", 18))
+# when a table is wider than the terminal, these columns give way first (their text elided in the
+# middle); a shape never does: '(B, T, H_kv*d_mode…)' hides the very dim a reader looks for
+_SHRINK = (("view_of", 7), ("tensor", 14), ("parameter", 14), ("op", 8), ("tensor", 12), ("parameter", 12))
+_IDS = ("tensor", "parameter", "view_of")
+# ... and when that is not enough, these columns go, the least read first (a stride cut in the
+# middle means nothing; the concrete shape is the last to go)
+_DROP = ("contig", "stride", "view_of", "dtype", "FLOPs", "concrete")
 
 
 @dataclass
@@ -42,7 +47,7 @@ def format_table(trace: Any, width: int | None = None, depth: int | None = None,
     found = value_rows(trace)
     if found:
         lines += ["", "values"] + _columns([VALUES, *found], width)
-    lines += ["", totals_line(trace)]
+    lines += [""] + (textwrap.wrap(totals_line(trace), width, subsequent_indent="  ") if width else [totals_line(trace)])
     return "\n".join(lines)
 
 
@@ -132,18 +137,40 @@ def _flops_cell(flops: int) -> str:
 
 
 def _columns(rows: list[tuple[str, ...]], width: int | None) -> list[str]:
-    header = rows[0]
-    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     gap = 2
     if width is not None and sum(widths) + gap * (len(widths) - 1) > width:
         gap = 1
-        _fit(widths, header, width - (len(widths) - 1))
-    lines = []
-    for n, row in enumerate(rows):
-        lines.append((" " * gap).join(_elide(cell, w, name).ljust(w) for cell, w, name in zip(row, widths, header)).rstrip())
-        if n == 0:
-            lines.append((" " * gap).join("-" * w for w in widths))
+        _fit(widths, rows[0], width - (len(widths) - 1))
+        rows, widths = _dropped(rows, widths, width)
+    header = rows[0]
+    columns = [_elide_column([row[i] for row in rows[1:]], widths[i], name) for i, name in enumerate(header)]
+    lines = [(" " * gap).join(name.ljust(w) for name, w in zip(header, widths)).rstrip(), (" " * gap).join("-" * w for w in widths)]
+    for cells in zip(*columns):
+        lines.append((" " * gap).join(cell.ljust(w) for cell, w in zip(cells, widths)).rstrip())
     return lines
+
+
+def _elide_column(cells: list[str], width: int, column: str) -> list[str]:
+    """Every cell of a column in ``width`` characters. Ids that would elide to the same text
+    ('q_rot/rotated' and 'k_rot/rotated' both '…/rotated') keep their start instead."""
+    short = [_elide(cell, width, column) for cell in cells]
+    if column not in _IDS:
+        return short
+    seen: dict[str, set[str]] = {}
+    for cell, text in zip(cells, short):
+        seen.setdefault(text, set()).add(cell)
+    return [text if len(seen[text]) == 1 else _middle(cell, width) for cell, text in zip(cells, short)]
+
+
+def _dropped(rows: list[tuple[str, ...]], widths: list[int], width: int) -> tuple[list[tuple[str, ...]], list[int]]:
+    """The columns that still fit in ``width`` once the narrowed ones are not enough (see _DROP)."""
+    keep = list(range(len(widths)))
+    for name in _DROP:
+        if sum(widths[i] for i in keep) + len(keep) - 1 <= width:
+            break
+        keep = [i for i in keep if rows[0][i] != name]
+    return [tuple(row[i] for i in keep) for row in rows], [widths[i] for i in keep]
 
 
 def _fit(widths: list[int], header: tuple[str, ...], room: int) -> None:
@@ -155,32 +182,22 @@ def _fit(widths: list[int], header: tuple[str, ...], room: int) -> None:
 
 
 def _elide(text: str, width: int, column: str) -> str:
-    """``text`` in ``width`` characters. A shape shortens its longest dim names; an op keeps its
-    start; an id drops leading path segments ('layers/0/attn_weights' -> '…/attn_weights'),
-    then its middle ('masked_attention_scores' -> 'masked…_scores')."""
+    """``text`` in ``width`` characters. An op keeps its start; an id drops leading path segments
+    ('layers/0/attn_weights' -> '…/attn_weights'), then its middle ('masked…_scores')."""
     if len(text) <= width:
         return text
-    if column == "shape" and text.startswith("(") and text.endswith(")"):
-        return _short_shape(text[1:-1].split(", "), width)
     if column == "op":
         return text[: width - 1] + "…"
     parts = text.split("/")
     while len(parts) > 1 and len("…/" + "/".join(parts)) > width:
         parts.pop(0)
     tail = "…/" + "/".join(parts) if len(parts) < len(text.split("/")) else text
-    if len(tail) <= width:
-        return tail
+    return tail if len(tail) <= width else _middle(text, width)
+
+
+def _middle(text: str, width: int) -> str:
+    """``text`` without its middle: 'masked_attention_scores' -> 'masked…_scores'."""
+    if len(text) <= width:
+        return text
     head = width // 2
     return text[:head] + "…" + text[len(text) - (width - 1 - head) :]
-
-
-def _short_shape(names: list[str], width: int) -> str:
-    """A symbolic shape in ``width`` characters: the longest dim names lose their ends first,
-    so every dim keeps its place ('(batch…, num_h…, seq_len, head_dim)')."""
-    names = list(names)
-    while len("(" + ", ".join(names) + ")") > width:
-        i = max(range(len(names)), key=lambda j: len(names[j]))
-        if len(names[i]) <= 2:
-            break
-        names[i] = names[i].rstrip("…")[:-1] + "…"
-    return ("(" + ", ".join(names) + ")")[:width]

@@ -139,12 +139,27 @@ class Trace:
         expand: bool = False,
         values: bool = False,
         timeout: float = DOT_TIMEOUT,
+        rankdir: str = "TB",
+        legend: bool = True,
+        tokens: str | Iterable[str] = (),
     ) -> Path:
         """Write the run to ``path`` in the format its suffix names (``tracer.presentation.outputs``:
         .svg .png .pdf .dot the diagram, .html the report, .json the records, .txt the table;
-        no suffix: SVG), atomically; returns the path."""
+        no suffix: SVG), atomically; returns the path. A diagram flows ``rankdir`` ('LR': left
+        to right) and has a legend unless ``legend=False``. A report labels its attention heatmaps
+        with ``tokens``, one word per position ("The cat sat" or a list)."""
+        words = tuple(tokens.split() if isinstance(tokens, str) else tokens)
         path, fmt = outputs.by_suffix(path, tuple(outputs.WRITERS), default="svg")
-        options = outputs.Options(collapse=tuple(collapse), expand=expand, timeout=timeout, values=values, peak=self.peak_line())
+        options = outputs.Options(
+            collapse=tuple(collapse),
+            expand=expand,
+            timeout=timeout,
+            values=values,
+            peak=self.peak_line(),
+            rankdir=rankdir,
+            legend=legend,
+            tokens=words,
+        )
         return outputs.write(self, path, fmt, options)
 
     def peak_line(self) -> str:
@@ -154,7 +169,8 @@ class Trace:
         note = "; this meta run allocated none of it" if self.records and self.records[0].device == "meta" else ""
         return f"estimated peak: {human_bytes(memory.peak_bytes)}{where}{note}"
 
-    def diagram(self, collapse: list[str] | tuple[str, ...] = (), expand: bool = False):
+    def diagram(self, collapse: list[str] | tuple[str, ...] = (), expand: bool = False, rankdir: str = "TB", legend: bool = True):
         """The dataflow as a ``graphviz.Digraph`` (displays inline in Jupyter); ``expand`` draws
-        every copy of a repeated block instead of the first and one "×N" node."""
-        return diagrams.diagram(self, collapse=tuple(collapse), expand=expand)
+        every copy of a repeated block instead of the first and one "×N" node; ``rankdir="LR"``
+        flows left to right, ``legend=False`` leaves the legend out (for slides)."""
+        return diagrams.diagram(self, collapse=tuple(collapse), expand=expand, rankdir=rankdir, legend=legend)

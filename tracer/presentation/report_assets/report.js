@@ -4,6 +4,8 @@
 (() => {
   const data = JSON.parse(document.getElementById("trace-data").textContent);
   const byId = new Map(data.tensors.map((t) => [t.id, t]));
+  const hidden = new Map(); // 'layers/5' -> its repeated block (report.py's copies): drawn once, folded copies rebuilt here
+  for (const block of data.copies) for (const copy of block.hidden) hidden.set(copy, block);
   const viewport = document.getElementById("viewport");
   const canvas = document.getElementById("canvas");
   const svg = canvas.querySelector("svg");
@@ -44,6 +46,73 @@
     return body;
   }
 
+  // ------------------------------------------------------------ folded copies of repeated blocks
+
+  // ids under `from` ('layers/0') moved under `to` ('layers/5'), as report.py's moved()
+  function moved(t, from, to) {
+    const move = (s) => (typeof s === "string" && (s === from || s.startsWith(from + "/")) ? to + s.slice(from.length) : s);
+    const out = Object.assign({}, t);
+    for (const key of ["id", "inputs", "users", "view_of", "group"]) {
+      if (key in out) out[key] = Array.isArray(out[key]) ? out[key].map(move) : move(out[key]);
+    }
+    return out;
+  }
+
+  // the copy of a repeated block a record id is in: [copy prefix, block], the outermost first
+  function copyOf(id) {
+    const parts = id.split("/");
+    for (let n = 1; n < parts.length; n++) {
+      const prefix = parts.slice(0, n).join("/");
+      if (hidden.has(prefix)) return [prefix, hidden.get(prefix)];
+    }
+    return null;
+  }
+
+  // a record, drawn or in a folded copy: copy 0's record moved to that copy, plus what differs
+  function record(id) {
+    if (byId.has(id)) return byId.get(id);
+    const found = copyOf(id);
+    if (!found) return undefined;
+    const [copy, block] = found;
+    const template = record(block.shown + id.slice(copy.length));
+    if (!template) return undefined;
+    const changes = block.changes[id] || {};
+    const t = Object.assign(moved(template, block.shown, copy), changes);
+    for (const key of changes["-"] || []) delete t[key];
+    delete t["-"];
+    return t;
+  }
+
+  // every id, the folded copies' included (for the search box)
+  function allIds() {
+    const ids = data.tensors.map((t) => t.id);
+    for (const block of data.copies) {
+      const inside = ids.filter((id) => id.startsWith(block.shown + "/"));
+      for (const copy of block.hidden) for (const id of inside) ids.push(copy + id.slice(block.shown.length));
+    }
+    return ids;
+  }
+
+  // the repeated block a record is in (drawn or folded), its copies and which one it is
+  function copiesOf(t) {
+    const folded = copyOf(t.id);
+    if (folded) return { block: folded[1], copy: folded[0] };
+    const block = data.copies.find((b) => t.id.startsWith(b.shown + "/"));
+    return block ? { block, copy: block.shown } : null;
+  }
+
+  function copySelector(t) {
+    const { block, copy } = copiesOf(t);
+    const select = el("select", { id: "copy", "aria-label": "copy of the repeated block" });
+    for (const name of [block.shown, ...block.hidden]) {
+      const option = el("option", { value: name }, name);
+      if (name === copy) option.selected = true;
+      select.append(option);
+    }
+    select.addEventListener("change", () => go(select.value + t.id.slice(copy.length)));
+    return el("p", {}, `copy ${[block.shown, ...block.hidden].indexOf(copy) + 1} of ${block.hidden.length + 1}: `, select);
+  }
+
   const list = (xs) => "[" + xs.join(", ") + "]";
   const tuple = (xs) => "(" + xs.join(", ") + (xs.length === 1 ? ",)" : ")");
 
@@ -52,11 +121,12 @@
   document.getElementById("title").textContent = data.name;
   document.getElementById("dims").textContent = Object.entries(data.dims).map(([k, v]) => `${k}=${v}`).join(", ");
   const options = document.getElementById("ids");
-  for (const t of data.tensors) options.append(el("option", { value: t.id }));
+  const everyId = allIds();
+  for (const id of everyId) options.append(el("option", { value: id }));
   document.getElementById("search-form").addEventListener("submit", (event) => {
     event.preventDefault();
     const text = document.getElementById("search").value.trim();
-    const found = byId.has(text) ? text : data.tensors.map((t) => t.id).find((id) => id.includes(text));
+    const found = record(text) ? text : everyId.find((id) => id.includes(text));
     go(found === undefined ? text : found);
   });
 
@@ -79,6 +149,25 @@
     view.scale = Math.min(1, box.width / width, box.height / height) * 0.97;
     view.x = (box.width - width * view.scale) / 2;
     view.y = 4;
+    apply();
+  }
+
+  // the page opens on the whole diagram when it is legible that small, else at a legible zoom
+  // (Graphviz's 11 pt text at 8 px or more) with the inputs in view: where a reader starts
+  const LEGIBLE = 0.75;
+  function start() {
+    fit();
+    if (view.scale >= LEGIBLE) return;
+    const inputs = data.tensors.filter((t) => t.op === "input").flatMap((t) => shownBy(t.id));
+    if (!inputs.length) return;
+    view.scale = LEGIBLE;
+    apply();
+    const box = viewport.getBoundingClientRect();
+    const rects = inputs.map((n) => n.getBoundingClientRect());
+    const left = Math.min(...rects.map((r) => r.left)), right = Math.max(...rects.map((r) => r.right));
+    const top = Math.min(...rects.map((r) => r.top));
+    view.x += box.left + box.width / 2 - (left + right) / 2;
+    view.y += box.top + Math.min(box.height / 4, 80) - top;
     apply();
   }
 
@@ -148,6 +237,8 @@
 
   function shownBy(target) {
     if (drawn.has(target)) return [...drawn.get(target)];
+    const folded = copyOf(target);
+    if (folded) return shownBy(folded[1].shown + target.slice(folded[0].length)); // drawn once: copy 0's node
     const t = byId.get(target);
     if (!t) return [];
     // folded into a collapsed group: the outermost collapsed group that holds its step
@@ -181,7 +272,7 @@
       return;
     }
     if (target.startsWith("group=")) groupPanel(target.slice(6));
-    else if (byId.has(target)) tensorPanel(byId.get(target));
+    else if (record(target)) tensorPanel(record(target));
     else panel.append(el("h2", {}, "not found"), el("p", {}, `no tensor '${target}' in this trace`), summary());
     const shown = shownBy(target);
     for (const node of shown) node.classList.add("selected");
@@ -194,7 +285,7 @@
   }
 
   function summary() {
-    const weights = data.tensors.filter((t) => t.heatmap).map((t) => t.id);
+    const weights = everyId.filter((id) => record(id).heatmap);
     return el(
       "div",
       {},
@@ -203,13 +294,14 @@
         ["file", data.file],
         ["dims", Object.entries(data.dims).map(([k, v]) => `${k}=${v}`).join(", ") || "none"],
         ["seed", data.seed === null ? "none" : String(data.seed)],
-        ["tensors", String(data.tensors.length)],
+        ["tensors", String(data.count)],
         ["estimated peak", data.peak],
       ]),
       el("p", { class: "muted" }, "Click a node or an edge, search an id, or link to report.html#ID."),
       el("h3", {}, "attention"),
       data.attention.length ? links(data.attention.map((s) => s.context || s.product)) : el("p", { class: "muted" }, "no attention found"),
       data.values ? el("h3", {}, "attention weights") : el("p", { class: "muted" }, "Rendered without --values: no statistics or heatmaps."),
+      data.values ? attentionGrid() : "",
       data.values ? links(weights) : "",
       el("h3", {}, "checks"),
       data.checks.length ? checksList(data.checks) : el("p", { class: "muted" }, "tracer check: clean")
@@ -262,6 +354,7 @@
       ])
     );
     if (t.note) panel.append(el("p", { class: "note" }, t.note));
+    if (copiesOf(t)) panel.append(copySelector(t));
     panel.append(el("h3", {}, "inputs"), links(t.inputs), el("h3", {}, "used by"), links(t.users));
     if (t.stats) panel.append(el("h3", {}, "values"), statsTable(t.stats));
     if (t.heatmap) heatmapSection(t);
@@ -334,6 +427,53 @@
     redraw();
   }
 
+  // bertviz's overview: one row per attention site (a layer), one thumbnail per head of the first
+  // batch item, every map on one colour scale; a click opens that site's weights
+  function attentionGrid() {
+    const rows = data.attention.map((s) => s.weights && record(s.weights)).filter((t) => t && t.heatmap && t.heatmap.maps.length);
+    if (!rows.length) return "";
+    const grid = el("div", { id: "attention-grid" });
+    for (const t of rows) {
+      const h = t.heatmap;
+      const row = el("div", { class: "grid-row" }, el("span", { class: "grid-label" }, link(t.id)));
+      h.lead.forEach((lead, i) => {
+        if (lead.slice(0, -1).some((v) => v !== 0)) return; // batch item 0 only
+        const where = h.lead_dims.map((name, axis) => `${name} ${lead[axis]}`).join(", ");
+        const thumb = el("canvas", { class: "thumb", title: `${t.id}: ${where}` });
+        drawThumb(thumb, h, h.maps[i]);
+        thumb.addEventListener("click", () => go(t.id));
+        row.append(thumb);
+      });
+      grid.append(row);
+    }
+    const words = data.tokens ? el("p", { class: "muted" }, `tokens: ${data.tokens.join(" ")}`) : "";
+    return el("div", {}, colourScale(), words, grid);
+  }
+
+  function drawThumb(canvas, h, map) {
+    const [rows, cols] = h.side, size = 48, cell = size / Math.max(rows, cols);
+    const levels = Uint8Array.from(atob(map.cells), (c) => c.charCodeAt(0));
+    canvas.width = canvas.height = size;
+    const ctx = canvas.getContext("2d");
+    for (let i = 0; i < rows; i++) {
+      for (let j = 0; j < cols; j++) {
+        ctx.fillStyle = colour(levels[i * cols + j]);
+        ctx.fillRect(j * cell, i * cell, Math.ceil(cell), Math.ceil(cell));
+      }
+    }
+  }
+
+  function colourScale() {
+    const bar = el("canvas", { id: "colour-scale", width: "160", height: "10" });
+    const ctx = bar.getContext("2d");
+    for (let x = 0; x < 160; x++) {
+      ctx.fillStyle = colour(Math.round((x / 159) * LEVELS));
+      ctx.fillRect(x, 0, 1, 10);
+    }
+    const nan = el("span", { class: "nan-swatch" });
+    return el("div", { class: "scale" }, "0 ", bar, " each map's largest weight · ", nan, " NaN");
+  }
+
   function colour(level) {
     if (level === NAN_LEVEL) return NAN;
     const share = level / LEVELS;
@@ -389,7 +529,7 @@
   // ------------------------------------------------------------ start
 
   window.addEventListener("hashchange", () => select(fragment(location.hash.slice(1))));
-  fit();
+  start();
   select(location.hash.length > 1 ? fragment(location.hash.slice(1)) : null);
   document.documentElement.dataset.ready = "true";
 })();
