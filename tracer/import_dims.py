@@ -33,6 +33,7 @@ ATTRIBUTES = (
     ("n_inner", "d_ff"),
     ("dim_feedforward", "d_ff"),
     ("vocab_size", "V"),
+    *((name, name) for name in ("H", "H_kv", "Dh", "d_ff", "V")),  # a module tracer export wrote keeps its dims by name
 )
 ORDER = ("d_model", "H", "Dh", "H_kv", "n_rep", "d_ff", "V")
 # sizes written as products only in these forms: "H * H" or "4 * H" would be true of the numbers and wrong in meaning
