@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field
 from .analysis.graph import Node
 from .api import Pipeline
 from .core.formatting import human_bytes
+from .presentation.diff_report import Row, Side, diff_html
 
 
 @dataclass
@@ -241,8 +242,14 @@ def format_diff(d: Diff) -> str:
         lines.append(f"  {name:<{width}}  {shown[0]:>14}  {shown[1]:>14}" + ("" if x == y else f"  ({y - x:+,})"))
     if d.compared_values:
         lines.append(f"values: the first tensor that differs is '{d.diverges}'" if d.diverges else "values: every shared tensor agrees")
-    lines.append(("the same pipeline" if not d.renamed else "the same pipeline but for names") if d.same else "")
+    lines.append(_verdict(d) if d.same else "")
     return "\n".join(line for line in lines if line)
+
+
+def _verdict(d: Diff) -> str:
+    if d.same:
+        return "the same pipeline" if not d.renamed else "the same pipeline but for names"
+    return "the pipelines differ" + (f"; the first tensor whose values differ is '{d.diverges}'" if d.diverges else "")
 
 
 def _columns(what: str, rows: list[list[str]]) -> list[str]:
@@ -255,3 +262,39 @@ def _columns(what: str, rows: list[list[str]]) -> list[str]:
 
 def diff_json(d: Diff) -> str:
     return json.dumps({**asdict(d), "same": d.same}, indent=2)
+
+
+def diff_page(a: Pipeline, b: Pipeline, d: Diff) -> str:
+    """The side-by-side HTML page of a diff (``tracer diff --html``): a row per pair of steps."""
+    left, right = a.check(), b.check()
+    pairs = Matching(left, right).pairs
+    nodes_a, nodes_b = _top(left), _top(right)
+    partner = {pairs[i]: i for i in nodes_a if i in pairs}
+    order, shown, rows = list(nodes_a), set(), []
+    for b_id, node_b in nodes_b.items():
+        a_id = partner.get(b_id)
+        if a_id is None:
+            rows.append(Row(None, _side(right, node_b), "added"))
+            continue
+        before = [i for i in order[: order.index(a_id)] if i not in pairs and i not in shown]
+        rows += [Row(_side(left, nodes_a[i]), None, "removed") for i in before]
+        shown.update([*before, a_id])
+        rows.append(_paired_row(left, right, nodes_a[a_id], node_b, pairs))
+    rows += [Row(_side(left, nodes_a[i]), None, "removed") for i in order if i not in pairs and i not in shown]
+    notes = [r for r in d.renamed if not r.startswith("step ")]
+    notes += [f"param {name}: {x} -> {y}" for name, x, y in d.params]
+    if d.compared_values:
+        notes.append(f"values: the first tensor that differs is '{d.diverges}'" if d.diverges else "values: every shared tensor agrees")
+    return diff_html(d.a, d.b, rows, d.totals, notes, _verdict(d))
+
+
+def _side(analysis, node: Node) -> Side:
+    return Side(node.id, node.op, _shape(analysis, node.id))
+
+
+def _paired_row(left, right, a: Node, b: Node, pairs: dict[str, str]) -> Row:
+    change = ", ".join(text.split(": ", 1)[1] for text in _changes(a, b, pairs))
+    side_a, side_b = _side(left, a), _side(right, b)
+    if change or side_a.shape != side_b.shape:
+        return Row(side_a, side_b, "changed", change or "shape")
+    return Row(side_a, side_b, "renamed" if a.id != b.id else "same")
