@@ -15,7 +15,7 @@ from .analysis.memory import check_budget, default_budget, parse_bytes
 from .analysis.shapes import analyze
 from .api import Pipeline, load
 from .core.errors import Diagnostic, InternalError, TracerError, printable
-from .diff import diff, diff_json, format_diff
+from .diff import diff, diff_json, diff_page, format_diff
 from .presentation import outputs
 from .presentation.export import export_source
 from .presentation.files import check_output, write_atomic
@@ -237,6 +237,9 @@ def _parser() -> argparse.ArgumentParser:
     compared.add_argument("files", nargs=2, metavar="FILE")
     compared.add_argument("--values", action="store_true", help="also run both (seed 0) and name the first tensor whose values differ")
     compared.add_argument("--json", action="store_true", help="print the differences as JSON")
+    compared.add_argument(
+        "--html", metavar="PAGE", type=_output_name, help="also write the two side by side as one offline HTML page (PAGE.html)"
+    )
     compared.set_defaults(handler=_diff)
 
     schema = commands.add_parser("schema", help="print the JSON Schema of the pipeline format (for editors: see docs/format.md)")
@@ -517,7 +520,11 @@ def _import(args) -> int:
 
 
 def _diff(args) -> int:
-    found = diff(load(args.files[0]), load(args.files[1]), values=args.values)
+    a, b = load(args.files[0]), load(args.files[1])
+    found = diff(a, b, values=args.values)
+    if args.html:
+        write_atomic(args.html, diff_page(a, b, found), reads=args.files)
+        print(f"wrote {printable(args.html)}", file=sys.stderr)
     print(diff_json(found) if args.json else format_diff(found))
     return 0
 

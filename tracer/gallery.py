@@ -12,6 +12,7 @@ from pathlib import Path
 
 from .api import Pipeline
 from .core.errors import TracerError
+from .diff import diff, diff_page, format_diff
 from .presentation import outputs
 from .presentation.export import export_source
 from .presentation.files import write_atomic
@@ -21,6 +22,13 @@ from .spec.load import load_spec
 # Pipelines that also get an interactive HTML report with values (heatmaps): the tutorials'
 # sentence, a causal model and a sliding-window one. A path not in the folder is skipped.
 REPORTS = ("seeds/000_encoder_block.yaml", "causal_mha.yaml", "models/mistral_sliding_window.yaml")
+
+# Imported pipelines (``tracer import``, pipelines/imported/modules.py) and the hand-written
+# pipeline each stands beside: the README shows ``tracer diff`` between them.
+IMPORTED = (
+    ("models/llama_decoder_layer.yaml", "imported/llama_decoder_layer.yaml"),
+    ("models/gpt2_attention.yaml", "imported/nanogpt_attention.yaml"),
+)
 
 HEADER = """# Gallery
 
@@ -114,12 +122,42 @@ def build(root: Path, out: Path) -> int:
             print(f"wrote {out / name}.html")
             report += f" · [interactive report]({name}.html)"
         lines.append(f"- **{path.relative_to(root).as_posix()}** — {about}{report}\n\n  ![{name}]({name}.svg)\n")
-    write_atomic(out / "README.md", (HEADER + "\n".join(lines)).encode())
+    write_atomic(out / "README.md", (HEADER + "\n".join(lines) + _imported_section(root, out)).encode())
     made = {f"{gallery_name(p, root)}.{kind}" for p in pipeline_files(root) for kind in ("svg", "html", "py")}
+    made |= {_diff_page_name(imported, root) for _, imported in IMPORTED}
     for stale in [*out.glob("*.svg"), *out.glob("*.html"), *out.glob("*.py")]:  # files of pipelines that were removed or renamed
         if stale.name not in made:
             stale.unlink()
     return failed
+
+
+def _imported_section(root: Path, out: Path) -> str:
+    """Each imported pipeline against its hand-written twin: ``tracer diff`` as text, and its
+    side-by-side page (no runs: static)."""
+    parts = []
+    for written, imported in IMPORTED:
+        if not (root / written).is_file() or not (root / imported).is_file():
+            continue
+        a, b = Pipeline(*load_spec(root / written)), Pipeline(*load_spec(root / imported))
+        found = diff(a, b)
+        found.a, found.b = written, imported  # paths as the reader finds them, whatever the working folder
+        page = _diff_page_name(imported, root)
+        write_atomic(out / page, diff_page(a, b, found))
+        text = format_diff(found).replace("`", "'")  # inert inside the fence
+        links = [f"[{p}]({gallery_name(root / p, root)}.svg)" for p in (written, imported)] + [f"[side by side]({page})"]
+        parts.append(f"### {written} and {imported}\n\n{' · '.join(links)}\n\n```diff\n{text}\n```\n")
+    if not parts:
+        return ""
+    intro = (
+        "\n## Imported beside hand-written\n\nPipelines made by `tracer import` from PyTorch modules "
+        "([importing](../import.md), `pipelines/imported/modules.py`), and `tracer diff` against the "
+        "pipeline written by hand: `=` lines are renames, `~` changes, `-`/`+` steps only one side has.\n\n"
+    )
+    return intro + "\n".join(parts)
+
+
+def _diff_page_name(imported: str, root: Path) -> str:
+    return f"diff__{gallery_name(root / imported, root)}.html"
 
 
 def main(argv: list[str] | None = None) -> int:

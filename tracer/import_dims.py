@@ -33,6 +33,7 @@ ATTRIBUTES = (
     ("n_inner", "d_ff"),
     ("dim_feedforward", "d_ff"),
     ("vocab_size", "V"),
+    *((name, name) for name in ("H", "H_kv", "Dh", "d_ff", "V")),  # a module tracer export wrote keeps its dims by name
 )
 ORDER = ("d_model", "H", "Dh", "H_kv", "n_rep", "d_ff", "V")
 # sizes written as products only in these forms: "H * H" or "4 * H" would be true of the numbers and wrong in meaning
@@ -59,10 +60,13 @@ def model_dims(module: torch.nn.Module, given: dict[str, int] | None) -> dict[st
 
 
 def _holders(module: torch.nn.Module):
-    config = getattr(module, "config", None)
-    if config is not None:
-        yield "config", config
-    for path, sub in module.named_modules():
+    """Configs first (the root's, then a submodule's: a wrapped transformers layer), then modules."""
+    subs = list(module.named_modules())
+    for path, sub in subs:
+        config = getattr(sub, "config", None)
+        if config is not None and not isinstance(config, torch.nn.Module):
+            yield f"{path}.config" if path else "config", config
+    for path, sub in subs:
         yield path or type(module).__name__, sub
 
 
@@ -100,4 +104,6 @@ class Namer:
         return value
 
     def shape(self, tensor) -> list[int | str]:
-        return [self.size(s) for s in tensor.shape]
+        """The sizes in dim names; the last axis of a tensor with heads is the head width first (H = Dh = 4)."""
+        last = len(tensor.shape) - 1
+        return [self.size(s, ("Dh",) if axis == last >= 3 else ()) for axis, s in enumerate(tensor.shape)]

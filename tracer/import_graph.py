@@ -79,13 +79,13 @@ class Graph:
         self.consumed.update(n for n in inner if n is not idiom.node)
 
     def find_idioms(self) -> None:
-        for kind, pattern in _patterns().items():
+        for kind, pattern in _patterns():
             for match in _Matcher(pattern).match(self.fx):
                 inner = [n for p, n in match.nodes_map.items() if p.op not in ("placeholder", "output")]
                 facts = VERIFY[kind](self, match)
                 if facts is not None and not self.consumed & set(inner):
                     self.claim(Idiom(kind, match.returning_nodes[0], facts), inner)
-        for walker in (_multi_head_attention, _merges, _conv1d):
+        for walker in (_multi_head_attention, _complex_ropes, _merges, _conv1d):
             walker(self)
 
 
@@ -165,6 +165,12 @@ class _RMSNorm(torch.nn.Module):  # transformers' LlamaRMSNorm, the weight as an
         return weight * h.to(torch.float32)
 
 
+class _RMSNormWeightLast(torch.nn.Module):  # Meta's llama RMSNorm: _norm(x.float()).type_as(x) * weight
+    def forward(self, x, weight):
+        h = x.float()
+        return (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)).type_as(x) * weight
+
+
 class _RotateHalf(torch.nn.Module):  # apply_rotary_pos_emb for one tensor
     def forward(self, x, cos, sin):
         half = x.shape[-1] // 2
@@ -183,18 +189,21 @@ class _TanhGELU(torch.nn.Module):  # GPT-2's gelu_new (NewGELUActivation)
 
 
 @functools.cache
-def _patterns() -> dict[str, torch.fx.Graph]:
+def _patterns() -> list[tuple[str, torch.fx.Graph]]:
+    """(idiom kind, pattern graph); a kind written two ways has two patterns (fx matching is not commutative)."""
+    x, weight = torch.randn(2, 7, 32), torch.ones(32)
     examples = {
-        "rmsnorm": (_RMSNorm(), torch.randn(2, 7, 32), torch.ones(32)),
-        "rope": (_RotateHalf(), torch.randn(2, 4, 7, 8), torch.randn(1, 1, 7, 8), torch.randn(1, 1, 7, 8)),
-        "repeat_kv": (_RepeatKV(), torch.randn(2, 2, 7, 8)),
-        "gelu_tanh": (_TanhGELU(), torch.randn(2, 7, 16)),
+        ("rmsnorm", _RMSNorm()): (x, weight),
+        ("rmsnorm", _RMSNormWeightLast()): (x, weight),
+        ("rope", _RotateHalf()): (torch.randn(2, 4, 7, 8), torch.randn(1, 1, 7, 8), torch.randn(1, 1, 7, 8)),
+        ("repeat_kv", _RepeatKV()): (torch.randn(2, 2, 7, 8),),
+        ("gelu_tanh", _TanhGELU()): (torch.randn(2, 7, 16),),
     }
-    graphs = {}
-    for kind, (module, *example) in examples.items():
-        graph = torch.export.export(module, tuple(example), strict=False).graph_module.graph
+    graphs = []
+    for (kind, module), example in examples.items():
+        graph = torch.export.export(module, example, strict=False).graph_module.graph
         canonicalize(graph)
-        graphs[kind] = graph
+        graphs.append((kind, graph))
     return graphs
 
 
@@ -229,13 +238,16 @@ def _verify_rope(graph: Graph, match) -> dict | None:
     x, cos, sin = match.placeholder_nodes
     if not {cos, sin} <= graph.constant:
         return None
-    table = graph.values[cos].double()
-    size = table.shape[-1]
-    rows = table.reshape(-1, table.shape[-2], size)[0]
-    expected = _rotary_cos(rows.shape[0], size, _theta(graph, cos, rows))
-    if not torch.allclose(rows, expected, atol=1e-5):
+    rows, sines = (_first_rows(graph.values[n].double()) for n in (cos, sin))
+    theta = _theta(graph, cos, rows, sines)
+    if not torch.allclose(rows, _rotary_cos(rows.shape[0], rows.shape[-1], theta), atol=1e-5):
         return None
-    return {"x": x, "theta": _theta(graph, cos, rows)}
+    return {"x": x, "theta": theta}
+
+
+def _first_rows(table: torch.Tensor) -> torch.Tensor:
+    """(positions, D) of a rotary table broadcast to (…, positions, D)."""
+    return table.reshape(-1, table.shape[-2], table.shape[-1])[0]
 
 
 def _rotary_cos(positions: int, size: int, theta: float) -> torch.Tensor:
@@ -244,11 +256,12 @@ def _rotary_cos(positions: int, size: int, theta: float) -> torch.Tensor:
     return torch.cat([freqs, freqs], -1).cos()
 
 
-def _theta(graph: Graph, cos: torch.fx.Node, rows: torch.Tensor) -> float:
-    """RoPE's base: exact from an ``inv_freq`` buffer (inv_freq[1] = theta ** (-2 / D)), else from cos at position 1."""
+def _theta(graph: Graph, cos: torch.fx.Node, rows: torch.Tensor, sines: torch.Tensor) -> float:
+    """RoPE's base: exact from an ``inv_freq`` buffer (inv_freq[1] = theta ** (-2 / D)), else from
+    the angle at position 1, read with atan2 from sin and cos (acos of a cosine near 1 loses digits)."""
     size = rows.shape[-1]
     buffer = _ancestor_buffer(graph, cos, "inv_freq")
-    second = graph.values[buffer].double()[1] if buffer is not None else torch.acos(rows[1, 1].clamp(-1, 1))
+    second = graph.values[buffer].double()[1] if buffer is not None else torch.atan2(sines[1, 1], rows[1, 1])
     theta = float(second ** (-size / 2))
     return float(round(theta)) if abs(theta - round(theta)) < 1e-4 * theta else theta
 
@@ -267,10 +280,13 @@ def _ancestor_buffer(graph: Graph, node: torch.fx.Node, word: str) -> torch.fx.N
 
 
 def _verify_repeat_kv(graph: Graph, match) -> dict | None:
+    """Heads repeated in place: a new axis right after the heads axis (2 for transformers' (B, H, T, Dh),
+    3 for Meta's (B, T, H, Dh)), expanded and folded into the heads."""
     unsqueeze, expand = _inner(match, aten.unsqueeze.default), _inner(match, aten.expand.default)
-    if unsqueeze.args[1] != 2:
+    axis = unsqueeze.args[1]
+    if axis not in (2, 3):
         return None
-    return {"x": match.placeholder_nodes[0], "repeats": expand.meta["val"].shape[2]}
+    return {"x": match.placeholder_nodes[0], "repeats": expand.meta["val"].shape[axis], "dim": axis - 1}
 
 
 VERIFY = {
@@ -301,6 +317,44 @@ def _swaps_heads(node: torch.fx.Node) -> bool:
     if node.op != "call_function" or node.target != aten.transpose.int or node.args[0].meta["val"].ndim != 4:
         return False
     return sorted(int(d) % 4 for d in node.args[1:3]) == [1, 2]
+
+
+def _complex_ropes(graph: Graph) -> None:
+    """Meta's llama ``apply_rotary_emb``: reshape to (…, D/2, 2) -> view_as_complex -> times a constant
+    ``freqs_cis`` (``torch.polar``) -> view_as_real -> flatten: ``rope style: interleaved``."""
+    for node in graph.calls():
+        if node.target != aten.view_as_complex.default or len(node.users) != 1:
+            continue
+        pairs, (product,) = node.args[0], node.users
+        if pairs.target not in VIEWS or pairs.meta["val"].shape[-1] != 2 or product.target != aten.mul.Tensor:
+            continue
+        table = product.args[1] if product.args[0] is node else product.args[0]
+        real = next(iter(product.users), None)
+        if table not in graph.constant or len(product.users) != 1 or real.target != aten.view_as_real.default or len(real.users) != 1:
+            continue
+        (flat,) = real.users
+        if flat.target not in (aten.flatten.using_ints, *VIEWS) or flat.meta["val"].shape != pairs.args[0].meta["val"].shape:
+            continue
+        facts = _complex_rotary(graph.values[table], pairs.args[0].meta["val"].ndim)
+        if facts is not None:
+            graph.claim(Idiom("rope", flat, {"x": pairs.args[0], **facts}), [pairs, node, product, real, flat])
+
+
+def _complex_rotary(table: torch.Tensor, ndim: int) -> dict | None:
+    """theta, style and the positions axis of a ``freqs_cis`` table: e^(i·p·theta^(-2j/D)) at position p."""
+    positions = [axis for axis, size in enumerate(table.shape) if size != 1][:-1]
+    if len(positions) != 1 or not table.is_complex() or not torch.allclose(table.abs(), torch.ones(())):
+        return None
+    angles = torch.angle(table.to(torch.complex128)).reshape(-1, table.shape[-1])  # (T, D/2)
+    size = 2 * table.shape[-1]
+    if angles.shape[0] < 2 or angles.shape[1] < 2:
+        return None
+    theta = float(angles[1, 1] ** (-size / 2))
+    theta = float(round(theta)) if abs(theta - round(theta)) < 1e-4 * theta else theta
+    expected = torch.arange(angles.shape[0], dtype=torch.float64)[:, None] / theta ** (torch.arange(0, size, 2, dtype=torch.float64) / size)
+    if not torch.allclose(torch.polar(torch.ones_like(expected), expected), table.reshape(angles.shape).to(torch.complex128), atol=1e-5):
+        return None
+    return {"theta": theta, "style": "interleaved", "seq_dim": positions[0] - table.ndim if table.ndim == ndim else -2}
 
 
 def _conv1d(graph: Graph) -> None:

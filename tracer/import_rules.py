@@ -32,6 +32,11 @@ UNARY = {
     aten.sigmoid.default: "sigmoid",
 }
 BINARY = {aten.add.Tensor: "add", aten.mul.Tensor: "mul", aten.sub.Tensor: "sub", aten.div.Tensor: "div"}
+ADVANCED_INDEXING = (
+    "; advanced indexing (a list or tensor of positions) has no step: where the positions are a range, "
+    "slice instead (x[:, -1:] for x[:, [-1]]), which imports as op: index with start/stop"
+)
+UNMAPPED_HINTS = {aten.index.Tensor: ADVANCED_INDEXING, aten.index_select.default: ADVANCED_INDEXING}
 SPLITS = (aten.split.Tensor, aten.split_with_sizes.default, aten.chunk.default)
 
 
@@ -199,7 +204,7 @@ class Translator:
             return None
         rule = RULES.get(node.target)
         if rule is None:
-            raise Unmapped(f"no tracer step for {_label(node)}")
+            raise Unmapped(f"no tracer step for {_label(node)}{UNMAPPED_HINTS.get(node.target, '')}")
         return rule(self, node)
 
     def _unary(self, node):
@@ -307,6 +312,13 @@ class Translator:
     def _select(self, node):
         self.emit(node, {"op": "index", "input": self.ref(node.args[0]), "dim": node.args[1], "index": node.args[2]})
 
+    def _repeat_interleave(self, node):
+        repeats, dim = node.args[1], _arg(node, 2, None, "dim")
+        if dim is None:
+            raise Unmapped("repeat_interleave without dim (it flattens the tensor first): tracer repeats along one dim")
+        fields = {"op": "repeat_interleave", "input": self.ref(node.args[0]), "repeats": self.size(repeats, ("n_rep",)), "dim": dim}
+        self.emit(node, fields)
+
     def _product(self, node):
         op = "matmul" if node.target == aten.matmul.default else "bmm"
         self.emit(node, {"op": op, "inputs": [self.ref(node.args[0]), self.ref(node.args[1])]})
@@ -365,11 +377,18 @@ class Translator:
         self.emit(idiom.node, {"op": "rmsnorm", "input": self.ref(facts["x"]), "weight": self.ref(facts["weight"]), "eps": facts["eps"]})
 
     def _rope(self, idiom: Idiom):
-        self.emit(idiom.node, {"op": "rope", "input": self.ref(idiom.facts["x"]), "theta": idiom.facts["theta"]})
+        facts = idiom.facts
+        fields = {"op": "rope", "input": self.ref(facts["x"]), "theta": facts["theta"]}
+        if facts.get("style", "half") != "half":
+            fields["style"] = facts["style"]
+        if facts.get("seq_dim", -2) != -2:
+            fields["seq_dim"] = facts["seq_dim"]
+        self.emit(idiom.node, fields)
 
     def _repeat_kv(self, idiom: Idiom):
         repeats = self.size(idiom.facts["repeats"], ("n_rep",))
-        self.emit(idiom.node, {"op": "repeat_interleave", "input": self.ref(idiom.facts["x"]), "repeats": repeats, "dim": 1})
+        fields = {"op": "repeat_interleave", "input": self.ref(idiom.facts["x"]), "repeats": repeats, "dim": idiom.facts["dim"]}
+        self.emit(idiom.node, fields)
 
     def _gelu_tanh(self, idiom: Idiom):
         self.emit(idiom.node, {"op": "gelu", "input": self.ref(idiom.facts["x"]), "approximate": "tanh"})
@@ -473,6 +492,7 @@ RULES = {
     aten.slice.Tensor: Translator._slice,
     aten.select.int: Translator._select,
     aten.softmax.int: Translator._softmax,
+    aten.repeat_interleave.self_int: Translator._repeat_interleave,
     aten.layer_norm.default: Translator._layer_norm,
     aten.gelu.default: Translator._gelu,
     aten.contiguous.default: Translator._contiguous,
@@ -527,9 +547,13 @@ def _layer(node: torch.fx.Node) -> tuple[str, int] | None:
 
 
 def _head_width(x: torch.fx.Node) -> int:
-    """Dh of scores ``q @ k^T``: the last dim of q, else the last dim of x."""
-    if x.op == "call_function" and x.target in (aten.matmul.default, aten.bmm.default):
-        return x.args[0].meta["val"].shape[-1]
+    """Dh of scores ``q @ k^T`` (through masks and other scales: a scale may come after the mask):
+    the last dim of q, else the last dim of x."""
+    source = x
+    while source.op == "call_function" and source.target in (aten.masked_fill.Scalar, aten.add.Tensor, aten.mul.Tensor, aten.div.Tensor):
+        source = source.args[0]
+    if source.op == "call_function" and source.target in (aten.matmul.default, aten.bmm.default):
+        return source.args[0].meta["val"].shape[-1]
     return x.meta["val"].shape[-1]
 
 

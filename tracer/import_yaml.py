@@ -32,9 +32,12 @@ class Document:
     params: dict[str, dict]
     steps: list[Step]
     outputs: list[str] | None = None
+    seed: int | None = None  # the main file's: a run without the module's weights is reproducible
 
     def text(self) -> str:
-        lines = [f"# {_comment(line)}" for line in self.header] + [_entry("name", self.name), "dims:"]
+        lines = [f"# {_comment(line)}" for line in self.header] + [_entry("name", self.name)]
+        lines += [] if self.seed is None else [_entry("seed", self.seed)]
+        lines.append("dims:")
         lines += [f"  {_entry(name, written)}  # {_comment(note)}" for name, (written, note) in self.dims.items()]
         for section in ("inputs", "params"):
             entries = getattr(self, section)

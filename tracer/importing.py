@@ -53,7 +53,7 @@ def from_module(
         f"torch.export (non-strict), {'symbolic batch and sequence sizes' if dynamic else 'the example sizes'}; weights: module.state_dict().",
     ]
     dims_section = dims_of(dict(symbols.values()), namer.dims)
-    document = Document(name, header, dims_section, translator.inputs, translator.params, translator.steps, translator.outputs)
+    document = Document(name, header, dims_section, translator.inputs, translator.params, translator.steps, translator.outputs, seed=0)
     return _load(files(document))
 
 

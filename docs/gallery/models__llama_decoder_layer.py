@@ -85,12 +85,12 @@ class LlamaDecoderLayer(nn.Module):
         q_rot_freqs = torch.arange(T, device=q_h.device).float()[:, None] * q_rot_inv_freq  # q_rot
         q_rot_emb = torch.cat((q_rot_freqs, q_rot_freqs), dim=-1)  # q_rot
         q_rot_cos, q_rot_sin = q_rot_emb.cos().to(q_h.dtype), q_rot_emb.sin().to(q_h.dtype)  # q_rot
-        q_rot = q_h * q_rot_cos + _rotate_half(torch, q_h) * q_rot_sin  # (B, H, T, Dh) q_rot
+        q_rot = q_h * q_rot_cos.view(1, 1, T, Dh) + _rotate_half(torch, q_h) * q_rot_sin.view(1, 1, T, Dh)  # (B, H, T, Dh) q_rot
         k_rot_inv_freq = 1.0 / (10000.0 ** (torch.arange(0, Dh, 2, dtype=torch.int64, device=k_h.device).float() / Dh))  # k_rot
         k_rot_freqs = torch.arange(T, device=k_h.device).float()[:, None] * k_rot_inv_freq  # k_rot
         k_rot_emb = torch.cat((k_rot_freqs, k_rot_freqs), dim=-1)  # k_rot
         k_rot_cos, k_rot_sin = k_rot_emb.cos().to(k_h.dtype), k_rot_emb.sin().to(k_h.dtype)  # k_rot
-        k_rot = k_h * k_rot_cos + _rotate_half(torch, k_h) * k_rot_sin  # (B, H_kv, T, Dh) k_rot
+        k_rot = k_h * k_rot_cos.view(1, 1, T, Dh) + _rotate_half(torch, k_h) * k_rot_sin.view(1, 1, T, Dh)  # (B, H_kv, T, Dh) k_rot
         k_rep = torch.repeat_interleave(k_rot, n_rep, dim=1)  # (B, H, T, Dh) k_rep
         v_rep = torch.repeat_interleave(v_h, n_rep, dim=1)  # (B, H, T, Dh) v_rep
         k_t = k_rep.transpose(2, 3)  # (B, H, Dh, T) k_t

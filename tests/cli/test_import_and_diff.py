@@ -1,6 +1,7 @@
 """`tracer import MODULE:FACTORY` and `tracer diff A B` from the command line."""
 
 import json
+import re
 import textwrap
 
 from tests.conftest import PIPELINES, tracer_cli
@@ -59,3 +60,23 @@ def test_diff_names_changed_fields_shapes_params_and_the_first_divergent_tensor(
     assert "~ step weights: dim -1 -> -2" in done.stdout and "values: the first tensor that differs is 'weights'" in done.stdout
     data = json.loads(tracer_cli("diff", str(MHA), str(MHA), "--json").stdout)
     assert data["same"] and data["totals"]["flops"][0] == data["totals"]["flops"][1] > 0
+
+
+def test_diff_pairs_renamed_steps_and_params_by_structure_and_compares_values_through_the_pairs(tmp_path):
+    renamed = MHA.read_text()
+    for old, new in (("scores", "attn_scores"), ("W_q", "query_weight"), ("q_heads", "q_split")):
+        renamed = re.sub(rf"\b{old}\b", new, renamed)
+    (tmp_path / "renamed.yaml").write_text(renamed)
+    done = tracer_cli("diff", str(MHA), str(tmp_path / "renamed.yaml"), "--values")
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert {"= step scores -> attn_scores: matmul", "= param W_q -> query_weight", "= step q_heads -> q_split: view"} <= set(lines)
+    assert not [line for line in lines[2:] if line[:1] in "-+~"] and lines[-2:] == [
+        "values: every shared tensor agrees",
+        "the same pipeline but for names",
+    ]
+    # a changed step keeps its partner: the change is a change, the name a rename
+    (tmp_path / "changed.yaml").write_text(renamed.replace("{id: weights, op: softmax, dim: -1", "{id: probs, op: softmax, dim: -2"))
+    data = json.loads(tracer_cli("diff", str(MHA), str(tmp_path / "changed.yaml"), "--json", "--values").stdout)
+    assert data["changed_op"] == ["weights -> probs: dim -1 -> -2"] and data["added"] == data["removed"] == []
+    assert data["diverges"] == "weights -> probs" and not data["same"]

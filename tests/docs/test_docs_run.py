@@ -30,6 +30,7 @@ NOT_RUN = {  # (document, the block's first word) of the blocks that only illust
     ("export.md", "class"),  # an exported module, abridged: the export tests check the real one
     ("import.md", "pipeline"),  # nanoGPT and Llama imports: tests/importing runs the same, with the classes
     ("import.md", "tracer"),  # tracer import of the reader's own module: tests/cli/test_import_and_diff.py runs one
+    ("import.md", "$"),  # tracer diff's output, abridged: tests/importing/test_imported_pipelines.py checks those lines
 }
 
 
