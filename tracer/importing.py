@@ -23,6 +23,7 @@ import torch
 import torch.fx.proxy
 from torch.export import Dim
 
+from .analysis.lints.structure import unread_declarations
 from .api import Pipeline, load
 from .core.errors import Diagnostic, TracerError
 from .import_dims import Namer, model_dims
@@ -54,7 +55,16 @@ def from_module(
     ]
     dims_section = dims_of(dict(symbols.values()), namer.dims)
     document = Document(name, header, dims_section, translator.inputs, translator.params, translator.steps, translator.outputs, seed=0)
+    pipeline = _load(files(document))
+    unread = [name for name in unread_declarations(pipeline.check()) if name in document.params]
+    if not unread:
+        return pipeline
+    for name in unread:  # declared all the same, so that run(params=module.state_dict()) takes every key
+        document.params[name] = {**document.params[name], "allow": {"unused-tensor": UNREAD_REASON}}
     return _load(files(document))
+
+
+UNREAD_REASON = "a state_dict entry of the module that no captured op reads"
 
 
 @contextlib.contextmanager

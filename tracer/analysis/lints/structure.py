@@ -209,7 +209,7 @@ class UnusedTensor(Lint):
     def check(self, analysis):
         used = set(analysis.outputs)
         for name, declared in analysis.declared.items():
-            if "/" not in name:  # a block's own tensors are judged in the block's file
+            if not _in_block(analysis, name):  # a block's own tensors are judged in the block's file
                 yield from self._declared(analysis, name, declared, name in used or bool(analysis.graph.users.get(name)))
         for node in analysis.nodes.values():
             names = node.step.output_ids()
@@ -240,3 +240,14 @@ class UnusedTensor(Lint):
             yield analysis.source.error(where, self.code, message, severity="warning")
         else:
             yield analysis.source.error(where, self.code, f"{message} — allowed: {reason}", severity="allowed")
+
+
+def _in_block(analysis, name: str) -> bool:
+    """Whether a declared tensor is a block's own (``layers/0/W_q``), not the file's."""
+    return any(name.startswith(f"{block}/") for block in analysis.blocks)
+
+
+def unread_declarations(analysis) -> list[str]:
+    """The file's own inputs and params that no step reads and no output names."""
+    used = set(analysis.outputs)
+    return [n for n in analysis.declared if not _in_block(analysis, n) and n not in used and not analysis.graph.users.get(n)]
