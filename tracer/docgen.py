@@ -122,6 +122,7 @@ def _kind(op: str, cls: type[StepBase]) -> str:
     fields = _rows(cls, skip=common)
     arity = {
         None: "one or more inputs (`inputs:`)",
+        0: "no input",
         1: "one input",
         2: "two inputs (`inputs: [a, b]`)",
         3: "three inputs (`inputs: [q, k, v]`)",
