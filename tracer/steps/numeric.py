@@ -89,6 +89,7 @@ Rsqrt = _math("rsqrt", "``torch.rsqrt(x) = 1 / sqrt(x)`` (integers and bool beco
 Sin = _math("sin", "``torch.sin(x)`` (integers and bool become float32; sinusoidal position tables).", "angles")
 Cos = _math("cos", "``torch.cos(x)`` (integers and bool become float32; sinusoidal position tables).", "angles")
 Reciprocal = _math("reciprocal", "``torch.reciprocal(x) = 1 / x`` (integers and bool become float32).", "x")
+MATH_KINDS = (Abs, Floor, Ceil, Trunc, Square, Log, Log1p, Sqrt, Rsqrt, Sin, Cos, Reciprocal)
 
 
 @register
