@@ -2,12 +2,19 @@
 a perturbed weight changes the result (the comparison can fail)."""
 
 import torch
-from transformers import Gemma2Config, LlamaConfig
-from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask, find_packed_sequence_indices
+from transformers import Gemma2Config, LlamaConfig, T5Config
+from transformers.masking_utils import (
+    create_bidirectional_mask,
+    create_causal_mask,
+    create_sliding_window_causal_mask,
+    find_packed_sequence_indices,
+)
 from transformers.models.gemma2.modeling_gemma2 import Gemma2DecoderLayer, Gemma2RotaryEmbedding
 from transformers.models.llama.modeling_llama import LlamaAttention, LlamaRotaryEmbedding
+from transformers.models.t5.modeling_t5 import T5LayerSelfAttention
 
-from tests.models.test_models import ATOL, run
+import tracer
+from tests.models.test_models import ATOL, MODELS, run
 
 
 def compare(name: str, expected, tensors: dict, perturb: str) -> float:
@@ -72,3 +79,36 @@ def test_llama31_packed_attention_equals_llamaattention_on_packed_documents():
     # one document per row is not the same attention: the segments matter
     whole = run("llama31_packed_attention.yaml", x=x, position_ids=pos, documents=torch.zeros_like(pos), **weights)
     assert (whole["out"].tensor - expected).abs().max().item() > 1e-3
+
+
+@torch.no_grad()
+def test_t5_self_attention_equals_t5layerselfattention_on_a_padded_batch():
+    torch.manual_seed(0)
+    config = T5Config(
+        d_model=16, d_kv=4, num_heads=2, relative_attention_num_buckets=8, relative_attention_max_distance=6, dropout_rate=0.0,
+        attn_implementation="eager",
+    )  # fmt: skip
+    layer = randomized(T5LayerSelfAttention(config, has_relative_attention_bias=True, layer_idx=0))
+    x = torch.randn(2, 12, 16)
+    attention_mask = torch.tensor([[1] * 12, [1] * 9 + [0] * 3])  # the pipeline's values
+    mask = create_bidirectional_mask(config, x, attention_mask)
+    expected, bias, _ = layer(x, attention_mask=mask)
+    a = layer.SelfAttention
+    weights = {
+        "ln": layer.layer_norm.weight, "W_q": a.q.weight, "W_k": a.k.weight, "W_v": a.v.weight, "W_o": a.o.weight,
+        "rel_bias": a.relative_attention_bias.weight,
+    }  # fmt: skip
+    diff = compare("t5_self_attention.yaml", expected, {"x": x, "attention_mask": attention_mask, **weights}, "W_k")
+    trace = run("t5_self_attention.yaml", x=x, attention_mask=attention_mask, **weights)
+    assert torch.equal(trace["biased/bias"].tensor, bias) and diff <= 1e-6  # the position bias itself, bit for bit
+    # one bucket's bias nudged changes the result (the whole table shifted would not: softmax ignores a constant)
+    nudged = weights["rel_bias"].clone()
+    nudged[5] += 0.5
+    moved = run("t5_self_attention.yaml", x=x, attention_mask=attention_mask, **dict(weights, rel_bias=nudged))
+    assert (moved["out"].tensor - expected).abs().max().item() > 1e-3
+    # the decoder's one-sided buckets are another attention: bidirectional matters
+    text = (MODELS / "t5_self_attention.yaml").read_text().replace("bidirectional: true", "bidirectional: false")
+    one_sided = tracer.loads(text, "t5_decoder_buckets.yaml").run(
+        tensors={"x": x, "attention_mask": attention_mask, **weights}, keep_values=True
+    )
+    assert (one_sided["out"].tensor - expected).abs().max().item() > 1e-3
