@@ -2,15 +2,17 @@
 a perturbed weight changes the result (the comparison can fail)."""
 
 import torch
-from transformers import Gemma2Config, LlamaConfig, T5Config
+from transformers import Gemma2Config, Llama4TextConfig, LlamaConfig, T5Config
 from transformers.masking_utils import (
     create_bidirectional_mask,
     create_causal_mask,
+    create_chunked_causal_mask,
     create_sliding_window_causal_mask,
     find_packed_sequence_indices,
 )
 from transformers.models.gemma2.modeling_gemma2 import Gemma2DecoderLayer, Gemma2RotaryEmbedding
 from transformers.models.llama.modeling_llama import LlamaAttention, LlamaRotaryEmbedding
+from transformers.models.llama4.modeling_llama4 import Llama4TextAttention, Llama4TextRotaryEmbedding
 from transformers.models.t5.modeling_t5 import T5LayerSelfAttention
 
 import tracer
@@ -112,3 +114,49 @@ def test_t5_self_attention_equals_t5layerselfattention_on_a_padded_batch():
         tensors={"x": x, "attention_mask": attention_mask, **weights}, keep_values=True
     )
     assert (one_sided["out"].tensor - expected).abs().max().item() > 1e-3
+
+
+def llama4_config(**extra) -> Llama4TextConfig:
+    """Layer 0 uses rope (chunked attention), layer 1 is NoPE (temperature tuning); floor_scale and
+    the chunk are below T so both change along the test sequence."""
+    return Llama4TextConfig(
+        hidden_size=16, num_attention_heads=4, num_key_value_heads=2, head_dim=4, intermediate_size=8, intermediate_size_mlp=24,
+        num_hidden_layers=2, vocab_size=32, num_local_experts=4, num_experts_per_tok=1, no_rope_layers=[1, 0],
+        floor_scale=2, attn_scale=0.1, pad_token_id=0, bos_token_id=1, eos_token_id=2, attn_implementation="eager", **extra,
+    )  # fmt: skip
+
+
+@torch.no_grad()
+def test_llama4_nope_attention_equals_llama4textattention_with_temperature_tuning():
+    torch.manual_seed(0)
+    config = llama4_config(attention_chunk_size=3)
+    attn = Llama4TextAttention(config, layer_idx=1).eval()
+    assert not attn.use_rope and attn.attn_temperature_tuning
+    x = torch.randn(2, 10, 16)
+    pos = torch.arange(10)[None].expand(2, -1)
+    mask = create_causal_mask(config, x, None, None, position_ids=pos)  # a NoPE layer attends to the full past
+    expected, _ = attn(x, position_embeddings=Llama4TextRotaryEmbedding(config)(x, pos), attention_mask=mask)
+    weights = {"W_q": attn.q_proj.weight, "W_k": attn.k_proj.weight, "W_v": attn.v_proj.weight, "W_o": attn.o_proj.weight}
+    compare("llama4_nope_attention.yaml", expected, {"x": x, **weights}, "W_q")
+    # the temperature matters: the same layer without it (attn_temperature_tuning=False) is far from the pipeline
+    untuned = Llama4TextAttention(llama4_config(attention_chunk_size=3, attn_temperature_tuning=False), layer_idx=1).eval()
+    untuned.load_state_dict(attn.state_dict())
+    plain, _ = untuned(x, position_embeddings=None, attention_mask=mask)
+    assert (run("llama4_nope_attention.yaml", x=x, **weights)["out"].tensor - plain).abs().max().item() > 1e-3
+
+
+@torch.no_grad()
+def test_llama4_chunked_attention_equals_llama4textattention_with_rope_and_qk_norm():
+    torch.manual_seed(0)
+    config = llama4_config(attention_chunk_size=3)
+    attn = Llama4TextAttention(config, layer_idx=0).eval()
+    assert attn.use_rope and hasattr(attn, "qk_norm")
+    x = torch.randn(2, 10, 16)
+    pos = torch.arange(10)[None].expand(2, -1)
+    mask = create_chunked_causal_mask(config, x, None, None, position_ids=pos)
+    expected, _ = attn(x, position_embeddings=Llama4TextRotaryEmbedding(config)(x, pos), attention_mask=mask)
+    weights = {"W_q": attn.q_proj.weight, "W_k": attn.k_proj.weight, "W_v": attn.v_proj.weight, "W_o": attn.o_proj.weight}
+    compare("llama4_chunked_attention.yaml", expected, {"x": x, **weights}, "W_k")
+    # the chunks matter: plain causal attention over the same weights is far from the module
+    whole = run("llama4_chunked_attention.yaml", dims={"C": 10}, x=x, **weights)
+    assert (whole["out"].tensor - expected).abs().max().item() > 1e-3
