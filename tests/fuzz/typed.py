@@ -583,7 +583,8 @@ def relative_bias(b: Builder, x: str) -> str | None:
     buckets = b.rng.choice([4, 8, 32])
     table = b.declare("params", (Dim(buckets, buckets), t.shape[-3]), t.dtype, "rel")
     fields = {"table": table, "bidirectional": b.rng.random() < 0.5, "max_distance": b.rng.choice([buckets, 128])}
-    return b.add("relative_bias", fields, _same(t, contiguous=False), x)  # the bias is a permuted view: torch picks the layout
+    shape = (Dim(1, 1), *t.shape) if t.rank == 3 else t.shape  # scores + a (1, H, T_q, T_kv) bias
+    return b.add("relative_bias", fields, _same(t, shape, contiguous=False), x)  # the bias is a permuted view: torch picks the layout
 
 
 def alibi(b: Builder, x: str) -> str | None:

@@ -186,3 +186,12 @@ def test_arange_that_counts_down_is_a_located_error():
             pipeline_text("- {id: a, op: arange, start: T, stop: 1}", dims="{T: 3}", inputs="x: {shape: [T], init: randn}"), "t.yaml"
         )
     assert "t.yaml:" in str(info.value)
+
+
+def test_cumsum_on_meta_takes_a_huge_dim():
+    """torch's meta cumsum builds an (n, n) mask along the dim; tracer's meta run only needs the shape."""
+    pipeline = tracer.loads(
+        pipeline_text("- {id: c, op: cumsum, input: x, dim: 0}", dims="B: 2147483649", inputs="x: {shape: [B, 2], init: randn}"), "t.yaml"
+    )
+    trace = pipeline.run(device="meta")
+    assert trace["c"].shape == (2147483649, 2) and trace["c"].stride == (2, 1) and trace.as_predicted

@@ -219,11 +219,14 @@ def t5_attention(buckets: int, max_distance: int, heads: int, decoder: bool):
 
 
 @covers("relative_bias")
-@pytest.mark.parametrize(("t_q", "t_k", "decoder"), [(12, 12, False), (12, 12, True), (3, 20, True), (1, 9, False)])
-def test_relative_bias_is_t5s_compute_bias(t_q, t_k, decoder):
+@pytest.mark.parametrize(
+    ("batch", "t_q", "t_k", "decoder"),
+    [([2], 12, 12, False), ([2], 12, 12, True), ([2], 3, 20, True), ([2], 1, 9, False), ([], 5, 5, False)],
+)
+def test_relative_bias_is_t5s_compute_bias(batch, t_q, t_k, decoder):
     t = trace_of(
         f"- {{id: y, op: relative_bias, input: s, table: rel, bidirectional: {str(not decoder).lower()}, max_distance: 6}}",
-        inputs=f"s: {{shape: [2, 3, {t_q}, {t_k}], init: randn}}",
+        inputs=f"s: {{shape: {[*batch, 3, t_q, t_k]}, init: randn}}",
         params="rel: {shape: [8, 3], init: randn}",
     )
     attention = t5_attention(8, 6, 3, decoder)
@@ -231,7 +234,7 @@ def test_relative_bias_is_t5s_compute_bias(t_q, t_k, decoder):
         attention.relative_attention_bias.weight.copy_(t["rel"].tensor)
         bias = attention.compute_bias(t_q, t_k, past_seen_tokens=t_k - t_q)  # a query after t_k - t_q cached keys
     assert torch.equal(t["y/bias"].tensor, bias) and t["y/bias"].stride == bias.stride()
-    assert torch.equal(t["y"].tensor, t["s"].tensor + bias)
+    assert torch.equal(t["y"].tensor, t["s"].tensor + bias)  # unbatched (H, T, T) scores broadcast to (1, H, T, T), as in torch
     assert len(t["y/buckets"].tensor.unique()) >= 4  # near, far and (for the encoder) both sides are exercised
 
 

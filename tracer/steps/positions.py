@@ -18,7 +18,7 @@ from ..core.layout import Meta, contiguous_strides, fresh, pointwise, view, with
 from ..core.pysource import atom, py_float
 from .contract import Composite, Inner, Rotation, StepBase, register
 from .rope_scaling import FREQUENCIES, Scaling, fields, needs_seq_len, rope_default, sources
-from .rules import StepError, norm_dim, require_float, show
+from .rules import StepError, broadcast_dims, norm_dim, require_float, show
 
 
 @register
@@ -440,7 +440,7 @@ class RelativeBias(StepBase):
                 Inner("buckets", "relative_bias", fresh((t_q, t_k), "int64")),
                 Inner("values", "embedding", values),
                 Inner("bias", "permute", bias),
-                Inner("biased", "add", pointwise([scores, bias], scores.shape, scores.dtype)),
+                Inner("biased", "add", pointwise([scores, bias], broadcast_dims(scores.shape, bias.shape), scores.dtype)),
             )
         )
 
