@@ -146,6 +146,11 @@ WORKSPACES = {
         "s: {shape: [1, 1, 512, 512], init: randn}",
         "rel: {shape: [32, 1], init: randn}",
     ),
+    "layernorm with per-head weight and bias": (
+        "- {id: y, op: layernorm, input: x, weight: w, bias: b}",
+        "x: {shape: [8, 256, 16, 64], init: randn}",
+        "w: {shape: [16, 64], init: randn}\nb: {shape: [16, 64], init: randn}",
+    ),
     "dropout in training": ("- {id: y, op: dropout, input: x, p: 0.5, training: true}", "x: {shape: [32, 256, 128], init: randn}", ""),
 }
 

@@ -262,7 +262,7 @@ def norm(b: Builder, x: str) -> str | None:
     t = b.tensors[x]
     if not t.is_float or not t.rank:
         return None
-    last = (t.shape[-1],)
+    last = t.shape[-b.rng.randint(1, min(t.rank, 2)) :]  # (D,), or (H, D): one weight per head
     if b.rng.random() < 0.5:
         fields = {k: b.declare("params", last, t.dtype, "ln") for k in ("weight", "bias") if b.rng.random() < 0.5}
         return b.add("layernorm", fields, _fresh(t.shape, t.dtype), x)

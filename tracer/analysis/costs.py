@@ -389,8 +389,11 @@ def _softmax_workspace(step, ins, outs):
 @_counts(_WORKSPACE, LayerNorm)
 def _layernorm_workspace(step, ins, outs):
     """native_layer_norm also returns each row's mean and 1/std (in float32 at least), and reads a
-    dense copy of a non-contiguous input."""
-    return 2 * math.prod(ins[0].sizes[:-1]) * max(4, DTYPE_BYTES[ins[0].dtype]) + dense_copy(ins[0])
+    dense copy of a non-contiguous input; per-head params apply after it, to a normalised copy
+    (and, with both, to the scaled one)."""
+    x = ins[0]
+    after = len(ins) - 1 if step.per_head(ins) else 0
+    return 2 * math.prod(x.sizes[:-1]) * max(4, DTYPE_BYTES[x.dtype]) + dense_copy(x) + after * x.nbytes
 
 
 @_counts(_WORKSPACE, RMSNorm)
