@@ -68,7 +68,7 @@ declared dim prints as that dim, so `H * Dh` shows as `d_model`.
 |---|---|
 {tensor}
 
-`init` values: `randn`, `rand`, `zeros`, `ones`, `arange`, `triu` (strict upper-triangular ones,
+`init` values: `randn`, `rand`, `zeros`, `ones`, `arange`, `eye` (`torch.eye(n, m)`, 2-d), `triu` (strict upper-triangular ones,
 `torch.triu(ones, diagonal=1)`: tutorial 002's "future" mask), `tril` (lower-triangular ones:
 "allowed" positions), and for params `linear` (exactly `nn.Linear.reset_parameters`: kaiming
 uniform for a 2-d weight, U(±1/√fan_in) for a 1-d bias, which needs `fan_in`) and `embedding`
