@@ -10,7 +10,7 @@ import yaml
 
 import tracer
 from tests.conftest import covers, pipeline_text, refused
-from tests.kinds import close, trace_of
+from tests.kinds import agrees, close, trace_of
 from tests.measure import PeakStorage
 
 
@@ -284,3 +284,11 @@ def test_relative_bias_refuses_a_table_that_cannot_bucket(table, fields, says, t
         params=f"rel: {{shape: {table}, init: randn}}",
     )
     assert says in str(refused(text, tmp_path))
+
+
+def test_relative_bias_memory_estimate_bounds_its_bucket_arithmetic():
+    """With no heads the records are empty and the buckets' temporaries are the peak (a fuzz find)."""
+    agrees(
+        "- {id: y, op: relative_bias, input: s, table: rel, bidirectional: true, max_distance: 128}",
+        "s: {shape: [0, 6, 16], init: randn}\nrel: {shape: [32, 0], init: randn}",
+    )

@@ -434,7 +434,8 @@ class RelativeBias(StepBase):
             )
         heads, t_q, t_k = scores.shape[-3:]
         values = with_root(fresh((t_q, t_k, heads), table.dtype), ctx.record("values"))
-        bias = view(values, (ctx.alg.const(1), heads, t_q, t_k), (heads.value, 1, t_k.value * heads.value, heads.value))
+        along_q, along_k, along_h = values.stride  # permute(2, 0, 1), then unsqueeze(0) as torch strides it
+        bias = view(values, (ctx.alg.const(1), heads, t_q, t_k), (heads.value * along_h, along_h, along_q, along_k))
         return Composite(
             (
                 Inner("buckets", "relative_bias", fresh((t_q, t_k), "int64")),
