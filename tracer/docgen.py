@@ -71,7 +71,7 @@ is spelled with the names it was computed from.
 |---|---|
 {tensor}
 
-`init` values: `randn`, `rand`, `zeros`, `ones`, `arange`, `triu` (strict upper-triangular ones,
+`init` values: `randn`, `rand`, `zeros`, `ones`, `arange`, `eye` (`torch.eye(n, m)`, 2-d), `triu` (strict upper-triangular ones,
 `torch.triu(ones, diagonal=1)`: tutorial 002's "future" mask), `tril` (lower-triangular ones:
 "allowed" positions), and for params `linear` (exactly `nn.Linear.reset_parameters`: kaiming
 uniform for a 2-d weight, U(±1/√fan_in) for a 1-d bias, which needs `fan_in`) and `embedding`
@@ -125,6 +125,7 @@ def _kind(op: str, cls: type[StepBase]) -> str:
     fields = _rows(cls, skip=common)
     arity = {
         None: "one or more inputs (`inputs:`)",
+        0: "no input",
         1: "one input",
         2: "two inputs (`inputs: [a, b]`)",
         3: "three inputs (`inputs: [q, k, v]`)",

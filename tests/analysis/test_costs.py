@@ -125,6 +125,32 @@ WORKSPACES = {
         "x: {shape: [32, 256, 128], init: randn}",
         "w: {shape: [128], init: ones, dtype: bfloat16}",
     ),
+    "math on integers (a float32 copy first)": ("- {id: y, op: log, input: i}", "i: {shape: [1024, 1024], init: zeros, dtype: int64}", ""),
+    "cumsum of bools (an int64 copy first)": (
+        "- {id: y, op: cumsum, input: b, dim: 0}",
+        "b: {shape: [1024, 1024], init: ones, dtype: bool}",
+        "",
+    ),
+    "reduce: sum of bools, any of floats": (
+        "- {id: s, op: reduce, fn: sum, input: b, dim: 0}\n- {id: y, op: reduce, fn: any, input: x}",
+        "b: {shape: [1024, 1024], init: ones, dtype: bool}\nx: {shape: [1024, 1024], init: randn}",
+        "",
+    ),
+    "minimum, compare and where of mixed dtypes": (
+        "- {id: m, op: minimum, inputs: [i, x]}\n- {id: c, op: compare, inputs: [x, i], cmp: lt}\n- {id: y, op: where, inputs: [c, i, x]}",
+        "x: {shape: [1024, 1024], init: randn}\ni: {shape: [1024, 1024], init: zeros, dtype: int64}",
+        "",
+    ),
+    "relative_bias, one head (the bucket arithmetic is the peak)": (
+        "- {id: y, op: relative_bias, input: s, table: rel, bidirectional: true}",
+        "s: {shape: [1, 1, 512, 512], init: randn}",
+        "rel: {shape: [32, 1], init: randn}",
+    ),
+    "layernorm with per-head weight and bias": (
+        "- {id: y, op: layernorm, input: x, weight: w, bias: b}",
+        "x: {shape: [8, 256, 16, 64], init: randn}",
+        "w: {shape: [16, 64], init: randn}\nb: {shape: [16, 64], init: randn}",
+    ),
     "dropout in training": ("- {id: y, op: dropout, input: x, p: 0.5, training: true}", "x: {shape: [32, 256, 128], init: randn}", ""),
 }
 

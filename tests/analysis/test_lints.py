@@ -612,3 +612,18 @@ def test_keys_joined_along_their_features_are_no_cache_for_rope_offset():
             "k_rope: {shape: [B, H, T, Dr]", "k_rope: {shape: [B, H, T, Dn + Dr]"
         )
     )
+
+
+def test_an_additive_mask_after_a_composite_score_step_is_read_by_its_records():
+    """T5's relative_bias is one step of several records; a 0/1 mask added after it is still
+    found (the composite's id names its last record), and nothing crashes on the way."""
+    t5 = (PIPELINES / "models" / "t5_self_attention.yaml").read_text()
+    old = "  - {id: masked, op: mask, input: biased, mask: key_mask_4d, polarity: keep, fill: min}"
+    assert old in t5 and codes(t5) == set()
+    added = t5.replace(
+        old, "  - {id: key_mask_f, op: cast, input: key_mask_4d, dtype: float32}\n  - {id: masked, op: add, inputs: [biased, key_mask_f]}"
+    )
+    [warning] = warnings_of(added)
+    assert warning.code == "binary-mask-added" and "'key_mask_4d'" in warning.message
+    [site] = tracer.loads(added, "t5.yaml").check().attention
+    assert site.biases == (("masked", "key_mask_f"),)

@@ -44,7 +44,7 @@ STEP_KEYS = [
     "with",
 ]
 DECL_KEYS = ["shape", "init", "values", "tokens", "seed", "dtype", "fan_in", "note"]
-INITS = ["randn", "rand", "zeros", "ones", "arange", "linear", "embedding", "triu", "tril", "xavier", "!!python"]
+INITS = ["randn", "rand", "zeros", "ones", "arange", "eye", "linear", "embedding", "triu", "tril", "xavier", "!!python"]
 DTYPES = ["float32", "float64", "float16", "bfloat16", "int64", "int32", "bool", "complex64", "float8"]
 HUGE = [2**31, 2**32, 2**40, 2**62, 2**62 + 1, 2**63, 2**64, 10**30, -(2**63), 99999999999999999999999]
 DIM_VALUES = [0, 0, 1, 1, 1, 2, 3, -1, -2, 7, 64] + HUGE

@@ -165,6 +165,70 @@ def unary(b: Builder, x: str) -> str | None:
     return b.add(op, fields, _same(t), x)
 
 
+KEEPS_INTEGERS = ("abs", "floor", "ceil", "trunc", "square")
+
+
+def math_fn(b: Builder, x: str) -> str | None:
+    """torch's math functions on any dtype: integer and bool results follow torch's rules."""
+    t = b.tensors[x]
+    op = b.rng.choice([*KEEPS_INTEGERS, "log", "log1p", "sqrt", "rsqrt", "sin", "cos", "reciprocal"])
+    if t.dtype == "bool" and op in KEEPS_INTEGERS[:4]:
+        return None  # torch refuses these on bool
+    dtype = t.dtype if t.is_float else ("int64" if t.dtype == "bool" else t.dtype) if op in KEEPS_INTEGERS else "float32"
+    return b.add(op, {}, _same(t, dtype=dtype), x)
+
+
+def compare_select(b: Builder, x: str) -> str | None:
+    """A comparison with a number, then sometimes a selection or a logical op on the bool result."""
+    t = b.tensors[x]
+    if t.dtype == "bool":
+        return None
+    mask = b.add(
+        "compare",
+        {"cmp": b.rng.choice(["eq", "ne", "lt", "le", "gt", "ge"]), "value": b.rng.choice([0, 1, 0.5])},
+        _same(t, dtype="bool"),
+        x,
+    )
+    roll = b.rng.random()
+    if roll < 0.4:
+        otherwise = b.rng.choice([0, -1.5])
+        return b.add("where", {"otherwise": otherwise}, _same(t, dtype=_promoted(t.dtype, otherwise)), inputs=[mask, x])
+    if roll < 0.6:
+        return b.add("logical", {"fn": "not"}, _same(t, dtype="bool"), mask)
+    if roll < 0.8:
+        return b.add("clamp", {"min": -1, "max": 1}, _same(t), x)
+    return mask
+
+
+def _promoted(dtype: str, number: int | float) -> str:
+    return dtype if dtype in FLOATS or isinstance(number, int) else "float32"
+
+
+def along(b: Builder, x: str) -> str | None:
+    """A running sum or a reduction along one dim of a tensor with dims."""
+    t = b.tensors[x]
+    if not t.rank:
+        return None
+    d = b.rng.randrange(t.rank)
+    summed = t.dtype if t.is_float else "int64"
+    if b.rng.random() < 0.4:
+        return b.add("cumsum", {"dim": d - t.rank}, _fresh(t.shape, summed), x)
+    fn = b.rng.choice(["sum", "amax", "any"] + (["mean"] if t.is_float else []))
+    dtype = {"sum": summed, "any": "bool"}.get(fn, t.dtype)
+    keepdim = b.rng.random() < 0.5
+    shape = [Dim(1, 1) if i == d else s for i, s in enumerate(t.shape)] if keepdim else [s for i, s in enumerate(t.shape) if i != d]
+    by_name = isinstance(t.shape[d].text, str) and t.shape[d].text.isidentifier() and sum(s.text == t.shape[d].text for s in t.shape) == 1
+    return b.add("reduce", {"fn": fn, "dim": t.shape[d].text if by_name else d, "keepdim": keepdim}, _fresh(shape, dtype), x)
+
+
+def arange(b: Builder, x: str) -> str | None:
+    """Positions from dims, reading nothing: 0..L or S..S+L."""
+    length = b.dim(b.rng.choice(["T", "H"]))
+    start = b.rng.choice([0, "S"])
+    stop = length.text if start == 0 else f"S + {length.text}"
+    return b.add("arange", {"start": start, "stop": stop}, _fresh((length,), "int64"))
+
+
 def scale(b: Builder, x: str) -> str | None:
     t = b.tensors[x]
     if not t.is_float:
@@ -198,7 +262,7 @@ def norm(b: Builder, x: str) -> str | None:
     t = b.tensors[x]
     if not t.is_float or not t.rank:
         return None
-    last = (t.shape[-1],)
+    last = t.shape[-b.rng.randint(1, min(t.rank, 2)) :]  # (D,), or (H, D): one weight per head
     if b.rng.random() < 0.5:
         fields = {k: b.declare("params", last, t.dtype, "ln") for k in ("weight", "bias") if b.rng.random() < 0.5}
         return b.add("layernorm", fields, _fresh(t.shape, t.dtype), x)
@@ -511,6 +575,18 @@ def softcap(b: Builder, x: str) -> str | None:
     return b.add("softcap", {"cap": b.rng.choice([0.5, 2.0, 50.0])}, _same(t, contiguous=False), x)
 
 
+def relative_bias(b: Builder, x: str) -> str | None:
+    """T5's bias on (…, H, T_q, T_kv) scores, from a (num_buckets, H) table."""
+    t = b.tensors[x]
+    if not t.is_float or t.rank < 3:
+        return None
+    buckets = b.rng.choice([4, 8, 32])
+    table = b.declare("params", (Dim(buckets, buckets), t.shape[-3]), t.dtype, "rel")
+    fields = {"table": table, "bidirectional": b.rng.random() < 0.5, "max_distance": b.rng.choice([buckets, 128])}
+    shape = (Dim(1, 1), *t.shape) if t.rank == 3 else t.shape  # scores + a (1, H, T_q, T_kv) bias
+    return b.add("relative_bias", fields, _same(t, shape, contiguous=False), x)  # the bias is a permuted view: torch picks the layout
+
+
 def alibi(b: Builder, x: str) -> str | None:
     t = b.tensors[x]
     if not t.is_float or t.rank < 3 or t.shape[-3].value < 1:
@@ -652,10 +728,15 @@ RULES: list[tuple[Callable, int]] = [
     (einsum, 2),
     (mask, 2),
     (alibi, 1),
+    (relative_bias, 1),
     (softcap, 1),
     (rope, 2),
     (sdpa, 2),
     (embed, 2),
+    (math_fn, 1),
+    (compare_select, 1),
+    (along, 1),
+    (arange, 1),
 ]
 
 

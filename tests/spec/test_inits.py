@@ -34,3 +34,15 @@ def test_fan_in_is_checked_statically(write):
     for command in ("check", "run"):
         proc = tracer_cli(command, path)
         assert proc.returncode == 1 and proc.stderr.startswith(f"{path}:6:41: error[unknown-dim]: 'b': fan_in: unknown dim 'nope'")
+
+
+def test_eye_is_torch_eye_and_only_two_dimensional(write):
+    t = trace_of(
+        "- {id: y, op: matmul, inputs: [x, I]}",
+        inputs="x: {shape: [2, 3], init: randn}\nI: {shape: [3, 4], init: eye}\nmask: {shape: [3, 3], init: eye, dtype: bool}",
+    )
+    assert torch.equal(t["I"].tensor, torch.eye(3, 4)) and torch.equal(t["mask"].tensor, torch.eye(3, 3, dtype=torch.bool))
+    assert torch.equal(t["y"].tensor, t["x"].tensor @ torch.eye(3, 4))
+    path = write("name: t\ninputs:\n  e: {shape: [2, 3, 3], init: eye}\nsteps:\n  - {id: y, op: relu, input: e}\n")
+    result = tracer_cli("check", str(path))
+    assert result.returncode == 1 and "init: eye makes a 2-d (n, m) matrix, the shape has 3 dims" in result.stderr

@@ -10,7 +10,7 @@ import yaml
 
 import tracer
 from tests.conftest import covers, pipeline_text, refused
-from tests.kinds import close, trace_of
+from tests.kinds import agrees, close, trace_of
 from tests.measure import PeakStorage
 
 
@@ -205,3 +205,90 @@ def test_rope_positions_on_every_layout():
 def test_rope_refuses_bad_positions_and_scaling(step, pos, code, says, tmp_path):
     text = pipeline_text(f"- {{id: y, op: rope, input: x, {step}}}", inputs=f"x: {{shape: [2, 2, 6, 8], init: randn}}\npos: {pos}")
     assert says in str(refused(text, tmp_path, code))
+
+
+def t5_attention(buckets: int, max_distance: int, heads: int, decoder: bool):
+    from transformers import T5Config
+    from transformers.models.t5.modeling_t5 import T5Attention
+
+    config = T5Config(
+        d_model=8, d_kv=4, num_heads=heads, relative_attention_num_buckets=buckets, relative_attention_max_distance=max_distance,
+        is_decoder=decoder, attn_implementation="eager",
+    )  # fmt: skip
+    return T5Attention(config, has_relative_attention_bias=True).eval()
+
+
+@covers("relative_bias")
+@pytest.mark.parametrize(
+    ("batch", "t_q", "t_k", "decoder"),
+    [([2], 12, 12, False), ([2], 12, 12, True), ([2], 3, 20, True), ([2], 1, 9, False), ([], 5, 5, False)],
+)
+def test_relative_bias_is_t5s_compute_bias(batch, t_q, t_k, decoder):
+    t = trace_of(
+        f"- {{id: y, op: relative_bias, input: s, table: rel, bidirectional: {str(not decoder).lower()}, max_distance: 6}}",
+        inputs=f"s: {{shape: {[*batch, 3, t_q, t_k]}, init: randn}}",
+        params="rel: {shape: [8, 3], init: randn}",
+    )
+    attention = t5_attention(8, 6, 3, decoder)
+    with torch.no_grad():
+        attention.relative_attention_bias.weight.copy_(t["rel"].tensor)
+        bias = attention.compute_bias(t_q, t_k, past_seen_tokens=t_k - t_q)  # a query after t_k - t_q cached keys
+    assert torch.equal(t["y/bias"].tensor, bias) and t["y/bias"].stride == bias.stride()
+    assert torch.equal(t["y"].tensor, t["s"].tensor + bias)  # unbatched (H, T, T) scores broadcast to (1, H, T, T), as in torch
+    assert len(t["y/buckets"].tensor.unique()) >= 4  # near, far and (for the encoder) both sides are exercised
+
+
+def test_the_primitives_express_t5s_buckets_too():
+    """T5's bucket written with arange, compare, abs, log, where, clamp: the same numbers as the step."""
+    t = trace_of(
+        """
+        - {id: queries, op: arange, stop: T}
+        - {id: column, op: unsqueeze, input: queries, dim: 1}
+        - {id: keys, op: arange, stop: T}
+        - {id: relative, op: sub, inputs: [keys, column]}      # j - i
+        - {id: after, op: compare, input: relative, cmp: gt, value: 0}
+        - {id: upper, op: where, inputs: [after], then: 4, otherwise: 0}      # half the buckets for keys after the query
+        - {id: distance, op: abs, input: relative}
+        - {id: small, op: compare, input: distance, cmp: lt, value: 2}   # max_exact = 4 // 2
+        - {id: as_float, op: cast, input: distance, dtype: float32}
+        - {id: ratio, op: scale, input: as_float, divide: 2}
+        - {id: logs, op: log, input: ratio}
+        - {id: per_log, op: scale, input: logs, divide: 1.0986122886681098}   # math.log(max_distance / max_exact)
+        - {id: spread, op: scale, input: per_log, multiply: 2}                 # num_buckets - max_exact
+        - {id: truncated, op: cast, input: spread, dtype: int64}              # .to(torch.long) truncates
+        - {id: large, op: add, inputs: [max_exact, truncated]}
+        - {id: capped, op: clamp, input: large, max: 3}
+        - {id: near_or_far, op: where, inputs: [small, distance, capped]}
+        - {id: buckets, op: add, inputs: [upper, near_or_far]}
+        - {id: y, op: relative_bias, input: s, table: rel, bidirectional: true, max_distance: 6}
+        """,
+        dims="T: 12",
+        inputs="s: {shape: [1, 2, T, T], init: randn}\nmax_exact: {shape: [], init: full, value: 2, dtype: int64}",
+        params="rel: {shape: [8, 2], init: randn}",
+    )
+    assert torch.equal(t["buckets"].tensor, t["y/buckets"].tensor)
+
+
+@pytest.mark.parametrize(
+    ("table", "fields", "says"),
+    [
+        ("[8, 2]", "bidirectional: true", "relative_bias needs"),
+        ("[2, 3]", "bidirectional: true", "2 buckets make 0 exact ones"),
+        ("[8, 3]", "bidirectional: true, max_distance: 2", "max_distance 2 must be above"),
+    ],
+)
+def test_relative_bias_refuses_a_table_that_cannot_bucket(table, fields, says, tmp_path):
+    text = pipeline_text(
+        f"- {{id: y, op: relative_bias, input: s, table: rel, {fields}}}",
+        inputs="s: {shape: [1, 3, 4, 4], init: randn}",
+        params=f"rel: {{shape: {table}, init: randn}}",
+    )
+    assert says in str(refused(text, tmp_path))
+
+
+def test_relative_bias_memory_estimate_bounds_its_bucket_arithmetic():
+    """With no heads the records are empty and the buckets' temporaries are the peak (a fuzz find)."""
+    agrees(
+        "- {id: y, op: relative_bias, input: s, table: rel, bidirectional: true, max_distance: 128}",
+        "s: {shape: [0, 6, 16], init: randn}\nrel: {shape: [32, 0], init: randn}",
+    )

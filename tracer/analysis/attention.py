@@ -96,7 +96,7 @@ def unfused_site(analysis, softmax: Node) -> Site | None:
             masks.append((node.id, masking))
         if node.step.is_random():
             random.append(node.id)
-    biases = _biases(chain, product)
+    biases = _biases(analysis, chain, product)
     context, after = _applied(analysis, softmax)
     values = context.reads[1] if context is not None and len(context.reads) > 1 else None
     return Site(
@@ -121,11 +121,12 @@ def unfused_site(analysis, softmax: Node) -> Site | None:
     )
 
 
-def _biases(chain: list[Node], product: Node) -> tuple[tuple[str, str], ...]:
-    """(step, operand) for every operand of a chain step that is not the scores passing through."""
+def _biases(analysis, chain: list[Node], product: Node) -> tuple[tuple[str, str], ...]:
+    """(step, operand) for every operand of a chain step that is not the scores passing through
+    (compared as records: a composite step's id names its last record)."""
     found, scores = [], product.value
     for node in chain:
-        found += [(node.id, operand) for operand in node.inputs if operand != scores]
+        found += [(node.id, operand) for operand in node.inputs if analysis.record_of(operand) != scores]
         scores = node.value
     return tuple(found)
 

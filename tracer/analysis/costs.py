@@ -17,14 +17,15 @@ import math
 import os
 from collections.abc import Callable
 
-from ..core.dtypes import DTYPE_BYTES
+from ..core.dtypes import DTYPE_BYTES, promote
 from ..core.layout import Meta
 from ..steps.attention import Dropout, Mask, Softcap, Softmax
 from ..steps.einsum import Einsum, parse_equation
 from ..steps.elementwise import LayerNorm
 from ..steps.fused import Sdpa
 from ..steps.norms import RMSNorm
-from ..steps.positions import Alibi, Rope
+from ..steps.numeric import MATH_KINDS, Clamp, Compare, Cumsum, Logical, Maximum, Minimum, Reduce, Where
+from ..steps.positions import Alibi, RelativeBias, Rope
 from ..steps.products import Bmm, Matmul
 from ..steps.projection import Linear
 from .graph import Node
@@ -324,6 +325,53 @@ def _alibi_workspace(step, ins, outs):
     return total + (4 * bias.numel if bias.dtype != "float32" else 0)
 
 
+# ---------------------------------------------------------------- promotion: an input in another dtype is copied first
+
+
+def _cast_copies(ins: list[Meta], dtype: str) -> int:
+    """torch's CPU kernels convert an operand of another dtype than the one they compute in to a
+    whole temporary copy before they run (a bool summed in int64, an int64 tensor in a float op)."""
+    return sum(m.numel * DTYPE_BYTES[dtype] for m in ins if m.dtype != dtype)
+
+
+@_counts(_WORKSPACE, *MATH_KINDS, Clamp, Minimum, Maximum, Cumsum)
+def _computed_in_result_dtype(step, ins, outs):
+    return _cast_copies(ins, outs[-1].dtype)
+
+
+@_counts(_WORKSPACE, Where)
+def _where_workspace(step, ins, outs):
+    """The branches are converted to the result's dtype (a number to a 0-d tensor); the bool
+    condition is read as it is."""
+    numbers = (step.then is not None) + (step.otherwise is not None)
+    return _cast_copies(ins[1:], outs[-1].dtype) + numbers * DTYPE_BYTES[outs[-1].dtype]
+
+
+@_counts(_WORKSPACE, Compare, Logical)
+def _computed_in_common_dtype(step, ins, outs):
+    """Two operands are compared in their promoted dtype; a bool out is no copy."""
+    return _cast_copies(ins, promote(ins)) if len(ins) == 2 else 0
+
+
+@_counts(_WORKSPACE, Reduce)
+def _reduce_workspace(step, ins, outs):
+    """Integers and bools are summed and multiplied in int64; any and all read a non-bool input as bool."""
+    x = ins[0]
+    if step.fn in ("any", "all"):
+        return x.numel if x.dtype != "bool" else 0
+    return _cast_copies(ins, outs[-1].dtype) if step.fn in ("sum", "prod") else 0
+
+
+@_counts(_WORKSPACE, RelativeBias)
+def _relative_bias_workspace(step, ins, outs):
+    """T5's bucket arithmetic over (T_q, T_kv) pairs: at its widest, the int64 distances, the
+    buckets so far, the bool masks and a float32 and an int64 intermediate of the logarithm are
+    alive together (measured: 24 to 35 bytes a pair besides the records), after the positions
+    (an arange and its shift for the queries, one for the keys)."""
+    t_q, t_k = ins[0].sizes[-2:]
+    return 36 * t_q * t_k + 16 * (t_q + t_k)
+
+
 # ---------------------------------------------------------------- normalisation
 
 
@@ -342,8 +390,11 @@ def _softmax_workspace(step, ins, outs):
 @_counts(_WORKSPACE, LayerNorm)
 def _layernorm_workspace(step, ins, outs):
     """native_layer_norm also returns each row's mean and 1/std (in float32 at least), and reads a
-    dense copy of a non-contiguous input."""
-    return 2 * math.prod(ins[0].sizes[:-1]) * max(4, DTYPE_BYTES[ins[0].dtype]) + dense_copy(ins[0])
+    dense copy of a non-contiguous input; per-head params apply after it, to a normalised copy
+    (and, with both, to the scaled one)."""
+    x = ins[0]
+    after = len(ins) - 1 if step.per_head(ins) else 0
+    return 2 * math.prod(x.sizes[:-1]) * max(4, DTYPE_BYTES[x.dtype]) + dense_copy(x) + after * x.nbytes
 
 
 @_counts(_WORKSPACE, RMSNorm)

@@ -186,7 +186,7 @@ def _clash(step, i: int, taken: dict, source: SourceMap) -> Diagnostic | None:
 
 def _wiring_problems(node: Node, pipeline: PipelineSpec, nodes: dict[str, Node], taken: dict, source: SourceMap) -> list[Diagnostic]:
     step, i = node.step, node.index
-    if not node.inputs:
+    if not node.inputs and step.arity != 0:
         return [
             source.error(
                 ("steps", i),

@@ -329,7 +329,8 @@ class _ShapePass:
             return node  # an upstream error already explains this
         if step.arity is not None and len(node.inputs) != step.arity:
             field = "inputs" if step.inputs is not None else "input"
-            message = f"{step.op} takes {step.arity} input{'s' if step.arity > 1 else ''}, got {len(node.inputs)}"
+            takes = "no input" if step.arity == 0 else f"{step.arity} input{'s' if step.arity > 1 else ''}"
+            message = f"{step.op} takes {takes}, got {len(node.inputs)}"
             self.diagnostics.append(self.source.error(("steps", i, field), "arity", message, step.id, prefer_key=True))
             return node
         ctx = ShapeContext(node.dims, list(node.refs), self.pipeline.dtype, step.id)

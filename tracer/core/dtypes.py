@@ -58,3 +58,11 @@ def promote(metas: list) -> str:
     if len(tiers) == 2 and _CATEGORY[tiers[1]] > _CATEGORY[tiers[0]]:
         return tiers[1]
     return tiers[0]
+
+
+def promote_number(dtype: str, number: int | float) -> str:
+    """``torch.result_type(tensor, number)``: a Python number only decides when it is of a higher
+    category than the tensor (a float over an integer tensor: torch's default float32)."""
+    if isinstance(number, float) and dtype not in FLOAT_DTYPES:
+        return "float32"
+    return "int64" if dtype == "bool" else dtype

@@ -547,6 +547,12 @@ class _EmitContext:
         self.writer, self.scope, self.step_id = writer, scope, step_id
         self.args, self.ins, self.outs, self.out, self.targets = args, ins, outs, outs[-1], targets
 
+    @property
+    def device(self) -> str:
+        """The device of forward's first argument; ``None`` (torch's default) for a module without inputs."""
+        first = next(iter(self.scope.spec.inputs), None)
+        return "None" if first is None else f"{self.scope.exprs[self.scope.prefix + first]}.device"
+
     def dim(self, text) -> str:
         return _source(dimexpr.parse(text), self.scope.names)
 

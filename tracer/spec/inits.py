@@ -185,6 +185,29 @@ class Arange(Init):
 
 
 @register
+class Eye(Init):
+    """torch.eye(n, m): ones on the main diagonal of a 2-d tensor (an identity projection, a
+    mask of each token to itself)."""
+
+    name = "eye"
+
+    def problem(self, decl, sizes, section):
+        if len(sizes) != 2:
+            return "init", f"init: eye makes a 2-d (n, m) matrix, the shape has {len(sizes)} dims"
+        return super().problem(decl, sizes, section)
+
+    def create(self, torch, made, device, decl):
+        return torch.eye(*made.sizes, dtype=_dtype(torch, made), device=device)
+
+    def source(self, written, decl):
+        return [], f"torch.eye({written.with_dtype})"
+
+    def known_rows(self, sizes, decl):
+        rows, cols = sizes
+        return [[i == j for j in range(cols)] for i in range(rows)]
+
+
+@register
 class Linear(Init):
     """nn.Linear's reset_parameters: a weight's bound from its last dim, a bias's from ``fan_in``."""
 

@@ -44,10 +44,10 @@ def with_implicit_inputs(spec: PipelineSpec) -> PipelineSpec:
     """The one rule for a step that names no input, for every kind: it reads the previous step, and
     the first step reads the pipeline's only input. Written into the step here, at load, so no
     later layer has a default to decide (a first step with several inputs to choose from keeps
-    none, and the graph says so)."""
+    none, and the graph says so). A kind that takes no input (``arange``) gets none."""
     steps, previous = [], next(iter(spec.inputs)) if len(spec.inputs) == 1 else None
     for step in spec.steps:
-        if step.input is None and step.inputs is None and previous is not None:
+        if step.input is None and step.inputs is None and previous is not None and step.arity != 0:
             step = step.model_copy(update={"input": previous})
         steps.append(step)
         previous = step.id

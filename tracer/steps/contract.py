@@ -84,6 +84,7 @@ class EmitContext(Protocol):
     out: Meta
     targets: list[str]  # the variable(s) the step assigns: one, or one per output of a several-output step
     training: str  # the expression that says whether dropout is on: "self.training"
+    device: str  # the expression of the device the module runs on (a step that reads no tensor makes its own there)
 
     def dim(self, text: int | str) -> str:
         """A field's dim expression as Python source over the module's dims: ``'d_model // H'``."""

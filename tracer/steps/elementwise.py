@@ -10,7 +10,7 @@ from ..core.fields import TensorId
 from ..core.layout import fresh, pointwise, same_layout
 from ..core.pysource import py_float
 from .contract import StepBase, register
-from .rules import StepError, broadcast, require_float, show
+from .rules import StepError, broadcast, require_float, show, trailing_weight
 
 
 @register
@@ -42,11 +42,15 @@ class Add(StepBase):
 
 @register
 class LayerNorm(StepBase):
-    """``F.layer_norm`` over the last dim, with optional weight and bias params (nn.LayerNorm)."""
+    """``F.layer_norm`` over the last dim, with optional weight and bias params (nn.LayerNorm).
+
+    A weight (and bias) of shape (H, D) on a (B, T, H, D) tensor is one per head (Cohere's
+    ``CohereLayerNorm((num_heads, head_dim))`` on its queries and keys): the rows are normalised
+    over D, then multiplied by the weight and shifted by the bias, broadcast over (B, T)."""
 
     op: Literal["layernorm"] = "layernorm"
-    weight: TensorId | None = Field(None, description="(D,) scale param (default: ones, as nn.LayerNorm starts)")
-    bias: TensorId | None = Field(None, description="(D,) shift param (default: zeros)")
+    weight: TensorId | None = Field(None, description="(D,) scale param, or (H, D) per head (default: ones, as nn.LayerNorm starts)")
+    bias: TensorId | None = Field(None, description="shift param of the weight's shape (default: zeros)")
     eps: float = Field(1e-5, gt=0)
     param_fields = ("weight", "bias")
     example = """\
@@ -59,30 +63,44 @@ class LayerNorm(StepBase):
         require_float(x, ctx.input_ids[0], "layernorm")
         if not x.shape:
             raise StepError("shape", "layernorm needs at least one dim", "input")
-        for name, p in zip(self.param_refs(), ins[1:]):
-            if p.sizes != (x.sizes[-1],):
-                raise StepError("shape", f"'{name}' must be ({x.shape[-1]}) [{x.sizes[-1]}], got {show(p)}", "weight")
+        params = ins[1:]
+        for name, field, p in zip(self.param_refs(), [f for f in self.param_fields if getattr(self, f)], params):
+            trailing_weight(p, x, name, field)
+            if p.sizes != params[0].sizes:
+                raise StepError("shape", f"'{name}' {show(p)} must have the shape of '{self.param_refs()[0]}' {show(params[0])}", field)
             if p.dtype != x.dtype:
                 raise StepError("dtype", f"layernorm of {x.dtype} '{ctx.input_ids[0]}' with {p.dtype} '{name}'", "weight")
         return fresh(x.shape, x.dtype)
 
+    def per_head(self, ins) -> bool:
+        """Its params cover more than the last dim: F.layer_norm takes only (D,) ones, so they apply after it."""
+        return len(ins) > 1 and len(ins[1].shape) > 1
+
     def kernel(self, k):
         layer_norm, eps = k.F.layer_norm, self.eps
         last = (k.ins[0].sizes[-1],)
-        has_weight, has_bias = self.weight is not None, self.bias is not None
+        has_weight, has_bias, per_head = self.weight is not None, self.bias is not None, self.per_head(k.ins)
 
         def norm(x, *params):
             params = list(params)
             weight = params.pop(0) if has_weight else None
             bias = params.pop(0) if has_bias else None
-            return layer_norm(x, last, weight, bias, eps)
+            if not per_head:
+                return layer_norm(x, last, weight, bias, eps)
+            y = layer_norm(x, last, None, None, eps)
+            y = y * weight if weight is not None else y
+            return y + bias if bias is not None else y
 
         return norm
 
     def emit(self, e):
-        weight = e.args[1] if self.weight is not None else "None"
-        bias = e.args[-1] if self.bias is not None else "None"
-        return f"F.layer_norm({e.args[0]}, ({e.size(e.ins[0].shape[-1])},), {weight}, {bias}, eps={py_float(self.eps)})"
+        x, eps = e.args[0], py_float(self.eps)
+        weight = e.args[1] if self.weight is not None else None
+        bias = e.args[-1] if self.bias is not None else None
+        last = f"({e.size(e.ins[0].shape[-1])},)"
+        if not self.per_head(e.ins):
+            return f"F.layer_norm({x}, {last}, {weight or 'None'}, {bias or 'None'}, eps={eps})"
+        return f"F.layer_norm({x}, {last}, eps={eps})" + (f" * {weight}" if weight else "") + (f" + {bias}" if bias else "")
 
 
 @register

@@ -11,7 +11,7 @@ from ..core.fields import TensorId
 from ..core.layout import fresh, pointwise, preserve_format
 from ..core.pysource import py_float
 from .contract import ScaledNorm, StepBase, register
-from .rules import StepError, require_float, show
+from .rules import StepError, require_float, trailing_weight
 
 
 @register
@@ -26,7 +26,7 @@ class RMSNorm(StepBase):
     """
 
     op: Literal["rmsnorm"] = "rmsnorm"
-    weight: TensorId | None = Field(None, description="(D,) scale param (default: none, i.e. ones)")
+    weight: TensorId | None = Field(None, description="(D,) scale param, or (H, D) per head on (B, T, H, D) (default: none, i.e. ones)")
     eps: float = Field(1e-6, gt=0, description="added to the mean square (LlamaRMSNorm's variance_epsilon; config.rms_norm_eps)")
     unit_offset: StrictBool = Field(False, description="scale by (1 + weight) in float32 before casting back, as GemmaRMSNorm does")
     param_fields = ("weight",)
@@ -57,8 +57,7 @@ class RMSNorm(StepBase):
         if self.weight is None:
             return normed if x.dtype == "float32" else preserve_format(normed, dtype=x.dtype)
         w = ins[1]
-        if w.sizes != (x.sizes[-1],):
-            raise StepError("shape", f"'{self.weight}' must be ({x.shape[-1]}) [{x.sizes[-1]}], got {show(w)}", "weight")
+        trailing_weight(w, x, self.weight, "weight")
         if self.unit_offset:
             scale = pointwise([w], w.shape, "float32")
             scaled = pointwise([normed, scale], x.shape, "float32")

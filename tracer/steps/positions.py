@@ -1,7 +1,8 @@
-"""Position information: rotary embeddings (``rope``) and linear attention biases (``alibi``).
+"""Position information: rotary embeddings (``rope``), linear attention biases (``alibi``) and
+T5's bucketed relative bias (``relative_bias``).
 
-Both build their tables inside the step, as the public code does, and record them as inner
-tensors (``ID/cos``, ``ID/sin``; ``ID/bias``), the way ``merge`` records its copy.
+Each builds its tables inside the step, as the public code does, and record them as inner
+tensors (``ID/cos``, ``ID/sin``; ``ID/bias``; ``ID/buckets``), the way ``merge`` records its copy.
 """
 
 from __future__ import annotations
@@ -13,11 +14,11 @@ from typing import Literal
 from pydantic import Field, StrictBool, StrictInt, model_validator
 
 from ..core.fields import DimText, TensorId
-from ..core.layout import Meta, contiguous_strides, fresh, pointwise, view
+from ..core.layout import Meta, contiguous_strides, fresh, pointwise, view, with_root
 from ..core.pysource import atom, py_float
 from .contract import Composite, Inner, Rotation, StepBase, register
 from .rope_scaling import FREQUENCIES, Scaling, fields, needs_seq_len, rope_default, sources
-from .rules import StepError, norm_dim, require_float, show
+from .rules import StepError, broadcast_dims, norm_dim, require_float, show
 
 
 @register
@@ -355,4 +356,115 @@ class Alibi(StepBase):
             f"{slopes} = {e.helper('alibi_slopes', inspect.getsource(alibi_slopes))}(torch, {heads}).to({scores}.device)",
             f"{bias} = ({slopes}[:, None, None] * {distance}).to({scores}.dtype)",
             f"{e.targets[0]} = {scores} + {bias}",
+        ]
+
+
+def t5_buckets(torch, t_q: int, t_k: int, num_buckets: int, max_distance: int, bidirectional: bool, device=None):
+    """T5's bucket of each (query, key) pair, as transformers' ``T5Attention._relative_position_bucket``
+    computes it for ``compute_bias``: the query's position is ``i + t_k - t_q`` (after a cache)."""
+    query = torch.arange(t_q, dtype=torch.long, device=device)[:, None] + (t_k - t_q)
+    key = torch.arange(t_k, dtype=torch.long, device=device)[None, :]
+    relative = key - query
+    buckets = 0
+    if bidirectional:  # keys after the query use the upper half of the buckets
+        num_buckets //= 2
+        buckets += (relative > 0).to(torch.long) * num_buckets
+        relative = torch.abs(relative)
+    else:
+        relative = -torch.min(relative, torch.zeros_like(relative))
+    max_exact = num_buckets // 2  # exact buckets for near keys, logarithmically wider ones up to max_distance
+    is_small = relative < max_exact
+    large = max_exact + (torch.log(relative.float() / max_exact) / math.log(max_distance / max_exact) * (num_buckets - max_exact)).to(
+        torch.long
+    )
+    large = torch.min(large, torch.full_like(large, num_buckets - 1))
+    return buckets + torch.where(is_small, relative, large)
+
+
+@register
+class RelativeBias(StepBase):
+    """T5's relative position bias added to (…, H, T_q, T_kv) scores, exactly as transformers'
+    ``T5Attention.compute_bias``::
+
+        relative = j - i                               # int64 (T_q, T_kv); query i at i + T_kv - T_q
+        buckets = _relative_position_bucket(relative, bidirectional, num_buckets, max_distance)
+        bias = table[buckets].permute(2, 0, 1).unsqueeze(0)     # (1, H, T_q, T_kv), table (num_buckets, H)
+        out = scores + bias
+
+    ``bidirectional: true`` is the encoder's (half the buckets for keys after the query),
+    ``false`` the decoder's (only keys before it). The number of buckets is the table's first dim.
+    Recorded: ``ID/buckets``, ``ID/values`` (the table lookup, (T_q, T_kv, H)) and ``ID/bias``.
+    T5 does not scale its scores: the pipeline needs no ``scale`` step."""
+
+    op: Literal["relative_bias"] = "relative_bias"
+    table: TensorId = Field(description="(num_buckets, H) param: one learned bias per bucket and head (relative_attention_bias)")
+    bidirectional: StrictBool = Field(description="true: the encoder's buckets (keys on both sides); false: the decoder's")
+    max_distance: StrictInt = Field(128, ge=2, description="relative_attention_max_distance: distances from here share the last bucket")
+    param_fields = ("table",)
+    passes_scores = True
+    example = """\
+- id: biased
+  op: relative_bias
+  input: scores            # (B, H, T, T), not scaled
+  table: rel_bias          # (num_buckets, H)
+  bidirectional: true
+  max_distance: 128"""
+
+    def args(self):
+        return ["bidirectional" if self.bidirectional else "causal", f"max_distance={self.max_distance}"]
+
+    def infer(self, ins, ctx):
+        scores, table = ins
+        require_float(scores, ctx.input_ids[0], "relative_bias")
+        if len(scores.shape) < 3 or len(table.shape) != 2 or table.sizes[1] != scores.sizes[-3]:
+            raise StepError(
+                "shape",
+                f"relative_bias needs (…, H, T_q, T_kv) scores and an (num_buckets, H) table, got {show(scores)} and {show(table)}",
+                "table",
+            )
+        if table.dtype != scores.dtype:
+            raise StepError("dtype", f"relative_bias of {scores.dtype} scores with a {table.dtype} table", "table")
+        exact = table.sizes[0] // (4 if self.bidirectional else 2)
+        if exact < 1 or self.max_distance <= exact:
+            raise StepError(
+                "value",
+                f"{table.sizes[0]} buckets make {exact} exact ones, and max_distance {self.max_distance} must be above that",
+                "max_distance",
+                "T5 uses 32 buckets and max_distance 128",
+            )
+        heads, t_q, t_k = scores.shape[-3:]
+        values = with_root(fresh((t_q, t_k, heads), table.dtype), ctx.record("values"))
+        along_q, along_k, along_h = values.stride  # permute(2, 0, 1), then unsqueeze(0) as torch strides it
+        bias = view(values, (ctx.alg.const(1), heads, t_q, t_k), (heads.value * along_h, along_h, along_q, along_k))
+        return Composite(
+            (
+                Inner("buckets", "relative_bias", fresh((t_q, t_k), "int64")),
+                Inner("values", "embedding", values),
+                Inner("bias", "permute", bias),
+                Inner("biased", "add", pointwise([scores, bias], broadcast_dims(scores.shape, bias.shape), scores.dtype)),
+            )
+        )
+
+    def kernel(self, k):
+        torch, embedding = k.torch, k.F.embedding
+        t_q, t_k = k.ins[0].sizes[-2:]
+        settings = (k.ins[1].sizes[0], self.max_distance, self.bidirectional)
+
+        def relative_bias(scores, table):
+            buckets = t5_buckets(torch, t_q, t_k, *settings, device=scores.device)
+            values = embedding(buckets, table)
+            bias = values.permute(2, 0, 1).unsqueeze(0)
+            return buckets, values, bias, scores + bias
+
+        return relative_bias
+
+    def emit(self, e):
+        scores, table = e.args
+        t_q, t_k = (e.size(d) for d in e.ins[0].shape[-2:])
+        buckets, values = e.local("buckets"), e.local("values")
+        helper = e.helper("t5_buckets", inspect.getsource(t5_buckets))
+        return [
+            f"{buckets} = {helper}(torch, {t_q}, {t_k}, {table}.shape[0], {self.max_distance}, {self.bidirectional}, {scores}.device)",
+            f"{values} = F.embedding({buckets}, {table})",
+            f"{e.targets[0]} = {scores} + {values}.permute(2, 0, 1).unsqueeze(0)",
         ]

@@ -72,6 +72,20 @@ def _coincidence(sa, sb) -> tuple[Dim, Dim] | None:
     return None
 
 
+def trailing_weight(weight: Meta, x: Meta, name: str, field: str) -> None:
+    """A norm's scale covers the input's last dim, or its last dims: (Dh,), or (H, Dh) per head on
+    a (B, T, H, Dh) tensor (Cohere's and per-head QK norms)."""
+    k = len(weight.sizes)
+    if not 1 <= k <= len(x.sizes) or weight.sizes != x.sizes[-k:]:
+        trailing = ", ".join(str(d) for d in x.shape[-2:])
+        raise StepError(
+            "shape",
+            f"'{name}' must be ({x.shape[-1]}) [{x.sizes[-1]}] or cover more trailing dims of {show(x)}, got {show(weight)}",
+            field,
+            f"a per-head weight ({trailing}) needs the heads just before the last dim: normalise before the transpose",
+        )
+
+
 def require_float(meta: Meta, name: str, what: str) -> None:
     if meta.dtype not in FLOAT_DTYPES:
         raise StepError("dtype", f"{what} needs a floating-point tensor, '{name}' is {meta.dtype}")

@@ -215,8 +215,8 @@ class BinaryMaskAdded(Lint):
 
     def _warning(self, analysis, node, tensor: str, origin: str):
         field = "mask" if node.step.fused_attention() is not None else "inputs"
-        found = analysis.metas[origin]
-        source = "" if origin == tensor else f" ({found.dtype} '{origin}' {show(analysis, origin)}, moved and cast)"
+        found = analysis.meta(origin)
+        source = "" if analysis.record_of(tensor) == origin else f" ({found.dtype} '{origin}' {show(analysis, origin)}, moved and cast)"
         message = (
             f"'{tensor}' {show(analysis, tensor)} is added to the scores but is a 0/1 mask{source}: adding it raises every kept "
             f"score by 1 and hides no key — hide keys with op: mask (mask: {origin}, polarity: keep, fill: min), or add "
@@ -228,7 +228,7 @@ class BinaryMaskAdded(Lint):
 def _binary_origin(analysis, tensor: str) -> str | None:
     """The tensor a 0/1 mask came from, following layout steps and casts back from ``tensor``;
     None when any other step computed it (BERT's (1 - m) * min) or its content is unknown."""
-    current = tensor
+    current = analysis.record_of(tensor)
     for _ in range(MAX_WALK):
         if analysis.metas[current].dtype in INTEGER_DTYPES:
             return current
@@ -237,7 +237,7 @@ def _binary_origin(analysis, tensor: str) -> str | None:
             return current if _holds_ones(analysis, current) else None
         if not node.step.keeps_values or len(node.inputs) != 1:
             return None
-        current = node.inputs[0]
+        current = analysis.record_of(node.inputs[0])
     return None
 
 

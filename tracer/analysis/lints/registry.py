@@ -38,5 +38,5 @@ def warning(analysis, node, code: str, message: str, field: str | None = None) -
 
 def show(analysis, tensor_id: str) -> str:
     """``(B, H, T, T) [2, 2, 6, 6]``: a tensor as messages name it."""
-    meta = analysis.metas[tensor_id]
+    meta = analysis.meta(tensor_id)  # a composite's id names its last record
     return f"{meta.symbolic} {meta.concrete}"

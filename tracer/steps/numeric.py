@@ -1,0 +1,449 @@
+"""Elementwise math, comparisons, selections, running sums, reductions and ranges: the integer and
+boolean arithmetic that position schemes compute inside a model (T5's relative buckets, Llama 4's
+attention temperature, documents from padding masks). Result dtypes follow torch's type
+promotion, a Python number included (``clamp(int64, max=2.5)`` is float32, as in torch)."""
+
+from __future__ import annotations
+
+from typing import ClassVar, Literal
+
+from pydantic import Field, StrictBool, StrictFloat, StrictInt, model_validator
+
+from ..core.dtypes import FLOAT_DTYPES, promote, promote_number
+from ..core.fields import DimText
+from ..core.layout import fresh, pointwise
+from ..core.pysource import py_float
+from ..core.symbolic import Dim
+from .contract import StepBase, register
+from .pointwise import DType, _Binary
+from .rules import StepError, broadcast, norm_dim
+
+Number = StrictInt | StrictFloat
+
+
+def py_number(value: int | float) -> str:
+    """A number as Python source that keeps its type: ``2`` stays an int, ``2.0`` a float."""
+    return repr(value) if isinstance(value, int) else py_float(value)
+
+
+# ---------------------------------------------------------------- one tensor in, same shape out
+
+
+class _Math(StepBase):
+    """``torch.FN(x)``, with torch's result dtype for integer and bool inputs."""
+
+    elementwise = True
+    torch_name: ClassVar[str] = ""
+    integers: ClassVar[str] = "float32"  # what an int tensor becomes: "float32" or "same"
+    booleans: ClassVar[str] = "float32"  # what a bool tensor becomes: "float32", "int64" or "refused"
+
+    def result_dtype(self, dtype: str, name: str) -> str:
+        if dtype in FLOAT_DTYPES:
+            return dtype
+        if dtype == "bool":
+            if self.booleans == "refused":
+                raise StepError("dtype", f"torch has no {self.op} of bool tensor '{name}'", "input", "cast it to int64 or float32 first")
+            return self.booleans
+        return dtype if self.integers == "same" else self.integers
+
+    def infer(self, ins, ctx):
+        x = ins[0]
+        return pointwise([x], x.shape, self.result_dtype(x.dtype, ctx.input_ids[0]))
+
+    def kernel(self, k):
+        return getattr(k.torch, self.torch_name)
+
+    def emit(self, e):
+        return f"torch.{self.torch_name}({e.args[0]})"
+
+
+def _math(op: str, doc: str, example_input: str, integers: str = "float32", booleans: str = "float32") -> type[_Math]:
+    """One registered kind per torch function: ``op: log`` reads like the torch call it is."""
+    fields = {"op": Literal[op]}  # type: ignore[valid-type]
+    namespace = {
+        "__doc__": doc,
+        "__annotations__": fields,
+        "op": op,
+        "torch_name": op,
+        "integers": integers,
+        "booleans": booleans,
+        "example": f"- id: {op}_x\n  op: {op}\n  input: {example_input}",
+        "__module__": __name__,
+    }
+    return register(type(op.capitalize(), (_Math,), namespace))
+
+
+Abs = _math("abs", "``torch.abs(x)`` (integers stay integers; T5's distance ``|j - i|``).", "relative", "same", "refused")
+Floor = _math(
+    "floor", "``torch.floor(x)`` (integers unchanged; Llama 4's ``floor((pos + 1) / floor_scale)``).", "scaled", "same", "refused"
+)
+Ceil = _math("ceil", "``torch.ceil(x)`` (integers unchanged).", "scaled", "same", "refused")
+Trunc = _math(
+    "trunc", "``torch.trunc(x)``: rounds toward zero, as a cast of a float to an integer dtype does.", "scaled", "same", "refused"
+)
+Square = _math("square", "``torch.square(x)`` (integers stay integers, bool becomes int64).", "x", "same", "int64")
+Log = _math("log", "``torch.log(x)`` (integers and bool become float32; T5's logarithmic buckets).", "ratio")
+Log1p = _math("log1p", "``torch.log1p(x) = log(1 + x)`` (Llama 4's attention temperature).", "steps")
+Sqrt = _math("sqrt", "``torch.sqrt(x)`` (integers and bool become float32).", "variance")
+Rsqrt = _math("rsqrt", "``torch.rsqrt(x) = 1 / sqrt(x)`` (integers and bool become float32).", "variance")
+Sin = _math("sin", "``torch.sin(x)`` (integers and bool become float32; sinusoidal position tables).", "angles")
+Cos = _math("cos", "``torch.cos(x)`` (integers and bool become float32; sinusoidal position tables).", "angles")
+Reciprocal = _math("reciprocal", "``torch.reciprocal(x) = 1 / x`` (integers and bool become float32).", "x")
+MATH_KINDS = (Abs, Floor, Ceil, Trunc, Square, Log, Log1p, Sqrt, Rsqrt, Sin, Cos, Reciprocal)
+
+
+@register
+class Clamp(StepBase):
+    """``torch.clamp(x, min, max)`` with numbers; a float bound makes an integer tensor float32, as in torch."""
+
+    op: Literal["clamp"] = "clamp"
+    min: Number | None = Field(None, description="the lower bound (none: no lower bound)")
+    max: Number | None = Field(None, description="the upper bound (none: no upper bound)")
+    elementwise = True
+    example = """\
+- id: capped_bucket
+  op: clamp
+  input: large             # int64 (T, T)
+  max: 31                  # num_buckets - 1"""
+
+    @model_validator(mode="after")
+    def _a_bound(self) -> Clamp:
+        if self.min is None and self.max is None:
+            raise ValueError("clamp needs 'min', 'max' or both")
+        return self
+
+    def args(self):
+        return [f"{name}={py_number(v)}" for name, v in (("min", self.min), ("max", self.max)) if v is not None]
+
+    def infer(self, ins, ctx):
+        x = ins[0]
+        dtype = x.dtype
+        for bound in (self.min, self.max):
+            dtype = dtype if bound is None else promote_number(dtype, bound)
+        return pointwise([x], x.shape, dtype)
+
+    def kernel(self, k):
+        clamp, low, high = k.torch.clamp, self.min, self.max
+        return lambda x: clamp(x, min=low, max=high)
+
+    def emit(self, e):
+        return f"torch.clamp({e.args[0]}, {', '.join(self.args())})"
+
+
+@register
+class Minimum(_Binary):
+    """``torch.minimum(a, b)``: the smaller element of two tensors, with broadcasting and promotion."""
+
+    op: Literal["minimum"] = "minimum"
+    symbol = "min"
+    torch_name = "minimum"
+    example = """\
+- id: nearer
+  op: minimum
+  inputs: [relative, zeros]"""
+
+    def emit(self, e):
+        return f"torch.minimum({e.args[0]}, {e.args[1]})"
+
+
+@register
+class Maximum(_Binary):
+    """``torch.maximum(a, b)``: the larger element of two tensors, with broadcasting and promotion."""
+
+    op: Literal["maximum"] = "maximum"
+    symbol = "max"
+    torch_name = "maximum"
+    example = """\
+- id: farther
+  op: maximum
+  inputs: [a, b]"""
+
+    def emit(self, e):
+        return f"torch.maximum({e.args[0]}, {e.args[1]})"
+
+
+# ---------------------------------------------------------------- comparisons, selection, logic
+
+_COMPARISONS = {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}
+
+
+@register
+class Compare(StepBase):
+    """``a OP b`` as a bool tensor, OP one of ``eq ne lt le gt ge``: two tensors (broadcast), or one
+    tensor and a number (``value``)."""
+
+    op: Literal["compare"] = "compare"
+    cmp: Literal["eq", "ne", "lt", "le", "gt", "ge"] = Field(description="==, !=, <, <=, >, >=")
+    value: Number | None = Field(None, description="compare the one input with this number instead of a second tensor")
+    arity: ClassVar[int | None] = None
+    elementwise = True
+    example = """\
+- id: after_query
+  op: compare
+  input: relative          # int64 (T, T): j - i
+  cmp: gt
+  value: 0"""
+
+    def args(self):
+        return [self.cmp] + ([py_number(self.value)] if self.value is not None else [])
+
+    def infer(self, ins, ctx):
+        wanted = 1 if self.value is not None else 2
+        if len(ins) != wanted:
+            given = "a tensor and 'value'" if self.value is not None else "two tensors (or one and 'value')"
+            raise StepError("arity", f"compare takes {given}, got {len(ins)} input{'s' if len(ins) != 1 else ''}", "inputs")
+        if wanted == 1:
+            return pointwise(ins, ins[0].shape, "bool")
+        a, b = ins
+        return pointwise(ins, broadcast(a, b, f"compare '{ctx.input_ids[0]}' {self.cmp} '{ctx.input_ids[1]}'", "inputs"), "bool")
+
+    def kernel(self, k):
+        name, value = self.cmp, self.value
+        compare = getattr(k.torch, name)
+        return (lambda a: compare(a, value)) if value is not None else compare
+
+    def emit(self, e):
+        right = py_number(self.value) if self.value is not None else e.args[1]
+        return f"{e.args[0]} {_COMPARISONS[self.cmp]} {right}"
+
+
+@register
+class Where(StepBase):
+    """``torch.where(cond, a, b)``: ``a`` where the bool ``cond`` is True, else ``b``. ``then`` and
+    ``otherwise`` give a branch as a number instead of a tensor; ``inputs`` lists ``cond`` and then
+    the branches that are tensors, in order. The dtype is torch's promotion of the branches."""
+
+    op: Literal["where"] = "where"
+    then: Number | None = Field(None, description="the value where cond is True, as a number (else the second input)")
+    otherwise: Number | None = Field(None, description="the value where cond is False, as a number (else the last input)")
+    arity: ClassVar[int | None] = None
+    elementwise = True
+    example = """\
+- id: bucket
+  op: where
+  inputs: [is_small, distance, large]   # bool, int64, int64 (T, T)"""
+
+    def infer(self, ins, ctx):
+        numbers = [v for v in (self.then, self.otherwise) if v is not None]
+        if len(ins) != 3 - len(numbers):
+            raise StepError(
+                "arity",
+                f"where takes cond and {3 - len(numbers) - 1} tensor branch{'es' if len(numbers) == 0 else ''} here, got {len(ins)} inputs",
+                "inputs",
+                "list [cond, a, b]; give 'then' or 'otherwise' for a branch that is a number",
+            )
+        cond, branches = ins[0], ins[1:]
+        if cond.dtype != "bool":
+            raise StepError(
+                "dtype", f"where needs a bool condition, '{ctx.input_ids[0]}' is {cond.dtype}", "inputs", "op: compare makes one"
+            )
+        shape = cond.shape
+        for meta, name in zip(branches, ctx.input_ids[1:]):
+            shape = broadcast(fresh(shape, "bool"), meta, f"where '{ctx.input_ids[0]}' with '{name}'", "inputs")
+        return pointwise(ins, shape, self._dtype(branches))
+
+    def _dtype(self, branches) -> str:
+        numbers = [v for v in (self.then, self.otherwise) if v is not None]
+        if not branches:  # two numbers: torch's default dtype of the widest
+            return "float32" if any(isinstance(v, float) for v in numbers) else "int64"
+        dtype = promote(branches)
+        for v in numbers:
+            dtype = promote_number(dtype, v)
+        return dtype
+
+    def kernel(self, k):
+        where, then, otherwise = k.torch.where, self.then, self.otherwise
+
+        def select(cond, *tensors):
+            rest = list(tensors)
+            a = then if then is not None else rest.pop(0)
+            b = otherwise if otherwise is not None else rest.pop(0)
+            return where(cond, a, b)
+
+        return select
+
+    def emit(self, e):
+        rest = e.args[1:]
+        a = py_number(self.then) if self.then is not None else rest.pop(0)
+        b = py_number(self.otherwise) if self.otherwise is not None else rest.pop(0)
+        return f"torch.where({e.args[0]}, {a}, {b})"
+
+
+@register
+class Logical(StepBase):
+    """``torch.logical_FN``: ``and``, ``or``, ``xor`` of two tensors (broadcast), or ``not`` of one;
+    any dtype in (nonzero is True), bool out. Combines masks."""
+
+    op: Literal["logical"] = "logical"
+    fn: Literal["and", "or", "xor", "not"]
+    arity: ClassVar[int | None] = None
+    elementwise = True
+    example = """\
+- id: same_chunk_and_causal
+  op: logical
+  fn: and
+  inputs: [same_chunk, causal]"""
+
+    def args(self):
+        return [self.fn]
+
+    def infer(self, ins, ctx):
+        wanted = 1 if self.fn == "not" else 2
+        if len(ins) != wanted:
+            raise StepError("arity", f"logical {self.fn} takes {wanted} input{'s' if wanted > 1 else ''}, got {len(ins)}", "inputs")
+        if wanted == 1:
+            return pointwise(ins, ins[0].shape, "bool")
+        shape = broadcast(ins[0], ins[1], f"logical {self.fn} of '{ctx.input_ids[0]}' and '{ctx.input_ids[1]}'", "inputs")
+        return pointwise(ins, shape, "bool")
+
+    def kernel(self, k):
+        return getattr(k.torch, f"logical_{self.fn}")
+
+    def emit(self, e):
+        return f"torch.logical_{self.fn}({', '.join(e.args)})"
+
+
+# ---------------------------------------------------------------- along dims
+
+
+def _sum_dtype(dtype: str) -> str:
+    """torch sums integers and bools in int64."""
+    return dtype if dtype in FLOAT_DTYPES else "int64"
+
+
+@register
+class Cumsum(StepBase):
+    """``torch.cumsum(x, dim, dtype)``: running sums along ``dim`` (integers and bool sum in int64,
+    as in torch). Positions from a padding mask: ``cumsum(mask) - 1``."""
+
+    op: Literal["cumsum"] = "cumsum"
+    dim: StrictInt = -1
+    dtype: DType | None = Field(None, description="the dtype to sum in and return (torch's dtype=)")
+    example = """\
+- id: positions_plus_one
+  op: cumsum
+  input: attention_mask    # int64 (B, T)
+  dim: -1"""
+
+    def args(self):
+        return [f"dim={self.dim}"] + ([self.dtype] if self.dtype else [])
+
+    def infer(self, ins, ctx):
+        x = ins[0]
+        norm_dim(self.dim, max(len(x.shape), 1))
+        return fresh(x.shape, self.dtype or _sum_dtype(x.dtype))
+
+    def kernel(self, k):
+        cumsum, d = k.torch.cumsum, self.dim
+        dtype = getattr(k.torch, self.dtype) if self.dtype else None
+        if k.device.type == "meta":  # torch's meta cumsum builds an (n, n) mask along dim: overflows for a huge dim
+            empty, result = k.torch.empty, getattr(k.torch, k.out.dtype)
+            return lambda x: empty(x.shape, dtype=result, device=x.device)
+        return lambda x: cumsum(x, d, dtype=dtype)
+
+    def emit(self, e):
+        dtype = f", dtype=torch.{self.dtype}" if self.dtype else ""
+        return f"torch.cumsum({e.args[0]}, {self.dim}{dtype})"
+
+
+_REDUCED_DTYPE = {"sum": _sum_dtype, "prod": _sum_dtype, "any": lambda d: "bool", "all": lambda d: "bool"}
+
+
+@register
+class Reduce(StepBase):
+    """``x.FN(dim, keepdim)``, FN one of ``sum mean prod amax amin any all``, over one dim or
+    several; a dim is an int or the NAME of one of the input's dims (``dim: [H, T]``), resolved
+    against its symbolic shape. No ``dim``: over every dim. Integers sum in int64; ``mean`` needs
+    floats; ``amax``/``amin`` are torch's values-only max and min; ``prod`` takes one dim."""
+
+    op: Literal["reduce"] = "reduce"
+    fn: Literal["sum", "mean", "prod", "amax", "amin", "any", "all"]
+    dim: StrictInt | str | list[StrictInt | str] | None = Field(None, description="an int, a dim name, or a list of them (none: all)")
+    keepdim: StrictBool = False
+    example = """\
+- id: tokens_per_expert
+  op: reduce
+  fn: sum
+  input: routed            # (B, T, E)
+  dim: [B, T]              # -> (E,)"""
+
+    def args(self):
+        return [self.fn, f"dim={self.dim}"] + (["keepdim"] if self.keepdim else [])
+
+    def infer(self, ins, ctx):
+        x, name = ins[0], ctx.input_ids[0]
+        if not x.shape:
+            raise StepError("shape", f"reduce needs a tensor with dims, '{name}' is 0-d", "input")
+        axes = self.axes(x.shape, name)
+        if self.fn == "prod" and len(axes) != 1:
+            raise StepError("dim", f"torch's prod reduces one dim, got {len(axes)}", "dim", "reduce in steps, one dim each")
+        if self.fn == "mean" and x.dtype not in FLOAT_DTYPES:
+            raise StepError("dtype", f"mean needs a floating-point tensor, '{name}' is {x.dtype}", "input", "op: cast to float32 first")
+        kept = [ctx.alg.const(1) if i in axes else d for i, d in enumerate(x.shape)] if self.keepdim else None
+        shape = kept if kept is not None else [d for i, d in enumerate(x.shape) if i not in axes]
+        return fresh(tuple(shape), _REDUCED_DTYPE.get(self.fn, lambda d: d)(x.dtype))
+
+    def axes(self, shape: tuple[Dim, ...], name: str) -> tuple[int, ...]:
+        written = list(range(len(shape))) if self.dim is None else self.dim if isinstance(self.dim, list) else [self.dim]
+        axes = [self._axis(d, shape, name) for d in written]
+        if len(set(axes)) != len(axes):
+            raise StepError("dim", f"reduce over the same dim twice: {self.dim}", "dim")
+        return tuple(sorted(axes))
+
+    def _axis(self, dim: int | str, shape: tuple[Dim, ...], name: str) -> int:
+        if isinstance(dim, int):
+            return norm_dim(dim, len(shape))
+        found = [i for i, d in enumerate(shape) if str(d) == dim]
+        if len(found) != 1:
+            labels = ", ".join(str(d) for d in shape)
+            problem = "has no dim named" if not found else "has more than one dim named"
+            raise StepError("dim", f"'{name}' ({labels}) {problem} {dim}", "dim", "give the dim's index instead")
+        return found[0]
+
+    def kernel(self, k):
+        axes, keepdim, fn = self.axes(k.ins[0].shape, ""), self.keepdim, self.fn
+        if fn == "prod":
+            return lambda x: x.prod(axes[0], keepdim=keepdim)
+        return lambda x: getattr(x, fn)(dim=axes, keepdim=keepdim)
+
+    def emit(self, e):
+        axes = self.axes(e.ins[0].shape, "")
+        dims = str(axes[0]) if self.fn == "prod" else repr(axes)
+        return f"{e.args[0]}.{self.fn}(dim={dims}, keepdim={self.keepdim})"
+
+
+# ---------------------------------------------------------------- made from dims alone
+
+
+@register
+class Arange(StepBase):
+    """``torch.arange(start, stop)`` from dim expressions, with no input: positions inside the
+    graph (``start: past, stop: past + T`` is a decode step's query positions)."""
+
+    op: Literal["arange"] = "arange"
+    start: DimText = Field(0, description="a dim expression: the first value")
+    stop: DimText = Field(description="a dim expression: the end (excluded)")
+    dtype: DType = "int64"
+    arity: ClassVar[int | None] = 0
+    example = """\
+- id: query_positions
+  op: arange
+  start: past
+  stop: past + T"""
+
+    def args(self):
+        return [f"{self.start}..{self.stop}", self.dtype]
+
+    def infer(self, ins, ctx):
+        start, stop = ctx.dim(self.start, "start"), ctx.dim(self.stop, "stop")
+        if stop.value < start.value:
+            raise StepError("value", f"arange from {start} = {start.value} to {stop} = {stop.value} counts down", "stop", "stop >= start")
+        return fresh((ctx.dim(f"({self.stop}) - ({self.start})", "stop"),), self.dtype)
+
+    def kernel(self, k):
+        arange, device, dtype = k.torch.arange, k.device, getattr(k.torch, self.dtype)
+        start, stop = k.value(self.start), k.value(self.stop)
+        return lambda: arange(start, stop, dtype=dtype, device=device)
+
+    def emit(self, e):
+        return f"torch.arange({e.dim(self.start)}, {e.dim(self.stop)}, dtype=torch.{self.dtype}, device={e.device})"
