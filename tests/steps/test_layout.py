@@ -146,3 +146,23 @@ def test_a_split_into_one_piece_is_a_tensor_not_a_tuple():
 def test_a_new_leading_dim_of_size_one_gets_torchs_stride():
     trace = agrees("- {id: e, op: expand, input: x, shape: [1, 4, 2, 3]}\n- {id: f, op: expand, input: x, shape: [1, 2, 3]}", X23)
     assert trace["e"].stride == (0, 0, 3, 1) and trace["f"].stride == (6, 3, 1)
+
+
+@pytest.mark.parametrize("op", ["cat", "stack"])
+def test_cat_and_stack_promote_dtypes_as_torch_does(op):
+    text = f"""
+name: c
+dims: {{T: 2, d: 3}}
+inputs:
+  a: {{shape: [T, d], init: randn}}
+  b: {{shape: [T, d], init: randn, dtype: float64}}
+  i: {{shape: [T, d], init: zeros, dtype: int64}}
+steps:
+  - {{id: ab, op: {op}, inputs: [a, b], dim: 0}}
+  - {{id: ai, op: {op}, inputs: [i, a], dim: 0}}
+"""
+    trace = tracer.loads(text, "c.yaml").run(keep_values=True)
+    join = getattr(torch, op)
+    a, b, i = (trace[n].tensor for n in "abi")
+    assert trace["ab"].dtype == str(join([a, b], 0).dtype).removeprefix("torch.") == "float64"
+    assert trace["ai"].dtype == str(join([i, a], 0).dtype).removeprefix("torch.") == "float32"

@@ -7,6 +7,7 @@ from typing import Literal
 
 from pydantic import Field, StrictInt, model_validator
 
+from ..core.dtypes import promote
 from ..core.fields import DimText, TensorId
 from ..core.layout import fresh, view, view_strides, with_root
 from ..core.pysource import py_tuple
@@ -393,7 +394,7 @@ class Cat(StepBase):
         total = first.shape[d]
         for other in ins[1:]:
             total = ctx.alg.add(total, other.shape[d])
-        return fresh(first.shape[:d] + (total,) + first.shape[d + 1 :], first.dtype)
+        return fresh(first.shape[:d] + (total,) + first.shape[d + 1 :], promote(ins))  # torch.cat promotes: f32 + f64 is f64
 
     def kernel(self, k):
         cat, d = k.torch.cat, self.dim
@@ -428,7 +429,7 @@ class Stack(StepBase):
                     "stack-shape", f"stack needs equal shapes: '{ctx.input_ids[0]}' {show(first)} vs '{name}' {show(other)}", "inputs"
                 )
         d = norm_dim(self.dim, len(first.shape) + 1)
-        return fresh(first.shape[:d] + (ctx.alg.const(len(ins)),) + first.shape[d:], first.dtype)
+        return fresh(first.shape[:d] + (ctx.alg.const(len(ins)),) + first.shape[d:], promote(ins))
 
     def kernel(self, k):
         stack, d = k.torch.stack, self.dim
