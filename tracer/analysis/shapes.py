@@ -15,6 +15,7 @@ from typing import Any
 from ..core import dimexpr
 from ..core.dtypes import DTYPE_BYTES, DTYPE_MAX, fits
 from ..core.errors import Diagnostic, TracerError, merge_copies
+from ..core.gcpause import gc_paused
 from ..core.layout import Meta, fresh, with_root
 from ..core.symbolic import Dim, DimAlgebra, resolve
 from ..spec.expand import expand_blocks
@@ -179,6 +180,7 @@ class ShapeContext:
             raise StepError(exc.code, str(exc), field) from None
 
 
+@gc_paused
 def analyze(pipeline: PipelineSpec, source: SourceMap, dims: Mapping[str, int] | None = None) -> Analysis:
     """Expand, order and infer every step of ``pipeline`` at ``dims`` (default: the file's)."""
     alg = _algebra(pipeline, source, dims or {})
