@@ -20,6 +20,7 @@ from .diff import diff, diff_json, format_diff
 from .presentation import outputs
 from .presentation.export import export_source
 from .presentation.files import check_output, write_atomic
+from .presentation.folding import collapse_keys
 from .presentation.graphviz import chosen_renderer, find_renderer
 from .presentation.progress import Progress
 from .runtime.interpreter import device_problem
@@ -143,6 +144,7 @@ def _parser() -> argparse.ArgumentParser:
             "tracer run pipelines/causal_mha.yaml --values scores           # one tensor's values",
             "tracer run pipelines/causal_mha.yaml --device meta --dim T=65536  # shapes only, nothing allocated",
             "tracer run pipelines/causal_mha.yaml --json -o trace.json",
+            "tracer run pipelines/causal_mha.yaml --collapse 'attention core'  # one row for the group",
         ),
     )
     run.add_argument("file", metavar="FILE", help=FILE_HELP)
@@ -168,6 +170,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     _quiet_option(run)
     run.add_argument("--depth", type=_positive, metavar="N", help="show groups nested deeper than N levels as one row each")
+    run.add_argument(
+        "--collapse",
+        action="append",
+        default=[],
+        metavar="GROUP",
+        help="show a group as one row, as render --collapse draws it as one node: a group name, a group path or a glob; repeatable",
+    )
     run.add_argument("--device", default="cpu", type=_device, help="torch device: cpu, cuda, meta (default: cpu)")
     run.add_argument(
         "--max-memory",
@@ -355,6 +364,8 @@ def _run(args) -> int:
     keep_values = args.values is not None
     if args.values:
         _check_record_id(analysis, args.values, args.file)
+    groups = list(dict.fromkeys(node.step.group for node in analysis.nodes.values() if node.step.group))
+    collapse_keys(groups, tuple(args.collapse), args.file)  # an unknown group, before the run
     if args.output:
         check_output(args.output, _reads(args, analysis), args.file)  # before the run: never the files it reads
     nans = SoftmaxNaNs(analysis)
@@ -438,7 +449,7 @@ def _with_progress(observe, progress):
 
 
 def _table(trace, args) -> str:
-    return trace.table(width=shutil.get_terminal_size((100, 24)).columns, depth=args.depth, expand=args.expand)
+    return trace.table(width=shutil.get_terminal_size((100, 24)).columns, depth=args.depth, expand=args.expand, collapse=args.collapse)
 
 
 def _positive(text: str) -> int:

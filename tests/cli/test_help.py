@@ -92,3 +92,22 @@ def test_without_a_renderer_the_html_report_names_the_diagrams_extra_before_runn
     assert done.returncode == 1 and done.stderr.count("\n") == 1
     assert "error[no-renderer]: cannot render the html report" in done.stderr
     assert "pip install 'attention-tracer[diagrams]'" in done.stderr and list(tmp_path.iterdir()) == []
+
+
+def test_run_collapse_shows_a_group_as_one_row_with_its_totals():
+    trace = tracer.load(PIPELINES / "causal_mha.yaml").run()
+    done = tracer_cli("run", PIPELINES / "causal_mha.yaml", "--collapse", "attention core", "-q")
+    assert done.returncode == 0, done.stderr
+    rows = {line.split("  ")[0]: line for line in done.stdout.splitlines()}
+    inside = [r for r in trace.records if trace.analysis.producer(r.id) and trace.analysis.producer(r.id).step.group == "attention core"]
+    assert [r.id for r in inside] == ["k_t", "scores", "masked", "scaled", "weights", "weights_d", "context"]
+    assert not any(r.id in rows for r in inside) and "attention core" in rows
+    row = rows["attention core"].split()
+    assert row[2:4] == ["collapsed", "(B,"] and f"{sum(r.flops for r in inside) / 1000:.2f}K" in row  # the group's FLOPs, summed
+    assert "q_h" in rows and "out" in rows  # the other groups stay as they were
+
+
+def test_run_collapse_of_an_unknown_group_is_a_located_error_before_the_run():
+    done = tracer_cli("run", PIPELINES / "causal_mha.yaml", "--collapse", "atention core")
+    assert done.returncode == 1 and done.stdout == ""
+    assert "error[unknown-group]: --collapse 'atention core': no step has that group (groups: 'Q projection'" in done.stderr
