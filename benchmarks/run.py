@@ -591,6 +591,17 @@ Profiled with cProfile and pyinstrument (`benchmarks/run.py --profile`) on 3000 
   records are reused while the cached tensors are the same; expectations are evaluated once per
   analysis and re-checked only when a record diverged; the RNG is restored only for plans with
   training dropout. What remains is the kernels themselves plus ~0.7 µs per record.
+- `run(params=, inputs=)` (given tensors, the way a trained model is checked) cost ~2× the plain
+  traced run: it drew the other tensors again on every call, and `torch.manual_seed` with them,
+  which while CUDA is not initialised queues a lazy `torch.cuda.manual_seed_all` that formats the
+  whole stack (`traceback.format_frame_summary` for every frame, and `linecache`'s `stat` of
+  each frame's file). The drawn tensors depend only on which names are given, so they are drawn
+  once and reused; a given tensor that fits its declaration is accepted with a few attribute reads,
+  and what is wrong, and where, is worked out only for one that does not.
+- Load and check of a 384-layer stack cost more than twice 192 layers: CPython's collector made
+  full passes over every object in the process (torch's included) as the analysis grew, though
+  nothing built is garbage. `load_spec` and `analyze` now run with the collector paused
+  (`tracer/core/gcpause.py`); `benchmarks/growth.py` prints load + check at 96, 192 and 384 layers.
 - At GPT-2 size the run is the kernels (matmul, softmax, masked_fill on (8, 12, 512, 512)); the
   interpreter frees every tensor, inner ones too, right after its last reader.
 - Meta runs: the first meta op of a process loads torch's meta registrations (~0.2 s), and the
