@@ -94,7 +94,8 @@ def test_without_a_renderer_the_html_report_names_the_diagrams_extra_before_runn
     assert "pip install 'attention-tracer[diagrams]'" in done.stderr and list(tmp_path.iterdir()) == []
 
 
-def test_run_collapse_shows_a_group_as_one_row_with_its_totals():
+def test_run_collapse_shows_a_group_as_one_row_with_its_totals(monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")  # wide enough that no id is elided
     trace = tracer.load(PIPELINES / "causal_mha.yaml").run()
     done = tracer_cli("run", PIPELINES / "causal_mha.yaml", "--collapse", "attention core", "-q")
     assert done.returncode == 0, done.stderr
