@@ -1,15 +1,21 @@
 """How check and export grow with the size of a pipeline: a chain of steps, steps nothing reads
 (dead fan-out), and derived dims declared last-first (the deepest walk there is). Every column
 should stay near constant per item as n doubles; a quadratic step shows up as a column that
-doubles. Prints a table; asserts nothing (speed is measured here, never in the unit tests).
+doubles. Then `tracer.load` (load + check) of pipelines/encoder_stack.yaml at 96, 192 and 384
+layers, torch imported as in a notebook: each doubling should cost about twice as much (target:
+384 layers within 2.2x of 192). Prints tables; asserts nothing (speed is measured here, never in
+the unit tests).
 
-    .venv/bin/python benchmarks/growth.py [--sizes 1000 2000 4000 8000]
+    .venv/bin/python benchmarks/growth.py [--sizes 1000 2000 4000 8000] [--layers 96 192 384]
 """
 
 from __future__ import annotations
 
 import argparse
+import shutil
+import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -61,17 +67,52 @@ def per_item_us(text: str, n: int, folder: Path) -> tuple[float, float]:
     return (checked - start) / n * 1e6, (done - checked) / n * 1e6
 
 
+def layer_stacks(counts: list[int], folder: Path) -> dict[int, Path]:
+    """pipelines/encoder_stack.yaml with ``repeat: n`` for each n, beside a copy of its block files."""
+    shutil.copytree(ROOT / "pipelines" / "blocks", folder / "blocks", dirs_exist_ok=True)
+    text = (ROOT / "pipelines" / "encoder_stack.yaml").read_text()
+    paths = {}
+    for n in counts:
+        paths[n] = folder / f"stack_{n}.yaml"
+        paths[n].write_text(text.replace("repeat: 48", f"repeat: {n}"))
+    return paths
+
+
+def load_seconds(paths: dict[int, Path], rounds: int) -> dict[int, float]:
+    """Median seconds of ``tracer.load`` (YAML, validation, block expansion, check) per layer count,
+    the counts interleaved round by round so that load on the machine hits them alike."""
+    import torch  # noqa: F401  (its objects are what a collector pass over the whole process also walks)
+
+    tracer.load(paths[min(paths)])  # warm up
+    times: dict[int, list[float]] = {n: [] for n in paths}
+    for _ in range(rounds):
+        for n, path in paths.items():
+            start = time.perf_counter()
+            tracer.load(path)
+            times[n].append(time.perf_counter() - start)
+    return {n: statistics.median(values) for n, values in times.items()}
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[1000, 2000, 4000, 8000])
+    parser.add_argument("--layers", type=int, nargs="+", default=[96, 192, 384])
+    parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args(argv)
-    folder = Path(__import__("tempfile").mkdtemp(prefix="tracer-growth-"))
+    folder = Path(tempfile.mkdtemp(prefix="tracer-growth-"))
     per_item_us(chain(10), 10, folder)  # warm up imports and caches
     print(f"{'shape':<15}{'n':>7}{'check µs/item':>16}{'export µs/item':>16}")
     for shape, make in (("chain", chain), ("dead fan-out", fan_out), ("reversed dims", reversed_dims)):
         for n in args.sizes:
             check, export = per_item_us(make(n), n, folder)
             print(f"{shape:<15}{n:>7}{check:>16.1f}{export:>16.1f}")
+    seconds = load_seconds(layer_stacks(args.layers, folder), args.rounds)
+    print(f"\n{'layers':>7}{'load + check':>14}{'x previous':>12}")
+    previous = None
+    for n, took in seconds.items():
+        ratio = f"{took / seconds[previous]:.2f}" if previous else ""
+        print(f"{n:>7}{took * 1e3:>11.0f} ms{ratio:>12}")
+        previous = n
     return 0
 
 

@@ -59,7 +59,16 @@ def _contenders(size, tools: tuple[str, ...]):
     module, x = eager_module(*size)
     pipeline = tracer.load(MHA)
     dims = _dims(size)
+    state = module.state_dict()  # the eager module's own weights, as a user checks a trained model
+    params = {"W_q": state["Wq.weight"], "W_k": state["Wk.weight"], "W_v": state["Wv.weight"]}
+    params |= {"W_o": state["out_proj.weight"], "b_o": state["out_proj.bias"]}
+    with torch.no_grad():
+        same = torch.allclose(pipeline.run(dims, params=params, inputs={"x": x}).outputs["out"], module(x), atol=1e-5)
+    if not same:
+        raise SystemExit("the traced run with the eager module's weights computes something else")
     calls = {"eager": lambda: module(x), "tracer": lambda: pipeline.run(dims)}
+    if not tools:  # the comparisons with other tools time the plain traced run only
+        calls["tracer given"] = lambda: pipeline.run(dims, params=params, inputs={"x": x})
     if "torchview" in tools:
         from torchview import draw_graph
 
@@ -194,6 +203,7 @@ def worker_stack(rounds: int) -> dict:
 
     import torch
     import torch.nn.functional as F
+    from growth import layer_stacks, load_seconds
 
     import tracer
     from tracer.analysis.shapes import analyze
@@ -214,6 +224,8 @@ def worker_stack(rounds: int) -> dict:
             start = time.perf_counter()
             tracer.load(STACK).run(device="meta").save(Path(tmp) / f"stack{r}.{fmt}", collapse=collapse)
             renders.append(time.perf_counter() - start)
+    with tempfile.TemporaryDirectory() as tmp:
+        layers = load_seconds(layer_stacks([192, 384], Path(tmp)), max(3, rounds // 2))
     dims = {"B": 2, "T": 5, "d_model": 8, "H": 2}
     trace = pipeline.run(dims, keep_values=True)
     x = trace["x"].tensor
@@ -253,6 +265,8 @@ def worker_stack(rounds: int) -> dict:
         "steps": len(analysis.nodes),
         "records": len(trace.records),
         "correct": correct,
+        "load_192": layers[192],
+        "load_384": layers[384],
     }
 
 
@@ -393,6 +407,14 @@ def _report(args) -> int:
         r["median"] <= 1.5,
         f"eager {_span(t['eager'])}, tracer {_span(t['tracer'])}",
     )
+    r = toy["ratios"]["tracer given"]
+    row(
+        "run(params=, inputs=) of causal_mha vs eager, (2, 6, 4, 2)",
+        "≤ 1.5×",
+        _ratio(r),
+        r["median"] <= 1.5,
+        f"eager {_span(t['eager'])}, tracer with the eager module's weights and input {_span(t['tracer given'])}",
+    )
     gpt = _run_worker("speed", list(GPT2), 5 if quick else 9, 1, [], 0)
     r, t = gpt["ratios"]["tracer"], gpt["times"]
     row(
@@ -401,6 +423,14 @@ def _report(args) -> int:
         _ratio(r),
         r["median"] <= 1.05,
         f"eager {_span(t['eager'])}, tracer {_span(t['tracer'])}",
+    )
+    r = gpt["ratios"]["tracer given"]
+    row(
+        "run(params=, inputs=) of causal_mha vs eager, (8, 512, 768, 12)",
+        "≤ 1.05×",
+        _ratio(r),
+        r["median"] <= 1.05,
+        f"eager {_span(t['eager'])}, tracer with the eager module's weights and input {_span(t['tracer given'])}",
     )
     peaks = {who: [_run_worker("rss", who, list(GPT2)) for _ in range(2 if quick else 3)] for who in ("eager", "tracer")}
     pe = statistics.median(p["peak"] for p in peaks["eager"])
@@ -461,6 +491,14 @@ def _report(args) -> int:
         _span(stack["check"]),
         stack["check"]["median"] <= 0.1,
         f"{stack['steps']} steps after expansion",
+    )
+    grown = stack["load_384"] / stack["load_192"]
+    row(
+        "load + check of encoder_stack, 384 layers vs 192",
+        "≤ 2.2×",
+        f"{grown:.2f}×",
+        grown <= 2.2,
+        f"192 layers {_fmt_time(stack['load_192'])}, 384 layers {_fmt_time(stack['load_384'])} (medians, torch imported)",
     )
     row(
         f"render encoder_stack, layers collapsed ({stack['render_format']})",
@@ -553,6 +591,17 @@ Profiled with cProfile and pyinstrument (`benchmarks/run.py --profile`) on 3000 
   records are reused while the cached tensors are the same; expectations are evaluated once per
   analysis and re-checked only when a record diverged; the RNG is restored only for plans with
   training dropout. What remains is the kernels themselves plus ~0.7 µs per record.
+- `run(params=, inputs=)` (given tensors, the way a trained model is checked) cost ~2× the plain
+  traced run: it drew the other tensors again on every call, and `torch.manual_seed` with them,
+  which while CUDA is not initialised queues a lazy `torch.cuda.manual_seed_all` that formats the
+  whole stack (`traceback.format_frame_summary` for every frame, and `linecache`'s `stat` of
+  each frame's file). The drawn tensors depend only on which names are given, so they are drawn
+  once and reused; a given tensor that fits its declaration is accepted with a few attribute reads,
+  and what is wrong, and where, is worked out only for one that does not.
+- Load and check of a 384-layer stack cost more than twice 192 layers: CPython's collector made
+  full passes over every object in the process (torch's included) as the analysis grew, though
+  nothing built is garbage. `load_spec` and `analyze` now run with the collector paused
+  (`tracer/core/gcpause.py`); `benchmarks/growth.py` prints load + check at 96, 192 and 384 layers.
 - At GPT-2 size the run is the kernels (matmul, softmax, masked_fill on (8, 12, 512, 512)); the
   interpreter frees every tensor, inner ones too, right after its last reader.
 - Meta runs: the first meta op of a process loads torch's meta registrations (~0.2 s), and the

@@ -15,7 +15,7 @@ from .presentation.files import write_atomic
 from .presentation.notebook import pipeline_html
 from .presentation.trace import Trace
 from .runtime.interpreter import Plan, device_problem, torch_module
-from .runtime.tensors import create_tensors, match
+from .runtime.tensors import create_tensors, match, with_given
 from .runtime.watch import ValueRows
 from .spec.load import load_spec, load_spec_text
 from .spec.pipeline import SEED_MAX, SEED_MIN, PipelineSpec
@@ -100,16 +100,18 @@ class Pipeline:
         plan = self._plans[plan_key]
         torch = torch_module()
         given = _given(analysis, tensors, params, inputs)
+        # The drawn tensors depend only on which names are given, never on their values: drawn once,
+        # they are reused, so a run with given tensors pays neither the draws nor torch.manual_seed
+        # (which formats a stack trace per device on every call while CUDA is not initialised).
+        tensor_key = plan_key + (seed, frozenset(given))
+        if tensor_key not in self._tensors:
+            created = create_tensors(analysis, device, seed, skip=frozenset(given))
+            _remember(self._tensors, tensor_key, (created, torch.get_rng_state() if seed is not None else None))
+        created, rng_state = self._tensors[tensor_key]
+        if rng_state is not None and plan.random:
+            torch.set_rng_state(rng_state)  # training dropout sees the same RNG as a fresh run
         if given:
-            created = create_tensors(analysis, device, seed, given)
-        else:
-            tensor_key = plan_key + (seed,)
-            if tensor_key not in self._tensors:
-                created = create_tensors(analysis, device, seed)
-                _remember(self._tensors, tensor_key, (created, torch.get_rng_state() if seed is not None else None))
-            created, rng_state = self._tensors[tensor_key]
-            if rng_state is not None and plan.random:
-                torch.set_rng_state(rng_state)  # training dropout sees the same RNG as a fresh run
+            created = with_given(created, given, plan.device)
         watch = ValueRows(analysis) if check_values else None
         records, outputs, as_predicted = plan.run(created, keep_values, _both(watch, observe))
         trace = Trace(self, analysis, records, outputs, seed, keep_values, as_predicted=as_predicted)
@@ -143,8 +145,10 @@ def _given(analysis: Analysis, tensors, params, inputs) -> dict[str, Any]:
     """Every tensor given by name, checked against its declaration; all problems in one error."""
     given, problems = {}, []
     for what, section, tensors_given in (("tensors=", None, tensors), ("params=", "params", params), ("inputs=", "inputs", inputs)):
+        if not tensors_given:
+            continue
         try:
-            given.update(match(analysis, tensors_given or {}, section, what))
+            given.update(match(analysis, tensors_given, section, what))
         except TracerError as exc:
             problems += exc.diagnostics
     if problems:

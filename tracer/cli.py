@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import difflib
 import os
 import shutil
 import signal
@@ -19,7 +20,8 @@ from .diff import diff, diff_json, diff_page, format_diff
 from .presentation import outputs
 from .presentation.export import export_source
 from .presentation.files import check_output, write_atomic
-from .presentation.graphviz import chosen_renderer
+from .presentation.folding import collapse_keys
+from .presentation.graphviz import chosen_renderer, find_renderer
 from .presentation.progress import Progress
 from .runtime.interpreter import device_problem
 from .runtime.tensors import match
@@ -84,27 +86,76 @@ def _terminate_cleanly():
 
 
 class _Parser(argparse.ArgumentParser):
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("formatter_class", _Help)
+        super().__init__(*args, **kwargs)
+
     def error(self, message: str):  # argparse quotes the user's arguments: escape them like every diagnostic
         super().error(printable(message))
 
 
+class _Help(argparse.RawDescriptionHelpFormatter):
+    """``-o, --output OUT`` (argparse's default spells the value twice: ``-o OUT, --output OUT``),
+    and examples shown line by line as written."""
+
+    def _format_action_invocation(self, action: argparse.Action) -> str:
+        if not action.option_strings or action.nargs == 0:
+            return super()._format_action_invocation(action)
+        return f"{', '.join(action.option_strings)} {self._format_args(action, self._get_default_metavar_for_optional(action))}"
+
+
+FILE_HELP = "a pipeline file (YAML)"
+
+
+def _examples(*lines: str) -> str:
+    return "examples:\n" + "\n".join(f"  {line}" for line in lines)
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="tracer", description="Declare attention pipelines in YAML, trace every tensor's shape, render and check them.")
+    parser = _Parser(
+        prog="tracer",
+        description="Declare attention pipelines in YAML, trace every tensor's shape, render and check them.",
+        epilog="`tracer help COMMAND` (or `tracer COMMAND -h`) explains a command, with examples.",
+    )
     parser.add_argument("--debug", action="store_true", help="show Python tracebacks for internal errors")
     parser.add_argument("--version", action="version", version=f"tracer {_version()}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
 
-    check = commands.add_parser("check", help="validate pipelines and infer every shape without running them")
-    check.add_argument("files", nargs="+", metavar="FILE")
+    check = commands.add_parser(
+        "check",
+        help="validate pipelines and infer every shape without running them",
+        epilog=_examples(
+            "tracer check pipelines/causal_mha.yaml",
+            "tracer check pipelines/*.yaml --strict              # lint warnings fail too",
+            "tracer check pipelines/causal_mha.yaml --dim T=4096  # at other sizes",
+        ),
+    )
+    check.add_argument("files", nargs="+", metavar="FILE", help="pipeline files (YAML); every error of each is reported")
     check.add_argument("--strict", action="store_true", help="treat warnings (lints) as errors")
     _dims_option(check)
     check.set_defaults(handler=_check)
 
-    run = commands.add_parser("run", help="run a pipeline on torch and print every tensor's record")
-    run.add_argument("file", metavar="FILE")
+    run = commands.add_parser(
+        "run",
+        help="run a pipeline on torch and print every tensor's record",
+        epilog=_examples(
+            "tracer run pipelines/causal_mha.yaml",
+            "tracer run pipelines/causal_mha.yaml --values scores           # one tensor's values",
+            "tracer run pipelines/causal_mha.yaml --device meta --dim T=65536  # shapes only, nothing allocated",
+            "tracer run pipelines/causal_mha.yaml --json -o trace.json",
+            "tracer run pipelines/causal_mha.yaml --collapse 'attention core'  # one row for the group",
+        ),
+    )
+    run.add_argument("file", metavar="FILE", help=FILE_HELP)
     _dims_option(run)
     run.add_argument("--seed", type=int, help="override the pipeline's seed")
-    run.add_argument("--values", action="store_true", help="keep and print tensor values")
+    run.add_argument(
+        "--values",
+        nargs="?",
+        const="",
+        metavar="ID",
+        help="keep and print tensor values; with ID (after FILE), only that tensor's (--json keeps every tensor's)",
+    )
     run.add_argument("--json", action="store_true", help="print the trace as JSON")
     run.add_argument(
         "-o",
@@ -123,6 +174,13 @@ def _parser() -> argparse.ArgumentParser:
         type=_positive,
         metavar="N",
         help="fit the table in N columns: long ids and ops are elided, shapes never (default: the terminal's width; none in a file or a pipe)",
+    )
+    run.add_argument(
+        "--collapse",
+        action="append",
+        default=[],
+        metavar="GROUP",
+        help="show a group as one row, as render --collapse draws it as one node: a group name, a group path or a glob; repeatable",
     )
     run.add_argument("--device", default="cpu", type=_device, help="torch device: cpu, cuda, meta (default: cpu)")
     run.add_argument(
@@ -151,8 +209,16 @@ def _parser() -> argparse.ArgumentParser:
     )
     run.set_defaults(handler=_run)
 
-    render = commands.add_parser("render", help="draw the dataflow with shapes on every edge (svg, png, pdf or dot)")
-    render.add_argument("file", metavar="FILE")
+    render = commands.add_parser(
+        "render",
+        help="draw the dataflow with shapes on every edge (svg, png, pdf, dot, or the html report)",
+        epilog=_examples(
+            "tracer render pipelines/causal_mha.yaml -o mha.svg",
+            "tracer render pipelines/causal_mha.yaml --values -o report.html  # the interactive report",
+            "tracer render pipelines/encoder_stack.yaml --collapse 'layers/*' -o stack.svg",
+        ),
+    )
+    render.add_argument("file", metavar="FILE", help=FILE_HELP)
     render.add_argument(
         "-o",
         "--output",
@@ -173,6 +239,7 @@ def _parser() -> argparse.ArgumentParser:
         "--expand", action="store_true", help="draw every copy of a repeated block (default: the first copy and one ×N node for the rest)"
     )
     render.add_argument("--device", default="cpu", type=_device, help="torch device for the run (meta: no memory)")
+    render.add_argument("--seed", type=int, help="override the pipeline's seed (the values --values shows)")
     render.add_argument(
         "--rankdir", choices=("TB", "LR"), default="TB", help="the diagram's direction: TB top to bottom (default), LR left to right"
     )
@@ -202,8 +269,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     render.set_defaults(handler=_render)
 
-    export = commands.add_parser("export", help="write the pipeline as a standalone PyTorch module (nn.Module source)")
-    export.add_argument("file", metavar="FILE")
+    export = commands.add_parser(
+        "export",
+        help="write the pipeline as a standalone PyTorch module (nn.Module source)",
+        epilog=_examples("tracer export pipelines/causal_mha.yaml -o causal_mha.py"),
+    )
+    export.add_argument("file", metavar="FILE", help=FILE_HELP)
     export.add_argument("-o", "--output", metavar="OUT", type=_output_name, help="the .py file to write, atomically (default: stdout)")
     _dims_option(export)
     export.set_defaults(handler=_export)
@@ -211,7 +282,7 @@ def _parser() -> argparse.ArgumentParser:
     imported = commands.add_parser(
         "import",
         help="write a PyTorch module as a pipeline file (runs MODULE:FACTORY: your own code)",
-        epilog="example: tracer import mymodel:make_attention --args '[64, 4]' --input x=2,16,64 -o attention.yaml",
+        epilog=_examples("tracer import mymodel:make_attention --args '[64, 4]' --input x=2,16,64 -o attention.yaml"),
     )
     imported.add_argument("target", metavar="MODULE:FACTORY", help="a Python import path and a callable returning the nn.Module")
     imported.add_argument("--args", default="[]", metavar="JSON", help="the factory's arguments: a JSON list, or an object of keywords")
@@ -232,9 +303,11 @@ def _parser() -> argparse.ArgumentParser:
     compared = commands.add_parser(
         "diff",
         help="compare two pipelines: steps, shapes, params, FLOPs and peak memory",
-        epilog="example: tracer diff a.yaml b.yaml --values",
+        epilog=_examples(
+            "tracer diff pipelines/lint_examples/scale_mismatch.yaml pipelines/lint_examples/fixed/scale_mismatch.yaml --values"
+        ),
     )
-    compared.add_argument("files", nargs=2, metavar="FILE")
+    compared.add_argument("files", nargs=2, metavar="FILE", help="the two pipeline files (YAML), the first as the baseline")
     compared.add_argument("--values", action="store_true", help="also run both (seed 0) and name the first tensor whose values differ")
     compared.add_argument("--json", action="store_true", help="print the differences as JSON")
     compared.add_argument(
@@ -242,10 +315,26 @@ def _parser() -> argparse.ArgumentParser:
     )
     compared.set_defaults(handler=_diff)
 
-    schema = commands.add_parser("schema", help="print the JSON Schema of the pipeline format (for editors: see docs/format.md)")
+    schema = commands.add_parser(
+        "schema",
+        help="print the JSON Schema of the pipeline format, for editors",
+        epilog=_examples(
+            "tracer schema > pipeline.schema.json   # then, atop a pipeline: # yaml-language-server: $schema=pipeline.schema.json",
+            "tracer schema --path",
+        ),
+    )
     schema.add_argument("--path", action="store_true", help="print where the installed schema file is instead, for a $schema line")
     schema.set_defaults(handler=_schema)
+
+    helped = commands.add_parser("help", help="show this help, or a command's: tracer help run", epilog=_examples("tracer help render"))
+    helped.add_argument("topic", nargs="?", metavar="COMMAND", choices=sorted(commands.choices), help="the command to explain")
+    helped.set_defaults(handler=lambda args: _help(parser, commands, args.topic))
     return parser
+
+
+def _help(parser: argparse.ArgumentParser, commands, topic: str | None) -> int:
+    (commands.choices[topic] if topic else parser).print_help()
+    return 0
 
 
 def _quiet_option(parser: argparse.ArgumentParser) -> None:
@@ -296,6 +385,11 @@ def _run(args) -> int:
 
     pipeline = _pipeline_to_run(args)
     analysis = pipeline.check(dict(args.dim))
+    keep_values = args.values is not None
+    if args.values:
+        _check_record_id(analysis, args.values, args.file)
+    groups = list(dict.fromkeys(node.step.group for node in analysis.nodes.values() if node.step.group))
+    collapse_keys(groups, tuple(args.collapse), args.file)  # an unknown group, before the run
     if args.output:
         check_output(args.output, _reads(args, analysis), args.file)  # before the run: never the files it reads
     params = _weights(args, pipeline, analysis) if args.weights or args.weights_map else None
@@ -303,7 +397,7 @@ def _run(args) -> int:
         trace = pipeline.run(
             dims=dict(args.dim),
             seed=args.seed,
-            keep_values=args.values,
+            keep_values=keep_values,
             device=args.device,
             max_memory=args.max_memory,
             observe=_with_progress(None, progress),
@@ -313,19 +407,31 @@ def _run(args) -> int:
     for warning in trace.analysis.warnings + list(trace.value_warnings):
         print(warning, file=sys.stderr)
     if args.output:
-        text = trace.to_json(values=args.values) if args.json else _table(trace, args, args.width) + "\n" + trace.peak_line()
+        text = trace.to_json(values=keep_values) if args.json else _table(trace, args, args.width) + "\n" + trace.peak_line()
         written = write_atomic(args.output, text + chr(10), error_file=args.file, reads=_reads(args, analysis))
         print(f"wrote {printable(written)}", file=sys.stderr)
         return 0
     if args.json:
-        print(trace.to_json(values=args.values))
+        print(trace.to_json(values=keep_values))
         return 0
     print(_table(trace, args, args.width or _terminal_width()))
     print(trace.peak_line())
-    if args.values:
-        for record in trace.records:
-            print(f"\n{record.id} {record.symbolic}:\n{record.tensor}")
+    shown = [trace[args.values]] if args.values else trace.records if keep_values else []
+    for record in shown:
+        print(f"\n{record.id} {record.symbolic}:\n{record.tensor}")
     return 0
+
+
+def _check_record_id(analysis, record_id: str, file: str) -> None:
+    """``--values ID`` names a tensor of the run: before anything runs, a name that is none says so."""
+    if analysis.meta(record_id) is not None:
+        return
+    names = list(analysis.metas) + [name for name in analysis.nodes if name not in analysis.metas]
+    close = difflib.get_close_matches(record_id, names, n=1)
+    hint = f"; did you mean '{close[0]}'?" if close else " (`tracer run FILE` lists them)"
+    raise TracerError(
+        Diagnostic(file, None, "unknown-tensor", f"--values {printable(record_id)!r}: no tensor of this run has that id{hint}")
+    )
 
 
 def _reads(args, analysis) -> list[str]:
@@ -393,7 +499,7 @@ def _with_progress(observe, progress):
 
 
 def _table(trace, args, width: int | None) -> str:
-    return trace.table(width=width, depth=args.depth, expand=args.expand)
+    return trace.table(width=width, depth=args.depth, expand=args.expand, collapse=args.collapse)
 
 
 def _terminal_width() -> int | None:
@@ -446,12 +552,16 @@ def _draw(args) -> int:
     if args.values and args.device == "meta":
         raise TracerError(Diagnostic(args.file, None, "values-on-meta", "--values needs real data: drop --device meta (or use cpu/cuda)"))
 
+    if fmt.name != "dot":  # before the run: without a renderer, say how to get one at once
+        find_renderer(args.file, "the html report" if fmt.name == "html" else fmt.name)
     pipeline = _load_unchecked(args.file)
     analysis = pipeline.check(dict(args.dim))
     check_output(output, _reads(args, analysis), args.file)  # before the run: never the files it reads
     with _running(analysis, args.quiet) as progress:
         observe = _with_progress(None, progress)
-        trace = pipeline.run(dims=dict(args.dim), device=args.device, keep_values=args.values, observe=observe, check_values=True)
+        trace = pipeline.run(
+            dims=dict(args.dim), device=args.device, seed=args.seed, keep_values=args.values, observe=observe, check_values=True
+        )
     options = outputs.Options(
         collapse=tuple(args.collapse),
         expand=args.expand,

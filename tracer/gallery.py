@@ -9,6 +9,7 @@ from __future__ import annotations
 import glob
 import sys
 from pathlib import Path
+from typing import NamedTuple
 
 from .api import Pipeline
 from .core.errors import TracerError
@@ -22,6 +23,30 @@ from .spec.load import load_spec
 # Pipelines that also get an interactive HTML report with values (heatmaps): the tutorials'
 # sentence, a causal model and a sliding-window one. A path not in the folder is skipped.
 REPORTS = ("seeds/000_encoder_block.yaml", "causal_mha.yaml", "models/mistral_sliding_window.yaml")
+# Pipelines that fail on purpose (the lint examples' error): the gallery shows their error as what
+# tracer reports, labelled so that nobody reading `make demo` takes it for a broken build.
+DELIBERATE = ("lint_examples/view_non_contiguous.yaml",)
+
+
+class Built(NamedTuple):
+    """What one gallery build wrote, and what it skipped."""
+
+    pictures: int
+    modules: int
+    reports: int
+    deliberate: int  # errors on purpose (DELIBERATE), shown and skipped
+    failed: int  # other pipelines that did not load or run
+
+    def summary(self, index: Path) -> str:
+        made = [_count(self.pictures, "diagram"), _count(self.modules, "PyTorch module"), _count(self.reports, "report")]
+        shown = f", {_count(self.deliberate, 'deliberate error')} shown" if self.deliberate else ""
+        skipped = f"; {self.failed} skipped with errors (above)" if self.failed else ""
+        return f"gallery: {', '.join(made)}{shown}{skipped} — see {index}"
+
+
+def _count(n: int, thing: str) -> str:
+    return f"{n} {thing}{'' if n == 1 else 's'}"
+
 
 # Imported pipelines (``tracer import``, pipelines/imported/modules.py) and the hand-written
 # pipeline each stands beside: the README shows ``tracer diff`` between them.
@@ -71,7 +96,6 @@ def _export_one(path: Path, py: Path) -> str:
     except TracerError as exc:
         print(f"not exported {path}:\n{exc}", file=sys.stderr)
         return ""
-    print(f"wrote {py}")
     return f" · [PyTorch module]({py.name})"
 
 
@@ -104,31 +128,34 @@ def _run(pipeline):
         return pipeline.run(device="cpu")
 
 
-def build(root: Path, out: Path) -> int:
+def build(root: Path, out: Path) -> Built:
     out.mkdir(parents=True, exist_ok=True)
-    lines, failed = [], 0
+    lines, counts = [], dict.fromkeys(Built._fields, 0)
     for path in pipeline_files(root):
-        name = gallery_name(path, root)
+        name, where = gallery_name(path, root), path.relative_to(root).as_posix()
         try:
             about = render_one(path, out / f"{name}.svg")
         except TracerError as exc:
-            print(f"skipped {path}:\n{exc}", file=sys.stderr)
-            failed += 1
+            deliberate = where in DELIBERATE
+            label = "— a deliberate error, what tracer reports for it (not a failure of the demo)" if deliberate else "(an error)"
+            print(f"skipped {path} {label}:\n{exc}", file=sys.stderr)
+            counts["deliberate" if deliberate else "failed"] += 1
             continue
-        print(f"wrote {out / name}.svg")
+        counts["pictures"] += 1
         report = _export_one(path, out / f"{name}.py")
-        if path.relative_to(root).as_posix() in REPORTS:
+        counts["modules"] += bool(report)
+        if where in REPORTS:
             report_one(path, out / f"{name}.html")
-            print(f"wrote {out / name}.html")
+            counts["reports"] += 1
             report += f" · [interactive report]({name}.html)"
-        lines.append(f"- **{path.relative_to(root).as_posix()}** — {about}{report}\n\n  ![{name}]({name}.svg)\n")
+        lines.append(f"- **{where}** — {about}{report}\n\n  ![{name}]({name}.svg)\n")
     write_atomic(out / "README.md", (HEADER + "\n".join(lines) + _imported_section(root, out)).encode())
     made = {f"{gallery_name(p, root)}.{kind}" for p in pipeline_files(root) for kind in ("svg", "html", "py")}
     made |= {_diff_page_name(imported, root) for _, imported in IMPORTED}
     for stale in [*out.glob("*.svg"), *out.glob("*.html"), *out.glob("*.py")]:  # files of pipelines that were removed or renamed
         if stale.name not in made:
             stale.unlink()
-    return failed
+    return Built(**counts)
 
 
 def _imported_section(root: Path, out: Path) -> str:
@@ -170,7 +197,8 @@ def main(argv: list[str] | None = None) -> int:
     except TracerError as exc:
         print(exc, file=sys.stderr)
         return 1
-    build(Path(args[0]), Path(args[1]))
+    out = Path(args[1])
+    print(build(Path(args[0]), out).summary(out / "README.md"))
     return 0  # skipped files are reported, not fatal: others may be mid-edit
 
 

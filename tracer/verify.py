@@ -347,12 +347,17 @@ def against_module(
         raise TypeError(f"expected a path or a tracer.Pipeline, got {type(pipeline).__name__}")
     trace = pipeline.run(dims=dims, seed=seed, keep_values=True, params=weights, inputs=inputs)
     captured: dict[str, Any] = {}
-    hooks = [
-        sub.register_forward_hook(lambda _m, _args, out, name=name: captured.setdefault(name, _first_tensor(out)))
-        for name, sub in module.named_modules()
-        if name
-    ]
+
+    def capture(name: str):
+        def hook(_module, _args, out) -> None:  # a hook that returns something replaces the submodule's output
+            captured.setdefault(name, _first_tensor(out))
+
+        return hook
+
+    hooks = [sub.register_forward_hook(capture(name)) for name, sub in module.named_modules() if name]
     args = [_tensor(trace, name) for name in pipeline.spec.inputs]
+    if call is None:
+        _check_call(trace, module, list(pipeline.spec.inputs))
     try:
         module.eval()
         result = call(module, *args) if call is not None else module(*args)  # grad on: fused fast paths would skip the hooks
@@ -373,6 +378,26 @@ def against_module(
         f"'{trace.name}' vs {type(module).__name__}: max abs difference per output {shown} > atol {atol:g}; "
         + _divergence(trace, captured, names or {}, atol)
     )
+
+
+def _check_call(trace, module, names: list[str]) -> None:
+    """The module's forward must accept the pipeline's inputs, in declaration order; otherwise say
+    which inputs those are and how to pass them (``call=``), before torch raises from inside it."""
+    import inspect
+
+    try:
+        signature = inspect.signature(module.forward)
+    except (TypeError, ValueError):  # no signature to read (a builtin forward): let the call speak
+        return
+    try:
+        signature.bind(*names)
+    except TypeError as exc:
+        shapes = ", ".join(f"{name} {trace[name].symbolic}" for name in names)
+        raise VerificationError(
+            f"'{trace.name}' declares {len(names)} input{'s' if len(names) != 1 else ''} ({shapes}), passed in that order, "
+            f"but {type(module).__name__}.forward{signature} cannot take them ({exc}); say how to call it with "
+            f"call=lambda module, {', '.join(names)}: module(...)"
+        ) from None
 
 
 def _first_tensor(out):

@@ -35,3 +35,26 @@ def test_quickstart_pipeline_runs_as_documented(tmp_path):
     t = tracer.run(path, dims={"T": 8})
     assert (t["scores"].shape, t["scores"].symbolic) == ((8, 8), "(T, T)")
     assert (t["keys_t"].contiguous, t["keys_t"].view_of) == (False, "keys")
+
+
+def test_no_doc_cites_a_path_that_only_exists_on_one_machine():
+    """A reader has the repository, not the developers' machines: no absolute path outside it."""
+    docs = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    cited = {
+        (doc.name, path)
+        for doc in docs
+        for path in re.findall(r"(?<![\w.:/])/(?:work|home|root|Users|tmp|mnt)/[\w./-]*", doc.read_text())
+    }
+    assert not cited
+
+
+def test_testing_md_describes_the_lint_examples_as_they_are():
+    """'one file per lint ... and view_non_contiguous.yaml, an error on purpose': no count to go stale."""
+    from tracer.analysis.lints import LINTS
+
+    text = (ROOT / "docs/testing.md").read_text()
+    assert "one file per [lint](lints.md) (each passes,\nwith its warning) and `view_non_contiguous.yaml`, an error on purpose" in text
+    examples = {p.stem for p in (ROOT / "pipelines/lint_examples").glob("*.yaml")}
+    assert examples == {lint.example for lint in LINTS.values()} | {"view_non_contiguous"}
+    errors = [p.stem for p in (ROOT / "pipelines/lint_examples").glob("*.yaml") if tracer_cli("check", p).returncode]
+    assert errors == ["view_non_contiguous"]

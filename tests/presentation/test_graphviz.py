@@ -105,7 +105,9 @@ def test_the_environment_and_the_option_name_the_renderer(monkeypatch, no_render
 def test_a_renderer_that_is_not_there_is_one_located_error(tmp_path):
     done = tracer_cli("render", CAUSAL, "-o", "m.svg", "--dot", str(tmp_path / "no-such-dot"), cwd=tmp_path)
     assert done.returncode == 1 and done.stderr.count("\n") == 1
-    assert "error[no-renderer]" in done.stderr and "no-such-dot" in done.stderr and "pip install graphviz-pure" in done.stderr
+    assert (
+        "error[no-renderer]" in done.stderr and "no-such-dot" in done.stderr and "pip install 'attention-tracer[diagrams]'" in done.stderr
+    )
     assert list(tmp_path.iterdir()) == []
 
 

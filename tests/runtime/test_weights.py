@@ -98,3 +98,36 @@ def test_a_file_that_is_not_weights_is_a_located_error(tmp_path):
     (tmp_path / "w.pt").write_text("not a checkpoint")
     done = tracer_cli("run", CAUSAL, "--weights", tmp_path / "w.pt")
     assert done.returncode == 1 and "error[weights-file]: cannot read weights" in done.stderr
+
+
+TRAINING_DROPOUT = """\
+name: drop
+dims: {T: 4, D: 8}
+seed: 7
+inputs:
+  x: {shape: [T, D], init: randn}
+params:
+  w: {shape: [D, D], init: randn}
+steps:
+  - {id: y, op: linear, input: x, weight: w}
+  - {id: dropped, op: dropout, p: 0.5, training: true}
+"""
+
+
+def test_runs_with_given_tensors_draw_the_others_once_and_replay_the_dropout_stream(monkeypatch):
+    """A run that gives tensors draws the rest once, as the file seeds them; each later run reuses them,
+    and training dropout sees the random stream a fresh run would, so the runs agree bitwise."""
+    x = torch.randn(4, 8)
+    torch.manual_seed(7)  # the file's seed; x is given, so w is the first draw
+    w = torch.randn(8, 8)
+    expected = torch.nn.functional.dropout(x @ w.T, 0.5, training=True)
+    pipeline = tracer.loads(TRAINING_DROPOUT)
+    first = pipeline.run(inputs={"x": x}, keep_values=True)
+    drawn = []
+    original = tracer.api.create_tensors
+    monkeypatch.setattr(tracer.api, "create_tensors", lambda *a, **k: drawn.append(1) or original(*a, **k))
+    torch.rand(100)  # the caller's own draws between runs change nothing
+    later = pipeline.run(inputs={"x": x.clone()})
+    assert not drawn
+    assert torch.equal(first["w"].tensor, w) and (expected == 0).any()
+    assert torch.equal(first.outputs["dropped"], expected) and torch.equal(later.outputs["dropped"], expected)

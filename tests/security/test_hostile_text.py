@@ -79,7 +79,7 @@ def test_hostile_text_renders_inert_svg_in_files_notebooks_and_the_gallery(tmp_p
     assert_inert_svg(tracer.load(src / "h1.yaml").run(device="meta")._repr_html_().encode())
     from tracer.gallery import build
 
-    assert build(src, tmp_path / "gallery") == 0
+    assert build(src, tmp_path / "gallery").failed == 0
     for svg in (tmp_path / "gallery").glob("*.svg"):
         assert_inert_svg(svg.read_bytes())
     readme = (tmp_path / "gallery" / "README.md").read_text()

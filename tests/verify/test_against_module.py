@@ -71,3 +71,43 @@ def test_an_exported_module_points_at_the_block_copy_that_differs(tmp_path):
         module.layers[3].b_1 += 1.0
     with pytest.raises(verify.VerificationError, match=r"first recorded tensor that differs is 'layers/3/out' vs submodule 'layers.3'"):
         verify.against_module(pipeline, module, weights=params)
+
+
+class CrossAttention(torch.nn.Module):
+    """nn.MultiheadAttention over queries and a memory; the padding goes by keyword, so forward takes
+    two of the three inputs cross_attention.yaml declares."""
+
+    def __init__(self, d_model: int, heads: int):
+        super().__init__()
+        self.attn = torch.nn.MultiheadAttention(d_model, heads, batch_first=True)
+
+    def forward(self, queries, memory, *, key_padding_mask=None):
+        return self.attn(queries, memory, memory, key_padding_mask=key_padding_mask, need_weights=False)[0]
+
+
+CROSS_MAP = {
+    "attn.in_proj_weight": ["W_q", "W_k", "W_v"],
+    "attn.in_proj_bias": ["b_q", "b_k", "b_v"],
+    "attn.out_proj.weight": "W_o",
+    "attn.out_proj.bias": "b_o",
+}
+
+
+def test_a_forward_that_takes_other_inputs_names_the_pipelines_and_suggests_call():
+    pipeline = PIPELINES / "cross_attention.yaml"
+    torch.manual_seed(2)
+    module = CrossAttention(8, 2)
+    params = weights.rename(module.state_dict(), CROSS_MAP)
+    with pytest.raises(verify.VerificationError) as info:
+        verify.against_module(pipeline, module, weights=params)
+    message = str(info.value)
+    assert message.startswith(
+        "'cross_attention' declares 3 inputs (x_q (B, T_q, d_model), x_kv (B, T_kv, d_model), pad_mask (B, 1, 1, T_kv))"
+    )
+    assert "CrossAttention.forward(queries, memory, *, key_padding_mask=None) cannot take them (too many positional arguments)" in message
+    assert message.endswith("call=lambda module, x_q, x_kv, pad_mask: module(...)")
+    # the suggestion, followed; MultiheadAttention returns a tuple, which the submodule hooks must leave alone
+    diffs = verify.against_module(
+        pipeline, module, weights=params, call=lambda module, x_q, x_kv, pad_mask: module(x_q, x_kv, key_padding_mask=~pad_mask[:, 0, 0])
+    )
+    assert diffs["out"] <= 1e-5

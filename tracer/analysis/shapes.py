@@ -15,6 +15,7 @@ from typing import Any
 from ..core import dimexpr
 from ..core.dtypes import DTYPE_BYTES, DTYPE_MAX, fits
 from ..core.errors import Diagnostic, TracerError, merge_copies
+from ..core.gcpause import gc_paused
 from ..core.layout import Meta, fresh, with_root
 from ..core.symbolic import Dim, DimAlgebra, resolve
 from ..spec.expand import expand_blocks
@@ -23,7 +24,7 @@ from ..spec.load import dim_error
 from ..spec.pipeline import PipelineSpec, TensorDecl, tensor_dtype
 from ..spec.source import SourceMap
 from ..steps.contract import Composite, Outputs, Shape
-from ..steps.rules import StepError
+from ..steps.rules import DimCause, StepError
 from . import costs, positions, roles
 from .attention import find_sites
 from .expect import Expectation, check_expectations
@@ -188,6 +189,7 @@ class ShapeContext:
             raise StepError(exc.code, str(exc), field) from None
 
 
+@gc_paused
 def analyze(pipeline: PipelineSpec, source: SourceMap, dims: Mapping[str, int] | None = None) -> Analysis:
     """Expand, order and infer every step of ``pipeline`` at ``dims`` (default: the file's)."""
     alg = _algebra(pipeline, source, dims or {})
@@ -209,6 +211,7 @@ def analyze(pipeline: PipelineSpec, source: SourceMap, dims: Mapping[str, int] |
     if not graph.diagnostics:
         for step_id, node in graph.nodes.items():
             nodes[step_id] = pass_.infer(node)
+        pass_.diagnostics += pass_.cause_errors()
     outputs = _outputs(pipeline, graph, source, pass_.diagnostics)
     expectations = tuple(Expectation(name, expected, expect_dims.get(name, alg)) for name, expected in pipeline.expect.items())
     analysis = Analysis(
@@ -263,6 +266,19 @@ class _ShapePass:
         self.diagnostics: list[Diagnostic] = []
         self.shapes: dict[tuple, tuple[Dim, ...]] = {}  # (dims, declaration, section) -> shape: block copies share declarations
         self.values: dict[str, str] = {}  # composite step id -> its last inner record
+        self.causes: dict[DimCause, list[str]] = {}  # a derived dim that made steps fail -> those steps
+
+    def cause_errors(self) -> list[Diagnostic]:
+        """One error at the line of ``dims:`` that defines each dim that made steps fail: the
+        steps' own errors point where it shows, this one where to fix it."""
+        found = []
+        for cause, steps in self.causes.items():
+            written = self.pipeline.dims[cause.name]
+            needs = f"step '{steps[0]}' needs" if len(steps) == 1 else f"steps {', '.join(repr(s) for s in steps)} need"
+            fix = f": write `{cause.name}: {cause.written}`" if cause.written else ""
+            message = f"{cause.name}: {written} is {self.alg.values[cause.name]}, but {needs} {cause.name} = {cause.needed}{fix}"
+            found.append(self.source.error(("dims", cause.name), "dim-value", message, prefer_key=True))
+        return found
 
     def bindings(self, alg: DimAlgebra) -> str:
         return "[" + ", ".join(f"{k}={v}" for k, v in alg.values.items()) + "]" if alg.values else ""
@@ -339,6 +355,8 @@ class _ShapePass:
         except StepError as exc:
             message = " ".join(filter(None, (exc.message, self.bindings(ctx.alg)))) + (f" — {exc.hint}" if exc.hint else "")
             self.diagnostics.append(self.source.error(("steps", i) + ((exc.field,) if exc.field else ()), exc.code, message, step.id))
+            if exc.cause is not None and node.dims is self.alg and exc.cause.name in self.pipeline.dims:
+                self.causes.setdefault(exc.cause, []).append(step.id)
             return node
         form, made = _made(step, result)
         large = next(filter(None, (too_large(meta.sizes, meta.dtype) for _, _, meta in made)), None)

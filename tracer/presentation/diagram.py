@@ -8,7 +8,6 @@ be snapshot-tested.
 
 from __future__ import annotations
 
-import fnmatch
 import html
 from collections import Counter
 from collections.abc import Iterable
@@ -21,7 +20,7 @@ from ..core.errors import Diagnostic, TracerError
 from ..core.formatting import human_bytes
 from ..runtime.records import TensorRecord
 from ..steps.contract import STEP_KINDS
-from .folding import Fold, repeat_folds
+from .folding import Fold, collapse_keys, repeat_folds, within
 from .graphviz import render_bytes
 from .heatmap import node_rows
 
@@ -103,7 +102,7 @@ class _Builder:
         self.nodes = self.analysis.nodes
         self.group_of = {s: node.step.group for s, node in self.nodes.items() if node.step.group}
         self.groups = list(dict.fromkeys(self.group_of.values()))
-        self.collapsed = self._collapse_keys(collapse)
+        self.collapsed = collapse_keys(self.groups, collapse, self.analysis.source.file)
         folds = repeat_folds(self.analysis)
         self.repeated = {f.key: f for f in folds.values()}  # every repeated block: marker key -> its fold
         self.repeats = {} if expand else folds
@@ -115,35 +114,12 @@ class _Builder:
         self.folded_params = Counter(key for t, key in self.fold.items() if t in self.analysis.pipeline.params)
         self.marks: set[str] = set()
 
-    def _collapse_keys(self, collapse: tuple[str, ...]) -> list[str]:
-        """Each ``--collapse`` entry names the nodes it folds. Group names are paths ('layers/3/attn'
-        is nested in 'layers/3', which is in 'layers'), and an entry is a group or a path prefix
-        ('layers' folds all 48 copies of a block into one node, 'layers/3' one copy), or else a
-        glob matched segment by segment ('layers/*': one node per copy)."""
-        keys: list[str] = []
-        for pattern in collapse:
-            matched = [pattern] if any(_within(g, pattern) for g in self.groups) else _glob_prefixes(self.groups, pattern)
-            if not matched:
-                tops = list(dict.fromkeys(g.split("/")[0] for g in self.groups))
-                known = ", ".join(f"'{g}'" for g in tops) or "none"
-                raise TracerError(
-                    Diagnostic(
-                        self.analysis.source.file,
-                        None,
-                        "unknown-group",
-                        f"--collapse {pattern!r}: no step has that group (groups: {known}; "
-                        "a group path such as 'layers/3' or a glob such as 'layers/*' also works)",
-                    )
-                )
-            keys += matched
-        return list(dict.fromkeys(keys))
-
     def _folds(self) -> dict[str, str]:
         """Tensor id -> the collapse key whose node draws it: steps by their group (the outermost
         key wins), params when every step that reads them folds into the same node."""
         fold = {}
         for step_id, group in self.group_of.items():
-            keys = [k for k in self.collapsed if _within(group, k)]
+            keys = [k for k in self.collapsed if within(group, k)]
             if keys:
                 fold[step_id] = min(keys, key=len)
         covered = {f.key for f in self.repeat_nodes.values() if self._collapsed_whole(f, fold)}
@@ -427,23 +403,6 @@ def _graph_attrs(trace: Trace) -> dict[str, str]:
         "bgcolor": "white",
         "pad": "0.2",
     }
-
-
-def _within(group: str, key: str) -> bool:
-    """``group`` is ``key`` or nested under it ('layers/3/attn' is within 'layers' and 'layers/3')."""
-    return group == key or group.startswith(key + "/")
-
-
-def _glob_prefixes(groups: list[str], pattern: str) -> list[str]:
-    """The group path prefixes whose segments match the glob's, in order: 'layers/*' gives
-    'layers/0', 'layers/1', ... (from 'layers/0/attn' too); a '*' never crosses a '/'."""
-    parts = pattern.split("/")
-    found = {}
-    for group in groups:
-        segments = group.split("/")
-        if len(segments) >= len(parts) and all(fnmatch.fnmatchcase(s, p) for s, p in zip(segments, parts)):
-            found["/".join(segments[: len(parts)])] = True
-    return list(found)
 
 
 def _count(n: int, noun: str) -> str:

@@ -1,5 +1,6 @@
 """Repeated blocks at a glance: copy 0 of a ``repeat:`` block is shown in full, the other copies
-as one "×N" marker. Diagrams and tables both fold this way unless asked to ``expand``.
+as one "×N" marker. Diagrams and tables both fold this way unless asked to ``expand``. And the
+groups that ``--collapse`` names, for both.
 
 A block with ``repeat: 48`` expands into tensors ``layers/0/...`` to ``layers/47/...``; the copies
 are identical but for their params, so drawing or listing all of them only repeats copy 0.
@@ -7,8 +8,11 @@ are identical but for their params, so drawing or listing all of them only repea
 
 from __future__ import annotations
 
+import fnmatch
 from dataclasses import dataclass
 from typing import Any
+
+from ..core.errors import Diagnostic, TracerError
 
 
 @dataclass(frozen=True)
@@ -65,3 +69,44 @@ def _outermost(tensor_id: str, prefixes: dict[str, Fold]) -> Fold | None:
         if fold is not None:
             return fold
     return None
+
+
+def collapse_keys(groups: list[str], collapse: tuple[str, ...], pipeline_file: str) -> list[str]:
+    """The groups each ``--collapse`` entry folds into one node or row. Group names are paths
+    ('layers/3/attn' is nested in 'layers/3', which is in 'layers'), and an entry is a group or a
+    path prefix ('layers' folds all 48 copies of a block into one, 'layers/3' one copy), or else a
+    glob matched segment by segment ('layers/*': one per copy)."""
+    keys: list[str] = []
+    for pattern in collapse:
+        matched = [pattern] if any(within(g, pattern) for g in groups) else _glob_prefixes(groups, pattern)
+        if not matched:
+            tops = list(dict.fromkeys(g.split("/")[0] for g in groups))
+            known = ", ".join(f"'{g}'" for g in tops) or "none"
+            raise TracerError(
+                Diagnostic(
+                    pipeline_file,
+                    None,
+                    "unknown-group",
+                    f"--collapse {pattern!r}: no step has that group (groups: {known}; "
+                    "a group path such as 'layers/3' or a glob such as 'layers/*' also works)",
+                )
+            )
+        keys += matched
+    return list(dict.fromkeys(keys))
+
+
+def within(group: str, key: str) -> bool:
+    """``group`` is ``key`` or nested under it ('layers/3/attn' is within 'layers' and 'layers/3')."""
+    return group == key or group.startswith(key + "/")
+
+
+def _glob_prefixes(groups: list[str], pattern: str) -> list[str]:
+    """The group path prefixes whose segments match the glob's, in order: 'layers/*' gives
+    'layers/0', 'layers/1', ... (from 'layers/0/attn' too); a '*' never crosses a '/'."""
+    parts = pattern.split("/")
+    found = {}
+    for group in groups:
+        segments = group.split("/")
+        if len(segments) >= len(parts) and all(fnmatch.fnmatchcase(s, p) for s, p in zip(segments, parts)):
+            found["/".join(segments[: len(parts)])] = True
+    return list(found)

@@ -58,7 +58,8 @@ def find_renderer(pipeline_file: str, fmt: str) -> str:
 def no_renderer(pipeline_file: str, fmt: str, why: str) -> TracerError:
     message = (
         f"cannot render {fmt}: {why}. Install Graphviz (Debian/Ubuntu: apt-get install graphviz; macOS: brew install graphviz; "
-        f"conda: conda install -c conda-forge graphviz), or without root `pip install graphviz-pure` (SVG and PNG), "
+        f"conda: conda install -c conda-forge graphviz), or without root tracer's `diagrams` extra, "
+        f"`pip install 'attention-tracer[diagrams]'` (it brings graphviz-pure: SVG, PNG and the HTML report), "
         f"or name a renderer with --dot PATH or {ENV}=PATH; `-o NAME.dot` writes DOT text, which needs none"
     )
     return TracerError(Diagnostic(pipeline_file, None, "no-renderer", message))

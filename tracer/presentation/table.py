@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..core.formatting import human_bytes, human_count
-from .folding import repeat_folds
+from .folding import collapse_keys, repeat_folds, within
 
 ACTIVATIONS = ("tensor", "op", "shape", "concrete", "stride", "contig", "view_of", "size", "FLOPs")
 PARAMETERS = ("parameter", "shape", "concrete", "dtype", "count", "size")
@@ -32,13 +32,16 @@ class _Folded:
     records: list
 
 
-def format_table(trace: Any, width: int | None = None, depth: int | None = None, expand: bool = False) -> str:
+def format_table(
+    trace: Any, width: int | None = None, depth: int | None = None, expand: bool = False, collapse: tuple[str, ...] = ()
+) -> str:
     """The run as text: the tensors, the parameters in their own section, totals.
 
     Copies 1..N-1 of a repeated block are one "×N" row unless ``expand``; with ``depth``, a group
-    nested deeper than that many levels is one row; ``width`` elides long ids to fit a terminal.
+    nested deeper than that many levels is one row; each group ``collapse`` names (as ``render
+    --collapse`` does) is one row; ``width`` elides long ids to fit a terminal.
     """
-    tensors, params = table_rows(trace, depth, expand)
+    tensors, params = table_rows(trace, depth, expand, collapse)
     title = f"{trace.name}  dims: " + ", ".join(f"{k}={v}" for k, v in trace.dims.items())
     lines = textwrap.wrap(title, width, subsequent_indent="  ") if width else [title]
     lines += _columns([ACTIVATIONS, *tensors], width)
@@ -60,9 +63,11 @@ def _count(n: int) -> str:
     return str(n) if n else "-"
 
 
-def table_rows(trace: Any, depth: int | None = None, expand: bool = False) -> tuple[list[tuple[str, ...]], list[tuple[str, ...]]]:
+def table_rows(
+    trace: Any, depth: int | None = None, expand: bool = False, collapse: tuple[str, ...] = ()
+) -> tuple[list[tuple[str, ...]], list[tuple[str, ...]]]:
     """The cells of the tensors' rows and of the parameters' rows (headers: ACTIVATIONS, PARAMETERS)."""
-    tensors, params = _grouped(trace, depth, expand)
+    tensors, params = _grouped(trace, depth, expand, collapse)
     return [_tensor_row(item) for item in tensors], [_param_row(item) for item in params]
 
 
@@ -75,17 +80,22 @@ def totals_line(trace: Any) -> str:
     )
 
 
-def _grouped(trace: Any, depth: int | None, expand: bool) -> tuple[list, list]:
+def _grouped(trace: Any, depth: int | None, expand: bool, collapse: tuple[str, ...] = ()) -> tuple[list, list]:
     """Records in order, split into tensors and parameters, folds replacing what they hide."""
     analysis = trace.analysis
     folds = {} if expand else repeat_folds(analysis)
-    group_of = _groups(analysis) if depth is not None else {}
+    group_of = _groups(analysis) if depth is not None or collapse else {}
+    collapsed = collapse_keys(list(dict.fromkeys(group_of.values())), collapse, analysis.source.file) if collapse else []
     tensors, params, shown = [], [], {}
     for record in trace.records:
         fold = folds.get(record.id)
         group = group_of.get(record.id)
         key = label = None
-        if group is not None and group.count("/") + 1 > depth:  # a group row holds every copy inside it
+        named = [k for k in collapsed if group is not None and within(group, k)]
+        if named:  # the outermost group named holds the record
+            key = label = min(named, key=len)
+            what = "collapsed"
+        elif group is not None and depth is not None and group.count("/") + 1 > depth:  # a group row holds every copy inside it
             key = label = "/".join(group.split("/")[:depth])
             what = "group"
         elif fold is not None:

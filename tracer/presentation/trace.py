@@ -118,10 +118,11 @@ class Trace:
     def __str__(self) -> str:
         return format_table(self)
 
-    def table(self, width: int | None = None, depth: int | None = None, expand: bool = False) -> str:
+    def table(self, width: int | None = None, depth: int | None = None, expand: bool = False, collapse: Iterable[str] = ()) -> str:
         """The run as text; ``expand`` lists every copy of a repeated block, ``depth`` folds groups
-        nested deeper than that, ``width`` fits a terminal of that many columns."""
-        return format_table(self, width, depth, expand)
+        nested deeper than that, ``collapse`` shows each group it names as one row (as
+        ``render --collapse``), ``width`` fits a terminal of that many columns."""
+        return format_table(self, width, depth, expand, tuple(collapse))
 
     def __repr__(self) -> str:
         return f"<Trace {self.name!r}: {len(self.records)} tensors, dims {self.dims}>"

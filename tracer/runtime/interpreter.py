@@ -108,7 +108,7 @@ class Plan:
         self.device_name = str(self.device)
         self.dtypes = {getattr(torch, name): name for name in DTYPE_BYTES}
         self.steps = self._compile(analysis)
-        self._inputs_cache: tuple | None = None  # (tensors dict, its values, input records, storage roots)
+        self._inputs_cache: tuple | None = None  # (names, tensors, input records, storage roots) of the last run
 
     def _compile(self, analysis: Analysis) -> tuple[Planned, ...]:
         torch = torch_module()
@@ -172,9 +172,9 @@ class Plan:
         if (
             not keep_values
             and cache is not None
-            and cache[0] is tensors
             and len(tensors) == len(cache[1])
             and all(map(is_, tensors.values(), cache[1]))
+            and tuple(tensors) == cache[0]
         ):
             records = list(cache[2])  # the same tensors as the last run: same records, same storages
             storages.roots = dict(cache[3])
@@ -183,7 +183,7 @@ class Plan:
             for name, tensor in tensors.items():
                 diverged |= self._append(records.append, self.inputs_expected[name], tensor, owner(tensor, name), keep_values, "")
             if not keep_values:
-                self._inputs_cache = (tensors, tuple(tensors.values()), tuple(records), dict(storages.roots))
+                self._inputs_cache = (tuple(tensors), tuple(tensors.values()), tuple(records), dict(storages.roots))
         append = records.append
         roots, ref = storages.roots, weakref.ref
         on_meta = self.device.type == "meta"

@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import difflib
 import math
+import weakref
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..analysis.shapes import Analysis, Declared
 from ..core.errors import Diagnostic, TracerError
@@ -24,24 +25,30 @@ from ..spec.inits import INITS, Made
 SECTIONS = ("inputs", "params")
 
 
-def create_tensors(analysis: Analysis, device: str, seed: int | None, given: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Inputs and params in declaration order, seeded exactly as the tutorials seed them; ``given``
-    tensors (checked by :func:`match`) take their places, moved to ``device``."""
+def create_tensors(analysis: Analysis, device: str, seed: int | None, skip: frozenset[str] = frozenset()) -> dict[str, Any]:
+    """Inputs and params in declaration order, seeded exactly as the tutorials seed them. The names
+    in ``skip`` (tensors the caller gives) are not drawn: they keep their places, as None, for
+    :func:`with_given`, and every other tensor is what it would be in a run that gives the same names."""
     import torch
 
-    given = given or {}
     if seed is not None:
         torch.manual_seed(seed)
     created = {}
     for declared in _declaration_order(analysis):
         name, decl = declared.name, declared.decl
-        if name in given:
-            created[name] = given[name].to(device)
+        if name in skip:
+            created[name] = None
             continue
         if decl.seed is not None:
             torch.manual_seed(decl.seed)
         created[name] = _create(declared, torch, torch.device(device))
     return created
+
+
+def with_given(created: dict[str, Any], given: dict[str, Any], device: Any) -> dict[str, Any]:
+    """``created`` (from ``create_tensors(..., skip=given)``) with the ``given`` tensors, checked by
+    :func:`match`, in their places and moved to ``device``."""
+    return {name: given[name].to(device) if name in given else tensor for name, tensor in created.items()}
 
 
 def _declaration_order(analysis: Analysis) -> list[Declared]:
@@ -65,19 +72,29 @@ def _create(declared: Declared, torch, device):
 
 def match(analysis: Analysis, given: Mapping[str, Any], section: str | None, what: str, complete: bool = False) -> dict[str, Any]:
     """``given`` by declared name, after checking every entry; ``section`` limits the names to
-    inputs or params (None: either); ``complete`` also requires every param of the pipeline."""
-    declared = _declared(analysis, section)
+    inputs or params (None: either); ``complete`` also requires every param of the pipeline.
+
+    A run may give tensors on every call, so a tensor that fits its declaration costs a few
+    attribute reads; what is wrong, and where, is worked out only for one that does not."""
+    if not given and not complete:
+        return {}
+    table = _table(analysis)
+    declared, wanted = table.keys[section], table.wanted
     found, problems, given_by = {}, [], {}
     for key, tensor in given.items():
         name = declared.get(key) or declared.get(str(key).replace(".", "/"))
         if name is None:
             problems.append(_unknown(analysis, key, declared, section, what))
             continue
+        if name not in given_by and _fits(tensor, *wanted[name]):
+            given_by[name] = key
+            found[name] = tensor.contiguous()  # as a declared tensor is: an expanded one would break a later view
+            continue
         where = "inputs" if name in analysis.pipeline.inputs else "params"
         problem = _problem(analysis, name, key, tensor, what, given_by.get(name))
         given_by.setdefault(name, key)
         if problem is None:
-            found[name] = tensor.contiguous()  # as a declared tensor is: an expanded one would break a later view
+            found[name] = tensor.contiguous()
             continue
         problems.append(analysis.source.error((where, name), "tensor-given", problem, prefer_key=True))
     if complete:
@@ -92,6 +109,37 @@ def match(analysis: Analysis, given: Mapping[str, Any], section: str | None, wha
     if problems:
         raise TracerError(problems)
     return found
+
+
+class _Table(NamedTuple):
+    keys: dict[str | None, dict[str, str]]  # section (None: either) -> every accepted key -> the declared name
+    wanted: dict[str, tuple[tuple[int, ...], Any, Any, Any]]  # name -> (sizes, dtype, torch.Tensor, torch.strided)
+
+
+_TABLES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # analysis -> its _Table (an analysis never changes)
+
+
+def _table(analysis: Analysis) -> _Table:
+    table = _TABLES.get(analysis)
+    if table is None:
+        import torch
+
+        keys = {section: _declared(analysis, section) for section in (None, *SECTIONS)}
+        wanted = {name: (d.meta.sizes, getattr(torch, d.meta.dtype), torch.Tensor, torch.strided) for name, d in analysis.declared.items()}
+        table = _TABLES[analysis] = _Table(keys, wanted)
+    return table
+
+
+def _fits(tensor, sizes: tuple[int, ...], dtype, tensor_type, strided) -> bool:
+    """A dense tensor with data of the declared shape and dtype: what :func:`_problem` finds nothing wrong with."""
+    return (
+        isinstance(tensor, tensor_type)
+        and not tensor.is_nested
+        and tensor.layout == strided
+        and not tensor.is_meta
+        and tensor.dtype is dtype
+        and tensor.shape == sizes
+    )
 
 
 def _problem(analysis: Analysis, name: str, key, tensor, what: str, earlier_key) -> str | None:

@@ -12,17 +12,20 @@ from pydantic import ValidationError
 from ..core import dimexpr
 from ..core.errors import Diagnostic, TracerError
 from ..core.fields import ID_PATTERN, RECORD_PATTERN
+from ..core.gcpause import gc_paused
 from ..core.symbolic import resolve
 from ..steps.contract import STEP_KINDS
 from .pipeline import DIM_PATTERN, Expect, PipelineSpec, TensorDecl
 from .source import SourceMap, parse_document, read_document
 
 
+@gc_paused
 def load_spec(path: str | Path) -> tuple[PipelineSpec, SourceMap]:
     data, source = read_document(path)
     return validate(data, source), source
 
 
+@gc_paused
 def load_spec_text(text: str, name: str = "<string>") -> tuple[PipelineSpec, SourceMap]:
     data, source = parse_document(text, name)
     return validate(data, source), source

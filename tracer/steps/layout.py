@@ -7,12 +7,13 @@ from typing import Literal
 
 from pydantic import Field, StrictInt, model_validator
 
+from ..core import dimexpr
 from ..core.dtypes import promote
 from ..core.fields import DimText, TensorId
 from ..core.layout import fresh, view, view_strides, with_root
 from ..core.pysource import py_tuple
 from .contract import Composite, Inner, Outputs, Slicing, StepBase, register
-from .rules import StepError, norm_dim, py_shape, show
+from .rules import DimCause, StepError, norm_dim, py_shape, show
 
 
 def _target_shape(step, x, ctx):
@@ -37,9 +38,31 @@ def _target_shape(step, x, ctx):
         target = "(" + ", ".join(str(d) for d in dims) + ")"
         concrete = "[" + ", ".join(str(d.value) for d in dims) + "]"
         raise StepError(
-            "view-shape", f"{step.op} to {target} {concrete} needs {known} elements, '{ctx.input_ids[0]}' {show(x)} has {total}", "shape"
+            "view-shape",
+            f"{step.op} to {target} {concrete} needs {known} elements, '{ctx.input_ids[0]}' {show(x)} has {total}",
+            "shape",
+            cause=_derived_cause(step.shape, dims, x, ctx),
         )
     return tuple(dims)
+
+
+def _derived_cause(texts, dims, x, ctx) -> DimCause | None:
+    """The one dim of the target written as a derived dim's name (``Dh``, defined ``d_model // 2``)
+    whose value alone keeps the element counts apart: the value it would need, and the expression
+    over the dims that has it, from the input's dims divided by the target's others (``d_model // H``)."""
+    exprs = ctx.alg.exprs
+    derived = [i for i, text in enumerate(texts) if isinstance(text, str) and text in exprs and not dimexpr.is_number(exprs[text])]
+    if len(derived) != 1:
+        return None
+    at = derived[0]
+    others = ctx.alg.product([d for i, d in enumerate(dims) if i != at])
+    total = math.prod(x.sizes)
+    if others.value == 0 or total % others.value:
+        return None
+    needed = total // others.value
+    quotient = ctx.alg.product(list(x.shape)).poly.divide(others.poly)
+    written = str(ctx.alg.make(quotient, needed)) if quotient is not None and quotient.constant is None else ""
+    return DimCause(texts[at], needed, written)
 
 
 @register

@@ -9,12 +9,22 @@ from ..core.layout import Meta
 from ..core.symbolic import Dim
 
 
-class StepError(Exception):
-    """A shape rule's complaint; the checker adds file, line, column, step and bindings."""
+class DimCause(NamedTuple):
+    """A derived dim whose value makes a step's shapes fail: with ``needed`` instead they would fit.
+    ``written`` is an expression over the dims with that value (``d_model // H``), or ''."""
 
-    def __init__(self, code: str, message: str, field: str | None = None, hint: str | None = None):
+    name: str
+    needed: int
+    written: str
+
+
+class StepError(Exception):
+    """A shape rule's complaint; the checker adds file, line, column, step and bindings, and for a
+    ``cause`` an error at the line of ``dims:`` that defines it."""
+
+    def __init__(self, code: str, message: str, field: str | None = None, hint: str | None = None, cause: DimCause | None = None):
         super().__init__(message)
-        self.code, self.message, self.field, self.hint = code, message, field, hint
+        self.code, self.message, self.field, self.hint, self.cause = code, message, field, hint, cause
 
 
 def show(meta: Meta) -> str:
@@ -57,7 +67,17 @@ def broadcast(a: Meta, b: Meta, what: str, field: str | None = None, ctx=None):
     shape = broadcast_dims(a.shape, b.shape)
     if isinstance(shape, Mismatch):
         da, db = shape
-        raise StepError("broadcast", f"{what}: {show(a)} and {show(b)} do not broadcast ({da}={da.value} vs {db}={db.value})", field)
+        small, large = (b, a) if len(b.shape) <= len(a.shape) else (a, b)
+        placed = lined_up(small.shape, large.shape)
+        hint = None
+        if placed is not None:
+            target = ", ".join(str(d) for d in placed)
+            hint = (
+                f"give the {small.symbolic} operand the axes of {large.symbolic} first, 1 where it has none: "
+                f"{small.symbolic} -> ({target}), e.g. a view step with shape: [{target}]"
+            )
+        message = f"{what}: {show(a)} and {show(b)} do not broadcast ({da}={da.value} vs {db}={db.value})"
+        raise StepError("broadcast", message, field, hint)
     pair = _coincidence(a.shape, b.shape) if ctx is not None else None
     if pair is not None:
         ctx.warn_if_different(*pair, f"{what}: {a.symbolic} and {b.symbolic} line up from the right", field or "inputs")
@@ -84,6 +104,20 @@ def trailing_weight(weight: Meta, x: Meta, name: str, field: str) -> None:
             field,
             f"a per-head weight ({trailing}) needs the heads just before the last dim: normalise before the transpose",
         )
+
+
+def lined_up(small, large) -> list | None:
+    """``small``'s dims placed under the same dims of ``large``, matched from the right (a padding
+    mask's T is the keys' axis), with 1 everywhere else: ``(B, T)`` under ``(B, H, T, T)`` is
+    ``(B, 1, 1, T)``. None when a dim of ``small`` has no place, or nothing would change."""
+    placed: list = [1] * len(large)
+    at = len(large)
+    for dim in reversed([d for d in small if d.value != 1]):
+        at = next((j for j in range(at - 1, -1, -1) if large[j].same_symbol(dim)), None)
+        if at is None:
+            return None
+        placed[at] = dim
+    return None if placed == list(small) else placed
 
 
 def require_float(meta: Meta, name: str, what: str) -> None:

@@ -1,0 +1,35 @@
+"""Building an analysis without the cyclic garbage collector looking on.
+
+Loading and checking a pipeline allocates hundreds of thousands of small objects (YAML nodes,
+pydantic models, symbolic dims, records) that all stay alive. CPython's collector runs a full pass
+over every tracked object in the process (torch's included, in a notebook) each time the number of
+objects has grown by a quarter, so with it on, checking 384 layers cost more than twice checking
+192. None of these objects is garbage while they are built, so the collector is paused for the
+build and left as the caller had it afterwards.
+"""
+
+from __future__ import annotations
+
+import functools
+import gc
+from collections.abc import Callable
+from typing import ParamSpec, TypeVar
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def gc_paused(build: Callable[P, R]) -> Callable[P, R]:
+    """``build`` with the collector off while it runs (on again after it, as before, also when it raises)."""
+
+    @functools.wraps(build)
+    def paused(*args: P.args, **kwargs: P.kwargs) -> R:
+        if not gc.isenabled():  # the caller paused it, or an outer build did
+            return build(*args, **kwargs)
+        gc.disable()
+        try:
+            return build(*args, **kwargs)
+        finally:
+            gc.enable()
+
+    return paused
