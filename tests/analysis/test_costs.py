@@ -125,6 +125,36 @@ WORKSPACES = {
         "x: {shape: [32, 256, 128], init: randn}",
         "w: {shape: [128], init: ones, dtype: bfloat16}",
     ),
+    "conv2d, a ViT patch embedding (oneDNN)": (
+        "- {id: y, op: conv2d, input: x, weight: w, bias: b, stride: 16}",
+        "x: {shape: [4, 3, 224, 224], init: randn}",
+        "w: {shape: [768, 3, 16, 16], init: randn}\nb: {shape: [768], init: randn}",
+    ),
+    "conv2d of float64 (columns)": (
+        "- {id: c, op: cast, input: x, dtype: float64}\n- {id: y, op: conv2d, weight: w, padding: 1}",
+        "x: {shape: [4, 64, 64, 64], init: randn}",
+        "w: {shape: [64, 64, 3, 3], init: randn, dtype: float64}",
+    ),
+    "conv2d of a channels-last input": (
+        "- {id: p, op: permute, input: x, dims: [0, 3, 1, 2]}\n- {id: y, op: conv2d, weight: w, padding: 1, groups: 4}",
+        "x: {shape: [4, 64, 64, 64], init: randn}",
+        "w: {shape: [64, 16, 3, 3], init: randn}",
+    ),
+    "conv1d, Whisper's strided second layer": (
+        "- {id: y, op: conv1d, input: x, weight: w, bias: b, stride: 2, padding: 1}",
+        "x: {shape: [2, 384, 3000], init: randn}",
+        "w: {shape: [384, 384, 3], init: randn}\nb: {shape: [384], init: randn}",
+    ),
+    "conv1d, same padding of an even kernel": (
+        "- {id: y, op: conv1d, input: x, weight: w, padding: same}",
+        "x: {shape: [2, 384, 3000], init: randn}",
+        "w: {shape: [384, 384, 4], init: randn}",
+    ),
+    "conv1d, one small sequence (columns)": (
+        "- {id: y, op: conv1d, input: x, weight: w, padding: 2}",
+        "x: {shape: [1, 128, 150], init: randn}",
+        "w: {shape: [512, 128, 5], init: randn}",
+    ),
     "dropout in training": ("- {id: y, op: dropout, input: x, p: 0.5, training: true}", "x: {shape: [32, 256, 128], init: randn}", ""),
 }
 

@@ -224,6 +224,34 @@ def linear(b: Builder, x: str) -> str | None:
     return b.add("linear", fields, _fresh(t.shape[:-1] + (out,), t.dtype), x)
 
 
+def conv(b: Builder, x: str) -> str | None:
+    """conv1d on (B, C, L) or conv2d on (B, C, H, W): a kernel that fits, same padding or a stride,
+    sometimes grouped per channel."""
+    t = b.tensors[x]
+    if not t.is_float or t.rank not in (3, 4) or 0 in [d.value for d in t.shape[1:]]:
+        return None
+    rng, spatial = b.rng, t.rank - 2
+    channels = t.shape[1]
+    out = channels if rng.random() < 0.3 else b.dim(rng.choice(["d_model", "Dh", "S", "H"]))
+    groups = channels.value if out == channels and rng.random() < 0.5 else 1
+    kernel = [rng.randint(1, min(d.value, 3)) for d in t.shape[2:]]
+    shape = (out, Dim(channels.value // groups, channels.value // groups)) + tuple(Dim(k, k) for k in kernel)
+    fields: dict[str, Any] = {"weight": b.declare("params", shape, t.dtype, "K")}
+    if groups > 1:
+        fields["groups"] = groups
+    if rng.random() < 0.5:
+        fields["bias"] = b.declare("params", (out,), t.dtype, "c")
+    lengths = [d for d in t.shape[2:]]
+    if rng.random() < 0.4:
+        fields["padding"] = "same"
+    else:
+        stride = rng.choice([1, 2])
+        fields["stride"] = stride
+        lengths = [Dim((d.value - k) // stride + 1, (d.value - k) // stride + 1) for d, k in zip(lengths, kernel)]
+    op = "conv1d" if spatial == 1 else "conv2d"
+    return b.add(op, fields, Tensor(t.shape[:1] + (out,) + tuple(lengths), t.dtype, t.contiguous or spatial == 1), x)
+
+
 def binary(b: Builder, x: str) -> str | None:
     """add/mul/sub/div with the tensor itself, or with a new operand that broadcasts against it."""
     t = b.tensors[x]
@@ -635,6 +663,7 @@ RULES: list[tuple[Callable, int]] = [
     (cast, 1),
     (norm, 2),
     (linear, 3),
+    (conv, 1),
     (binary, 3),
     (transpose, 2),
     (permute, 1),

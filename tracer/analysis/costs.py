@@ -20,6 +20,7 @@ from collections.abc import Callable
 from ..core.dtypes import DTYPE_BYTES
 from ..core.layout import Meta
 from ..steps.attention import Dropout, Mask, Softcap, Softmax
+from ..steps.conv import Conv1d, Conv2d
 from ..steps.einsum import Einsum, parse_equation
 from ..steps.elementwise import LayerNorm
 from ..steps.fused import Sdpa
@@ -115,6 +116,41 @@ def _linear_workspace(step, ins, outs):
     x, out = ins[0], outs[-1]
     folded = merge_copy_bytes(x, x.sizes, len(x.shape) - 1) if len(x.shape) > 2 else 0
     return folded + (out.nbytes if step.bias else 0)
+
+
+@_counts(_FLOPS, Conv1d, Conv2d)
+def _conv_flops(step, ins, outs):
+    """Every output element is a dot product over its group's input channels and the kernel taps
+    (the bias add is not counted, as for linear)."""
+    weight = ins[1]
+    return 2 * outs[-1].numel * math.prod(weight.sizes[1:])
+
+
+@_counts(_WORKSPACE, Conv1d, Conv2d)
+def _conv_workspace(step, ins, outs):
+    """oneDNN (float32, most shapes) reorders the input, the weight and the output into its blocked
+    layouts, a copy of each; torch's own kernel (other dtypes without oneDNN support on this CPU,
+    one small image) unfolds the whole batch into columns, one row of C_in x kernel taps per
+    output position. ``padding: same`` with an even kernel pads a copy of the input first."""
+    x, weight, out = ins[0], ins[1], outs[-1]
+    total = x.nbytes + weight.nbytes + out.nbytes
+    if step.padding == "same" and any(k % 2 == 0 for k in weight.sizes[2:]):
+        total += x.nbytes
+    if not _takes_onednn(step, x, weight):
+        spatial = len(weight.sizes) - 2
+        positions = math.prod(out.sizes[: -spatial - 1]) * math.prod(out.sizes[-spatial:])
+        total += positions * x.sizes[-spatial - 1] * math.prod(weight.sizes[2:]) * DTYPE_BYTES[x.dtype]
+    return total
+
+
+def _takes_onednn(step, x: Meta, weight: Meta) -> bool:
+    """torch's ``use_mkldnn`` for a CPU tensor, as far as it can be known without the CPU's ISA
+    (half and bfloat16 count as not: an upper bound where the CPU supports them)."""
+    if x.dtype != "float32":
+        return False
+    batch = x.sizes[0] if len(x.sizes) == len(weight.sizes) else 1
+    large_kernel = all(k > 3 for k in weight.sizes[2:]) and len(weight.sizes) == 4
+    return step.groups > 1 or large_kernel or batch > 1 or x.numel > 20480
 
 
 @_counts(_FLOPS, Einsum)
