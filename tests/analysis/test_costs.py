@@ -155,6 +155,22 @@ WORKSPACES = {
         "x: {shape: [1, 128, 150], init: randn}",
         "w: {shape: [512, 128, 5], init: randn}",
     ),
+    "topk along the first dim, renormalised": (
+        "- {id: r, op: topk, input: p, k: 2, dim: 0, normalize: true, outputs: [w, i]}",
+        "p: {shape: [65536, 64], init: rand}",
+        "",
+    ),
+    # arange probabilities: every token picks the same two experts, the most an expert can take
+    "moe, every token to the same experts": (
+        "- {id: r, op: topk, input: p, k: 2, outputs: [w, i]}\n- {id: y, op: moe, inputs: [h, w, i], gate_up: gu, down: dn}",
+        "h: {shape: [4096, 256], init: randn}\np: {shape: [4096, 8], init: arange}",
+        "gu: {shape: [8, 1024, 256], init: randn}\ndn: {shape: [8, 256, 512], init: randn}",
+    ),
+    "moe, tokens spread over the experts": (
+        "- {id: r, op: topk, input: p, k: 2, outputs: [w, i]}\n- {id: y, op: moe, inputs: [h, w, i], gate_up: gu, down: dn}",
+        "h: {shape: [4096, 256], init: randn}\np: {shape: [4096, 8], init: rand}",
+        "gu: {shape: [8, 1024, 256], init: randn}\ndn: {shape: [8, 256, 512], init: randn}",
+    ),
     "dropout in training": ("- {id: y, op: dropout, input: x, p: 0.5, training: true}", "x: {shape: [32, 256, 128], init: randn}", ""),
 }
 

@@ -127,7 +127,7 @@ class Builder:
         if self.params:
             doc["params"] = self.params
         doc["steps"] = self.steps
-        made = [s["id"] for s in self.steps if s["op"] != "split"] + [o for s in self.steps for o in s.get("outputs", [])]
+        made = [s["id"] for s in self.steps if "outputs" not in s] + [o for s in self.steps for o in s.get("outputs", [])]
         if made and rng.random() < 0.3:
             doc["outputs"] = rng.sample(made, min(len(made), rng.randint(1, 3)))
         if made and rng.random() < 0.4:
@@ -429,6 +429,47 @@ def _split(b: Builder, x: str, t: Tensor, d: int, fields: dict, pieces: list[Dim
     return fields["outputs"][-1]
 
 
+def topk(b: Builder, x: str) -> str | None:
+    t = b.tensors[x]
+    if not t.rank or t.dtype == "bool":
+        return None
+    d = b.rng.randrange(t.rank)
+    fields: dict[str, Any] = {"k": b.rng.randint(0, min(t.shape[d].value, 3)), "dim": d - t.rank if b.rng.random() < 0.5 else d}
+    fields.update(largest=b.rng.random() < 0.7, sorted=b.rng.random() < 0.7)
+    if t.is_float and b.rng.random() < 0.4:
+        fields["normalize"] = True
+    return _routed(b, x, t, d, fields)
+
+
+def _routed(b: Builder, x: str, t: Tensor, d: int, fields: dict) -> str:
+    """A topk step: values and indices, named by its outputs."""
+    fields["outputs"] = [b.fresh_name("top"), b.fresh_name("idx")]
+    step_id = b.add("topk", fields, t, x)
+    shape = list(t.shape)
+    shape[d] = Dim(fields["k"], fields["k"])
+    b.tensors[fields["outputs"][0]] = _fresh(shape, t.dtype)
+    b.tensors[fields["outputs"][1]] = _fresh(shape, "int64")
+    del b.tensors[step_id]  # the step's id names the choice, not a tensor
+    return fields["outputs"][0]
+
+
+def moe(b: Builder, x: str) -> str | None:
+    """Tokens routed by a topk of random router probabilities through E gated experts."""
+    t = b.tensors[x]
+    if not t.is_float or not t.rank:
+        return None
+    experts, hidden = b.dim(b.rng.choice(["H", "S"])), b.dim(b.rng.choice(["Dh", "S"]))
+    probs = b.declare("inputs", t.shape[:-1] + (experts,), b.rng.choice([t.dtype, "float32"]), "router")
+    fields = {"k": b.rng.randint(1, experts.value), "normalize": b.rng.random() < 0.5}
+    weights = _routed(b, probs, b.tensors[probs], t.rank - 1, fields)
+    two_hidden = Dim(f"2 * {hidden.text}", 2 * hidden.value)
+    gate_up = b.declare("params", (experts, two_hidden, t.shape[-1]), t.dtype, "gu")
+    down = b.declare("params", (experts, t.shape[-1], hidden), t.dtype, "dn")
+    step = {"gate_up": gate_up, "down": down, "activation": b.rng.choice(["silu", "gelu"])}
+    moe_id = b.add("moe", step, _fresh(t.shape, t.dtype), inputs=[x, weights, fields["outputs"][1]])
+    return moe_id
+
+
 def join(b: Builder, x: str) -> str | None:
     """cat along an existing dim or stack along a new one, of the tensor and a partner."""
     t = b.tensors[x]
@@ -675,6 +716,8 @@ RULES: list[tuple[Callable, int]] = [
     (repeat_interleave, 1),
     (expand, 1),
     (split, 2),
+    (topk, 1),
+    (moe, 1),
     (join, 1),
     (merge, 1),
     (matmul, 3),

@@ -28,6 +28,7 @@ from ..steps.norms import RMSNorm
 from ..steps.positions import Alibi, Rope
 from ..steps.products import Bmm, Matmul
 from ..steps.projection import Linear
+from ..steps.routing import Moe, Topk
 from .graph import Node
 
 #: a kind's cost function: (step, its inputs' metas in the kernel's order, its records' metas) -> number
@@ -151,6 +152,45 @@ def _takes_onednn(step, x: Meta, weight: Meta) -> bool:
     batch = x.sizes[0] if len(x.sizes) == len(weight.sizes) else 1
     large_kernel = all(k > 3 for k in weight.sizes[2:]) and len(weight.sizes) == 4
     return step.groups > 1 or large_kernel or batch > 1 or x.numel > 20480
+
+
+@_counts(_FLOPS, Moe)
+def _moe_flops(step, ins, outs):
+    """Each token's K experts, two products each (gate and up together, then down): 2·(2F·d + d·F)
+    per token and expert, whatever the router chose (a token takes an expert at most once)."""
+    weights, gate_up = ins[1], ins[3]
+    two_f, d = gate_up.sizes[1], gate_up.sizes[2]
+    return 2 * weights.numel * (two_f * d + d * two_f // 2)
+
+
+@_counts(_WORKSPACE, Moe)
+def _moe_workspace(step, ins, outs):
+    """At most every token goes to one expert: its tokens, the gate-and-up product, the activated
+    gate and the gated product alive together, and the previous expert's weighted output (at most
+    every token's too), beside the (rank, token) indices, their contiguous copies and the weights
+    they pick; then the expert's output times the weights and its cast."""
+    x, weights = ins[0], ins[1]
+    tokens = math.prod(x.sizes[:-1])
+    d, f = x.sizes[-1], ins[3].sizes[1] // 2
+    item, weight_item = DTYPE_BYTES[x.dtype], DTYPE_BYTES[weights.dtype]
+    inside = tokens * (2 * d + 4 * f) * item
+    after = tokens * d * (2 * item + max(item, weight_item))
+    copies = sum(dense_copy(meta) for meta in ins[:3])  # reshaped to (N, …) rows: a copy unless contiguous
+    # where's (rank, token), the index copies that indexing and index_add_ make, the picked weights
+    indices = tokens * (48 + weights.sizes[-1] + weight_item) + 16 * ins[3].sizes[0] + 64
+    return max(inside, after) + indices + copies
+
+
+@_counts(_WORKSPACE, Topk)
+def _topk_workspace(step, ins, outs):
+    """Each thread sorts one slice at a time as (value, int64 index) pairs; ``normalize`` adds the
+    raw values and their sums (one per slice: the k entries summed, 0 when k is 0)."""
+    x, values = ins[0], outs[0]
+    dim = step.dim % len(x.sizes)
+    total = 2 * x.sizes[dim] * (DTYPE_BYTES[x.dtype] + 8) * usable_cpus()
+    if step.normalize:
+        total += values.nbytes + math.prod(values.sizes[:dim] + values.sizes[dim + 1 :]) * DTYPE_BYTES[x.dtype]
+    return total
 
 
 @_counts(_FLOPS, Einsum)
