@@ -2,10 +2,12 @@
 a perturbed weight changes the result (the comparison can fail)."""
 
 import torch
-from transformers import Gemma2Config, LlamaConfig
+from transformers import Gemma2Config, LlamaConfig, MixtralConfig, ViTConfig
 from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask, find_packed_sequence_indices
 from transformers.models.gemma2.modeling_gemma2 import Gemma2DecoderLayer, Gemma2RotaryEmbedding
 from transformers.models.llama.modeling_llama import LlamaAttention, LlamaRotaryEmbedding
+from transformers.models.mixtral.modeling_mixtral import MixtralSparseMoeBlock
+from transformers.models.vit.modeling_vit import ViTEmbeddings, ViTLayer
 
 from tests.models.test_models import ATOL, run
 
@@ -72,3 +74,53 @@ def test_llama31_packed_attention_equals_llamaattention_on_packed_documents():
     # one document per row is not the same attention: the segments matter
     whole = run("llama31_packed_attention.yaml", x=x, position_ids=pos, documents=torch.zeros_like(pos), **weights)
     assert (whole["out"].tensor - expected).abs().max().item() > 1e-3
+
+
+@torch.no_grad()
+def test_vit_embeddings_layer_equals_vitembeddings_then_vitlayer():
+    torch.manual_seed(0)
+    config = ViTConfig(
+        hidden_size=16, num_attention_heads=2, intermediate_size=32, num_hidden_layers=1, image_size=8, patch_size=4,
+        num_channels=3, attn_implementation="eager",
+    )  # fmt: skip
+    embeddings, layer = ViTEmbeddings(config).eval(), randomized(ViTLayer(config))
+    pixels = torch.randn(2, 3, 8, 8)
+    expected = layer(embeddings(pixels))
+    a, projection = layer.attention, embeddings.patch_embeddings.projection
+    weights = {
+        "W_patch": projection.weight, "b_patch": projection.bias, "cls_token": embeddings.cls_token,
+        "pos_emb": embeddings.position_embeddings,
+        "ln1_w": layer.layernorm_before.weight, "ln1_b": layer.layernorm_before.bias,
+        "W_q": a.q_proj.weight, "b_q": a.q_proj.bias, "W_k": a.k_proj.weight, "b_k": a.k_proj.bias,
+        "W_v": a.v_proj.weight, "b_v": a.v_proj.bias, "W_o": a.o_proj.weight, "b_o": a.o_proj.bias,
+        "ln2_w": layer.layernorm_after.weight, "ln2_b": layer.layernorm_after.bias,
+        "W_fc1": layer.mlp.fc1.weight, "b_fc1": layer.mlp.fc1.bias, "W_fc2": layer.mlp.fc2.weight, "b_fc2": layer.mlp.fc2.bias,
+    }  # fmt: skip
+    compare("vit_embeddings_layer.yaml", expected, {"pixels": pixels, **weights}, "W_patch")
+    # the patches are tokens in row-major order: a mirrored image is a different sequence
+    mirrored = run("vit_embeddings_layer.yaml", pixels=pixels.flip(-1), **weights)
+    assert (mirrored["out"].tensor - expected).abs().max().item() > 1e-3
+
+
+@torch.no_grad()
+def test_mixtral_sparse_moe_equals_mixtralsparsemoeblock():
+    torch.manual_seed(0)
+    config = MixtralConfig(
+        hidden_size=16, intermediate_size=12, num_local_experts=4, num_experts_per_tok=2, num_hidden_layers=1,
+        attn_implementation="eager", experts_implementation="eager",
+    )  # fmt: skip
+    block = MixtralSparseMoeBlock(config).eval()
+    for weight in (block.gate.weight, block.experts.gate_up_proj, block.experts.down_proj):
+        torch.nn.init.normal_(weight, std=0.5)  # standalone, they are torch.empty: garbage
+    x = torch.randn(2, 5, 16)
+    expected = block(x)
+    weights = {"W_router": block.gate.weight, "W_gate_up": block.experts.gate_up_proj, "W_down": block.experts.down_proj}
+    trace = run("mixtral_sparse_moe.yaml", x=x, **weights)
+    assert torch.equal(trace["out"].tensor, expected)  # the same ops in the same order: bit for bit
+    compare("mixtral_sparse_moe.yaml", expected, {"x": x, **weights}, "W_down")
+    _, _, chosen = block.gate(x)
+    assert trace["top_i"].tensor.tolist() == chosen.tolist()
+    assert trace["experts/tokens_per_expert"].tensor.tolist() == torch.bincount(chosen.flatten(), minlength=4).tolist()
+    # routing matters: the router nudged sends tokens elsewhere
+    nudged = run("mixtral_sparse_moe.yaml", x=x, **dict(weights, W_router=weights["W_router"].flip(0)))
+    assert (nudged["out"].tensor - expected).abs().max().item() > 1e-3
