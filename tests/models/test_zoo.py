@@ -2,12 +2,13 @@
 a perturbed weight changes the result (the comparison can fail)."""
 
 import torch
-from transformers import Gemma2Config, LlamaConfig, MixtralConfig, ViTConfig
+from transformers import Gemma2Config, LlamaConfig, MixtralConfig, ViTConfig, WhisperConfig
 from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask, find_packed_sequence_indices
 from transformers.models.gemma2.modeling_gemma2 import Gemma2DecoderLayer, Gemma2RotaryEmbedding
 from transformers.models.llama.modeling_llama import LlamaAttention, LlamaRotaryEmbedding
 from transformers.models.mixtral.modeling_mixtral import MixtralSparseMoeBlock
 from transformers.models.vit.modeling_vit import ViTEmbeddings, ViTLayer
+from transformers.models.whisper.modeling_whisper import WhisperEncoder
 
 from tests.models.test_models import ATOL, run
 
@@ -124,3 +125,32 @@ def test_mixtral_sparse_moe_equals_mixtralsparsemoeblock():
     # routing matters: the router nudged sends tokens elsewhere
     nudged = run("mixtral_sparse_moe.yaml", x=x, **dict(weights, W_router=weights["W_router"].flip(0)))
     assert (nudged["out"].tensor - expected).abs().max().item() > 1e-3
+
+
+@torch.no_grad()
+def test_whisper_encoder_equals_whisperencoder_with_one_layer():
+    torch.manual_seed(0)
+    config = WhisperConfig(
+        d_model=16, encoder_attention_heads=2, encoder_ffn_dim=32, encoder_layers=1, num_mel_bins=4, max_source_positions=4,
+        decoder_layers=1, decoder_attention_heads=2, decoder_ffn_dim=32, attn_implementation="eager",
+    )  # fmt: skip
+    encoder = randomized(WhisperEncoder(config))
+    features = torch.randn(2, 4, 8)  # max_source_positions * conv1.stride * conv2.stride frames
+    expected = encoder(features).last_hidden_state
+    a, layer = encoder.layers[0].self_attn, encoder.layers[0]
+    weights = {
+        "W_conv1": encoder.conv1.weight, "b_conv1": encoder.conv1.bias, "W_conv2": encoder.conv2.weight,
+        "b_conv2": encoder.conv2.bias, "pos_table": encoder.embed_positions.weight,
+        "ln1_w": layer.self_attn_layer_norm.weight, "ln1_b": layer.self_attn_layer_norm.bias,
+        "W_q": a.q_proj.weight, "b_q": a.q_proj.bias, "W_k": a.k_proj.weight, "W_v": a.v_proj.weight, "b_v": a.v_proj.bias,
+        "W_o": a.out_proj.weight, "b_o": a.out_proj.bias,
+        "ln2_w": layer.final_layer_norm.weight, "ln2_b": layer.final_layer_norm.bias,
+        "W_fc1": layer.fc1.weight, "b_fc1": layer.fc1.bias, "W_fc2": layer.fc2.weight, "b_fc2": layer.fc2.bias,
+        "lnf_w": encoder.layer_norm.weight, "lnf_b": encoder.layer_norm.bias,
+    }  # fmt: skip
+    assert a.k_proj.bias is None
+    # a weight nudged by a constant: W_fc1, as the final LayerNorm cancels a shift of every channel alike
+    compare("whisper_encoder.yaml", expected, {"features": features, **weights}, "W_fc1")
+    # the frames' order matters (convolutions and positions): reversed, they are another sequence
+    reversed_frames = run("whisper_encoder.yaml", features=features.flip(-1), **weights)
+    assert (reversed_frames["out"].tensor - expected).abs().max().item() > 1e-3

@@ -47,12 +47,13 @@ def test_conv1d_whisper_front_end():
         inputs="mel: {shape: [B, M, L], init: randn}",
         params="w1: {shape: [d, M, 3], init: randn}\nb1: {shape: [d], init: randn}\n"
         "w2: {shape: [d, d, 3], init: randn}\nb2: {shape: [d], init: randn}",
-        dims="{B: 2, M: 5, L: 10, d: 4}",
+        dims="{B: 2, M: 5, P: 5, L: 2 * P, d: 4}",
     )
     mel, w1, b1, w2, b2 = (t[n].tensor for n in ("mel", "w1", "b1", "w2", "b2"))
     expected = F.conv1d(F.gelu(F.conv1d(mel, w1, b1, padding=1)), w2, b2, stride=2, padding=1)
     assert close(t["c2"].tensor, expected, atol=1e-5)
-    assert t["c1"].symbolic == "(B, d, L)" and t["c2"].shape == (2, 4, 5)
+    # (L + 2 - 3 + 2) // 2 = (2·P + 1) // 2: the floor is P for every P, and the shape says so
+    assert t["c1"].symbolic == "(B, d, L)" and t["c2"].symbolic == "(B, d, P)" and t["c2"].shape == (2, 4, 5)
 
 
 def test_conv1d_groups_dilation_and_unbatched_input():

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from fractions import Fraction
 from typing import ClassVar, Literal
 
 from pydantic import Field, StrictInt
 
 from ..core.fields import DimText, TensorId
 from ..core.layout import Meta, channels_last_strides, fresh, suggests_channels_last
+from ..core.symbolic import Dim, DimAlgebra, Poly
 from .contract import StepBase, register
 from .rules import StepError, require_float, show
 
@@ -115,7 +117,7 @@ class _Conv(StepBase):
                 f"({size}={size.value}) padded by {pad.value} on each side",
                 "weight",
             )
-        return numerator if stride.value == 1 else alg.floordiv(numerator, stride)
+        return numerator if stride.value == 1 else _floor_div(alg, numerator, stride)
 
     def _spatial_names(self) -> str:
         return "L" if self.spatial == 1 else "H, W"
@@ -138,6 +140,19 @@ class _Conv(StepBase):
             else "(" + "".join(e.dim(t) + ", " for t in self._texts("padding")) + ")"
         )
         return f"F.{self.op}({e.args[0]}, {e.args[1]}, {bias}, {stride}, {padding}, {dilation}, {self.groups})"
+
+
+def _floor_div(alg: DimAlgebra, numerator: Dim, stride: Dim) -> Dim:
+    """``numerator // stride``, still a clean dim when a constant stride leaves a constant
+    remainder: Whisper's strided conv makes (2·P + 1) // 2, which is P for every P."""
+    const = stride.poly.constant
+    if const is None or const.denominator != 1:
+        return alg.floordiv(numerator, stride)
+    offset = sum((c for mono, c in numerator.poly.terms if mono == ()), start=Fraction(0))
+    quotient = (numerator.poly + Poly.const(int(-offset))).divide(Poly.const(int(const)))
+    if offset.denominator != 1 or quotient is None or any(c.denominator != 1 for _, c in quotient.terms):
+        return alg.floordiv(numerator, stride)
+    return alg.make(quotient + Poly.const(int(offset) // int(const)), numerator.value // stride.value)
 
 
 @register
