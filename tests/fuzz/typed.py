@@ -453,6 +453,27 @@ def _routed(b: Builder, x: str, t: Tensor, d: int, fields: dict) -> str:
     return fields["outputs"][0]
 
 
+def gather_scatter(b: Builder, x: str) -> str | None:
+    """gather from the tensor, or scatter into it, along one dim with an all-zero index (valid at any size)."""
+    t = b.tensors[x]
+    if not t.rank or 0 in [d.value for d in t.shape] or t.dtype == "bool":
+        return None
+    d = b.rng.randrange(t.rank)
+    shape = tuple(dim if b.rng.random() < 0.7 else Dim(1, 1) for dim in t.shape)
+    index = b.declare("inputs", shape, "int64", "ix", init="zeros")
+    fields: dict[str, Any] = {"dim": d - t.rank if b.rng.random() < 0.5 else d}
+    if b.rng.random() < 0.5:
+        return b.add("gather", fields, _fresh(shape, t.dtype), inputs=[x, index])
+    inputs = [x, index]
+    if b.rng.random() < 0.5 and t.is_float:
+        fields["value"] = b.rng.choice([0.0, -1.5, float("-inf")])
+    else:
+        inputs.append(b.declare("inputs", shape, t.dtype, "src"))
+    if b.rng.random() < 0.3 and (t.is_float or "value" not in fields):
+        fields["reduce"] = "add"
+    return b.add("scatter", fields, _fresh(t.shape, t.dtype), inputs=inputs)
+
+
 def moe(b: Builder, x: str) -> str | None:
     """Tokens routed by a topk of random router probabilities through E gated experts."""
     t = b.tensors[x]
@@ -718,6 +739,7 @@ RULES: list[tuple[Callable, int]] = [
     (split, 2),
     (topk, 1),
     (moe, 1),
+    (gather_scatter, 1),
     (join, 1),
     (merge, 1),
     (matmul, 3),

@@ -119,3 +119,71 @@ def test_an_expert_index_outside_the_experts_is_a_located_error():
     with pytest.raises(tracer.TracerError) as info:
         tracer.loads(text, "r.yaml").run()
     assert info.value.code == "moe-range" and "0..3" in str(info.value)
+
+
+IDX = "x: {shape: [4, 6], init: randn}\ni: {shape: [4, 2], dtype: int64, values: [[5, 0], [1, 1], [3, 2], [0, 4]]}"
+
+
+@covers("gather")
+def test_gather_reads_each_rows_chosen_entries():
+    t = trace_of("- {id: g, op: gather, inputs: [x, i], dim: 1}", inputs=IDX)
+    assert torch.equal(t["g"].tensor, torch.gather(t["x"].tensor, 1, t["i"].tensor)) and t["g"].shape == (4, 2)
+    assert t["g"].tensor[0, 0] == t["x"].tensor[0, 5]  # not a tautology: the index picks column 5 of row 0
+
+
+@covers("scatter")
+def test_scatter_src_value_and_add_leave_the_base_alone():
+    t = trace_of(
+        """
+        - {id: dense, op: scatter, inputs: [zeros, i, w], dim: 1}
+        - {id: marked, op: scatter, inputs: [x, i], dim: 1, value: -.inf}
+        - {id: summed, op: scatter, inputs: [x, i, w], dim: 1, reduce: add}
+        - {id: counted, op: scatter, inputs: [x, i], dim: 1, value: 1.0, reduce: add}
+        """,
+        inputs=IDX + "\nw: {shape: [4, 2], init: rand}\nzeros: {shape: [4, 6], init: zeros}",
+    )
+    x, i, w = t["x"].tensor, t["i"].tensor, t["w"].tensor
+    assert torch.equal(t["dense"].tensor, torch.zeros(4, 6).scatter(1, i, w))
+    assert torch.equal(t["marked"].tensor, x.scatter(1, i, float("-inf")))
+    assert torch.equal(t["summed"].tensor, x.scatter_add(1, i, w))
+    assert torch.equal(t["counted"].tensor[1, 1], x[1, 1] + 2)  # row 1 lists column 1 twice: both add
+    assert torch.equal(t["zeros"].tensor, torch.zeros(4, 6))  # a copy: the base is unchanged
+
+
+def test_gather_and_scatter_of_transposed_inputs_have_torchs_layout():
+    agrees(
+        "- {id: t, op: transpose, input: x, dims: [0, 1]}\n- {id: g, op: gather, inputs: [t, i], dim: 0}\n"
+        "- {id: s, op: scatter, inputs: [t, i], dim: 0, value: 2.0}",
+        "x: {shape: [5, 4], init: randn}\ni: {shape: [2, 5], dtype: int64, init: zeros}",
+    )
+
+
+@pytest.mark.parametrize(
+    "step, code, found",
+    [
+        ("{id: g, op: gather, inputs: [x, w], dim: 1}", "dtype", "int64 index"),
+        ("{id: g, op: gather, inputs: [x, v], dim: 1}", "shape", "same rank"),
+        ("{id: g, op: gather, inputs: [x, big], dim: 1}", "shape", "larger than"),
+        ("{id: s, op: scatter, inputs: [x, i], dim: 1}", "arity", "[base, index, src]"),
+        ("{id: s, op: scatter, inputs: [x, i, i], dim: 1}", "dtype", "scatter of int64"),
+    ],
+)
+def test_gather_and_scatter_errors_are_located(step, code, found):
+    text = pipeline_text(
+        f"- {step}",
+        inputs=IDX + "\nw: {shape: [4, 2], init: rand}\nv: {shape: [4], dtype: int64, init: zeros}\n"
+        "big: {shape: [5, 2], dtype: int64, init: zeros}",
+    )
+    with pytest.raises(tracer.TracerError) as info:
+        tracer.loads(text, "g.yaml")
+    assert info.value.code == code and found in str(info.value) and "g.yaml:" in str(info.value), str(info.value)
+
+
+def test_an_index_outside_the_dim_is_a_located_error_not_a_torch_one():
+    text = pipeline_text(
+        "- {id: g, op: gather, inputs: [x, i], dim: 1}",
+        inputs="x: {shape: [2, 3], init: randn}\ni: {shape: [2, 1], dtype: int64, values: [[0], [3]]}",
+    )
+    with pytest.raises(tracer.TracerError) as info:
+        tracer.loads(text, "g.yaml").run()
+    assert info.value.code == "index-range" and "index 3 is outside dim 1 (size 3" in str(info.value)

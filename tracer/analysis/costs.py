@@ -28,7 +28,7 @@ from ..steps.norms import RMSNorm
 from ..steps.positions import Alibi, Rope
 from ..steps.products import Bmm, Matmul
 from ..steps.projection import Linear
-from ..steps.routing import Moe, Topk
+from ..steps.routing import Gather, Moe, Scatter, Topk
 from .graph import Node
 
 #: a kind's cost function: (step, its inputs' metas in the kernel's order, its records' metas) -> number
@@ -191,6 +191,13 @@ def _topk_workspace(step, ins, outs):
     if step.normalize:
         total += values.nbytes + math.prod(values.sizes[:dim] + values.sizes[dim + 1 :]) * DTYPE_BYTES[x.dtype]
     return total
+
+
+@_counts(_WORKSPACE, Gather, Scatter)
+def _indexing_workspace(step, ins, outs):
+    """The index's smallest and largest entries (0-d int64), read to say which index is outside
+    the dim before torch would fail, and a scattered value wrapped as a 0-d tensor."""
+    return 16 + DTYPE_BYTES[ins[0].dtype]
 
 
 @_counts(_FLOPS, Einsum)

@@ -11,6 +11,7 @@ from pydantic import Field, StrictInt, model_validator
 from ..core.dtypes import FLOAT_DTYPES
 from ..core.fields import DimText, TensorId
 from ..core.layout import fresh, pointwise
+from ..core.pysource import py_float
 from .contract import Composite, Inner, Outputs, StepBase, register
 from .rules import StepError, norm_dim, require_float, show
 
@@ -206,3 +207,132 @@ def gated_expert(x, gate_up, down, F, act):
     """One expert on its tokens; its temporaries die when it returns, before the next expert runs."""
     gate, up = F.linear(x, gate_up).chunk(2, dim=-1)
     return F.linear(act(gate) * up, down)
+
+
+def _index_check(k, index_field: str, dim: int):
+    """A run-time check that torch would answer with a bare RuntimeError: every index inside the dim."""
+    sizes, error = k.ins[0].sizes, k.error
+    size = sizes[dim % len(sizes)] if sizes else 1
+
+    def check(index):
+        if index.numel() and index.device.type != "meta":
+            low, high = int(index.min()), int(index.max())
+            if low < 0 or high >= size:
+                raise error(
+                    "index-range", f"index {low if low < 0 else high} is outside dim {dim} (size {size}: 0..{size - 1})", index_field
+                )
+
+    return check
+
+
+def _check_index(x, index, dim: int, names: list[str], op: str, compare_all: bool):
+    """torch's rule for gather and scatter: an int64 index of the same rank, no larger than the
+    input along every other dim (than ``src`` too, for scatter)."""
+    if index.dtype != "int64":
+        raise StepError("dtype", f"{op} needs an int64 index, '{names[1]}' is {index.dtype}", "inputs", "cast it: {op: cast, dtype: int64}")
+    if len(index.shape) != len(x.shape):
+        raise StepError(
+            "shape", f"{op} needs an index of the same rank as '{names[0]}' {show(x)}, got '{names[1]}' {show(index)}", "inputs"
+        )
+    d = norm_dim(dim, len(x.shape)) if x.shape else 0
+    for i, (have, want) in enumerate(zip(x.sizes, index.sizes)):
+        if (i != d or compare_all) and want > have:
+            raise StepError(
+                "shape", f"{op}: index '{names[1]}' {show(index)} is larger than '{names[0]}' {show(x)} along dim {i}", "inputs"
+            )
+
+
+@register
+class Gather(StepBase):
+    """``torch.gather(x, dim, index)``: ``out[i][j] = x[index[i][j]][j]`` along ``dim``; the shape of
+    the index. DeepSeek-V3 reads each chosen expert's weight from the scores without the bias
+    the choice was made with: ``{op: gather, inputs: [scores, top_i], dim: 1}``."""
+
+    op: Literal["gather"] = "gather"
+    arity = 2
+    dim: StrictInt = -1
+    example = """\
+- id: top_w
+  op: gather
+  inputs: [scores, top_i]  # (N, E) float, (N, K) int64
+  dim: 1                   # -> (N, K)"""
+
+    def args(self):
+        return [f"dim={self.dim}"]
+
+    def infer(self, ins, ctx):
+        x, index = ins
+        _check_index(x, index, self.dim, ctx.input_ids, "gather", compare_all=False)
+        return fresh(index.shape, x.dtype)
+
+    def kernel(self, k):
+        gather, d, check = k.torch.gather, self.dim, _index_check(k, "inputs", self.dim)
+
+        def run(x, index):
+            check(index)
+            return gather(x, d, index)
+
+        return run
+
+    def emit(self, e):
+        return f"torch.gather({e.args[0]}, {self.dim}, {e.args[1]})"
+
+
+@register
+class Scatter(StepBase):
+    """``base.scatter(dim, index, src)`` as a new tensor (base is left as it was):
+    ``out[index[i][j]][j] = src[i][j]`` along ``dim``, or ``value`` instead of ``src``;
+    ``reduce: add`` adds into the base instead (``scatter_add``). Mixtral's routing weights as a
+    dense (N, E) table: ``{op: scatter, inputs: [zeros, top_i, top_w], dim: 1}``."""
+
+    op: Literal["scatter"] = "scatter"
+    arity = None
+    dim: StrictInt = -1
+    value: float | None = Field(None, description="a number written at every index, instead of a src tensor")
+    reduce: Literal["none", "add"] = Field("none", description="add: sum into the base (scatter_add) rather than overwrite")
+    example = """\
+- id: dense_w
+  op: scatter
+  inputs: [zeros, top_i, top_w]   # base (N, E), index (N, K) int64, src (N, K)
+  dim: 1                   # -> (N, E): each token's weights at its experts, 0 elsewhere"""
+
+    def args(self):
+        shown = [f"dim={self.dim}"] + ([f"value={self.value:g}"] if self.value is not None else [])
+        return shown + (["add"] if self.reduce == "add" else [])
+
+    def infer(self, ins, ctx):
+        names = ctx.input_ids
+        wanted = 2 if self.value is not None else 3
+        if len(ins) != wanted:
+            form = "[base, index] with value" if self.value is not None else "[base, index, src] (or [base, index] and value:)"
+            raise StepError("arity", f"scatter takes inputs {form}, got {len(ins)}", "inputs")
+        base, index = ins[0], ins[1]
+        _check_index(base, index, self.dim, names, "scatter", compare_all=False)
+        if len(ins) == 3:
+            src = ins[2]
+            if src.dtype != base.dtype:
+                raise StepError("dtype", f"scatter of {src.dtype} '{names[2]}' into {base.dtype} '{names[0]}'", "inputs")
+            _check_index(src, index, self.dim, [names[2], names[1]], "scatter", compare_all=True)
+        return fresh(base.shape, base.dtype)
+
+    def kernel(self, k):
+        d, value, add, check = self.dim, self.value, self.reduce == "add", _index_check(k, "inputs", self.dim)
+
+        def run(base, index, src=None):
+            check(index)
+            if src is None:
+                return base.scatter(d, index, value, reduce="add") if add else base.scatter(d, index, value)
+            return base.scatter_add(d, index, src) if add else base.scatter(d, index, src)
+
+        return run
+
+    def emit(self, e):
+        base, index = e.args[:2]
+        operand = e.args[2] if self.value is None else py_float(self.value)
+        if self.reduce == "add":
+            return (
+                f"{base}.scatter_add({self.dim}, {index}, {operand})"
+                if self.value is None
+                else f'{base}.scatter({self.dim}, {index}, {operand}, reduce="add")'
+            )
+        return f"{base}.scatter({self.dim}, {index}, {operand})"
