@@ -96,6 +96,7 @@ def test_conv2d_output_layout_follows_a_channels_last_input(order):
         ),
         ("{id: y, op: conv2d, input: x, weight: w, stride: [1, 2, 3]}", "w: {shape: [6, 3, 2, 2], init: randn}", "conv-field", "3 values"),
         ("{id: y, op: conv1d, input: x, weight: w}", "w: {shape: [6, 3, 2], init: randn}", "conv-shape", "(B, C_in, L)"),
+        ("{id: y, op: conv2d, input: x, weight: w}", "w: {shape: [0, 3, 2, 2], init: randn}", "conv-channels", "no output channels"),
     ],
 )
 def test_conv_errors_are_located(step, params, code, found):

@@ -82,6 +82,12 @@ class _Conv(StepBase):
 
     def _check_channels(self, channels, w, name: str, x: Meta) -> None:
         per_group, out = w.shape[1], w.shape[0]
+        if per_group.value == 0 or out.value == 0:  # torch refuses no output channels, and drops them all for no input
+            raise StepError(
+                "conv-channels",
+                f"weight '{self.weight}' {show(w)} has no {'output' if out.value == 0 else 'input'} channels; a convolution needs both",
+                "weight",
+            )
         if channels.value % self.groups or out.value % self.groups:
             raise StepError(
                 "conv-groups",
@@ -104,6 +110,10 @@ class _Conv(StepBase):
         if self.padding == "same":
             if stride.value != 1:
                 raise StepError("conv-field", "padding: same needs stride 1 (torch refuses it otherwise)", "padding")
+            if size.value == 0:
+                raise StepError(
+                    "conv-shape", f"padding: same cannot keep spatial dim {i} at {size}=0: the kernel needs one position", "input"
+                )
             return size
         alg = ctx.alg
         pad = alg.const(0) if self.padding == "valid" else self._per_dim(ctx, "padding")[i]
@@ -113,7 +123,7 @@ class _Conv(StepBase):
         if numerator.value < stride.value:
             raise StepError(
                 "conv-shape",
-                f"the kernel ({kernel}={kernel.value}, dilation {dilation}) is larger than spatial dim {i} "
+                f"the kernel ({_shown(kernel)}, dilation {_shown(dilation)}) is larger than spatial dim {i} "
                 f"({size}={size.value}) padded by {pad.value} on each side",
                 "weight",
             )
@@ -140,6 +150,10 @@ class _Conv(StepBase):
             else "(" + "".join(e.dim(t) + ", " for t in self._texts("padding")) + ")"
         )
         return f"F.{self.op}({e.args[0]}, {e.args[1]}, {bias}, {stride}, {padding}, {dilation}, {self.groups})"
+
+
+def _shown(dim: Dim) -> str:
+    return str(dim) if str(dim) == str(dim.value) else f"{dim}={dim.value}"
 
 
 def _floor_div(alg: DimAlgebra, numerator: Dim, stride: Dim) -> Dim:
