@@ -151,6 +151,52 @@ WORKSPACES = {
         "x: {shape: [8, 256, 16, 64], init: randn}",
         "w: {shape: [16, 64], init: randn}\nb: {shape: [16, 64], init: randn}",
     ),
+    "conv2d, a ViT patch embedding (oneDNN)": (
+        "- {id: y, op: conv2d, input: x, weight: w, bias: b, stride: 16}",
+        "x: {shape: [4, 3, 224, 224], init: randn}",
+        "w: {shape: [768, 3, 16, 16], init: randn}\nb: {shape: [768], init: randn}",
+    ),
+    "conv2d of float64 (columns)": (
+        "- {id: c, op: cast, input: x, dtype: float64}\n- {id: y, op: conv2d, weight: w, padding: 1}",
+        "x: {shape: [4, 64, 64, 64], init: randn}",
+        "w: {shape: [64, 64, 3, 3], init: randn, dtype: float64}",
+    ),
+    "conv2d of a channels-last input": (
+        "- {id: p, op: permute, input: x, dims: [0, 3, 1, 2]}\n- {id: y, op: conv2d, weight: w, padding: 1, groups: 4}",
+        "x: {shape: [4, 64, 64, 64], init: randn}",
+        "w: {shape: [64, 16, 3, 3], init: randn}",
+    ),
+    "conv1d, Whisper's strided second layer": (
+        "- {id: y, op: conv1d, input: x, weight: w, bias: b, stride: 2, padding: 1}",
+        "x: {shape: [2, 384, 3000], init: randn}",
+        "w: {shape: [384, 384, 3], init: randn}\nb: {shape: [384], init: randn}",
+    ),
+    "conv1d, same padding of an even kernel": (
+        "- {id: y, op: conv1d, input: x, weight: w, padding: same}",
+        "x: {shape: [2, 384, 3000], init: randn}",
+        "w: {shape: [384, 384, 4], init: randn}",
+    ),
+    "conv1d, one small sequence (columns)": (
+        "- {id: y, op: conv1d, input: x, weight: w, padding: 2}",
+        "x: {shape: [1, 128, 150], init: randn}",
+        "w: {shape: [512, 128, 5], init: randn}",
+    ),
+    "topk along the first dim, renormalised": (
+        "- {id: r, op: topk, input: p, k: 2, dim: 0, normalize: true, outputs: [w, i]}",
+        "p: {shape: [65536, 64], init: rand}",
+        "",
+    ),
+    # arange probabilities: every token picks the same two experts, the most an expert can take
+    "moe, every token to the same experts": (
+        "- {id: r, op: topk, input: p, k: 2, outputs: [w, i]}\n- {id: y, op: moe, inputs: [h, w, i], gate_up: gu, down: dn}",
+        "h: {shape: [4096, 256], init: randn}\np: {shape: [4096, 8], init: arange}",
+        "gu: {shape: [8, 1024, 256], init: randn}\ndn: {shape: [8, 256, 512], init: randn}",
+    ),
+    "moe, tokens spread over the experts": (
+        "- {id: r, op: topk, input: p, k: 2, outputs: [w, i]}\n- {id: y, op: moe, inputs: [h, w, i], gate_up: gu, down: dn}",
+        "h: {shape: [4096, 256], init: randn}\np: {shape: [4096, 8], init: rand}",
+        "gu: {shape: [8, 1024, 256], init: randn}\ndn: {shape: [8, 256, 512], init: randn}",
+    ),
     "dropout in training": ("- {id: y, op: dropout, input: x, p: 0.5, training: true}", "x: {shape: [32, 256, 128], init: randn}", ""),
 }
 

@@ -127,7 +127,7 @@ class Builder:
         if self.params:
             doc["params"] = self.params
         doc["steps"] = self.steps
-        made = [s["id"] for s in self.steps if s["op"] != "split"] + [o for s in self.steps for o in s.get("outputs", [])]
+        made = [s["id"] for s in self.steps if "outputs" not in s] + [o for s in self.steps for o in s.get("outputs", [])]
         if made and rng.random() < 0.3:
             doc["outputs"] = rng.sample(made, min(len(made), rng.randint(1, 3)))
         if made and rng.random() < 0.4:
@@ -286,6 +286,34 @@ def linear(b: Builder, x: str) -> str | None:
     if b.rng.random() < 0.5:
         fields["bias"] = b.declare("params", (out,), t.dtype, "b", init="linear", fan_in=t.shape[-1].text)
     return b.add("linear", fields, _fresh(t.shape[:-1] + (out,), t.dtype), x)
+
+
+def conv(b: Builder, x: str) -> str | None:
+    """conv1d on (B, C, L) or conv2d on (B, C, H, W): a kernel that fits, same padding or a stride,
+    sometimes grouped per channel."""
+    t = b.tensors[x]
+    if not t.is_float or t.rank not in (3, 4) or 0 in [d.value for d in t.shape[1:]]:
+        return None
+    rng, spatial = b.rng, t.rank - 2
+    channels = t.shape[1]
+    out = channels if rng.random() < 0.3 else b.dim(rng.choice(["d_model", "Dh", "S", "H"]))
+    groups = channels.value if out == channels and rng.random() < 0.5 else 1
+    kernel = [rng.randint(1, min(d.value, 3)) for d in t.shape[2:]]
+    shape = (out, Dim(channels.value // groups, channels.value // groups)) + tuple(Dim(k, k) for k in kernel)
+    fields: dict[str, Any] = {"weight": b.declare("params", shape, t.dtype, "K")}
+    if groups > 1:
+        fields["groups"] = groups
+    if rng.random() < 0.5:
+        fields["bias"] = b.declare("params", (out,), t.dtype, "c")
+    lengths = [d for d in t.shape[2:]]
+    if rng.random() < 0.4:
+        fields["padding"] = "same"
+    else:
+        stride = rng.choice([1, 2])
+        fields["stride"] = stride
+        lengths = [Dim((d.value - k) // stride + 1, (d.value - k) // stride + 1) for d, k in zip(lengths, kernel)]
+    op = "conv1d" if spatial == 1 else "conv2d"
+    return b.add(op, fields, Tensor(t.shape[:1] + (out,) + tuple(lengths), t.dtype, t.contiguous or spatial == 1), x)
 
 
 def binary(b: Builder, x: str) -> str | None:
@@ -463,6 +491,68 @@ def _split(b: Builder, x: str, t: Tensor, d: int, fields: dict, pieces: list[Dim
         b.tensors[name] = _same(t, shape, contiguous=t.contiguous and (d == 0 or len(pieces) == 1))
     del b.tensors[split_id]  # the step's id names the split, not a tensor
     return fields["outputs"][-1]
+
+
+def topk(b: Builder, x: str) -> str | None:
+    t = b.tensors[x]
+    if not t.rank or t.dtype == "bool":
+        return None
+    d = b.rng.randrange(t.rank)
+    fields: dict[str, Any] = {"k": b.rng.randint(0, min(t.shape[d].value, 3)), "dim": d - t.rank if b.rng.random() < 0.5 else d}
+    fields.update(largest=b.rng.random() < 0.7, sorted=b.rng.random() < 0.7)
+    if t.is_float and b.rng.random() < 0.4:
+        fields["normalize"] = True
+    return _routed(b, x, t, d, fields)
+
+
+def _routed(b: Builder, x: str, t: Tensor, d: int, fields: dict) -> str:
+    """A topk step: values and indices, named by its outputs."""
+    fields["outputs"] = [b.fresh_name("top"), b.fresh_name("idx")]
+    step_id = b.add("topk", fields, t, x)
+    shape = list(t.shape)
+    shape[d] = Dim(fields["k"], fields["k"])
+    b.tensors[fields["outputs"][0]] = _fresh(shape, t.dtype)
+    b.tensors[fields["outputs"][1]] = _fresh(shape, "int64")
+    del b.tensors[step_id]  # the step's id names the choice, not a tensor
+    return fields["outputs"][0]
+
+
+def gather_scatter(b: Builder, x: str) -> str | None:
+    """gather from the tensor, or scatter into it, along one dim with an all-zero index (valid at any size)."""
+    t = b.tensors[x]
+    if not t.rank or 0 in [d.value for d in t.shape] or t.dtype == "bool":
+        return None
+    d = b.rng.randrange(t.rank)
+    shape = tuple(dim if b.rng.random() < 0.7 else Dim(1, 1) for dim in t.shape)
+    index = b.declare("inputs", shape, "int64", "ix", init="zeros")
+    fields: dict[str, Any] = {"dim": d - t.rank if b.rng.random() < 0.5 else d}
+    if b.rng.random() < 0.5:
+        return b.add("gather", fields, _fresh(shape, t.dtype), inputs=[x, index])
+    inputs = [x, index]
+    if b.rng.random() < 0.5 and t.is_float:
+        fields["value"] = b.rng.choice([0.0, -1.5, float("-inf")])
+    else:
+        inputs.append(b.declare("inputs", shape, t.dtype, "src"))
+    if b.rng.random() < 0.3 and (t.is_float or "value" not in fields):
+        fields["reduce"] = "add"
+    return b.add("scatter", fields, _fresh(t.shape, t.dtype), inputs=inputs)
+
+
+def moe(b: Builder, x: str) -> str | None:
+    """Tokens routed by a topk of random router probabilities through E gated experts."""
+    t = b.tensors[x]
+    if not t.is_float or not t.rank:
+        return None
+    experts, hidden = b.dim(b.rng.choice(["H", "S"])), b.dim(b.rng.choice(["Dh", "S"]))
+    probs = b.declare("inputs", t.shape[:-1] + (experts,), b.rng.choice([t.dtype, "float32"]), "router")
+    fields = {"k": b.rng.randint(1, experts.value), "normalize": b.rng.random() < 0.5}
+    weights = _routed(b, probs, b.tensors[probs], t.rank - 1, fields)
+    two_hidden = Dim(f"2 * {hidden.text}", 2 * hidden.value)
+    gate_up = b.declare("params", (experts, two_hidden, t.shape[-1]), t.dtype, "gu")
+    down = b.declare("params", (experts, t.shape[-1], hidden), t.dtype, "dn")
+    step = {"gate_up": gate_up, "down": down, "activation": b.rng.choice(["silu", "gelu"])}
+    moe_id = b.add("moe", step, _fresh(t.shape, t.dtype), inputs=[x, weights, fields["outputs"][1]])
+    return moe_id
 
 
 def join(b: Builder, x: str) -> str | None:
@@ -711,6 +801,7 @@ RULES: list[tuple[Callable, int]] = [
     (cast, 1),
     (norm, 2),
     (linear, 3),
+    (conv, 1),
     (binary, 3),
     (transpose, 2),
     (permute, 1),
@@ -722,6 +813,9 @@ RULES: list[tuple[Callable, int]] = [
     (repeat_interleave, 1),
     (expand, 1),
     (split, 2),
+    (topk, 1),
+    (moe, 1),
+    (gather_scatter, 1),
     (join, 1),
     (merge, 1),
     (matmul, 3),

@@ -11,9 +11,12 @@ from transformers import (
     GPT2LMHeadModel,
     Llama4TextConfig,
     LlamaConfig,
+    MixtralConfig,
     ModernBertConfig,
     Phi3Config,
     T5Config,
+    ViTConfig,
+    WhisperConfig,
 )
 from transformers.masking_utils import (
     create_bidirectional_mask,
@@ -29,9 +32,12 @@ from transformers.models.falcon.modeling_falcon import FalconDecoderLayer, Falco
 from transformers.models.gemma2.modeling_gemma2 import Gemma2DecoderLayer, Gemma2RotaryEmbedding
 from transformers.models.llama.modeling_llama import LlamaAttention, LlamaRotaryEmbedding
 from transformers.models.llama4.modeling_llama4 import Llama4TextAttention, Llama4TextRotaryEmbedding
+from transformers.models.mixtral.modeling_mixtral import MixtralSparseMoeBlock
 from transformers.models.modernbert.modeling_modernbert import ModernBertEncoderLayer, ModernBertRotaryEmbedding
 from transformers.models.phi3.modeling_phi3 import Phi3DecoderLayer, Phi3RotaryEmbedding
 from transformers.models.t5.modeling_t5 import T5LayerSelfAttention
+from transformers.models.vit.modeling_vit import ViTEmbeddings, ViTLayer
+from transformers.models.whisper.modeling_whisper import WhisperEncoder
 
 import tracer
 from tests.models.test_models import ATOL, MODELS, run
@@ -341,3 +347,81 @@ def test_llama4_chunked_attention_equals_llama4textattention_with_rope_and_qk_no
     # the chunks matter: plain causal attention over the same weights is far from the module
     whole = run("llama4_chunked_attention.yaml", dims={"C": 10}, x=x, **weights)
     assert (whole["out"].tensor - expected).abs().max().item() > 1e-3
+
+
+def test_vit_embeddings_layer_equals_vitembeddings_then_vitlayer():
+    torch.manual_seed(0)
+    config = ViTConfig(
+        hidden_size=16, num_attention_heads=2, intermediate_size=32, num_hidden_layers=1, image_size=8, patch_size=4,
+        num_channels=3, attn_implementation="eager",
+    )  # fmt: skip
+    embeddings, layer = ViTEmbeddings(config).eval(), randomized(ViTLayer(config))
+    pixels = torch.randn(2, 3, 8, 8)
+    expected = layer(embeddings(pixels))
+    a, projection = layer.attention, embeddings.patch_embeddings.projection
+    weights = {
+        "W_patch": projection.weight, "b_patch": projection.bias, "cls_token": embeddings.cls_token,
+        "pos_emb": embeddings.position_embeddings,
+        "ln1_w": layer.layernorm_before.weight, "ln1_b": layer.layernorm_before.bias,
+        "W_q": a.q_proj.weight, "b_q": a.q_proj.bias, "W_k": a.k_proj.weight, "b_k": a.k_proj.bias,
+        "W_v": a.v_proj.weight, "b_v": a.v_proj.bias, "W_o": a.o_proj.weight, "b_o": a.o_proj.bias,
+        "ln2_w": layer.layernorm_after.weight, "ln2_b": layer.layernorm_after.bias,
+        "W_fc1": layer.mlp.fc1.weight, "b_fc1": layer.mlp.fc1.bias, "W_fc2": layer.mlp.fc2.weight, "b_fc2": layer.mlp.fc2.bias,
+    }  # fmt: skip
+    compare("vit_embeddings_layer.yaml", expected, {"pixels": pixels, **weights}, "W_patch")
+    # the patches are tokens in row-major order: a mirrored image is a different sequence
+    mirrored = run("vit_embeddings_layer.yaml", pixels=pixels.flip(-1), **weights)
+    assert (mirrored["out"].tensor - expected).abs().max().item() > 1e-3
+
+
+@torch.no_grad()
+def test_mixtral_sparse_moe_equals_mixtralsparsemoeblock():
+    torch.manual_seed(0)
+    config = MixtralConfig(
+        hidden_size=16, intermediate_size=12, num_local_experts=4, num_experts_per_tok=2, num_hidden_layers=1,
+        attn_implementation="eager", experts_implementation="eager",
+    )  # fmt: skip
+    block = MixtralSparseMoeBlock(config).eval()
+    for weight in (block.gate.weight, block.experts.gate_up_proj, block.experts.down_proj):
+        torch.nn.init.normal_(weight, std=0.5)  # standalone, they are torch.empty: garbage
+    x = torch.randn(2, 5, 16)
+    expected = block(x)
+    weights = {"W_router": block.gate.weight, "W_gate_up": block.experts.gate_up_proj, "W_down": block.experts.down_proj}
+    trace = run("mixtral_sparse_moe.yaml", x=x, **weights)
+    assert torch.equal(trace["out"].tensor, expected)  # the same ops in the same order: bit for bit
+    compare("mixtral_sparse_moe.yaml", expected, {"x": x, **weights}, "W_down")
+    _, _, chosen = block.gate(x)
+    assert trace["top_i"].tensor.tolist() == chosen.tolist()
+    assert trace["experts/tokens_per_expert"].tensor.tolist() == torch.bincount(chosen.flatten(), minlength=4).tolist()
+    # routing matters: the router nudged sends tokens elsewhere
+    nudged = run("mixtral_sparse_moe.yaml", x=x, **dict(weights, W_router=weights["W_router"].flip(0)))
+    assert (nudged["out"].tensor - expected).abs().max().item() > 1e-3
+
+
+@torch.no_grad()
+def test_whisper_encoder_equals_whisperencoder_with_one_layer():
+    torch.manual_seed(0)
+    config = WhisperConfig(
+        d_model=16, encoder_attention_heads=2, encoder_ffn_dim=32, encoder_layers=1, num_mel_bins=4, max_source_positions=4,
+        decoder_layers=1, decoder_attention_heads=2, decoder_ffn_dim=32, attn_implementation="eager",
+    )  # fmt: skip
+    encoder = randomized(WhisperEncoder(config))
+    features = torch.randn(2, 4, 8)  # max_source_positions * conv1.stride * conv2.stride frames
+    expected = encoder(features).last_hidden_state
+    a, layer = encoder.layers[0].self_attn, encoder.layers[0]
+    weights = {
+        "W_conv1": encoder.conv1.weight, "b_conv1": encoder.conv1.bias, "W_conv2": encoder.conv2.weight,
+        "b_conv2": encoder.conv2.bias, "pos_table": encoder.embed_positions.weight,
+        "ln1_w": layer.self_attn_layer_norm.weight, "ln1_b": layer.self_attn_layer_norm.bias,
+        "W_q": a.q_proj.weight, "b_q": a.q_proj.bias, "W_k": a.k_proj.weight, "W_v": a.v_proj.weight, "b_v": a.v_proj.bias,
+        "W_o": a.out_proj.weight, "b_o": a.out_proj.bias,
+        "ln2_w": layer.final_layer_norm.weight, "ln2_b": layer.final_layer_norm.bias,
+        "W_fc1": layer.fc1.weight, "b_fc1": layer.fc1.bias, "W_fc2": layer.fc2.weight, "b_fc2": layer.fc2.bias,
+        "lnf_w": encoder.layer_norm.weight, "lnf_b": encoder.layer_norm.bias,
+    }  # fmt: skip
+    assert a.k_proj.bias is None
+    # a weight nudged by a constant: W_fc1, as the final LayerNorm cancels a shift of every channel alike
+    compare("whisper_encoder.yaml", expected, {"features": features, **weights}, "W_fc1")
+    # the frames' order matters (convolutions and positions): reversed, they are another sequence
+    reversed_frames = run("whisper_encoder.yaml", features=features.flip(-1), **weights)
+    assert (reversed_frames["out"].tensor - expected).abs().max().item() > 1e-3

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from ..core.dtypes import DTYPE_BYTES, promote
 from ..core.layout import Meta
 from ..steps.attention import Dropout, Mask, Softcap, Softmax
+from ..steps.conv import Conv1d, Conv2d
 from ..steps.einsum import Einsum, parse_equation
 from ..steps.elementwise import LayerNorm
 from ..steps.fused import Sdpa
@@ -28,6 +29,7 @@ from ..steps.numeric import MATH_KINDS, Clamp, Compare, Cumsum, Logical, Maximum
 from ..steps.positions import Alibi, RelativeBias, Rope
 from ..steps.products import Bmm, Matmul
 from ..steps.projection import Linear
+from ..steps.routing import Gather, Moe, Scatter, Topk
 from .graph import Node
 
 #: a kind's cost function: (step, its inputs' metas in the kernel's order, its records' metas) -> number
@@ -116,6 +118,87 @@ def _linear_workspace(step, ins, outs):
     x, out = ins[0], outs[-1]
     folded = merge_copy_bytes(x, x.sizes, len(x.shape) - 1) if len(x.shape) > 2 else 0
     return folded + (out.nbytes if step.bias else 0)
+
+
+@_counts(_FLOPS, Conv1d, Conv2d)
+def _conv_flops(step, ins, outs):
+    """Every output element is a dot product over its group's input channels and the kernel taps
+    (the bias add is not counted, as for linear)."""
+    weight = ins[1]
+    return 2 * outs[-1].numel * math.prod(weight.sizes[1:])
+
+
+@_counts(_WORKSPACE, Conv1d, Conv2d)
+def _conv_workspace(step, ins, outs):
+    """oneDNN (float32, most shapes) reorders the input, the weight and the output into its blocked
+    layouts, a copy of each; torch's own kernel (other dtypes without oneDNN support on this CPU,
+    one small image) unfolds the whole batch into columns, one row of C_in x kernel taps per
+    output position. ``padding: same`` with an even kernel pads a copy of the input first."""
+    x, weight, out = ins[0], ins[1], outs[-1]
+    total = x.nbytes + weight.nbytes + out.nbytes
+    if step.padding == "same" and any(k % 2 == 0 for k in weight.sizes[2:]):
+        total += x.nbytes
+    if not _takes_onednn(step, x, weight):
+        spatial = len(weight.sizes) - 2
+        positions = math.prod(out.sizes[: -spatial - 1]) * math.prod(out.sizes[-spatial:])
+        total += positions * x.sizes[-spatial - 1] * math.prod(weight.sizes[2:]) * DTYPE_BYTES[x.dtype]
+    return total
+
+
+def _takes_onednn(step, x: Meta, weight: Meta) -> bool:
+    """torch's ``use_mkldnn`` for a CPU tensor, as far as it can be known without the CPU's ISA
+    (half and bfloat16 count as not: an upper bound where the CPU supports them)."""
+    if x.dtype != "float32":
+        return False
+    batch = x.sizes[0] if len(x.sizes) == len(weight.sizes) else 1
+    large_kernel = all(k > 3 for k in weight.sizes[2:]) and len(weight.sizes) == 4
+    return step.groups > 1 or large_kernel or batch > 1 or x.numel > 20480
+
+
+@_counts(_FLOPS, Moe)
+def _moe_flops(step, ins, outs):
+    """Each token's K experts, two products each (gate and up together, then down): 2·(2F·d + d·F)
+    per token and expert, whatever the router chose (a token takes an expert at most once)."""
+    weights, gate_up = ins[1], ins[3]
+    two_f, d = gate_up.sizes[1], gate_up.sizes[2]
+    return 2 * weights.numel * (two_f * d + d * two_f // 2)
+
+
+@_counts(_WORKSPACE, Moe)
+def _moe_workspace(step, ins, outs):
+    """At most every token goes to one expert: its tokens, the gate-and-up product, the activated
+    gate and the gated product alive together, and the previous expert's weighted output (at most
+    every token's too), beside the (rank, token) indices, their contiguous copies and the weights
+    they pick; then the expert's output times the weights and its cast."""
+    x, weights = ins[0], ins[1]
+    tokens = math.prod(x.sizes[:-1])
+    d, f = x.sizes[-1], ins[3].sizes[1] // 2
+    item, weight_item = DTYPE_BYTES[x.dtype], DTYPE_BYTES[weights.dtype]
+    inside = tokens * (2 * d + 4 * f) * item
+    after = tokens * d * (2 * item + max(item, weight_item))
+    copies = sum(dense_copy(meta) for meta in ins[:3])  # reshaped to (N, …) rows: a copy unless contiguous
+    # where's (rank, token), the index copies that indexing and index_add_ make, the picked weights
+    indices = tokens * (48 + weights.sizes[-1] + weight_item) + 16 * ins[3].sizes[0] + 64
+    return max(inside, after) + indices + copies
+
+
+@_counts(_WORKSPACE, Topk)
+def _topk_workspace(step, ins, outs):
+    """Each thread sorts one slice at a time as (value, int64 index) pairs; ``normalize`` adds the
+    raw values and their sums (one per slice: the k entries summed, 0 when k is 0)."""
+    x, values = ins[0], outs[0]
+    dim = step.dim % len(x.sizes)
+    total = 2 * x.sizes[dim] * (DTYPE_BYTES[x.dtype] + 8) * usable_cpus()
+    if step.normalize:
+        total += values.nbytes + math.prod(values.sizes[:dim] + values.sizes[dim + 1 :]) * DTYPE_BYTES[x.dtype]
+    return total
+
+
+@_counts(_WORKSPACE, Gather, Scatter)
+def _indexing_workspace(step, ins, outs):
+    """The index's smallest and largest entries (0-d int64), read to say which index is outside
+    the dim before torch would fail, and a scattered value wrapped as a 0-d tensor."""
+    return 16 + DTYPE_BYTES[ins[0].dtype]
 
 
 @_counts(_FLOPS, Einsum)

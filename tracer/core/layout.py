@@ -175,7 +175,7 @@ def pointwise(metas: list[Meta], shape, dtype: str) -> Meta:
         if all(m.contiguous for m in metas):
             return fresh(shape, dtype)
         if len(sizes) in (4, 5) and all(_channels_last(m.sizes, m.stride) for m in metas):
-            return Meta(tuple(shape), _channels_last_strides(sizes), dtype)
+            return Meta(tuple(shape), channels_last_strides(sizes), dtype)
         first = metas[0]
         if all(non_overlapping_and_dense(m.sizes, m.stride) and m.stride == first.stride for m in metas):
             return Meta(tuple(shape), first.stride, dtype)
@@ -231,7 +231,21 @@ def _channels_last(sizes: tuple[int, ...], strides: tuple[int, ...]) -> bool:
     return True
 
 
-def _channels_last_strides(sizes: tuple[int, ...]) -> tuple[int, ...]:
+def suggests_channels_last(sizes: tuple[int, ...], strides: tuple[int, ...]) -> bool:
+    """torch's ``suggest_memory_format() == channels_last`` for a 4-d tensor: a port of
+    ``is_channels_last_strides_2d_s4`` (what convolutions read to pick their output's layout)."""
+    if len(sizes) != 4 or strides[1] == 0:
+        return False
+    smallest = 0
+    for d in (1, 3, 2, 0):
+        if sizes[d] == 0 or strides[d] < smallest or (d == 0 and smallest == strides[1]):
+            return False
+        smallest = strides[d] * (sizes[d] if sizes[d] > 1 else 1)
+    return True
+
+
+def channels_last_strides(sizes: tuple[int, ...]) -> tuple[int, ...]:
+    """The strides of ``torch.channels_last`` (4-d) or ``channels_last_3d`` (5-d)."""
     result, step = [0] * len(sizes), 1
     for d in _CHANNELS_LAST_ORDER[len(sizes)]:
         result[d] = step
