@@ -22,7 +22,7 @@ from .presentation.files import check_output, write_atomic
 from .presentation.graphviz import chosen_renderer
 from .presentation.progress import Progress
 from .runtime.interpreter import device_problem
-from .runtime.tensors import match
+from .runtime.tensors import match, takes
 from .runtime.watch import SoftmaxNaNs
 from .spec.load import load_spec
 
@@ -228,7 +228,19 @@ def _quiet_option(parser: argparse.ArgumentParser) -> None:
 
 
 def _dims_option(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--dim", action="append", default=[], metavar="NAME=VALUE", type=_dim_pair, help="override a dim (repeatable)")
+    parser.add_argument("--dim", action=_DimsOnce, default=[], metavar="NAME=VALUE", type=_dim_pair, help="override a dim (repeatable)")
+
+
+class _DimsOnce(argparse.Action):
+    """``--dim`` may repeat, for different dims: one dim given two values is a usage error, never
+    the last one silently winning."""
+
+    def __call__(self, parser, namespace, pair, option_string=None):
+        given = dict(getattr(namespace, self.dest))
+        name, value = pair
+        if given.get(name, value) != value:
+            raise argparse.ArgumentError(self, f"{name} is given twice, as {given[name]} and as {value}: give it once")
+        setattr(namespace, self.dest, [*getattr(namespace, self.dest), pair])
 
 
 def _dim_pair(text: str) -> tuple[str, int]:
@@ -317,9 +329,12 @@ def _weights(args, analysis) -> dict:
         raise TracerError(Diagnostic(args.weights_map, None, "weights-map", "--weights-map renames the keys of --weights: give both"))
     check_budget(analysis, args.device, args.max_memory)  # a run that would be refused reads no weights
     budget = args.max_memory if args.max_memory is not None else default_budget(args.device)[0]
-    state = weights.read(args.weights, max_bytes=budget)
-    if args.weights_map:
-        state = weights.rename(state, weights.read_map(args.weights_map))
+    mapping = weights.read_map(args.weights_map) if args.weights_map else None
+    declared = takes(analysis, "params")
+    # read only what some param takes: a key the map drops, or that no param has, is never read
+    state = weights.read(args.weights, max_bytes=budget, wanted=lambda key: any(map(declared, weights.targets(mapping, key))))
+    if mapping is not None:
+        state = weights.rename(state, mapping)
     return match(analysis, state, "params", f"--weights {printable(args.weights)}", complete=True)
 
 
