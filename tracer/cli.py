@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import shutil
 import signal
@@ -15,6 +16,7 @@ from .analysis.memory import check_budget, default_budget, parse_bytes
 from .analysis.shapes import analyze
 from .api import Pipeline, load
 from .core.errors import Diagnostic, InternalError, TracerError, printable
+from .core.formatting import human_bytes
 from .diff import diff, diff_json, format_diff
 from .presentation import outputs
 from .presentation.export import export_source
@@ -433,7 +435,7 @@ def _input_spec(text: str) -> tuple[str, tuple[int, ...], str]:
         sizes = tuple(int(size) for size in shape.split(","))
     except ValueError:
         sizes = ()
-    if not sep or not name.isidentifier() or not sizes or kind not in ("", "int", "float"):
+    if not sep or not name.isidentifier() or not sizes or min(sizes) < 0 or kind not in ("", "int", "float"):
         raise argparse.ArgumentTypeError(f"expected NAME=SIZE,SIZE,... with an optional :int or :float, got '{text}'")
     return name, sizes, kind or "float"
 
@@ -441,28 +443,59 @@ def _input_spec(text: str) -> tuple[str, tuple[int, ...], str]:
 def _import(args) -> int:
     """Build the module with the user's own factory, import it, write the YAML, and say how far the
     pipeline is from the module on the module's own weights (the last line)."""
-    import importlib
-    import json
-
     import torch
 
     from .importing import difference, from_module
 
-    where, _, attribute = args.target.partition(":")
-    if "" not in sys.path and os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())  # MODULE is found in the current folder, as `python -m` finds it
-    try:
-        factory = getattr(importlib.import_module(where), attribute or "")
-        given = json.loads(args.args)
-    except (ImportError, AttributeError, ValueError) as exc:
-        raise TracerError(Diagnostic(args.target, None, "import-target", f"cannot build the module: {exc}")) from None
-    module = (factory(**given) if isinstance(given, dict) else factory(*given)).eval()
-    inputs = {name: torch.randint(0, 2, sizes) if kind == "int" else torch.randn(sizes) for name, sizes, kind in args.input}
+    module = _built_module(args.target, args.args, torch)
+    inputs = {name: _example(name, sizes, kind, torch) for name, sizes, kind in args.input}
     pipeline = from_module(module, dims=dict(args.dim) or None, **inputs)
     pipeline.to_yaml(args.output)
     print(f"wrote {printable(args.output)}", file=sys.stderr)
     print(f"max |pipeline - module| on the module's weights: {difference(pipeline, module, **inputs):.3g}")
     return 0
+
+
+def _built_module(target: str, given_args: str, torch):
+    """``MODULE:FACTORY`` called with ``--args``. Everything that goes wrong there is the target's
+    or the arguments' (a factory is the user's own code: whatever it raises), never tracer's."""
+    import importlib
+    import json
+
+    def refused(message: str) -> TracerError:
+        return TracerError(Diagnostic(target, None, "import-target", message))
+
+    where, _, attribute = target.partition(":")
+    if not all(part.isidentifier() for part in where.split(".")) or not attribute.isidentifier():
+        raise refused("expected MODULE:FACTORY, such as mymodel:make_attention (an absolute import path, a colon, a callable's name)")
+    try:
+        given = json.loads(given_args)
+    except (ValueError, RecursionError) as exc:
+        raise refused(f"--args is not JSON ({exc})") from None
+    if not isinstance(given, (list, dict)):
+        raise refused(f"--args must be a JSON list of arguments or an object of keywords, not {json.dumps(given)[:40]}")
+    if "" not in sys.path and os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())  # MODULE is found in the current folder, as `python -m` finds it
+    try:
+        factory = getattr(importlib.import_module(where), attribute)
+        module = factory(**given) if isinstance(given, dict) else factory(*given)
+    except Exception as exc:  # importing the module runs its code too
+        raise refused(f"cannot build the module: {type(exc).__name__}: {exc}") from None
+    if not isinstance(module, torch.nn.Module):
+        raise refused(f"{attribute} returned {type(module).__name__}, not a torch.nn.Module")
+    return module.eval()
+
+
+def _example(name: str, sizes: tuple[int, ...], kind: str, torch):
+    """An example input for forward: random token ids (0 or 1) or randn, refused over the memory budget."""
+    budget, what = default_budget("cpu")
+    if math.prod(sizes) * 8 > budget:
+        raise TracerError(
+            Diagnostic(
+                f"--input {name}", None, "import-input", f"{list(sizes)} is over the memory budget of {human_bytes(budget)} ({what})"
+            )
+        )
+    return torch.randint(0, 2, sizes) if kind == "int" else torch.randn(sizes)
 
 
 def _diff(args) -> int:
