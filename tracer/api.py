@@ -15,7 +15,7 @@ from .presentation.files import write_atomic
 from .presentation.notebook import pipeline_html
 from .presentation.trace import Trace
 from .runtime.interpreter import Plan, device_problem, torch_module
-from .runtime.tensors import create_tensors, match, with_given
+from .runtime.tensors import create_tensors, match_routes, with_given
 from .runtime.watch import ValueRows
 from .spec.load import load_spec, load_spec_text
 from .spec.pipeline import SEED_MAX, SEED_MIN, PipelineSpec
@@ -143,17 +143,7 @@ class Pipeline:
 
 def _given(analysis: Analysis, tensors, params, inputs) -> dict[str, Any]:
     """Every tensor given by name, checked against its declaration; all problems in one error."""
-    given, problems = {}, []
-    for what, section, tensors_given in (("tensors=", None, tensors), ("params=", "params", params), ("inputs=", "inputs", inputs)):
-        if not tensors_given:
-            continue
-        try:
-            given.update(match(analysis, tensors_given, section, what))
-        except TracerError as exc:
-            problems += exc.diagnostics
-    if problems:
-        raise TracerError(problems)
-    return given
+    return match_routes(analysis, [("tensors=", None, tensors), ("params=", "params", params), ("inputs=", "inputs", inputs)])
 
 
 def _enforce_expectations(trace: Trace) -> None:

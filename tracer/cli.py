@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import math
 import os
 import shutil
 import signal
@@ -16,6 +17,7 @@ from .analysis.memory import check_budget, default_budget, parse_bytes
 from .analysis.shapes import analyze
 from .api import Pipeline, load
 from .core.errors import Diagnostic, InternalError, TracerError, printable
+from .core.formatting import human_bytes
 from .diff import diff, diff_json, diff_page, format_diff
 from .presentation import outputs
 from .presentation.export import export_source
@@ -24,7 +26,7 @@ from .presentation.folding import collapse_keys
 from .presentation.graphviz import chosen_renderer, find_renderer
 from .presentation.progress import Progress
 from .runtime.interpreter import device_problem
-from .runtime.tensors import match
+from .runtime.tensors import match, takes
 from .spec.load import load_spec
 
 DRAWINGS = ("svg", "png", "pdf", "dot", "html")  # what `tracer render -o` writes, by suffix
@@ -342,7 +344,19 @@ def _quiet_option(parser: argparse.ArgumentParser) -> None:
 
 
 def _dims_option(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--dim", action="append", default=[], metavar="NAME=VALUE", type=_dim_pair, help="override a dim (repeatable)")
+    parser.add_argument("--dim", action=_DimsOnce, default=[], metavar="NAME=VALUE", type=_dim_pair, help="override a dim (repeatable)")
+
+
+class _DimsOnce(argparse.Action):
+    """``--dim`` may repeat, for different dims: one dim given two values is a usage error, never
+    the last one silently winning."""
+
+    def __call__(self, parser, namespace, pair, option_string=None):
+        given = dict(getattr(namespace, self.dest))
+        name, value = pair
+        if given.get(name, value) != value:
+            raise argparse.ArgumentError(self, f"{name} is given twice, as {given[name]} and as {value}: give it once")
+        setattr(namespace, self.dest, [*getattr(namespace, self.dest), pair])
 
 
 def _dim_pair(text: str) -> tuple[str, int]:
@@ -473,9 +487,12 @@ def _weights(args, pipeline, analysis) -> dict:
     budget = args.max_memory if args.max_memory is not None else default_budget(args.device)[0]
     if _is_folder(args.weights):
         return checkpoints.read_params(pipeline, args.weights, args.layer, budget, dict(args.dim))
-    state = weights.read(args.weights, max_bytes=budget)
-    if args.weights_map:
-        state = weights.rename(state, weights.read_map(args.weights_map))
+    mapping = weights.read_map(args.weights_map) if args.weights_map else None
+    declared = takes(analysis, "params")
+    # read only what some param takes: a key the map drops, or that no param has, is never read
+    state = weights.read(args.weights, max_bytes=budget, wanted=lambda key: any(map(declared, weights.targets(mapping, key))))
+    if mapping is not None:
+        state = weights.rename(state, mapping)
     return match(analysis, state, "params", f"--weights {printable(args.weights)}", complete=True)
 
 
@@ -597,7 +614,7 @@ def _input_spec(text: str) -> tuple[str, tuple[int, ...], str]:
         sizes = tuple(int(size) for size in shape.split(","))
     except ValueError:
         sizes = ()
-    if not sep or not name.isidentifier() or not sizes or kind not in ("", "int", "float"):
+    if not sep or not name.isidentifier() or not sizes or min(sizes) < 0 or kind not in ("", "int", "float"):
         raise argparse.ArgumentTypeError(f"expected NAME=SIZE,SIZE,... with an optional :int or :float, got '{text}'")
     return name, sizes, kind or "float"
 
@@ -605,28 +622,59 @@ def _input_spec(text: str) -> tuple[str, tuple[int, ...], str]:
 def _import(args) -> int:
     """Build the module with the user's own factory, import it, write the YAML, and say how far the
     pipeline is from the module on the module's own weights (the last line)."""
-    import importlib
-    import json
-
     import torch
 
     from .importing import difference, from_module
 
-    where, _, attribute = args.target.partition(":")
-    if "" not in sys.path and os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())  # MODULE is found in the current folder, as `python -m` finds it
-    try:
-        factory = getattr(importlib.import_module(where), attribute or "")
-        given = json.loads(args.args)
-    except (ImportError, AttributeError, ValueError) as exc:
-        raise TracerError(Diagnostic(args.target, None, "import-target", f"cannot build the module: {exc}")) from None
-    module = (factory(**given) if isinstance(given, dict) else factory(*given)).eval()
-    inputs = {name: torch.randint(0, 2, sizes) if kind == "int" else torch.randn(sizes) for name, sizes, kind in args.input}
+    module = _built_module(args.target, args.args, torch)
+    inputs = {name: _example(name, sizes, kind, torch) for name, sizes, kind in args.input}
     pipeline = from_module(module, dims=dict(args.dim) or None, **inputs)
     pipeline.to_yaml(args.output)
     print(f"wrote {printable(args.output)}", file=sys.stderr)
     print(f"max |pipeline - module| on the module's weights: {difference(pipeline, module, **inputs):.3g}")
     return 0
+
+
+def _built_module(target: str, given_args: str, torch):
+    """``MODULE:FACTORY`` called with ``--args``. Everything that goes wrong there is the target's
+    or the arguments' (a factory is the user's own code: whatever it raises), never tracer's."""
+    import importlib
+    import json
+
+    def refused(message: str) -> TracerError:
+        return TracerError(Diagnostic(target, None, "import-target", message))
+
+    where, _, attribute = target.partition(":")
+    if not all(part.isidentifier() for part in where.split(".")) or not attribute.isidentifier():
+        raise refused("expected MODULE:FACTORY, such as mymodel:make_attention (an absolute import path, a colon, a callable's name)")
+    try:
+        given = json.loads(given_args)
+    except (ValueError, RecursionError) as exc:
+        raise refused(f"--args is not JSON ({exc})") from None
+    if not isinstance(given, (list, dict)):
+        raise refused(f"--args must be a JSON list of arguments or an object of keywords, not {json.dumps(given)[:40]}")
+    if "" not in sys.path and os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())  # MODULE is found in the current folder, as `python -m` finds it
+    try:
+        factory = getattr(importlib.import_module(where), attribute)
+        module = factory(**given) if isinstance(given, dict) else factory(*given)
+    except Exception as exc:  # importing the module runs its code too
+        raise refused(f"cannot build the module: {type(exc).__name__}: {exc}") from None
+    if not isinstance(module, torch.nn.Module):
+        raise refused(f"{attribute} returned {type(module).__name__}, not a torch.nn.Module")
+    return module.eval()
+
+
+def _example(name: str, sizes: tuple[int, ...], kind: str, torch):
+    """An example input for forward: random token ids (0 or 1) or randn, refused over the memory budget."""
+    budget, what = default_budget("cpu")
+    if math.prod(sizes) * 8 > budget:
+        raise TracerError(
+            Diagnostic(
+                f"--input {name}", None, "import-input", f"{list(sizes)} is over the memory budget of {human_bytes(budget)} ({what})"
+            )
+        )
+    return torch.randint(0, 2, sizes) if kind == "int" else torch.randn(sizes)
 
 
 def _diff(args) -> int:

@@ -16,7 +16,7 @@ import json
 import os
 import pickle
 import zipfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -27,22 +27,45 @@ from .spec.source import SourceMap, open_regular, read_document
 _EXPECTED = "give a .safetensors file or a torch.save'd state_dict"
 
 
-def read(path: str | Path, max_bytes: int | None = None) -> dict[str, Any]:
-    """A checkpoint's tensors by key, each a copy of its own (never a view of a larger storage);
-    refused before anything is copied when they add up to more than ``max_bytes``."""
+def read(path: str | Path, max_bytes: int | None = None, wanted: Callable[[str], bool] | None = None) -> dict[str, Any]:
+    """A checkpoint's tensors by key, each a copy of its own (never a view of a larger storage).
+
+    Only the keys ``wanted`` accepts (every key without it) are read, and only after their bytes,
+    taken from the file's metadata (a ``.safetensors`` header, a ``.pt``'s mapped tensors), are
+    held against ``max_bytes``. The others come back as meta tensors of their shape and dtype:
+    enough to check their names and split them by a map, without reading a byte of them."""
     path = Path(path)
     name = str(path)
-    fd, info = open_regular(path, name, _EXPECTED, codes=("weights-file", "weights-file"))
+    fd, _ = open_regular(path, name, _EXPECTED, codes=("weights-file", "weights-file"))
     try:
         opened = f"/proc/self/fd/{fd}" if os.path.isdir("/proc/self/fd") else name  # the file checked, not a swapped one
         if path.suffix == ".safetensors":
-            _check_size(name, info.st_size, max_bytes)  # its tensors fill the file: no view, no compression
-            return _load_safetensors(opened, name)
+            return _load_safetensors(opened, name, max_bytes, wanted or _every_key)
         state = _load_pt(opened, name)
     finally:
         os.close(fd)
-    _check_size(name, sum(t.numel() * t.element_size() for t in state.values()), max_bytes)
-    return {key: tensor.clone() for key, tensor in state.items()}  # copies only each tensor's own elements
+    return _take(name, state, max_bytes, wanted or _every_key, lambda key: state[key].clone())
+
+
+def _every_key(key: str) -> bool:
+    return True
+
+
+def _take(name: str, described: Mapping[str, Any], max_bytes: int | None, wanted: Callable[[str], bool], load: Callable[[str], Any]):
+    """The wanted keys loaded (once their bytes fit the budget), the others as placeholders."""
+    taken = {key for key in described if wanted(key)}
+    _check_size(name, sum(described[key].numel() * described[key].element_size() for key in taken), max_bytes)
+    return {key: load(key) if key in taken else _placeholder(tensor) for key, tensor in described.items()}
+
+
+def _placeholder(tensor):
+    """A meta tensor standing for one that is not read; a tensor without plain sizes (nested,
+    sparse) stands for itself: what is done with an unread key never reads it."""
+    import torch
+
+    if tensor.is_nested or tensor.layout != torch.strided:
+        return tensor
+    return torch.empty(tensor.shape, dtype=tensor.dtype, device="meta")
 
 
 def _check_size(name: str, size: int, max_bytes: int | None) -> None:
@@ -58,13 +81,52 @@ def _check_size(name: str, size: int, max_bytes: int | None) -> None:
         )
 
 
-def _load_safetensors(opened: str, name: str) -> dict[str, Any]:
-    from safetensors.torch import load_file
+def _load_safetensors(opened: str, name: str, max_bytes: int | None, wanted: Callable[[str], bool]) -> dict[str, Any]:
+    """The header first (safetensors checks that it agrees with the file), then each wanted
+    tensor on its own: the rest of the file is never read."""
+    from safetensors import safe_open
 
     try:
-        return dict(load_file(opened))
+        with safe_open(opened, framework="pt") as file:
+            described = {key: _described(name, key, file.get_slice(key)) for key in file.keys()}
+            return _take(name, described, max_bytes, wanted, file.get_tensor)
+    except TracerError:
+        raise
     except Exception as exc:  # a truncated file or a bad header: safetensors says which
         raise _unreadable(name, exc) from None
+
+
+#: safetensors' dtype names, as torch names them
+_SAFETENSORS_DTYPES = {
+    "BOOL": "bool",
+    "U8": "uint8",
+    "I8": "int8",
+    "U16": "uint16",
+    "I16": "int16",
+    "F16": "float16",
+    "BF16": "bfloat16",
+    "U32": "uint32",
+    "I32": "int32",
+    "F32": "float32",
+    "U64": "uint64",
+    "I64": "int64",
+    "F64": "float64",
+    "C64": "complex64",
+    "F8_E4M3": "float8_e4m3fn",
+    "F8_E5M2": "float8_e5m2",
+}
+
+
+def _described(name: str, key: str, header) -> Any:
+    """A meta tensor of the shape and dtype the header gives ``key``."""
+    import torch
+
+    dtype = _SAFETENSORS_DTYPES.get(header.get_dtype())
+    if dtype is None:
+        raise TracerError(
+            Diagnostic(name, None, "weights-file", f"cannot read weights: '{key}' is {header.get_dtype()}, a dtype torch does not read")
+        )
+    return torch.empty(header.get_shape(), dtype=getattr(torch, dtype), device="meta")
 
 
 def _load_pt(opened: str, name: str) -> dict[str, Any]:
@@ -160,6 +222,11 @@ def _entry_problem(key: str, target) -> str | None:
 
 def _is_names(value) -> bool:
     return isinstance(value, list) and bool(value) and all(isinstance(v, str) for v in value)
+
+
+def targets(mapping: Mapping[str, Any] | None, key: str) -> list[str]:
+    """The params a checkpoint key gives tensors to under ``mapping`` (itself when it names none)."""
+    return _targets(mapping.get(key, key) if mapping else key)
 
 
 def _targets(target) -> list[str]:

@@ -3,8 +3,10 @@ counts them, workspaces as upper bounds of what the kernels allocate."""
 
 import pytest
 
+import tracer
 from tests.conftest import assert_flops_as_counted, pipeline_text
 from tests.measure import allocated_peaks
+from tracer import TracerError
 
 
 def _inputs(shapes) -> tuple[str, str]:
@@ -53,6 +55,27 @@ WORKSPACES = {
         "a: {shape: [32, 32], init: randn}\nb: {shape: [32, 32], init: randn}\nc: {shape: [32, 32], init: randn}",
         "",
     ),
+    "einsum, four operands (an n^6 intermediate)": (
+        "- {id: y, op: einsum, equation: 'ab,cd,ef,ace->bdf', inputs: [a, b, c, d]}",
+        "a: {shape: [12, 12], init: randn}\nb: {shape: [12, 12], init: randn}\nc: {shape: [12, 12], init: randn}\n"
+        "d: {shape: [12, 12, 12], init: randn}",
+        "",
+    ),
+    "einsum, five operands sharing one letter": (
+        "- {id: y, op: einsum, equation: 'ab,ac,ad,ae,af->bcdef', inputs: [a, b, c, d, e]}",
+        "\n".join(f"{n}: {{shape: [12, 12], init: randn}}" for n in "abcde"),
+        "",
+    ),
+    "einsum, five vectors to their outer product": (
+        "- {id: y, op: einsum, equation: 'a,b,c,d,e->abcde', inputs: [a, b, c, d, e]}",
+        "\n".join(f"{n}: {{shape: [20], init: randn}}" for n in "abcde"),
+        "",
+    ),
+    "einsum, an expanded operand": (
+        "- {id: e, op: expand, input: a, shape: [64, 64, 64]}\n- {id: y, op: einsum, equation: 'abc,cd,de->abe', inputs: [e, b, c]}",
+        "a: {shape: [1, 64, 64], init: randn}\nb: {shape: [64, 64], init: randn}\nc: {shape: [64, 64], init: randn}",
+        "",
+    ),
     "einsum, attention scores": (
         "- {id: y, op: einsum, equation: 'bhqd,bhkd->bhqk', inputs: [q, k]}",
         "q: {shape: [1, 4, 256, 64], init: randn}\nk: {shape: [1, 4, 256, 64], init: randn}",
@@ -61,6 +84,16 @@ WORKSPACES = {
     "softmax of an expanded input": (
         "- {id: e, op: expand, input: x, shape: [1024, 1024]}\n- {id: y, op: softmax, dim: 0}",
         "x: {shape: [1, 1024], init: randn}",
+        "",
+    ),
+    "softmax over the middle dim of an expanded input": (
+        "- {id: e, op: expand, input: x, shape: [64, 128, 128]}\n- {id: y, op: softmax, dim: 1}",
+        "x: {shape: [1, 128, 1], init: randn}",
+        "",
+    ),
+    "softmax over dim 0 of a transposed input": (
+        "- {id: t, op: transpose, input: x, dims: [0, 1]}\n- {id: y, op: softmax, dim: 0}",
+        "x: {shape: [1024, 1024], init: randn}",
         "",
     ),
     "softmax of a transposed input": (
@@ -73,10 +106,60 @@ WORKSPACES = {
         "x: {shape: [1024, 1024], init: randn}",
         "",
     ),
+    "layernorm of an expanded input": (
+        "- {id: e, op: expand, input: x, shape: [1024, 1024]}\n- {id: y, op: layernorm}",
+        "x: {shape: [1, 1024], init: randn}",
+        "",
+    ),
+    "rmsnorm of a transposed input": (
+        "- {id: t, op: transpose, input: x, dims: [0, 1]}\n- {id: y, op: rmsnorm}",
+        "x: {shape: [1024, 1024], init: randn}",
+        "",
+    ),
+    "rmsnorm of an expanded input": (
+        "- {id: e, op: expand, input: x, shape: [1024, 1024]}\n- {id: y, op: rmsnorm}",
+        "x: {shape: [1, 1024], init: randn}",
+        "",
+    ),
+    "rmsnorm of float64, with a weight": (
+        "- {id: c, op: cast, input: x, dtype: float64}\n- {id: y, op: rmsnorm, weight: w}",
+        "x: {shape: [1024, 1024], init: randn}",
+        "w: {shape: [1024], init: ones, dtype: float64}",
+    ),
     "matmul broadcasting both operands": (
         "- {id: y, op: matmul, inputs: [a, b]}",
         "a: {shape: [4, 1, 256, 64], init: randn}\nb: {shape: [1, 4, 64, 256], init: randn}",
         "",
+    ),
+    "matmul of an expanded batch by a vector (no fold: a bmm of views)": (
+        "- {id: e, op: expand, input: a, shape: [64, 1024, 256]}\n- {id: y, op: matmul, inputs: [e, b]}",
+        "a: {shape: [1, 1024, 256], init: randn}\nb: {shape: [256], init: randn}",
+        "",
+    ),
+    "matmul of a matrix by a 4-d batch": (
+        "- {id: y, op: matmul, inputs: [a, b]}",
+        "a: {shape: [256, 64], init: randn}\nb: {shape: [4, 8, 64, 256], init: randn}",
+        "",
+    ),
+    "matmul of a vector by a 3-d batch": (
+        "- {id: y, op: matmul, inputs: [a, b]}",
+        "a: {shape: [256], init: randn}\nb: {shape: [16, 256, 1024], init: randn}",
+        "",
+    ),
+    "matmul of an expanded batch by a matrix": (
+        "- {id: e, op: expand, input: a, shape: [8, 1024, 64]}\n- {id: y, op: matmul, inputs: [e, b]}",
+        "a: {shape: [8, 1, 64], init: randn}\nb: {shape: [64, 256], init: randn}",
+        "",
+    ),
+    "linear of an expanded input": (
+        "- {id: e, op: expand, input: x, shape: [64, 256, 256]}\n- {id: y, op: linear, weight: W}",
+        "x: {shape: [1, 256, 256], init: randn}",
+        "W: {shape: [256, 256], init: randn}",
+    ),
+    "linear, x @ W + b": (
+        "- {id: y, op: linear, input: x, weight: W, bias: b, layout: in_out}",
+        "x: {shape: [64, 256, 256], init: randn}",
+        "W: {shape: [256, 256], init: randn}\nb: {shape: [256], init: randn}",
     ),
     "linear of a transposed input, with a bias": (
         "- {id: t, op: transpose, input: x, dims: [0, 1]}\n- {id: y, op: linear, weight: W, bias: b}",
@@ -108,6 +191,33 @@ WORKSPACES = {
     "sdpa, expanded keys and values": (
         "- {id: kv, op: expand, input: k, shape: [1, 4, 1024, 64]}\n- {id: y, op: sdpa, inputs: [q, kv, kv]}",
         "q: {shape: [1, 4, 1024, 64], init: randn}\nk: {shape: [1, 1, 1024, 64], init: randn}",
+        "",
+    ),
+    "sdpa, grouped keys expanded and reshaped to every head": (
+        "- {id: kv, op: expand, input: k, shape: [1, 2, 4, 1024, 64]}\n- {id: r, op: reshape, shape: [1, 8, 1024, 64]}\n"
+        "- {id: y, op: sdpa, inputs: [q, r, r]}",
+        "q: {shape: [1, 8, 1024, 64], init: randn}\nk: {shape: [1, 2, 1, 1024, 64], init: randn}",
+        "",
+    ),
+    "sdpa, expanded queries, causal": (
+        "- {id: qe, op: expand, input: q, shape: [1, 8, 1024, 64]}\n- {id: y, op: sdpa, inputs: [qe, k, k], causal: true}",
+        "q: {shape: [1, 1, 1024, 64], init: randn}\nk: {shape: [1, 8, 1024, 64], init: randn}",
+        "",
+    ),
+    "sdpa, gqa of expanded keys": (
+        "- {id: kv, op: expand, input: k, shape: [1, 2, 1024, 64]}\n- {id: y, op: sdpa, inputs: [q, kv, kv], gqa: true}",
+        "q: {shape: [1, 8, 1024, 64], init: randn}\nk: {shape: [1, 1, 1024, 64], init: randn}",
+        "",
+    ),
+    "cat and stack of expanded views": (
+        "- {id: e, op: expand, input: x, shape: [1024, 1024]}\n- {id: c, op: cat, inputs: [e, e], dim: 0}\n"
+        "- {id: y, op: stack, inputs: [e, e], dim: 0}",
+        "x: {shape: [1, 1024], init: randn}",
+        "",
+    ),
+    "contiguous and reshape of expanded views": (
+        "- {id: e, op: expand, input: x, shape: [1024, 1024]}\n- {id: c, op: contiguous}\n- {id: y, op: reshape, input: e, shape: [-1]}",
+        "x: {shape: [1, 1024], init: randn}",
         "",
     ),
     "rope, partial": ("- {id: y, op: rope, input: x, rotary_dim: 32}", "x: {shape: [1, 8, 512, 64], init: randn}", ""),
@@ -212,6 +322,22 @@ def test_the_estimate_bounds_what_the_kernels_allocate(case, allocated):
     estimate, peak = allocated[case]
     assert estimate >= 0.97 * peak - (256 << 10), f"{case}: estimated {estimate:,} B, torch allocated {peak:,} B"
     assert estimate <= 4 * peak + (1 << 20), f"{case}: estimated {estimate:,} B is no useful bound of {peak:,} B"
+
+
+@pytest.mark.parametrize("case", list(WORKSPACES))
+def test_a_budget_the_run_would_exceed_is_refused_before_anything_is_allocated(case, allocated, monkeypatch):
+    _, peak = allocated[case]
+    steps, inputs, params = WORKSPACES[case]
+    pipeline = tracer.loads(pipeline_text(steps, inputs=inputs, params=params))
+    for allocates in ("create_tensors", "Plan"):
+        monkeypatch.setattr(tracer.api, allocates, _refuse)
+    with pytest.raises(TracerError) as refused:
+        pipeline.run(max_memory=int(0.97 * peak) - (256 << 10) - 1)
+    assert refused.value.code == "memory-budget"
+
+
+def _refuse(*args, **kwargs):
+    raise AssertionError("allocated before the memory guard")
 
 
 def test_the_meter_sees_what_a_kernel_allocates_inside_itself(allocated):

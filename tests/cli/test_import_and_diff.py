@@ -4,6 +4,8 @@ import json
 import re
 import textwrap
 
+import pytest
+
 from tests.conftest import PIPELINES, tracer_cli
 
 MHA = PIPELINES / "causal_mha.yaml"
@@ -50,6 +52,53 @@ def test_import_of_a_missing_factory_is_a_located_error(tmp_path):
     assert done.returncode == 1 and done.stderr.startswith("nowhere_to_be_found:make: error[import-target]: cannot build the module")
     bad = tracer_cli("import", "m:f", "--input", "x=2,five", "-o", "a.yaml", cwd=tmp_path)
     assert bad.returncode == 2 and "expected NAME=SIZE,SIZE" in bad.stderr
+
+
+HOSTILE_FACTORIES = """
+def raises():
+    raise RuntimeError("boom")
+
+
+def not_a_module():
+    return 3.0
+"""
+
+
+@pytest.mark.parametrize(
+    "target, args, problem",
+    [
+        ("mymodel:make", "1", "--args must be a JSON list of arguments or an object of keywords, not 1"),
+        ("mymodel:make", '"ab"', "--args must be a JSON list of arguments or an object of keywords"),
+        ("mymodel:make", "[" * 5000 + "]" * 5000, "--args is not JSON"),
+        ("mymodel:make", '{"d_model": "x", "heads": 2}', "cannot build the module: TypeError"),
+        ("mymodel:make", "[1e400, 2]", "cannot build the module: TypeError"),
+        ("hostile:raises", "[]", "cannot build the module: RuntimeError: boom"),
+        ("hostile:not_a_module", "[]", "not_a_module returned float, not a torch.nn.Module"),
+        ("..mymodel:make", "[]", "expected MODULE:FACTORY"),
+        ("mymodel", "[]", "expected MODULE:FACTORY"),
+        ("mymodel:make()", "[]", "expected MODULE:FACTORY"),
+    ],
+)
+def test_a_bad_target_or_arguments_or_a_failing_factory_is_a_located_error(tmp_path, target, args, problem):
+    """The factory is the user's own code: whatever it raises is reported as theirs, never as
+    tracer's internal error (exit 3)."""
+    (tmp_path / "mymodel.py").write_text(textwrap.dedent(FACTORY))
+    (tmp_path / "hostile.py").write_text(HOSTILE_FACTORIES)
+    done = tracer_cli("import", target, "--args", args, "--input", "x=2,5,8", "-o", "a.yaml", cwd=tmp_path)
+    assert done.returncode == 1 and f"error[import-target]: {problem}" in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize(
+    "spec, problem, code",
+    [
+        ("x=2,-5,8", "expected NAME=SIZE,SIZE", 2),
+        ("x=100000000000,100000,8", "error[import-input]: [100000000000, 100000, 8] is over the memory budget", 1),
+    ],
+)
+def test_an_example_input_of_no_size_or_too_large_a_size_is_refused_before_it_is_made(tmp_path, spec, problem, code):
+    (tmp_path / "mymodel.py").write_text(textwrap.dedent(FACTORY))
+    done = tracer_cli("import", "mymodel:make", "--args", "[8, 2]", "--input", spec, "-o", "a.yaml", cwd=tmp_path)
+    assert done.returncode == code and problem in done.stderr, done.stderr
 
 
 def test_diff_names_changed_fields_shapes_params_and_the_first_divergent_tensor(tmp_path):

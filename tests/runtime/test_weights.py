@@ -65,6 +65,38 @@ def test_every_problem_is_reported_at_once_and_located():
     assert "inputs= names 'W_k', which is not one of the inputs" in text
 
 
+@pytest.mark.parametrize(
+    "routes, problem",
+    [
+        (
+            {"tensors": {"W_q": torch.eye(4)}, "params": {"W_q": torch.zeros(4, 4)}},
+            "23:3: error[tensor-given]: tensors= and params= both give 'W_q'",
+        ),
+        (
+            {"tensors": {"x": torch.zeros(2, 6, 4)}, "inputs": {"x": torch.ones(2, 6, 4)}},
+            "19:3: error[tensor-given]: tensors= and inputs= both give 'x'",
+        ),
+    ],
+    ids=["a param", "an input"],
+)
+def test_a_tensor_given_by_two_routes_is_an_error_at_its_declaration(routes, problem):
+    with pytest.raises(tracer.TracerError) as caught:
+        tracer.load(CAUSAL).run(**routes)
+    assert f"causal_mha.yaml:{problem}; give it once" in str(caught.value)  # at the declaration
+
+
+def test_dotted_and_slashed_keys_by_two_routes_are_an_error():
+    pipeline = tracer.load(PIPELINES / "encoder_block.yaml")
+    with pytest.raises(tracer.TracerError, match="tensors= and params= both give 'encoder/b_Q'; give it once"):
+        pipeline.run(tensors={"encoder.b_Q": torch.ones(2)}, params={"encoder/b_Q": torch.zeros(2)})
+
+
+def test_a_dim_given_two_values_on_the_command_line_is_a_usage_error():
+    done = tracer_cli("run", CAUSAL, "--dim", "T=4", "--dim", "T=5")
+    assert done.returncode == 2 and "argument --dim: T is given twice, as 4 and as 5: give it once" in done.stderr
+    assert tracer_cli("run", CAUSAL, "--dim", "T=4", "--dim", "T=4").returncode == 0
+
+
 @pytest.mark.parametrize("suffix", [".pt", ".safetensors"])
 def test_a_multihead_attention_state_dict_loads_through_a_weights_map(mha, tmp_path, suffix):
     """nn.MultiheadAttention's own checkpoint, renamed and split by the map, gives the module's numbers."""

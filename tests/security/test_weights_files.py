@@ -64,40 +64,59 @@ def test_a_compressed_checkpoint_is_refused_before_it_is_inflated(pipeline, tmp_
 
 @pytest.mark.parametrize("suffix", [".pt", ".safetensors"])
 def test_tensors_over_the_budget_are_refused_before_they_are_copied(pipeline, tmp_path, suffix):
-    state = {"W": torch.randn(4, 4), "b": torch.zeros(4), "unused": torch.zeros(2 << 20)}  # 8 MiB
+    state = {"W": torch.zeros(2 << 20), "b": torch.zeros(4)}  # W is declared (4, 4): the file says 8 MiB
     weights = tmp_path / f"w{suffix}"
     torch.save(state, weights) if suffix == ".pt" else save_file(state, weights)
     done = tracer_cli("run", pipeline, "--weights", weights, "--max-memory", "4MiB")
     assert done.returncode == 1 and "error[weights-too-large]: the checkpoint's tensors take 8.0 MiB" in done.stderr, done.stderr
 
 
-def test_many_keys_viewing_one_storage_count_once_each(pipeline, tmp_path):
+def test_many_keys_viewing_one_storage_count_once_each(tmp_path):
     """Twenty keys that each view the whole of one 1 MiB storage would be twenty copies."""
+    params = "".join(f"  p{i}: {{shape: [4], init: zeros}}\n" for i in range(20))
+    (tmp_path / "p.yaml").write_text(
+        f"name: many\ninputs:\n  x: {{shape: [4], init: randn}}\nparams:\n{params}steps:\n  - {{id: y, op: add, inputs: [x, p0]}}\n"
+    )
     shared = torch.zeros(1 << 18)
-    torch.save({"W": torch.randn(4, 4), "b": torch.zeros(4), **{f"k{i}": shared for i in range(20)}}, tmp_path / "w.pt")
-    done = tracer_cli("run", pipeline, "--weights", tmp_path / "w.pt", "--max-memory", "8MiB")
+    torch.save({f"p{i}": shared for i in range(20)}, tmp_path / "w.pt")
+    done = tracer_cli("run", tmp_path / "p.yaml", "--weights", tmp_path / "w.pt", "--max-memory", "8MiB")
     assert done.returncode == 1 and "the checkpoint's tensors take 20.0 MiB" in done.stderr, done.stderr
 
 
-READ_VIEW = """\
+READ_SOME = """\
 import resource, sys, torch
 from tracer import weights
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-state = weights.read(sys.argv[1])
+state = weights.read(sys.argv[1], max_bytes=1 << 20, wanted=lambda key: key != "unused")
 grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
-print(grown, state["W"].untyped_storage().nbytes(), state["W"].tolist() == torch.arange(16.0).view(4, 4).tolist())
+print(grown, state["unused"].device, list(state["unused"].shape), state["W"].tolist() == torch.eye(4).tolist())
 """
 
 
-def test_a_view_of_a_huge_storage_reads_only_the_view(tmp_path):
-    big = torch.zeros(16 << 20)  # 64 MiB on disk
-    big[:16] = torch.arange(16.0)
-    torch.save({"W": big[:16].view(4, 4)}, tmp_path / "view.pt")
-    del big
+@pytest.mark.parametrize("suffix", [".pt", ".safetensors"])
+def test_only_the_tensors_the_pipeline_takes_are_read_and_counted(tmp_path, suffix):
+    """A 64 MiB file of which the pipeline takes 80 bytes: memory grows by those, under a 1 MiB budget."""
+    state = {"W": torch.eye(4), "b": torch.zeros(4), "unused": torch.ones(16 << 20)}
+    weights = tmp_path / f"w{suffix}"
+    torch.save(state, weights) if suffix == ".pt" else save_file(state, weights)
+    del state
     env = {**os.environ, "PYTHONPATH": os.getcwd()}
-    done = subprocess.run([sys.executable, "-c", READ_VIEW, tmp_path / "view.pt"], capture_output=True, text=True, env=env, timeout=120)
-    grown_kib, storage_bytes, same = done.stdout.split()
-    assert int(grown_kib) < 16 << 10 and storage_bytes == "64" and same == "True", done.stdout + done.stderr
+    done = subprocess.run([sys.executable, "-c", READ_SOME, weights], capture_output=True, text=True, env=env, timeout=120)
+    grown_kib, device, shape, same = done.stdout.rsplit(maxsplit=3)
+    assert int(grown_kib) < 16 << 10 and device == "meta" and shape == "[16777216]" and same == "True", done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("suffix", [".pt", ".safetensors"])
+def test_a_key_the_map_drops_or_no_param_has_is_never_read(pipeline, tmp_path, suffix):
+    state = {"W": torch.randn(4, 4), "b": torch.zeros(4), "unused": torch.ones(4 << 20)}  # 16 MiB
+    weights = tmp_path / f"w{suffix}"
+    torch.save(state, weights) if suffix == ".pt" else save_file(state, weights)
+    (tmp_path / "map.yaml").write_text("unused: null\n")
+    dropped = tracer_cli("run", pipeline, "--weights", weights, "--weights-map", tmp_path / "map.yaml", "--max-memory", "8MiB")
+    assert dropped.returncode == 0, dropped.stderr
+    unknown = tracer_cli("run", pipeline, "--weights", weights, "--max-memory", "8MiB")
+    assert unknown.returncode == 1 and "error[unknown-tensor]" in unknown.stderr and "'unused'" in unknown.stderr, unknown.stderr
+    assert "weights-too-large" not in unknown.stderr
 
 
 @pytest.mark.parametrize("suffix", [".pt", ".safetensors"])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections import Counter
 
 import pytest
 
@@ -10,6 +11,7 @@ import tracer
 from tests.conftest import PIPELINES, refused
 from tracer.core import dimexpr
 from tracer.core.symbolic import DimAlgebra, resolve
+from tracer.presentation.export import export_source
 
 GOOD = (PIPELINES / "causal_mha.yaml").read_text()
 
@@ -115,3 +117,20 @@ def test_a_chain_of_thousands_of_derived_dims_needs_no_recursion():
     exprs = {f"d{i}": dimexpr.parse(f"d{i + 1} + 1") for i in range(count)} | {f"d{count}": dimexpr.parse("1")}
     values = resolve(exprs)
     assert values["d0"] == count + 1 and DimAlgebra({k: str(v) for k, v in exprs.items()}).dim("d0").value == count + 1
+
+
+def test_each_dim_is_parsed_once_by_load_check_and_export(monkeypatch):
+    """Thousands of derived dims overflow any fixed-size parse cache, so every layer that reads a
+    dim must take it from the spec, parsed once: counted here without the cache."""
+    parses = Counter()
+    uncached = dimexpr._parse_text.__wrapped__
+
+    def counted(text):
+        parses[text] += 1
+        return uncached(text)
+
+    monkeypatch.setattr(dimexpr, "_parse_text", counted)
+    dims = "\n".join([f"  d{i}: d{i - 1} + 1" for i in range(49, 0, -1)] + ["  d0: 1"])
+    pipeline = tracer.loads(f"name: n\ndims:\n{dims}\ninputs:\n  x: {{shape: [d49], init: randn}}\nsteps:\n  - {{id: y, op: tanh}}\n")
+    export_source(pipeline)
+    assert {parses[f"d{i - 1} + 1"] for i in range(1, 50)} == {1}

@@ -87,18 +87,36 @@ def _matmul_flops(step, ins, outs):
 
 @_counts(_WORKSPACE, Matmul)
 def _matmul_workspace(step, ins, outs):
-    """torch.matmul folds a batched operand times a matrix into one mm (``a.reshape(-1, k)``), and
-    otherwise expands both operands to the broadcast batch and reshapes them to 3-d for bmm:
-    each reshape that cannot be a view copies (a (B, 1, N, K) @ (1, H, K, M) copies both at B x H)."""
+    """torch.matmul folds a batched operand times a matrix or a vector into one mm when flattening
+    its leading dims is a view; otherwise it expands both operands to the broadcast batch and
+    reshapes them to 3-d for bmm, and each reshape that cannot be a view copies (a (B, 1, N, K) @
+    (1, H, K, M) copies both at B x H; a vector, or a matrix spread over the batch, never copies)."""
     a, b = ins
-    if len(a.shape) < 3 and len(b.shape) < 3:
+    if len(a.shape) < 3 and len(b.shape) < 3 or _folds(a, b):
         return 0
-    if len(b.shape) <= 2:
-        return merge_copy_bytes(a, a.sizes, len(a.shape) - 1)
-    if len(a.shape) <= 2:  # folds b's transpose: (b.mT @ a.mT).mT
-        return merge_copy_bytes(b, b.sizes[:-2] + b.sizes[:-3:-1], len(b.shape) - 1, swap_last=True)
-    batch = outs[-1].sizes[:-2]
-    return merge_copy_bytes(a, batch + a.sizes[-2:], len(batch)) + merge_copy_bytes(b, batch + b.sizes[-2:], len(batch))
+    batch = _broadcast_sizes(a.sizes[:-2], b.sizes[:-2])
+    return sum(merge_copy_bytes(m, batch + m.sizes[-2:], len(batch)) for m in (a, b) if len(m.shape) >= 2)
+
+
+def _folds(a: Meta, b: Meta) -> bool:
+    """torch's ``should_fold``: the operand with more dims (b transposed when it is b, and never
+    under a matrix on the left) has at least 3, the other at most 2, and its leading dims
+    flatten into rows without a copy (strictly: a size-1 dim's stride counts too)."""
+    if len(a.shape) >= len(b.shape):
+        sizes, stride, other = a.sizes, a.stride, len(b.shape)
+    elif len(a.shape) == 2:
+        return False
+    else:
+        sizes, stride, other = b.sizes[:-2] + b.sizes[:-3:-1], b.stride[:-2] + b.stride[:-3:-1], len(a.shape)
+    if len(sizes) < 3 or other > 2:
+        return False
+    return 0 in sizes or all(stride[i] == stride[i + 1] * sizes[i + 1] for i in range(len(sizes) - 2))
+
+
+def _broadcast_sizes(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...]:
+    width = max(len(a), len(b))
+    a, b = (1,) * (width - len(a)) + a, (1,) * (width - len(b)) + b
+    return tuple(y if x == 1 else x for x, y in zip(a, b))
 
 
 @_counts(_FLOPS, Bmm)
@@ -113,11 +131,15 @@ def _linear_flops(step, ins, outs):
 
 @_counts(_WORKSPACE, Linear)
 def _linear_workspace(step, ins, outs):
-    """torch folds (…, in) into one matrix product: a copy of x when its leading dims do not
-    merge into a view; with a bias, the product before the bias is added to it."""
-    x, out = ins[0], outs[-1]
-    folded = merge_copy_bytes(x, x.sizes, len(x.shape) - 1) if len(x.shape) > 2 else 0
-    return folded + (out.nbytes if step.bias else 0)
+    """What torch.matmul copies (an input whose leading dims neither flatten into rows nor into one
+    batch dim, a transposed batch), and the product the bias is added to: F.linear adds it inside
+    the product (addmm) for a matrix or a contiguous input only, and ``x @ W + b`` never. (Other
+    inputs get the bias in place, but out of place under a dispatch mode such as
+    ``tests/measure.py``'s meter: counting the product keeps both measurements bounded.)"""
+    x, w = ins[0], ins[1]
+    product = _matmul_workspace(step, [x, w], outs)  # a 2-d weight never copies, transposed or not
+    fused = step.layout == "out_in" and (len(x.shape) == 2 or x.contiguous)
+    return product + (outs[-1].nbytes if step.bias and not fused else 0)
 
 
 @_counts(_FLOPS, Conv1d, Conv2d)
@@ -482,10 +504,10 @@ def _layernorm_workspace(step, ins, outs):
 
 @_counts(_WORKSPACE, RMSNorm)
 def _rmsnorm_workspace(step, ins, outs):
-    """The float32 normalised copy (and the float32 copy of a narrower input, and its cast
-    back), plus the (…, 1) mean-square column."""
+    """h.pow(2) and the normalised h beside the output, in float32; for another dtype also the
+    float32 copy of x, which lives while the squares or the normalised h are made, or the cast of
+    h back beside it (as wide as x) that the weight multiplies; and the (…, 1) mean-square columns."""
     x = ins[0]
     n, rows = x.numel, math.prod(x.sizes[:-1])  # rows: the (…, 1) columns exist for an empty last dim too
-    narrow = x.dtype != "float32"
-    # h, its normalised copy and (1 + w) * h or h's cast back, in float32; the (…, 1) mean, + eps, rsqrt
-    return 4 * n * 3 + (x.nbytes if narrow else 0) + 12 * rows
+    converted = max(4 * n, x.nbytes) if x.dtype != "float32" else 0
+    return 4 * n + converted + 12 * rows

@@ -225,7 +225,7 @@ def analyze(pipeline: PipelineSpec, source: SourceMap, dims: Mapping[str, int] |
 
 
 def _algebra(pipeline: PipelineSpec, source: SourceMap, overrides: Mapping[str, int]) -> DimAlgebra:
-    exprs = {name: dimexpr.parse(text) for name, text in pipeline.dims.items()}
+    exprs = pipeline.dim_exprs
     for name, value in overrides.items():
         if name not in exprs:
             message = f"--dim {name}={value}: the pipeline has no dim '{name}' (dims: {', '.join(exprs) or 'none'})"
@@ -244,7 +244,7 @@ def _algebra(pipeline: PipelineSpec, source: SourceMap, overrides: Mapping[str, 
         if value < 0:
             given = f"--dim {name}={value}" if name in overrides else f"dim {name} = {exprs[name]} is {value}"
             raise TracerError(source.error(("dims", name), "dim-negative", f"{given}; dims must not be negative", prefer_key=True))
-    return DimAlgebra(pipeline.dims, values)
+    return DimAlgebra(exprs, values)
 
 
 def too_large(sizes: tuple[int, ...], dtype: str) -> str | None:

@@ -13,7 +13,9 @@ accepted, and nothing is ever evaluated by Python: we walk our own tree.
 from __future__ import annotations
 
 import ast
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Generic, TypeVar
@@ -228,7 +230,35 @@ def parse(text: str | int) -> Expr:
         raise DimError(f"expected a dim name, an int or an expression, found {type(text).__name__}")
     if len(text) > MAX_TEXT:
         raise DimError(f"dim expression is {len(text)} characters long (the limit is {MAX_TEXT})")
-    return _parse_text(text)
+    memo = _MEMO.get()
+    if memo is None:
+        return _parse_text(text)
+    if text not in memo:
+        memo[text] = _parse_text(text)
+    return memo[text]
+
+
+_MEMO: ContextVar[dict[str, Expr] | None] = ContextVar("tracer_dim_memo", default=None)
+
+
+@contextmanager
+def parsing_once() -> Iterator[None]:
+    """Within it, each text is parsed once however often it is read (a file's validation parses
+    every dim, its spec keeps them parsed; thousands of dims overflow any fixed-size cache). The
+    memo goes when the outermost one ends, so nothing accumulates across files."""
+    if _MEMO.get() is not None:
+        yield
+        return
+    token = _MEMO.set({})
+    try:
+        yield
+    finally:
+        _MEMO.reset(token)
+
+
+def parsed(value: Expr | str | int) -> Expr:
+    """``value`` as an expression: parsed, unless it already is one."""
+    return value if isinstance(value, (Num, Name, Neg, BinOp)) else parse(value)
 
 
 @lru_cache(maxsize=4096)

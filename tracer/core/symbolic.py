@@ -156,8 +156,8 @@ class Dim:
 class DimAlgebra:
     """The dims of one pipeline: parses, evaluates and combines them, and names the results."""
 
-    def __init__(self, declared: Mapping[str, str | int], values: Mapping[str, int] | None = None):
-        self.exprs = {name: dimexpr.parse(text) for name, text in declared.items()}
+    def __init__(self, declared: Mapping[str, dimexpr.Expr | str | int], values: Mapping[str, int] | None = None):
+        self.exprs = {name: dimexpr.parsed(expr) for name, expr in declared.items()}
         self.values = dict(values) if values is not None else resolve(self.exprs)
         self.polys: dict[str, Poly] = {}
         for name in dependency_order(self.exprs, missing_ok=True):  # a dim's poly is made of its dependencies'

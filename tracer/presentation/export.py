@@ -218,7 +218,7 @@ class _Writer:
         scope.attrs = Namespace(module_attributes())
         self._claim_attributes(scope)
         scope.model, scope.from_input = _classify_dims(spec)
-        for name in _dim_order(spec.dims):
+        for name in spec.dim_order:
             if name in scope.model:
                 scope.dim_attrs[name] = scope.attrs.claim(name)
         return scope
@@ -267,8 +267,8 @@ class _Writer:
     def _init(self, scope: _Scope, top: bool) -> str:
         spec = scope.spec
         scope.local, scope.names = _function_namespace(self.module_names.taken), {}
-        base = [n for n in _dim_order(spec.dims) if n in scope.model and dimexpr.is_number(dimexpr.parse(spec.dims[n]))]
-        defaults = scope.values if top else resolve({n: dimexpr.parse(t) for n, t in spec.dims.items()})  # a block file's own values
+        base = [n for n in spec.dim_order if n in scope.model and dimexpr.is_number(spec.dim_exprs[n])]
+        defaults = scope.values if top else resolve(spec.dim_exprs)  # a block file's own values
         # the constructor's own arguments keep their names (`seed=`, `generator=`); a dim so named yields
         generator = scope.local.claim("generator")
         seed = scope.local.claim("seed") if top else None
@@ -278,9 +278,9 @@ class _Writer:
         args.append(f"{seed}=None" if top else f"{generator}=None")
         scope.scratch = scope.local.claim("bound")  # a linear init's bound
         lines = ["super().__init__()"]
-        for name in _dim_order(spec.dims):
+        for name in spec.dim_order:
             if name in scope.model and name not in base:
-                expr = dimexpr.parse(spec.dims[name])
+                expr = spec.dim_exprs[name]
                 lines += _dim_checks(name, expr, scope)
                 scope.names[name] = scope.local.claim(name)
                 lines.append(f"{scope.names[name]} = {_source(expr, scope.names)}")
@@ -366,8 +366,8 @@ class _Writer:
     def _block_dims(self, scope: _Scope, step, block: _Scope) -> list[str]:
         """The block's model dims, bound as the expansion binds them: ``dims:``, or the same name here."""
         given = []
-        for name, text in block.spec.dims.items():
-            if name not in block.model or not dimexpr.is_number(dimexpr.parse(text)):
+        for name, expr in block.spec.dim_exprs.items():
+            if name not in block.model or not dimexpr.is_number(expr):
                 continue
             if name in step.dims:
                 value = _source(dimexpr.parse(step.dims[name]), scope.names)
@@ -405,7 +405,7 @@ class _Writer:
             var = scope.local.claim(name)
             args.append(var)
             scope.exprs[scope.prefix + name] = var
-        for name in _dim_order(spec.dims):
+        for name in spec.dim_order:
             scope.names[name] = scope.local.claim(name)
         body: list[str] = []
         for i in _order(spec):
@@ -422,13 +422,13 @@ class _Writer:
         computed (and checked) from them; only those the body uses, and what they are made of."""
         used = _names_in(lines)
         wanted = {name for name, local in scope.names.items() if local in used}
-        exprs = {name: dimexpr.parse(text) for name, text in scope.spec.dims.items()}
-        for name in reversed(_dim_order(scope.spec.dims)):  # what a wanted derived dim is computed from
+        exprs, order = scope.spec.dim_exprs, scope.spec.dim_order
+        for name in reversed(order):  # what a wanted derived dim is computed from
             if name in wanted and name not in scope.model and name not in scope.from_input:
                 wanted |= set(dimexpr.names(exprs[name]))
-        head, model = [], [n for n in _dim_order(scope.spec.dims) if n in wanted and n in scope.model]
+        head, model = [], [n for n in order if n in wanted and n in scope.model]
         by_input: dict[str, list[str]] = {}
-        for name in _dim_order(scope.spec.dims):
+        for name in order:
             if name in wanted and name in scope.from_input:
                 by_input.setdefault(scope.from_input[name][0], []).append(name)
         for input_name, names in by_input.items():
@@ -439,7 +439,7 @@ class _Writer:
             head.append(
                 ", ".join(scope.names[n] for n in model) + " = " + ", ".join(f"self.{scope.dim_attrs[n]}" for n in model) + "  # dims"
             )
-        for name in _dim_order(scope.spec.dims):
+        for name in order:
             if name in wanted and name not in scope.model and name not in scope.from_input:
                 head += _dim_checks(name, exprs[name], scope)
                 head.append(f"{scope.names[name]} = {_source(exprs[name], scope.names)}")
@@ -514,14 +514,14 @@ def _classify_dims(spec) -> tuple[set[str], dict[str, tuple[str, int]]]:
     binding needs it to build the module and some input has it as a whole dim: forward reads it
     from there (``T = x.shape[1]``), so the module runs at any batch and length. Every other dim,
     and a derived dim made only of model dims, is a model dim: a constructor argument."""
-    exprs = {name: dimexpr.parse(text) for name, text in spec.dims.items()}
+    exprs = spec.dim_exprs
     needed: set[str] = set()
     texts = [t for decl in spec.params.values() for t in [*decl.shape, decl.fan_in] if t is not None]
     texts += [t for decl in spec.inputs.values() if decl.init is None for t in decl.shape]
     texts += [t for step in spec.steps if step.includes_file for t in step.dims.values()]
     for text in texts:
         needed |= dimexpr.names(dimexpr.parse(text))
-    for name in reversed(_dim_order(spec.dims)):
+    for name in reversed(spec.dim_order):
         if name in needed:
             needed |= dimexpr.names(exprs[name])
     from_input: dict[str, tuple[str, int]] = {}
@@ -532,7 +532,7 @@ def _classify_dims(spec) -> tuple[set[str], dict[str, tuple[str, int]]]:
                 from_input.setdefault(expr.name, (input_name, axis))
     sizes = {name: where for name, where in from_input.items() if name not in needed}
     model: set[str] = set()
-    for name in _dim_order(spec.dims):  # a derived dim is a model dim when all it is made of are
+    for name in spec.dim_order:  # a derived dim is a model dim when all it is made of are
         if name not in sizes and dimexpr.names(exprs[name]) <= model:
             model.add(name)
     return model, sizes
@@ -642,11 +642,6 @@ def _dim_checks(name: str, expr, scope: _Scope) -> list[str]:
                 f'    raise ValueError(f"{where}: {described[0]} is not divisible by {described[1]}")',
             ]
     return lines
-
-
-def _dim_order(dims: dict) -> list[str]:
-    """Dims in an order where each comes after the dims it is computed from (file order otherwise)."""
-    return list(resolve({name: dimexpr.parse(text) for name, text in dims.items()}))
 
 
 def _order(spec) -> list[int]:

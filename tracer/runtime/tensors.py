@@ -15,7 +15,7 @@ from __future__ import annotations
 import difflib
 import math
 import weakref
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 from ..analysis.shapes import Analysis, Declared
@@ -142,6 +142,29 @@ def _fits(tensor, sizes: tuple[int, ...], dtype, tensor_type, strided) -> bool:
     )
 
 
+def match_routes(analysis: Analysis, routes: list[tuple[str, str | None, Mapping[str, Any] | None]]) -> dict[str, Any]:
+    """The tensors of several routes (``(what, section, given)``: ``tensors=``, ``params=``,
+    ``inputs=``) by declared name, all problems at once; a tensor two routes give is an error
+    located at its declaration, never resolved by the order of the routes."""
+    found, given_by, problems = {}, {}, []
+    for what, section, given in routes:
+        try:
+            matched = match(analysis, given or {}, section, what)
+        except TracerError as exc:
+            problems += exc.diagnostics
+            continue
+        for name, tensor in matched.items():
+            if name in given_by:
+                where = "inputs" if name in analysis.pipeline.inputs else "params"
+                message = f"{given_by[name]} and {what} both give '{name}'; give it once"
+                problems.append(analysis.source.error((where, name), "tensor-given", message, prefer_key=True))
+            given_by.setdefault(name, what)
+            found.setdefault(name, tensor)
+    if problems:
+        raise TracerError(problems)
+    return found
+
+
 def _problem(analysis: Analysis, name: str, key, tensor, what: str, earlier_key) -> str | None:
     """What is wrong with ``tensor`` as the declared ``name`` (None: nothing)."""
     import torch
@@ -174,6 +197,12 @@ def _unusable(tensor) -> str | None:
     if tensor.is_meta:
         return "a meta tensor, which holds no values; give one with data"
     return None
+
+
+def takes(analysis: Analysis, section: str | None) -> Callable[[str], bool]:
+    """Whether :func:`match` would take a key as a declared tensor (of ``section``; None: either)."""
+    declared = _declared(analysis, section)
+    return lambda key: key in declared or key.replace(".", "/") in declared
 
 
 def _declared(analysis: Analysis, section: str | None) -> dict[str, str]:

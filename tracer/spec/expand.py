@@ -154,7 +154,7 @@ def _shared_algebra(pipeline, alg, algs: dict):
     every block, so code that reads a block step's fields with ``analysis.alg`` still evaluates
     them (``analysis.alg_of(id)`` is exact); traces list those dims alongside the file's."""
 
-    declared, values, clash = dict(pipeline.dims), dict(alg.values), set()
+    declared, values, clash = dict(pipeline.dim_exprs), dict(alg.values), set()
     for block_alg in {id(a): a for a in algs.values()}.values():
         for name, value in block_alg.values.items():
             if name in pipeline.dims or name in clash:
@@ -162,7 +162,7 @@ def _shared_algebra(pipeline, alg, algs: dict):
             if name in values and values[name] != value:
                 clash.add(name)
             else:
-                declared[name], values[name] = str(block_alg.exprs[name]), value
+                declared[name], values[name] = block_alg.exprs[name], value
     for name in clash:
         declared.pop(name, None)
         values.pop(name, None)
@@ -435,7 +435,7 @@ def _load_block(step: Block, i: int, source: SourceMap, folder: Path, stack: tup
 
 
 def _block_algebra(step: Block, i: int, block_spec, block_source: SourceMap, source: SourceMap, alg):
-    exprs = {name: dimexpr.parse(text) for name, text in block_spec.dims.items()}
+    exprs = block_spec.dim_exprs
     bound: dict[str, int] = {}
     for name, text in step.dims.items():
         path = ("steps", i, "dims", name)
@@ -475,4 +475,4 @@ def _block_algebra(step: Block, i: int, block_spec, block_source: SourceMap, sou
             raise TracerError(
                 source.error(("steps", i, "dims"), "dim-negative", f"block '{step.use}': dim {name} is {value}", step.id, prefer_key=True)
             )
-    return DimAlgebra(block_spec.dims, values), bound
+    return DimAlgebra(exprs, values), bound

@@ -35,7 +35,8 @@ def validate(data: Any, source: SourceMap) -> PipelineSpec:
     if not isinstance(data, dict):
         raise TracerError(source.error((), "not-a-pipeline", f"a pipeline file is a mapping with 'name' and 'steps', found {_kind(data)}"))
     try:
-        spec = PipelineSpec.model_validate(data)
+        with dimexpr.parsing_once():
+            spec = PipelineSpec.model_validate(data)
     except ValidationError as exc:
         errors = exc.errors(include_url=False)
         diagnostics = [_diagnostic(err, data, source) for err in errors] + _dim_problems(data, source, errors)

@@ -5,12 +5,14 @@ from __future__ import annotations
 import math
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import Field, StrictBool, StrictFloat, StrictInt, field_validator, model_validator
+from pydantic import Field, PrivateAttr, StrictBool, StrictFloat, StrictInt, field_validator, model_validator
 from pydantic.json_schema import GenerateJsonSchema
 
 from .. import steps  # noqa: F401  (registers every step kind)
+from ..core import dimexpr
 from ..core.dtypes import DTYPE_BYTES, FLOAT_DTYPES
 from ..core.fields import DimText, RecordId, Strict, TensorId
+from ..core.symbolic import dependency_order
 from ..steps.contract import STEP_KINDS
 from .inits import INITS
 
@@ -181,6 +183,31 @@ class PipelineSpec(Strict):
         None,
         description="how a transformers save_pretrained folder fills the dims, step fields and params (`tracer run FILE --weights DIR`)",
     )
+    _parsed_dims: tuple | None = PrivateAttr(default=None)  # (the dims dict parsed, its expressions, their order)
+
+    @model_validator(mode="after")
+    def _parse_dims(self) -> PipelineSpec:
+        """Keep the dims parsed: each text was just parsed by its validator, and within
+        ``dimexpr.parsing_once`` (loading validates in it) that parse is the one kept."""
+        self._parsed_dims = (self.dims, {name: dimexpr.parse(text) for name, text in self.dims.items()}, None)
+        return self
+
+    @property
+    def dim_exprs(self) -> dict[str, dimexpr.Expr]:
+        """Every dim's expression, parsed once per spec: analysis, blocks and export read them
+        many times, and a file of thousands of derived dims must not parse each again every time."""
+        if self._parsed_dims[0] is not self.dims:  # a copy made with other dims parses its own
+            self._parse_dims()
+        return self._parsed_dims[1]
+
+    @property
+    def dim_order(self) -> list[str]:
+        """The dims, each after the dims it is computed from (the file's order otherwise); raises
+        ``DimError`` for a cycle or an unknown name, which the analysis reports first."""
+        exprs = self.dim_exprs
+        if self._parsed_dims[2] is None:
+            self._parsed_dims = (self.dims, exprs, dependency_order(exprs))
+        return self._parsed_dims[2]
 
 
 # How a number is written when YAML 1.1 (tracer's reader, PyYAML) reads it as text but a lax float
