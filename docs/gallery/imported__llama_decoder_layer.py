@@ -72,10 +72,10 @@ class LlamaLayer(nn.Module):
         layer_self_attn_q_proj = F.linear(layer_input_layernorm, self.layer.self_attn.q_proj.weight)  # (B, T, d_model) layer.self_attn.q_proj
         layer_self_attn_query_states_view = layer_self_attn_q_proj.view(B, T, H, Dh)  # (B, T, H, Dh) layer.self_attn.query_states_view
         layer_self_attn_query_states = layer_self_attn_query_states_view.transpose(1, 2)  # (B, H, T, Dh) layer.self_attn.query_states
-        layer_self_attn_k_proj = F.linear(layer_input_layernorm, self.layer.self_attn.k_proj.weight)  # (B, T, H_kv*d_model // H) layer.self_attn.k_proj
+        layer_self_attn_k_proj = F.linear(layer_input_layernorm, self.layer.self_attn.k_proj.weight)  # (B, T, H_kv * Dh) layer.self_attn.k_proj
         layer_self_attn_key_states_view = layer_self_attn_k_proj.view(B, T, H_kv, Dh)  # (B, T, H_kv, Dh) layer.self_attn.key_states_view
         layer_self_attn_key_states = layer_self_attn_key_states_view.transpose(1, 2)  # (B, H_kv, T, Dh) layer.self_attn.key_states
-        layer_self_attn_v_proj = F.linear(layer_input_layernorm, self.layer.self_attn.v_proj.weight)  # (B, T, H_kv*d_model // H) layer.self_attn.v_proj
+        layer_self_attn_v_proj = F.linear(layer_input_layernorm, self.layer.self_attn.v_proj.weight)  # (B, T, H_kv * Dh) layer.self_attn.v_proj
         layer_self_attn_value_states_view = layer_self_attn_v_proj.view(B, T, H_kv, Dh)  # (B, T, H_kv, Dh) layer.self_attn.value_states_view
         layer_self_attn_value_states = layer_self_attn_value_states_view.transpose(1, 2)  # (B, H_kv, T, Dh) layer.self_attn.value_states
         layer_self_attn_q_embed_inv_freq = 1.0 / (10000.0 ** (torch.arange(0, Dh, 2, dtype=torch.int64, device=layer_self_attn_query_states.device).float() / Dh))  # layer.self_attn.q_embed

@@ -38,7 +38,7 @@ class CausalSelfAttention(nn.Module):
     def forward(self, x):
         B, T = x.shape[0], x.shape[1]  # sizes from the input
         d_model, H, Dh = self.d_model, self.H, self.Dh  # dims
-        c_attn = F.linear(x, self.c_attn.weight, self.c_attn.bias)  # (B, T, 3*d_model) c_attn
+        c_attn = F.linear(x, self.c_attn.weight, self.c_attn.bias)  # (B, T, 3 * d_model) c_attn
         q, k, v = c_attn.split(d_model, dim=2)  # (B, T, d_model), (B, T, d_model), (B, T, d_model) q_split
         k_view = k.view(B, T, H, Dh)  # (B, T, H, Dh) k_view
         k_2 = k_view.transpose(1, 2)  # (B, H, T, Dh) k_2

@@ -34,7 +34,7 @@ class CausalAlign(nn.Module):
         k_rot_emb = torch.cat((k_rot_freqs, k_rot_freqs), dim=-1)  # k_rot
         k_rot_cos, k_rot_sin = k_rot_emb.cos().to(k.dtype), k_rot_emb.sin().to(k.dtype)  # k_rot
         k_rot = k * k_rot_cos.view(1, 1, T, Dh) + _rotate_half(torch, k) * k_rot_sin.view(1, 1, T, Dh)  # (B, H, T, Dh) k_rot
-        k_all = torch.cat((k_cache, k_rot), dim=2)  # (B, H, T + past, Dh) k_all
-        v_all = torch.cat((v_cache, v), dim=2)  # (B, H, T + past, Dh) v_all
+        k_all = torch.cat((k_cache, k_rot), dim=2)  # (B, H, past + T, Dh) k_all
+        v_all = torch.cat((v_cache, v), dim=2)  # (B, H, past + T, Dh) v_all
         context = F.scaled_dot_product_attention(q_rot, k_all, v_all, is_causal=True)  # (B, H, T, Dh) context
         return context  # (B, H, T, Dh)

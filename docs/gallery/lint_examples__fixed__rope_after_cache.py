@@ -34,8 +34,8 @@ class RopeAfterCacheFixed(nn.Module):
         k_rot_emb = torch.cat((k_rot_freqs, k_rot_freqs), dim=-1)  # k_rot
         k_rot_cos, k_rot_sin = k_rot_emb.cos().to(k.dtype), k_rot_emb.sin().to(k.dtype)  # k_rot
         k_rot = k * k_rot_cos.view(1, 1, T, Dh) + _rotate_half(torch, k) * k_rot_sin.view(1, 1, T, Dh)  # (B, H, T, Dh) k_rot
-        k_all = torch.cat((k_cache, k_rot), dim=2)  # (B, H, T + past, Dh) k_all
-        v_all = torch.cat((v_cache, v), dim=2)  # (B, H, T + past, Dh) v_all
-        context_hidden = torch.ones(T, T + past, dtype=torch.bool, device=q_rot.device).triu(T + past - T + 1)  # context
+        k_all = torch.cat((k_cache, k_rot), dim=2)  # (B, H, past + T, Dh) k_all
+        v_all = torch.cat((v_cache, v), dim=2)  # (B, H, past + T, Dh) v_all
+        context_hidden = torch.ones(T, past + T, dtype=torch.bool, device=q_rot.device).triu(past + T - T + 1)  # context
         context = F.scaled_dot_product_attention(q_rot, k_all, v_all, attn_mask=~context_hidden)  # (B, H, T, Dh) context
         return context  # (B, H, T, Dh)

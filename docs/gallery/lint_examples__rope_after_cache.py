@@ -29,13 +29,13 @@ class RopeAfterCache(nn.Module):
         q_rot_emb = torch.cat((q_rot_freqs, q_rot_freqs), dim=-1)  # q_rot
         q_rot_cos, q_rot_sin = q_rot_emb.cos().to(q.dtype), q_rot_emb.sin().to(q.dtype)  # q_rot
         q_rot = q * q_rot_cos.view(1, 1, T, Dh) + _rotate_half(torch, q) * q_rot_sin.view(1, 1, T, Dh)  # (B, H, T, Dh) q_rot
-        k_all = torch.cat((k_cache, k), dim=2)  # (B, H, T + past, Dh) k_all
+        k_all = torch.cat((k_cache, k), dim=2)  # (B, H, past + T, Dh) k_all
         k_all_rot_inv_freq = 1.0 / (10000.0 ** (torch.arange(0, Dh, 2, dtype=torch.int64, device=k_all.device).float() / Dh))  # k_all_rot
-        k_all_rot_freqs = torch.arange(T + past, device=k_all.device).float()[:, None] * k_all_rot_inv_freq  # k_all_rot
+        k_all_rot_freqs = torch.arange(past + T, device=k_all.device).float()[:, None] * k_all_rot_inv_freq  # k_all_rot
         k_all_rot_emb = torch.cat((k_all_rot_freqs, k_all_rot_freqs), dim=-1)  # k_all_rot
         k_all_rot_cos, k_all_rot_sin = k_all_rot_emb.cos().to(k_all.dtype), k_all_rot_emb.sin().to(k_all.dtype)  # k_all_rot
-        k_all_rot = k_all * k_all_rot_cos.view(1, 1, T + past, Dh) + _rotate_half(torch, k_all) * k_all_rot_sin.view(1, 1, T + past, Dh)  # (B, H, T + past, Dh) k_all_rot
-        v_all = torch.cat((v_cache, v), dim=2)  # (B, H, T + past, Dh) v_all
-        context_hidden = torch.ones(T, T + past, dtype=torch.bool, device=q_rot.device).triu(T + past - T + 1)  # context
+        k_all_rot = k_all * k_all_rot_cos.view(1, 1, past + T, Dh) + _rotate_half(torch, k_all) * k_all_rot_sin.view(1, 1, past + T, Dh)  # (B, H, past + T, Dh) k_all_rot
+        v_all = torch.cat((v_cache, v), dim=2)  # (B, H, past + T, Dh) v_all
+        context_hidden = torch.ones(T, past + T, dtype=torch.bool, device=q_rot.device).triu(past + T - T + 1)  # context
         context = F.scaled_dot_product_attention(q_rot, k_all_rot, v_all, attn_mask=~context_hidden)  # (B, H, T, Dh) context
         return context  # (B, H, T, Dh)

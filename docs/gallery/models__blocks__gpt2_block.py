@@ -47,7 +47,7 @@ class Gpt2Block(nn.Module):
         B, T = x.shape[0], x.shape[1]  # sizes from the input
         d_model, H, Dh = self.d_model, self.H, self.Dh  # dims
         h = F.layer_norm(x, (d_model,), self.ln_1_w, self.ln_1_b, eps=1e-05)  # (B, T, d_model) h
-        qkv = h @ self.W_attn + self.b_attn  # (B, T, 3*d_model) qkv
+        qkv = h @ self.W_attn + self.b_attn  # (B, T, 3 * d_model) qkv
         q, k, v = qkv.split(d_model, dim=2)  # (B, T, d_model), (B, T, d_model), (B, T, d_model) qkv_split
         q_heads = q.view(B, T, H, Dh)  # (B, T, H, Dh) q_heads
         q_h = q_heads.transpose(1, 2)  # (B, H, T, Dh) q_h

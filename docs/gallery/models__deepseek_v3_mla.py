@@ -111,11 +111,11 @@ class DeepseekV3Mla(nn.Module):
         qa_n_h = qa.to(torch.float32)  # qa_n
         qa_n_h = qa_n_h * torch.rsqrt(qa_n_h.pow(2).mean(-1, keepdim=True) + 1e-06)  # qa_n
         qa_n = self.ln_qa * qa_n_h.to(qa.dtype)  # (B, T, Rq) qa_n
-        q = F.linear(qa_n, self.W_qb)  # (B, T, Dn*H + Dr*H) q
+        q = F.linear(qa_n, self.W_qb)  # (B, T, H * Dq) q
         q_heads = q.view(B, T, H, Dq)  # (B, T, H, Dq) q_heads
         q_h = q_heads.transpose(1, 2)  # (B, H, T, Dq) q_h
         q_pass, q_rot_in = q_h.split((Dn, Dr), dim=-1)  # (B, H, T, Dn), (B, H, T, Dr) q_split
-        ckv = F.linear(x, self.W_kva)  # (B, T, Dr + Rkv) ckv
+        ckv = F.linear(x, self.W_kva)  # (B, T, Rkv + Dr) ckv
         kv_lat_in, k_rot_in = ckv.split((Rkv, Dr), dim=-1)  # (B, T, Rkv), (B, T, Dr) ckv_split
         kv_lat_n_h = kv_lat_in.to(torch.float32)  # kv_lat_n
         kv_lat_n_h = kv_lat_n_h * torch.rsqrt(kv_lat_n_h.pow(2).mean(-1, keepdim=True) + 1e-06)  # kv_lat_n
@@ -139,7 +139,7 @@ class DeepseekV3Mla(nn.Module):
         k_pairs_t = k_pairs.transpose(-1, -2)  # (B, 1, T, 2, Dr // 2) k_pairs_t
         k_rot = k_pairs_t.reshape(B, 1, T, Dr)  # (B, 1, T, Dr) k_rot
         query = torch.cat((q_pass, q_rot), dim=-1)  # (B, H, T, Dq) query
-        kv = F.linear(kv_lat, self.W_kvb)  # (B, 1, T, Dn*H + Dv*H) kv
+        kv = F.linear(kv_lat, self.W_kvb)  # (B, 1, T, H * (Dn + Dv)) kv
         kv_heads = kv.view(B, T, H, Dn + Dv)  # (B, T, H, Dn + Dv) kv_heads
         kv_h = kv_heads.transpose(1, 2)  # (B, H, T, Dn + Dv) kv_h
         k_nope, value = kv_h.split((Dn, Dv), dim=-1)  # (B, H, T, Dn), (B, H, T, Dv) kv_split

@@ -68,8 +68,8 @@ class FalconDecoderLayer(nn.Module):
         d_model, H, H_kv, n_rep, Dh = self.d_model, self.H, self.H_kv, self.n_rep, self.Dh  # dims
         h_attn = F.layer_norm(x, (d_model,), self.ln_attn_w, self.ln_attn_b, eps=1e-05)  # (B, T, d_model) h_attn
         h_mlp = F.layer_norm(x, (d_model,), self.ln_mlp_w, self.ln_mlp_b, eps=1e-05)  # (B, T, d_model) h_mlp
-        fused = F.linear(h_attn, self.W_qkv)  # (B, T, 2*H_kv*d_model // H + d_model) fused
-        qkv = fused.view(B, T, H_kv, n_rep + 2, Dh)  # (B, T, H_kv, H // H_kv + 2, Dh) qkv
+        fused = F.linear(h_attn, self.W_qkv)  # (B, T, (H + (2 * H_kv)) * Dh) fused
+        qkv = fused.view(B, T, H_kv, n_rep + 2, Dh)  # (B, T, H_kv, n_rep + 2, Dh) qkv
         q_g = qkv[:, :, :, 0:n_rep]  # (B, T, H_kv, n_rep, Dh) q_g
         k_1 = qkv[:, :, :, n_rep:n_rep + 1]  # (B, T, H_kv, 1, Dh) k_1
         k_g = k_1.expand(-1, -1, -1, n_rep, -1)  # (B, T, H_kv, n_rep, Dh) k_g

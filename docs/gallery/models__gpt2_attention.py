@@ -36,7 +36,7 @@ class Gpt2Attention(nn.Module):
     def forward(self, x):
         B, T = x.shape[0], x.shape[1]  # sizes from the input
         d_model, H, Dh = self.d_model, self.H, self.Dh  # dims
-        qkv = x @ self.W_attn + self.b_attn  # (B, T, 3*d_model) qkv
+        qkv = x @ self.W_attn + self.b_attn  # (B, T, 3 * d_model) qkv
         q, k, v = qkv.split(d_model, dim=2)  # (B, T, d_model), (B, T, d_model), (B, T, d_model) qkv_split
         q_heads = q.view(B, T, H, Dh)  # (B, T, H, Dh) q_heads
         q_h = q_heads.transpose(1, 2)  # (B, H, T, Dh) q_h

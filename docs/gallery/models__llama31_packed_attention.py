@@ -81,10 +81,10 @@ class Llama31PackedAttention(nn.Module):
         q = F.linear(x, self.W_q)  # (B, T, d_model) q
         q_heads = q.view(B, T, H, Dh)  # (B, T, H, Dh) q_heads
         q_h = q_heads.transpose(1, 2)  # (B, H, T, Dh) q_h
-        k = F.linear(x, self.W_k)  # (B, T, H_kv*d_model // H) k
+        k = F.linear(x, self.W_k)  # (B, T, H_kv * Dh) k
         k_heads = k.view(B, T, H_kv, Dh)  # (B, T, H_kv, Dh) k_heads
         k_h = k_heads.transpose(1, 2)  # (B, H_kv, T, Dh) k_h
-        v = F.linear(x, self.W_v)  # (B, T, H_kv*d_model // H) v
+        v = F.linear(x, self.W_v)  # (B, T, H_kv * Dh) v
         v_heads = v.view(B, T, H_kv, Dh)  # (B, T, H_kv, Dh) v_heads
         v_h = v_heads.transpose(1, 2)  # (B, H_kv, T, Dh) v_h
         q_rot_inv_freq, q_rot_factor = rope_llama3(torch, Dh, 500000.0, q_h.device, factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=32)  # q_rot

@@ -55,11 +55,11 @@ class Llama4ChunkedAttention(nn.Module):
     def forward(self, x):
         B, T = x.shape[0], x.shape[1]  # sizes from the input
         H, H_kv, n_rep, Dh, C = self.H, self.H_kv, self.n_rep, self.Dh, self.C  # dims
-        q = F.linear(x, self.W_q)  # (B, T, Dh*H) q
+        q = F.linear(x, self.W_q)  # (B, T, H * Dh) q
         q_heads = q.view(B, T, H, Dh)  # (B, T, H, Dh) q_heads
-        k = F.linear(x, self.W_k)  # (B, T, Dh*H_kv) k
+        k = F.linear(x, self.W_k)  # (B, T, H_kv * Dh) k
         k_heads = k.view(B, T, H_kv, Dh)  # (B, T, H_kv, Dh) k_heads
-        v = F.linear(x, self.W_v)  # (B, T, Dh*H_kv) v
+        v = F.linear(x, self.W_v)  # (B, T, H_kv * Dh) v
         v_heads = v.view(B, T, H_kv, Dh)  # (B, T, H_kv, Dh) v_heads
         v_h = v_heads.transpose(1, 2)  # (B, H_kv, T, Dh) v_h
         q_rot_inv_freq = 1.0 / (500000.0 ** (torch.arange(0, Dh, 2, dtype=torch.int64, device=q_heads.device).float() / Dh))  # q_rot

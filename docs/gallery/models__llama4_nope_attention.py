@@ -50,11 +50,11 @@ class Llama4NopeAttention(nn.Module):
     def forward(self, x, one):
         B, T = x.shape[0], x.shape[1]  # sizes from the input
         H, H_kv, n_rep, Dh = self.H, self.H_kv, self.n_rep, self.Dh  # dims
-        q = F.linear(x, self.W_q)  # (B, T, Dh*H) q
+        q = F.linear(x, self.W_q)  # (B, T, H * Dh) q
         q_heads = q.view(B, T, H, Dh)  # (B, T, H, Dh) q_heads
-        k = F.linear(x, self.W_k)  # (B, T, Dh*H_kv) k
+        k = F.linear(x, self.W_k)  # (B, T, H_kv * Dh) k
         k_heads = k.view(B, T, H_kv, Dh)  # (B, T, H_kv, Dh) k_heads
-        v = F.linear(x, self.W_v)  # (B, T, Dh*H_kv) v
+        v = F.linear(x, self.W_v)  # (B, T, H_kv * Dh) v
         v_heads = v.view(B, T, H_kv, Dh)  # (B, T, H_kv, Dh) v_heads
         v_h = v_heads.transpose(1, 2)  # (B, H_kv, T, Dh) v_h
         positions = torch.arange(0, T, dtype=torch.int64, device=x.device)  # (T) positions

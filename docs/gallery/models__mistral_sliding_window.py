@@ -64,10 +64,10 @@ class MistralSlidingWindow(nn.Module):
         q = F.linear(x, self.W_q)  # (B, T, d_model) q
         q_heads = q.view(B, T, H, Dh)  # (B, T, H, Dh) q_heads
         q_h = q_heads.transpose(1, 2)  # (B, H, T, Dh) q_h
-        k = F.linear(x, self.W_k)  # (B, T, H_kv*d_model // H) k
+        k = F.linear(x, self.W_k)  # (B, T, H_kv * Dh) k
         k_heads = k.view(B, T, H_kv, Dh)  # (B, T, H_kv, Dh) k_heads
         k_h = k_heads.transpose(1, 2)  # (B, H_kv, T, Dh) k_h
-        v = F.linear(x, self.W_v)  # (B, T, H_kv*d_model // H) v
+        v = F.linear(x, self.W_v)  # (B, T, H_kv * Dh) v
         v_heads = v.view(B, T, H_kv, Dh)  # (B, T, H_kv, Dh) v_heads
         v_h = v_heads.transpose(1, 2)  # (B, H_kv, T, Dh) v_h
         q_rot_inv_freq = 1.0 / (10000.0 ** (torch.arange(0, Dh, 2, dtype=torch.int64, device=q_h.device).float() / Dh))  # q_rot

@@ -59,7 +59,7 @@ class ModernbertLocalLayer(nn.Module):
     def forward(self, x, keep):
         B, T, d_model, H, Dh, d_ff, W = self.B, self.T, self.d_model, self.H, self.Dh, self.d_ff, self.W  # dims
         h = F.layer_norm(x, (d_model,), self.ln_attn, None, eps=1e-05)  # (B, T, d_model) h
-        qkv = F.linear(h, self.W_qkv)  # (B, T, 3*d_model) qkv
+        qkv = F.linear(h, self.W_qkv)  # (B, T, 3 * d_model) qkv
         qkv_heads = qkv.view(B, T, 3, H, Dh)  # (B, T, 3, H, Dh) qkv_heads
         q_u = qkv_heads.select(2, 0)  # (B, T, H, Dh) q_u
         q_h = q_u.transpose(1, 2)  # (B, H, T, Dh) q_h
@@ -87,7 +87,7 @@ class ModernbertLocalLayer(nn.Module):
         attn_out = F.linear(merged, self.W_o)  # (B, T, d_model) attn_out
         resid_1 = x + attn_out  # (B, T, d_model) resid_1
         h_2 = F.layer_norm(resid_1, (d_model,), self.ln_mlp, None, eps=1e-05)  # (B, T, d_model) h_2
-        wi = F.linear(h_2, self.W_i)  # (B, T, 2*d_ff) wi
+        wi = F.linear(h_2, self.W_i)  # (B, T, 2 * d_ff) wi
         act_in, gate = wi.split(d_ff, dim=-1)  # (B, T, d_ff), (B, T, d_ff) wi_split
         act = F.gelu(act_in)  # (B, T, d_ff) act
         gated = act * gate  # (B, T, d_ff) gated

@@ -83,8 +83,8 @@ class Phi3DecoderLayer(nn.Module):
         h_h = x.to(torch.float32)  # h
         h_h = h_h * torch.rsqrt(h_h.pow(2).mean(-1, keepdim=True) + 1e-05)  # h
         h = self.ln_in * h_h.to(x.dtype)  # (B, T, d_model) h
-        qkv = F.linear(h, self.W_qkv)  # (B, T, 2*H_kv*d_model // H + d_model) qkv
-        q, k, v = qkv.split((H * Dh, H_kv * Dh, H_kv * Dh), dim=-1)  # (B, T, d_model), (B, T, H_kv*d_model // H), (B, T, H_kv*d_model // H) qkv_split
+        qkv = F.linear(h, self.W_qkv)  # (B, T, (H * Dh) + ((2 * H_kv) * Dh)) qkv
+        q, k, v = qkv.split((H * Dh, H_kv * Dh, H_kv * Dh), dim=-1)  # (B, T, d_model), (B, T, H_kv * Dh), (B, T, H_kv * Dh) qkv_split
         q_heads = q.view(B, T, H, Dh)  # (B, T, H, Dh) q_heads
         q_h = q_heads.transpose(1, 2)  # (B, H, T, Dh) q_h
         k_heads = k.view(B, T, H_kv, Dh)  # (B, T, H_kv, Dh) k_heads
@@ -115,7 +115,7 @@ class Phi3DecoderLayer(nn.Module):
         h_2_h = resid_1.to(torch.float32)  # h_2
         h_2_h = h_2_h * torch.rsqrt(h_2_h.pow(2).mean(-1, keepdim=True) + 1e-05)  # h_2
         h_2 = self.ln_post * h_2_h.to(resid_1.dtype)  # (B, T, d_model) h_2
-        gate_up = F.linear(h_2, self.W_gate_up)  # (B, T, 2*d_ff) gate_up
+        gate_up = F.linear(h_2, self.W_gate_up)  # (B, T, 2 * d_ff) gate_up
         gate, up = gate_up.split(d_ff, dim=-1)  # (B, T, d_ff), (B, T, d_ff) gate_up_split
         gate_act = F.silu(gate)  # (B, T, d_ff) gate_act
         gated = up * gate_act  # (B, T, d_ff) gated

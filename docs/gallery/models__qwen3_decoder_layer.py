@@ -69,19 +69,19 @@ class Qwen3DecoderLayer(nn.Module):
         h_h = x.to(torch.float32)  # h
         h_h = h_h * torch.rsqrt(h_h.pow(2).mean(-1, keepdim=True) + 1e-06)  # h
         h = self.ln_in * h_h.to(x.dtype)  # (B, T, d_model) h
-        q = F.linear(h, self.W_q)  # (B, T, Dh*H) q
+        q = F.linear(h, self.W_q)  # (B, T, H * Dh) q
         q_heads = q.view(B, T, H, Dh)  # (B, T, H, Dh) q_heads
         q_normed_h = q_heads.to(torch.float32)  # q_normed
         q_normed_h = q_normed_h * torch.rsqrt(q_normed_h.pow(2).mean(-1, keepdim=True) + 1e-06)  # q_normed
         q_normed = self.q_norm * q_normed_h.to(q_heads.dtype)  # (B, T, H, Dh) q_normed
         q_h = q_normed.transpose(1, 2)  # (B, H, T, Dh) q_h
-        k = F.linear(h, self.W_k)  # (B, T, Dh*H_kv) k
+        k = F.linear(h, self.W_k)  # (B, T, H_kv * Dh) k
         k_heads = k.view(B, T, H_kv, Dh)  # (B, T, H_kv, Dh) k_heads
         k_normed_h = k_heads.to(torch.float32)  # k_normed
         k_normed_h = k_normed_h * torch.rsqrt(k_normed_h.pow(2).mean(-1, keepdim=True) + 1e-06)  # k_normed
         k_normed = self.k_norm * k_normed_h.to(k_heads.dtype)  # (B, T, H_kv, Dh) k_normed
         k_h = k_normed.transpose(1, 2)  # (B, H_kv, T, Dh) k_h
-        v = F.linear(h, self.W_v)  # (B, T, Dh*H_kv) v
+        v = F.linear(h, self.W_v)  # (B, T, H_kv * Dh) v
         v_heads = v.view(B, T, H_kv, Dh)  # (B, T, H_kv, Dh) v_heads
         v_h = v_heads.transpose(1, 2)  # (B, H_kv, T, Dh) v_h
         q_rot_inv_freq = 1.0 / (1000000.0 ** (torch.arange(0, Dh, 2, dtype=torch.int64, device=q_h.device).float() / Dh))  # q_rot

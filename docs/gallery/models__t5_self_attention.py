@@ -72,13 +72,13 @@ class T5SelfAttention(nn.Module):
         normed_h = x.to(torch.float32)  # normed
         normed_h = normed_h * torch.rsqrt(normed_h.pow(2).mean(-1, keepdim=True) + 1e-06)  # normed
         normed = self.ln * normed_h.to(x.dtype)  # (B, T, d_model) normed
-        q = F.linear(normed, self.W_q)  # (B, T, Dh*H) q
+        q = F.linear(normed, self.W_q)  # (B, T, H * Dh) q
         q_heads = q.view(B, T, H, Dh)  # (B, T, H, Dh) q_heads
         q_h = q_heads.transpose(1, 2)  # (B, H, T, Dh) q_h
-        k = F.linear(normed, self.W_k)  # (B, T, Dh*H) k
+        k = F.linear(normed, self.W_k)  # (B, T, H * Dh) k
         k_heads = k.view(B, T, H, Dh)  # (B, T, H, Dh) k_heads
         k_h = k_heads.transpose(1, 2)  # (B, H, T, Dh) k_h
-        v = F.linear(normed, self.W_v)  # (B, T, Dh*H) v
+        v = F.linear(normed, self.W_v)  # (B, T, H * Dh) v
         v_heads = v.view(B, T, H, Dh)  # (B, T, H, Dh) v_heads
         v_h = v_heads.transpose(1, 2)  # (B, H, T, Dh) v_h
         k_t = k_h.transpose(2, 3)  # (B, H, Dh, T) k_t
