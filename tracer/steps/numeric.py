@@ -142,9 +142,6 @@ class Minimum(_Binary):
   op: minimum
   inputs: [relative, zeros]"""
 
-    def emit(self, e):
-        return f"torch.minimum({e.args[0]}, {e.args[1]})"
-
 
 @register
 class Maximum(_Binary):
@@ -157,9 +154,6 @@ class Maximum(_Binary):
 - id: farther
   op: maximum
   inputs: [a, b]"""
-
-    def emit(self, e):
-        return f"torch.maximum({e.args[0]}, {e.args[1]})"
 
 
 # ---------------------------------------------------------------- comparisons, selection, logic

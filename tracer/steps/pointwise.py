@@ -45,6 +45,8 @@ class _Binary(StepBase):
         return getattr(k.torch, self.torch_name)
 
     def emit(self, e):
+        if self.symbol.isidentifier():  # minimum, maximum: a function, not an operator
+            return f"torch.{self.torch_name}({e.args[0]}, {e.args[1]})"
         return f"{e.args[0]} {self.symbol} {e.args[1]}"
 
 
