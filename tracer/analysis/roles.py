@@ -74,8 +74,3 @@ def _combined(op: type, left: str | None, right: str | None, expr: ast.BinOp) ->
     if op in (ast.Add, ast.Sub):
         return left if left == right or right is None and isinstance(expr.right, ast.Constant) else None
     return None
-
-
-def axis_roles(meta, exprs: dict[str, ast.expr]) -> tuple[str | None, ...]:
-    """Each axis's role in a tensor of this shape (None where the dims do not say)."""
-    return tuple(dim_role(dim, exprs) for dim in meta.shape)

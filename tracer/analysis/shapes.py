@@ -99,7 +99,19 @@ class Analysis:
         if meta is None:
             return ()
         node = self.producer(self.record_of(tensor_id))
-        return roles.axis_roles(meta, (node.dims if node is not None else self.alg).exprs)
+        alg = node.dims if node is not None else self.alg
+        known = self._roles_by_label.setdefault(id(alg), {})  # a dim's role depends on its label and its algebra only
+        for dim in meta.shape:
+            if dim.label not in known:
+                known[dim.label] = roles.dim_role(dim, alg.exprs)
+        return tuple(known[dim.label] for dim in meta.shape)
+
+    @cached_property
+    def _roles_by_label(self) -> dict[int, dict[str, str | None]]:
+        """id(algebra) -> dim label -> role: every block copy shares its algebra, so a stack of
+        layers asks the same few questions thousands of times. The algebras live as long as this
+        analysis, so their ids stay theirs."""
+        return {}
 
     @cached_property
     def _positions(self) -> dict[str, positions.Positions]:
