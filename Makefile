@@ -3,16 +3,22 @@ VENV    := .venv
 PY      := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed
 
+# Let Python cache the bytecode of what it imports (in .venv and the checkout's __pycache__ folders):
+# some machines set PYTHONDONTWRITEBYTECODE, which would recompile torch in every process.
+unexport PYTHONDONTWRITEBYTECODE
+
 .PHONY: install test demo fuzz bench bench-docs schema clean graphviz chromium
 
 install: $(STAMP)
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
-	# torch first, pinned: on these machines 2.13.0 is a local CPU wheel; other specs download gigabytes
-	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[dev,diagrams]' --config-settings editable_mode=compat  # a plain .pth: no import-hook cost at startup
+	# torch pinned: on these machines 2.13.0 is a local CPU wheel; other specs download gigabytes.
+	# --no-compile: byte-compiling all of torch's files up front costs 40 s; Python compiles what it
+	# imports instead (below, and during the tests: PYTHONDONTWRITEBYTECODE is unexported above).
+	$(PY) -m pip install -q --no-compile torch==2.13.0 -e '.[dev,diagrams]' --config-settings editable_mode=compat  # compat: a plain .pth, no import-hook cost at startup
 	$(PY) -m compileall -q tracer  # bytecode, as a wheel install has: keeps `tracer check` fast where PYTHONDONTWRITEBYTECODE is set
+	$(PY) -c 'import torch, tracer.api'  # and for the torch modules every `tracer run` imports
 	@command -v dot >/dev/null 2>&1 || $(MAKE) --no-print-directory graphviz
 	@$(MAKE) --no-print-directory chromium
 	touch $(STAMP)

@@ -308,3 +308,18 @@ def test_intermediates_are_freed_unless_kept():
     plan = next(iter(pipeline._plans.values()))
     freed = {name for step in plan.steps for name in step.free}
     assert {"scores", "masked", "merged/transpose", "merged/contiguous"} <= freed and "out" not in freed
+
+
+@pytest.mark.parametrize("T, kept", [(8, 8 * 8), (300, 0)])
+def test_a_small_mask_pattern_is_made_once_and_counted_to_the_end_of_the_run(T, kept):
+    """A causal pattern of at most KEPT_PATTERN positions is kept for later runs, as a model keeps
+    its mask buffer: the first run allocates it, later ones do not, and the estimate bounds the first."""
+    from tests.measure import measured_peak
+
+    pipeline = tracer.loads(
+        f"name: m\ndims: {{T: {T}}}\ninputs:\n  x: {{shape: [T, T], init: randn}}\nsteps:\n  - {{id: y, op: mask, input: x, causal: true}}\n"
+    )
+    first, second = measured_peak(pipeline), measured_peak(pipeline)
+    assert first - second == kept
+    assert first <= pipeline.check().memory.peak_bytes
+    assert torch.equal(pipeline.run(keep_values=True)["y"].tensor.isinf(), torch.ones(T, T, dtype=torch.bool).triu(1))

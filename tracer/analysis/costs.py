@@ -19,7 +19,7 @@ from collections.abc import Callable
 
 from ..core.dtypes import DTYPE_BYTES, promote
 from ..core.layout import Meta
-from ..steps.attention import Dropout, Mask, Softcap, Softmax
+from ..steps.attention import KEPT_PATTERN, Dropout, Mask, Softcap, Softmax
 from ..steps.conv import Conv1d, Conv2d
 from ..steps.einsum import Einsum, parse_equation
 from ..steps.elementwise import LayerNorm
@@ -36,6 +36,7 @@ from .graph import Node
 Cost = Callable[[object, list[Meta], list[Meta]], int]
 _FLOPS: dict[type, Cost] = {}
 _WORKSPACE: dict[type, Cost] = {}
+_KEPT: dict[type, Cost] = {}
 
 
 def flops(node: Node, ins: list[Meta]) -> int:
@@ -47,6 +48,13 @@ def flops(node: Node, ins: list[Meta]) -> int:
 def workspace(node: Node, ins: list[Meta]) -> int:
     """Bytes the node's kernel allocates besides its records and frees before it returns."""
     cost = _WORKSPACE.get(type(node.step))
+    return cost(node.step, ins, [out.meta for out in node.outs]) if cost else 0
+
+
+def kept(node: Node, ins: list[Meta]) -> int:
+    """Bytes the node's kernel makes on its first run and keeps for later ones (a small mask
+    pattern, as a model keeps its mask buffer): alive from the step to the end of the run."""
+    cost = _KEPT.get(type(node.step))
     return cost(node.step, ins, [out.meta for out in node.outs]) if cost else 0
 
 
@@ -384,7 +392,14 @@ def _mask_workspace(step, ins, outs):
         mask = ins[1]
         total += mask.numel * ((mask.dtype != "bool") + (step.polarity == "keep"))
     parts = step.positional() + (step.segments is not None) + (step.mask is not None)
-    return total + (parts - 1) * outs[-1].numel  # each OR of two patterns
+    return total + (parts - 1) * outs[-1].numel - _mask_kept(step, ins, outs)  # each OR of two patterns
+
+
+@_counts(_KEPT, Mask)
+def _mask_kept(step, ins, outs):
+    """The position pattern of a small mask: kept, not freed (it is counted from the step on)."""
+    scores = ins[0].sizes[-2] * ins[0].sizes[-1]
+    return scores if step.positional() and scores <= KEPT_PATTERN else 0
 
 
 @_counts(_WORKSPACE, Softcap)

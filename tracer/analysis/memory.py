@@ -4,6 +4,7 @@ Every tensor that owns its storage (its ``Meta.root`` is its own id) costs its b
 that creates it until the last step that reads it or any view of it; inputs and params live for
 the whole run; outputs live to the end. That is exactly the lifetime the interpreter gives them
 (it drops each tensor after its last use), so the peak below is what a real run holds in tensors.
+What a kernel keeps for later runs (``costs.kept``: a small mask pattern) counts from its step on.
 While a step runs, the copies its kernel makes and frees again (``StepBase.workspace_bytes``: the
 operands torch.matmul broadcasts) count too, and so does the temporary an init makes while
 the inputs are created (an int64 range before its cast). No torch: ``tracer check`` and the guard stay cheap.
@@ -84,6 +85,8 @@ def estimate_peak(analysis) -> MemoryEstimate:
         nbytes = storages.get(root, 0)
         delta[first] += nbytes
         delta[final + 1] -= nbytes
+    for i, node in enumerate(nodes):  # what a kernel keeps for later runs stays to the end
+        delta[i] += costs.kept(node, [metas[rid] for rid in node.reads]) if node.outs else 0
     live, running, peak, peak_step = {}, persistent, persistent + _making_inputs(analysis), None
     for i, node in enumerate(nodes):
         running += delta[i]

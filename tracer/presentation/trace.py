@@ -3,6 +3,7 @@ the table, the diagram and the notebook view."""
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from collections.abc import Iterable, Iterator
@@ -37,9 +38,12 @@ class Trace:
         self.outputs = outputs
         self.seed = seed
         self.keep_values = keep_values
-        self._by_id = {r.id: r for r in records}
         self.value_rows: dict = {}  # record id -> runtime.watch.Rows, when run with check_values
         self.value_warnings: tuple = ()  # what those rows say: NaN from a mask, where NaN or inf began
+
+    @functools.cached_property
+    def _by_id(self) -> dict[str, TensorRecord]:  # built on first lookup: a run whose records nobody asks for skips it
+        return {r.id: r for r in self.records}
 
     @property
     def name(self) -> str:

@@ -254,13 +254,19 @@ class Mask(StepBase):
         to_bool, keep = self.mask is not None and k.ins[1].dtype != "bool", self.polarity == "keep"
         heads = (slice(None),) + (None,) * (len(scores.sizes) - 3)  # (B, T, T) -> (B, 1, …, T, T)
 
-        def masked(scores, *extra):  # patterns built per call: workspace the memory estimate counts, no constant outliving it
+        pattern = functools.cache(lambda t_q, t_k: causal_hidden(torch, t_q, t_k, window, top_left, device, causal, chunk))
+
+        def masked(scores, *extra):
             hide = []
             if self.mask is not None:
                 mask = extra[0].bool() if to_bool else extra[0]
                 hide.append(~mask if keep else mask)
             if positional:
-                hide.append(causal_hidden(torch, *scores.shape[-2:], window, top_left, device, causal, chunk))
+                t_q, t_k = scores.shape[-2:]
+                # A small pattern is kept, as a model keeps its mask buffer (building it is most of a
+                # toy-size step); a large one is built per call. The memory estimate counts both.
+                small = t_q * t_k <= KEPT_PATTERN
+                hide.append(pattern(t_q, t_k) if small else causal_hidden(torch, t_q, t_k, window, top_left, device, causal, chunk))
             if self.segments is not None:
                 other = extra[-1][..., :, None] != extra[-1][..., None, :]
                 hide.append(other[heads] if other.dim() == 3 else other)
@@ -282,6 +288,13 @@ class Mask(StepBase):
             hide.append(f"({segments}[..., :, None] != {segments}[..., None, :])" + (f"[:{lead}]" if lead else ""))
         fill = f"torch.finfo({scores}.dtype).min" if self.fill == "min" else py_float(self.fill)
         return f"{scores}.masked_fill({' | '.join(hide)}, {fill})"
+
+
+KEPT_PATTERN = 1 << 16  # positions (bools) up to which a mask kernel keeps its causal or window pattern between runs
+
+
+def _same(x):
+    return x
 
 
 FLOAT32_MIN = -3.4028234663852886e38  # torch.finfo(torch.float32).min: what 'fill: min' means to lints and verify
@@ -410,6 +423,8 @@ class Dropout(StepBase):
     def kernel(self, k):
         dropout, p = k.F.dropout, self.p
         training = self.training if k.training is None else k.training
+        if not training or p == 0:
+            return _same  # what F.dropout returns then (the input itself), without its per-call dispatch
         return lambda x: dropout(x, p, training)
 
     def emit(self, e):
