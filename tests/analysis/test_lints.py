@@ -265,6 +265,9 @@ def test_view_scrambles_dims_located_and_fixed():
         ("[B, T, 3 * d_model]", "[B, T, H, 3 * Dh]", False),  # GPT-NeoX's fused qkv per head
         ("[B, T, (H + 2) * Dh]", "[B, T, H + 2, Dh]", False),  # Falcon's multi-query qkv: sums are not judged
         ("[B, T, H, 3 * Dh]", "[B, H, T, 3 * Dh]", True),
+        # ViT's patches, with the patches per side written in place rather than declared as a dim
+        ("[B, d_model, d_model // H, d_model // H]", "[B, d_model, (d_model // H) * (d_model // H)]", False),
+        ("[B, d_model, d_model // H, d_model // H]", "[B, (d_model // H) * (d_model // H), d_model]", True),
     ],
 )
 def test_view_scrambles_dims_reads_symbols(before, after, scrambled):

@@ -9,7 +9,7 @@ import shutil
 import pytest
 
 import tracer
-from tests.conftest import PIPELINES, bundled_pipelines, tracer_cli
+from tests.conftest import PIPELINES, bundled_pipelines, shared_pipeline, tracer_cli
 from tracer.presentation.notebook import pipeline_html
 
 
@@ -22,12 +22,12 @@ def test_render_values_with_empty_attention_maps(tmp_path, pipeline, dim, suffix
 
 
 def _zero_dims(path) -> list[str]:
-    return [f"{name}=0" for name, value in tracer.load(path).check().dims.items() if isinstance(value, int)]
+    return [f"{name}=0" for name, value in shared_pipeline(path).check().dims.items() if isinstance(value, int)]
 
 
 def _small(path) -> bool:
     """Runnable here with --values (several bundled pipelines are sized for --device meta)."""
-    return tracer.load(path).check().memory.peak_bytes < 16 << 20
+    return shared_pipeline(path).check().memory.peak_bytes < 16 << 20
 
 
 @pytest.mark.parametrize("path", [p for p in bundled_pipelines() if _small(p)], ids=lambda p: p.relative_to(PIPELINES).as_posix())

@@ -42,17 +42,31 @@ COOKIES = {
 }
 
 
+def _exported(folder, case: str) -> str:
+    file, name, description = COOKIES[case]
+    (folder / file).write_text(SMALL.format(name=name, description=description))
+    return export_source(tracer.load(folder / file))
+
+
 @pytest.mark.parametrize("case", COOKIES, ids=list(COOKIES))
 def test_no_pipeline_text_declares_the_modules_encoding(tmp_path, case):
-    file, name, description = COOKIES[case]
-    (tmp_path / file).write_text(SMALL.format(name=name, description=description))
-    source = export_source(tracer.load(tmp_path / file))
-    encoding, first_lines = tokenize.detect_encoding(io.BytesIO(source.encode()).readline)
+    encoding, first_lines = tokenize.detect_encoding(io.BytesIO(_exported(tmp_path, case).encode()).readline)
     assert encoding == "utf-8" and not any(tokenize.cookie_re.match(line.decode()) for line in first_lines)
-    (tmp_path / "m.py").write_text(source)
-    done = subprocess.run([sys.executable, "-c", "import m; print(m.__all__)"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+
+
+def test_python_imports_every_such_module_as_utf8_and_runs_no_text(tmp_path):
+    """What the cookie would change is how Python reads the file: each case's module is imported by
+    a fresh Python (one for all the cases: each start imports torch)."""
+    names = []
+    for i, case in enumerate(COOKIES):
+        (tmp_path / f"case{i}").mkdir()
+        (tmp_path / f"m{i}.py").write_text(_exported(tmp_path / f"case{i}", case))
+        names.append(f"m{i}")
+    script = f"import {', '.join(names)}; print([len(m.__all__) for m in ({', '.join(names)},)])"
+    done = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
-    assert not list(tmp_path.glob("PWNED*"))
+    assert done.stdout.strip() == str([1] * len(COOKIES))
+    assert not list(tmp_path.rglob("PWNED*"))
 
 
 def test_user_text_reaches_the_source_only_in_comments_and_string_literals(tmp_path):
