@@ -215,7 +215,9 @@ Lints say a pipeline is *probably* wrong; `tracer.verify` says whether it comput
 computes. `verify.against_sdpa(path)` runs the attention core (found from the softmax step)
 against `F.scaled_dot_product_attention`, and `verify.against_mha(path)` the whole block against
 `nn.MultiheadAttention` built from the pipeline's `W_q`, `W_k`, `W_v`, `W_o`. Both return the
-largest absolute difference and raise `VerificationError` above `atol` (1e-5).
+largest absolute difference and raise `VerificationError` above `atol` (1e-5). A mask step
+becomes SDPA's boolean `attn_mask`; tensors added to the scores (BERT's additive padding mask,
+T5's `relative_bias`, `alibi`) become its float `attn_mask`, each times the scales after it.
 `verify.against_pipeline(a, b)` runs two pipelines on the same inputs and weights (by name) and
 compares their outputs: a fused `sdpa` design against the unfused steps it replaces. A wrong scale
 passes `against_sdpa` (the core is consistent with itself) but fails `against_mha`.

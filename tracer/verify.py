@@ -66,6 +66,7 @@ class AttentionCore:
     fill: float = float("-inf")  # the masked score as softmax sees it (the fill times later scales)
     steps: list[str] = field(default_factory=list)  # mask/scale/dropout steps between scores and softmax
     mask_step: str | None = None  # the mask step (its causal pattern: alignment, window)
+    biases: list[tuple[str, float]] = field(default_factory=list)  # (tensor, the scale after it) added to the scores
 
 
 def attention_core(analysis, softmax: str | None = None) -> AttentionCore:
@@ -89,16 +90,25 @@ def attention_core(analysis, softmax: str | None = None) -> AttentionCore:
         raise VerificationError(f"softmax '{softmax}' is not fed by a matmul of queries and keys (through mask/scale/dropout steps)")
     core = AttentionCore(softmax, site.scores, site.query, site.keys, value="", context="", steps=list(site.chain))
     after_mask = 1.0  # scales between the mask and the softmax also scale the fill
+    after = 1.0  # and scales after an added bias scale the bias
+    added = {}
+    for step_id, operand in site.biases:
+        added.setdefault(step_id, []).append(operand)
     for step_id in reversed(site.chain):  # nearest the softmax first
         node = analysis.node(step_id)
         factor = node.step.scaling(lambda text, node=node: node.dims.dim(text).value)
         masking = node.step.masking()
         if factor is not None:
             core.scale *= factor[0]
+            after *= factor[0]
             if core.mask is None and not core.causal:
                 after_mask *= factor[0]
         elif masking is not None:
             _take_mask(core, step_id, masking, site.product, softmax, after_mask)
+        elif node.step.sums_inputs and step_id in added:  # BERT's additive padding mask, a bias tensor
+            core.biases += [(operand, after) for operand in added[step_id]]
+        elif node.step.adds_bias is not None:  # T5's relative bias, ALiBi: the step records the bias it adds
+            core.biases.append((f"{step_id}/{node.step.adds_bias}", after))
         elif not node.step.is_identity():
             raise VerificationError(
                 f"{node.op} step '{step_id}' between '{site.product}' and '{softmax}' has no scaled_dot_product_attention equivalent "
@@ -151,7 +161,9 @@ def against_sdpa(
                                        (B, H, T, Dh)  vs  trace[core.context]
 
     A mask tensor becomes a boolean ``attn_mask`` (True = attend): the mask itself for
-    ``polarity: keep``, its negation for ``polarity: block``.
+    ``polarity: keep``, its negation for ``polarity: block``. Tensors added to the scores (BERT's
+    additive padding mask, T5's relative bias, ALiBi) become a float ``attn_mask``: their sum, each
+    times the scales after its ``add``, with masked positions at the mask's fill.
     """
     import torch
     import torch.nn.functional as F
@@ -168,11 +180,15 @@ def against_sdpa(
         mask = _tensor(trace, core.mask).bool()
         hide = ~mask if core.polarity == "keep" else mask
     pattern = _causal_pattern(trace, core, q.shape[-2], k_t.shape[-1], q.device)
-    is_causal = core.causal and pattern is None and hide is None
+    is_causal = core.causal and pattern is None and hide is None and not core.biases
     if core.causal and not is_causal:  # SDPA's is_causal is top-left and takes no other mask
         pattern = pattern if pattern is not None else _causal_pattern(trace, core, q.shape[-2], k_t.shape[-1], q.device, always=True)
         hide = pattern if hide is None else hide | pattern
-    if hide is not None:
+    if core.biases:  # a float attn_mask is what SDPA adds to the scaled scores
+        attn_mask = sum(_tensor(trace, name).to(q.dtype) * after for name, after in core.biases)
+        if hide is not None:
+            attn_mask = torch.where(hide, torch.tensor(core.fill, dtype=q.dtype, device=q.device), attn_mask)
+    elif hide is not None:
         attn_mask = _additive(hide, core, q.dtype)
         if attn_mask.dtype == torch.bool:
             attn_mask = ~attn_mask  # SDPA's boolean mask means "attend"

@@ -48,6 +48,55 @@ def test_core_matches_sdpa(path):
     assert verify.against_sdpa(path) <= 1e-5
 
 
+BIASED = """\
+name: biased
+dims: {B: 2, H: 2, T: 5, Dh: 4}
+inputs:
+  q: {shape: [B, H, T, Dh], init: randn}
+  k: {shape: [B, H, T, Dh], init: randn}
+  v: {shape: [B, H, T, Dh], init: randn}
+  bias: {shape: [B, 1, 1, T], init: randn}
+steps:
+  - {id: k_t, op: transpose, input: k, dims: [-2, -1]}
+  - {id: scores, op: matmul, inputs: [q, k_t]}
+SCORES
+  - {id: weights, op: softmax, dim: -1}
+  - {id: context, op: matmul, inputs: [weights, v]}
+"""
+
+
+@pytest.mark.parametrize(
+    "scores",
+    [
+        "  - {id: scaled, op: scale, divide: {sqrt: Dh}}\n  - {id: biased, op: add, inputs: [scaled, bias]}",  # BERT
+        "  - {id: biased, op: add, inputs: [scores, bias]}\n  - {id: scaled, op: scale, multiply: 0.5}",  # the bias scaled too
+        "  - {id: biased, op: add, inputs: [scores, bias]}\n  - {id: hidden, op: mask, causal: true}",  # a bias and a mask
+        "  - {id: biased, op: alibi, input: scores}\n  - {id: hidden, op: mask, causal: true}",  # BLOOM
+        "  - {id: biased, op: alibi, input: scores, relative: true}\n  - {id: scaled, op: scale, multiply: 0.5}",
+    ],
+    ids=["bert", "bias-then-scale", "bias-and-causal", "alibi", "alibi-relative-scaled"],
+)
+def test_biases_added_to_the_scores_become_sdpas_float_mask(scores):
+    pipeline = loads(BIASED.replace("SCORES", scores))
+    assert verify.against_sdpa(pipeline) <= 1e-5
+    core = verify.attention_core(pipeline.check())
+    assert len(core.biases) == 1 and core.biases[0][1] == (0.5 if "0.5" in scores else 1.0)
+
+
+@pytest.mark.parametrize("model", ["bert_self_attention", "t5_self_attention"])
+def test_zoo_models_with_additive_masks_and_biases_match_sdpa(model):
+    assert verify.against_sdpa(PIPELINES / "models" / f"{model}.yaml") <= 1e-5
+
+
+def test_a_bias_that_the_reference_left_out_would_be_caught():
+    """The control: the same file with the bias dropped from the reference differs."""
+    pipeline = loads(BIASED.replace("SCORES", "  - {id: biased, op: add, inputs: [scores, bias]}"))
+    trace = pipeline.run(keep_values=True)
+    q, k, v = (trace[n].tensor for n in "qkv")
+    unbiased = torch.nn.functional.scaled_dot_product_attention(q, k, v, scale=1.0)
+    assert not torch.allclose(unbiased, trace["context"].tensor, atol=1e-3)
+
+
 @pytest.mark.parametrize("name", ["causal_mha", "cross_attention"])
 def test_block_matches_multihead_attention(name):
     assert verify.against_mha(PIPELINES / f"{name}.yaml") <= 1e-5

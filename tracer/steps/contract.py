@@ -223,6 +223,8 @@ class StepBase(Strict):
     # traits: what the other layers know about a kind without naming it
     copies_data: ClassVar[bool] = False  # a layout op whose new storage is a copy of its input's data
     passes_scores: ClassVar[bool] = False  # keeps attention scores (shape and meaning) between QK and softmax
+    adds_bias: ClassVar[str | None] = None  # the inner record of a bias it adds to the scores it passes (T5, ALiBi)
+    sums_inputs: ClassVar[bool] = False  # its output is the sum of its inputs (add)
     makes_scores: ClassVar[bool] = False  # may compute attention scores (a product of queries and keys)
     elementwise: ClassVar[bool] = False  # output element i reads input element i only (after broadcasting)
     includes_file: ClassVar[bool] = False  # another pipeline file, expanded into its steps before analysis (op: block)

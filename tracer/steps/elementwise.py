@@ -20,6 +20,7 @@ class Add(StepBase):
     op: Literal["add"] = "add"
     elementwise = True
     passes_scores = True  # scores + an additive mask or position bias (BERT, T5, ALiBi) are still scores
+    sums_inputs = True
     arity = 2
     example = """\
 - id: residual_1

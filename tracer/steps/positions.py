@@ -305,6 +305,7 @@ class Alibi(StepBase):
     op: Literal["alibi"] = "alibi"
     relative: StrictBool = Field(False, description="bias slope * (j - i) instead of slope * j")
     passes_scores = True
+    adds_bias = "bias"  # ID/bias
     example = """\
 - id: biased
   op: alibi
@@ -402,6 +403,7 @@ class RelativeBias(StepBase):
     max_distance: StrictInt = Field(128, ge=2, description="relative_attention_max_distance: distances from here share the last bucket")
     param_fields = ("table",)
     passes_scores = True
+    adds_bias = "bias"  # ID/bias
     example = """\
 - id: biased
   op: relative_bias
