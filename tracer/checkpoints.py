@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -70,13 +71,46 @@ def read_params(
     """Every param of ``pipeline`` (at ``dims``) from the checkpoint's tensors, checked against its declaration."""
     section = _section(pipeline)
     prefix = _prefix(pipeline, section, layer)
-    wanted = {prefix + key: key for key in section.params}
-    state = _Shards(_folder(folder), pipeline, prefix, wanted).read(max_bytes)
-    mapping = {key: _target(section.params[key]) for key in section.params}
-    params = rename({wanted[key]: tensor for key, tensor in state.items()}, mapping)
     analysis = pipeline.check(dims)
     analysis.raise_errors()
+    entries = _per_copy(section.params, analysis)  # key after the prefix -> (the map's own key, its target)
+    wanted = {prefix + key: written for key, (written, _) in entries.items()}
+    state = _Shards(_folder(folder), pipeline, prefix, wanted).read(max_bytes)
+    mapping = {key: _target(target) for key, (_, target) in entries.items()}
+    params = rename({key[len(prefix) :]: tensor for key, tensor in state.items()}, mapping)
     return match(analysis, params, "params", f"--weights {folder}", complete=True)
+
+
+def _per_copy(params: Mapping[str, Any], analysis) -> dict[str, tuple[str, Any]]:
+    """The map with each ``{layer}`` entry written out once per copy of its block that the
+    pipeline declares (``h/0/ln_1_w``, ``h/1/ln_1_w``: copies 0 and 1)."""
+    copies = sorted(_copies(params, analysis))
+    entries = {}
+    for key, target in params.items():
+        for copy in copies if "{layer}" in key else [None]:
+            entries[key if copy is None else key.replace("{layer}", str(copy))] = (key, _for_copy(target, copy))
+    return entries
+
+
+def _copies(params: Mapping[str, Any], analysis) -> set[int]:
+    """The copies the declared params hold for the map's ``{layer}`` targets."""
+    templates = {name for target in params.values() for name in _names(target) if "{layer}" in name}
+    patterns = [re.compile(re.escape(t.replace(".", "/")).replace(re.escape("{layer}"), r"(\d+)")) for t in templates]
+    return {int(n) for name in analysis.pipeline.params for p in patterns if (m := p.fullmatch(name)) for n in m.groups()}
+
+
+def _names(target: Any) -> list[str]:
+    return [] if target is None else [target] if isinstance(target, str) else list(target) if isinstance(target, list) else target.into
+
+
+def _for_copy(target: Any, copy: int | None) -> Any:
+    if copy is None or target is None:
+        return target
+    if isinstance(target, str):
+        return target.replace("{layer}", str(copy))
+    if isinstance(target, list):
+        return [name.replace("{layer}", str(copy)) for name in target]
+    return target.model_copy(update={"into": [name.replace("{layer}", str(copy)) for name in target.into]})
 
 
 def _section(pipeline: Pipeline) -> Checkpoint:

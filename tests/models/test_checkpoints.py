@@ -241,3 +241,38 @@ def test_config_keys_per_layer_need_a_per_layer_prefix(tmp_path):
         tracer.load(tmp_path / "p.yaml")
     (problem,) = info.value.diagnostics
     assert problem.position is not None and "needs a per-layer prefix" in problem.message
+
+
+@torch.no_grad()
+def test_a_whole_saved_model_fills_every_copy_of_a_repeated_block(tmp_path):
+    """gpt2_lm.yaml from a GPT2LMHeadModel folder, no --layer: n_layer (3) sets the block's repeat
+    (2 in the file) and each {layer} entry fills that param of every copy; the logits, padded
+    positions included, are the model's."""
+    config = GPT2Config(
+        n_embd=12, n_head=3, n_layer=3, n_positions=16, vocab_size=40, bos_token_id=0, eos_token_id=0, attn_implementation="eager"
+    )
+    model = saved(GPT2LMHeadModel(config), tmp_path)
+    pipeline, params = from_pretrained(MODELS / "gpt2_lm.yaml", tmp_path)
+    assert {name.split("/")[1] for name in params if name.startswith("h/")} == {"0", "1", "2"}
+    trace = pipeline.run(params=params, keep_values=True)
+    ids, keep = trace["ids"].tensor, trace["keep"].tensor.reshape(B, -1)
+    expected = model(input_ids=ids, attention_mask=keep.long()).logits
+    assert (trace["logits"].tensor - expected).abs().max().item() <= ATOL
+    done = tracer_cli("run", MODELS / "gpt2_lm.yaml", "--weights", tmp_path, "-q")
+    assert done.returncode == 0 and "h/1…2" in done.stdout, done.stderr
+    assert "drop --layer" in tracer_cli("run", MODELS / "gpt2_lm.yaml", "--weights", tmp_path, "--layer", "1").stderr
+
+
+@pytest.mark.parametrize(
+    "entry",
+    ["    transformer.h.{layer}.ln_2.bias: ln_2_b\n", "    transformer.h.0.ln_2.bias: h.{layer}.ln_2_b\n"],
+    ids=["key per copy, param not", "param per copy, key not"],
+)
+def test_a_per_copy_entry_names_layer_on_both_sides(tmp_path, entry):
+    text = (MODELS / "gpt2_lm.yaml").read_text().replace("    transformer.h.{layer}.ln_2.bias: h.{layer}.ln_2_b\n", entry)
+    (tmp_path / "blocks").symlink_to(MODELS / "blocks")
+    (tmp_path / "p.yaml").write_text(text)
+    with pytest.raises(TracerError) as info:
+        tracer.load(tmp_path / "p.yaml")
+    (problem,) = info.value.diagnostics
+    assert problem.position is not None and "maps to params with {layer}" in problem.message

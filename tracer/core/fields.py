@@ -13,6 +13,8 @@ from . import dimexpr
 
 ID_PATTERN = r"^[A-Za-z_][A-Za-z0-9_.\-]*$"
 RECORD_PATTERN = r"^[A-Za-z_][A-Za-z0-9_.\-]*(/[A-Za-z0-9_.\-]+)*$"  # also a block's tensors: layers/3/scores
+# a param a checkpoint key fills: a block copy's too (h.0.W_q or h/0/W_q), {layer} for every copy
+PARAM_PATTERN = r"^([A-Za-z_]|\{layer\})([A-Za-z0-9_.\-]|\{layer\})*(/([A-Za-z0-9_.\-]|\{layer\})+)*$"
 
 
 def _valid_dim(value: int | str) -> int | str:
@@ -28,6 +30,7 @@ DimText = Annotated[
 ]
 TensorId = Annotated[str, Field(pattern=ID_PATTERN, max_length=64)]
 RecordId = Annotated[str, Field(pattern=RECORD_PATTERN, max_length=200)]
+ParamRef = Annotated[str, Field(pattern=PARAM_PATTERN, max_length=200)]
 
 
 class Strict(BaseModel):

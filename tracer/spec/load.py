@@ -11,7 +11,7 @@ from pydantic import ValidationError
 
 from ..core import dimexpr
 from ..core.errors import Diagnostic, TracerError
-from ..core.fields import ID_PATTERN, RECORD_PATTERN
+from ..core.fields import ID_PATTERN, PARAM_PATTERN, RECORD_PATTERN
 from ..core.gcpause import gc_paused
 from ..core.symbolic import resolve
 from ..steps.contract import STEP_KINDS
@@ -125,6 +125,7 @@ def _diagnostic(err: dict, data: Any, source: SourceMap) -> Diagnostic:
 _ID_RULES = {  # pattern -> (what it names, the rule in words)
     ID_PATTERN: ("id", "start with a letter or '_', then letters, digits, '_', '.' or '-'"),
     RECORD_PATTERN: ("tensor id", "an id, or a block's tensor as BLOCK/ID or BLOCK/COPY/ID such as layers/3/scores"),
+    PARAM_PATTERN: ("param id", "an id, or a block copy's param as BLOCK/COPY/ID (h/0/W_q), {layer} standing for every copy"),
     DIM_PATTERN: ("dim name", "start with a letter or '_', then letters, digits or '_' (it is used in expressions)"),
 }
 

@@ -11,7 +11,7 @@ from pydantic.json_schema import GenerateJsonSchema
 from .. import steps  # noqa: F401  (registers every step kind)
 from ..core import dimexpr
 from ..core.dtypes import DTYPE_BYTES, FLOAT_DTYPES
-from ..core.fields import DimText, RecordId, Strict, TensorId
+from ..core.fields import DimText, ParamRef, RecordId, Strict, TensorId
 from ..core.symbolic import dependency_order
 from ..steps.contract import STEP_KINDS
 from .inits import INITS
@@ -110,7 +110,7 @@ FieldRef = Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_.\-]*\.[a-z_]+$",
 class Split(Strict):
     """A packed checkpoint tensor cut into equal pieces."""
 
-    into: list[TensorId] = Field(min_length=1, description="the params, in order")
+    into: list[ParamRef] = Field(min_length=1, description="the params, in order")
     dim: StrictInt = Field(0, description="the dim it is cut along")
 
 
@@ -132,10 +132,12 @@ class Checkpoint(Strict):
         max_length=200,
         description="what the keys of `params` start with in the checkpoint; {layer} is the layer given by --layer, e.g. 'model.layers.{layer}.'",
     )
-    params: dict[str, TensorId | list[TensorId] | Split | None] = Field(
+    params: dict[str, ParamRef | list[ParamRef] | Split | None] = Field(
         min_length=1,
         description="checkpoint key (after the prefix) -> param id, [P1, P2, ...] (a packed tensor cut along dim 0), {into, dim}, "
-        "or null (a key the pipeline does not compute with); every key under the prefix must be named",
+        "or null (a key the pipeline does not compute with); every key under the prefix must be named. Without {layer} in the "
+        "prefix, a key and its params may hold {layer}: one entry per copy of a repeated block, e.g. "
+        "'transformer.h.{layer}.ln_1.weight: h/{layer}/ln_1_w'",
     )
 
     @model_validator(mode="after")
@@ -144,6 +146,20 @@ class Checkpoint(Strict):
         if "{layer}" not in self.prefix and any("{layer}" in key for key in keys):
             raise ValueError("a config key with {layer} needs a per-layer prefix, such as 'model.layers.{layer}.'")
         return self
+
+    @field_validator("params")
+    @classmethod
+    def _layer_entries_name_every_copy(cls, params, info):
+        per_layer_prefix = "{layer}" in info.data.get("prefix", "")
+        for key, target in params.items():
+            names = [] if target is None else [target] if isinstance(target, str) else target if isinstance(target, list) else target.into
+            if "{layer}" in key and per_layer_prefix:
+                raise ValueError(f"'{key}': {{layer}} is in the prefix already (one layer per --layer); a key names no other")
+            if any(("{layer}" in name) != ("{layer}" in key) for name in names):
+                raise ValueError(
+                    f"'{key}': a key with {{layer}} maps to params with {{layer}} (one entry per copy), and only such a key does"
+                )
+        return params
 
 
 class Expect(Strict):
