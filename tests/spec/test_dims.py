@@ -106,6 +106,21 @@ def test_a_dim_no_declared_name_equals_prints_as_the_file_wrote_it():
     assert alg.floordiv(merged, alg.dim("3")).same_symbol(alg.floordiv(alg.dim("H_kv*d_model // H"), alg.dim("3")))
 
 
+@pytest.mark.parametrize("length", [9, 10, 13, 16])
+def test_strided_convolutions_print_one_division_that_holds_at_other_lengths(length, tmp_path):
+    """Two stride-2 convs: ((L + 1) // 2 - 3) // 2 + 1 is the Laurent polynomial L/4 - 1/4,
+    printed as one division of a sum, (L - 1) // 4, not as L // 4 - 1 // 4."""
+    (tmp_path / "c.yaml").write_text(
+        f"name: c\ndims: {{C: 4, L: {length}}}\ninputs:\n  x: {{shape: [1, C, L], init: randn}}\nparams:\n"
+        "  w: {shape: [C, C, 3], init: randn}\nsteps:\n  - {id: y, op: conv1d, input: x, weight: w, stride: 2, padding: 1}\n"
+        "  - {id: z, op: conv1d, input: y, weight: w, stride: 2}\n"
+    )
+    trace = tracer.load(tmp_path / "c.yaml").run()
+    assert trace["y"].shape[-1] == (length + 1) // 2 and trace["z"].shape[-1] == ((length + 1) // 2 - 3) // 2 + 1
+    if length % 2:  # the algebra keeps the exact quotients: (L + 1) // 2, then (L - 1) // 4
+        assert trace["z"].symbolic == "(1, C, (L - 1) // 4)" and (length - 1) // 4 == trace["z"].shape[-1]
+
+
 def test_dims_resolve_in_dependency_order_however_the_file_orders_them():
     exprs = {name: dimexpr.parse(text) for name, text in {"c": "b + 1", "b": "a * 2", "a": "3"}.items()}
     assert list(resolve(exprs)) == ["a", "b", "c"] and resolve(exprs) == {"a": 3, "b": 6, "c": 7}

@@ -18,6 +18,7 @@ from, never the polynomial over base dims (``H_kv*d_model // H``) that nobody wr
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -102,6 +103,9 @@ def _times(a: Poly, b: Poly) -> Poly:
 def _format(poly: Poly) -> str:
     if not poly.terms:
         return "0"
+    whole = math.lcm(*(c.denominator for _, c in poly.terms))
+    if whole != 1 and len(poly.terms) > 1:  # one division of the sum: (L - 1) // 4, never L // 4 - 1 // 4
+        return f"({_format(Poly(tuple((m, c * whole) for m, c in poly.terms)))}) // {whole}"
     parts = [_format_term(m, c) for m, c in poly.terms]
     text = parts[0]
     for part in parts[1:]:
