@@ -630,3 +630,89 @@ def test_an_additive_mask_after_a_composite_score_step_is_read_by_its_records():
     assert warning.code == "binary-mask-added" and "'key_mask_4d'" in warning.message
     [site] = tracer.loads(added, "t5.yaml").check().attention
     assert site.biases == (("masked", "key_mask_f"),)
+
+
+MASKED_CORE = """
+name: m
+dims: {B: 2, H: 2, T: 4, Dh: 4}
+inputs:
+  q: {shape: [B, H, T, Dh], init: randn}
+  k: {shape: [B, H, T, Dh], init: randn}
+  v: {shape: [B, H, T, Dh], init: randn}
+  keep: {shape: MASK_SHAPE, init: ones, dtype: MASK_DTYPE}
+steps:
+  - {id: kt, op: transpose, input: k, dims: [2, 3]}
+  - {id: s, op: matmul, inputs: [q, kt]}
+CHAIN
+  - {id: w, op: softmax, dim: -1}
+  - {id: c, op: matmul, inputs: [w, v]}
+"""
+
+
+def masked_core(chain: str, shape: str = "[B, 1, 1, T]", dtype: str = "bool") -> str:
+    return MASKED_CORE.replace("CHAIN", chain).replace("MASK_SHAPE", shape).replace("MASK_DTYPE", dtype)
+
+
+@pytest.mark.parametrize(
+    "chain, weak",
+    [
+        ("  - {id: m, op: mask, input: s, mask: keep, polarity: keep, fill: 0.0}", True),  # masked_fill(mask == 0, 0)
+        ("  - {id: m, op: mask, input: s, mask: keep, polarity: keep, fill: -5.0}", True),
+        ("  - {id: m, op: mask, input: s, mask: keep, polarity: keep, fill: -1.0e9}", False),  # tutorial 003
+        ("  - {id: m, op: mask, input: s, mask: keep, polarity: keep, fill: min}", False),
+        ("  - {id: m, op: mask, input: s, causal: true, fill: -100.0}\n  - {id: sc, op: scale, divide: {sqrt: Dh}}", False),  # -50
+        ("  - {id: m, op: mask, input: s, causal: true, fill: -100.0}\n  - {id: sc, op: scale, multiply: 0.1}", True),  # -10
+        ("  - {id: sc, op: scale, input: s, multiply: 0.1}\n  - {id: m, op: mask, causal: true, fill: -100.0}", False),  # before
+    ],
+)
+def test_weak_mask_fill_judges_the_fill_softmax_sees(chain, weak):
+    text = masked_core(chain)
+    assert ("weak-mask-fill" in codes(text)) == weak
+    if weak:
+        [found] = [d for d in warnings_of(text) if d.code == "weak-mask-fill"]
+        assert found.step == "m" and found.position.line == line_of(text, "{id: m, op: mask")
+
+
+def test_weak_mask_fill_leaves_weights_zeroed_after_the_softmax_alone():
+    text = masked_core("  - {id: m, op: mask, input: s, causal: true}").replace(
+        "  - {id: c, op: matmul, inputs: [w, v]}",
+        "  - {id: wz, op: mask, input: w, mask: keep, polarity: keep, fill: 0.0}\n  - {id: c, op: matmul, inputs: [wz, v]}",
+    )
+    assert "weak-mask-fill" not in codes(text)
+
+
+@pytest.mark.parametrize(
+    "shape, chain, on_queries",
+    [
+        ("[B, 1, T, 1]", "  - {id: m, op: mask, input: s, mask: keep, polarity: keep, fill: min}", True),
+        ("[B, 1, 1, T]", "  - {id: m, op: mask, input: s, mask: keep, polarity: keep, fill: min}", False),
+        ("[B, 1, T, T]", "  - {id: m, op: mask, input: s, mask: keep, polarity: keep, fill: min}", False),  # a full mask
+        ("[T, 1]", "  - {id: m, op: mask, input: s, mask: keep, polarity: block, fill: min}", True),  # right-aligned: (T, 1)
+        ("[T]", "  - {id: m, op: mask, input: s, mask: keep, polarity: keep, fill: min}", False),  # (T,) lines up with the keys
+    ],
+)
+def test_mask_on_queries_reads_which_axis_the_mask_varies_along(shape, chain, on_queries):
+    assert ("mask-on-queries" in codes(masked_core(chain, shape))) == on_queries
+
+
+def test_mask_on_queries_catches_an_additive_bias_and_sdpas_mask():
+    added = masked_core("  - {id: m, op: add, inputs: [s, keep]}", "[B, 1, T, 1]", "float32").replace("init: ones", "init: randn")
+    [found] = [d for d in warnings_of(added) if d.code == "mask-on-queries"]
+    assert "softmax ignores" in found.message and found.position.line == line_of(added, "{id: m, op: add")
+    fused = (
+        masked_core("", "[B, 1, T, 1]")
+        .replace(
+            "  - {id: w, op: softmax, dim: -1}\n  - {id: c, op: matmul, inputs: [w, v]}",
+            "  - {id: c, op: sdpa, inputs: [q, k, v], mask: keep, polarity: keep}",
+        )
+        .replace("  - {id: kt, op: transpose, input: k, dims: [2, 3]}\n  - {id: s, op: matmul, inputs: [q, kt]}\n", "")
+    )
+    assert "mask-on-queries" in codes(fused)
+
+
+def test_the_mask_on_queries_example_really_lets_real_tokens_attend_to_padding():
+    """What the lint is about, measured: with the mask over the queries, batch 1's real tokens give
+    the padded keys weight; with the fixed twin's mask over the keys they give them none."""
+    bad = tracer.load(EXAMPLES / "mask_on_queries.yaml").run(keep_values=True)["weights"].tensor
+    fixed = tracer.load(EXAMPLES / "fixed" / "mask_on_queries.yaml").run(keep_values=True)["weights"].tensor
+    assert bad[1, :, :2, 2:].sum() > 0.1 and fixed[1, :, :2, 2:].sum() == 0

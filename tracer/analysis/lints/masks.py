@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 
 from ...spec.inits import INITS
@@ -222,6 +223,99 @@ class BinaryMaskAdded(Lint):
             f"score by 1 and hides no key — hide keys with op: mask (mask: {origin}, polarity: keep, fill: min), or add "
             f"(1 - mask) * finfo.min as BERT's get_extended_attention_mask does (a sub and a mul before the add)"
         )
+        return warning(analysis, node, self.code, message, field)
+
+
+#: a hidden score at or above this (after the scales that follow the mask) keeps real weight: e^-30 ≈ 1e-13
+WEAK_FILL = -30.0
+
+
+@register
+class WeakMaskFill(Lint):
+    """**What.** A mask between the scores and the softmax whose `fill` is a number a score can
+    be: 0, a small negative number, anything above −30 once the scales after the mask apply (a
+    fill of −100 divided by √Dh = 16 is −6.25).
+
+    **Why it matters.** softmax gives a hidden score of 0 the weight e^0, as much as a real score
+    of 0: `masked_fill(mask == 0, 0)` hides nothing, and the padding or the future keeps its share.
+    Masking after the softmax (zeroing weights) is another thing and is not judged.
+
+    **Fix.** `fill: min` (`torch.finfo(dtype).min`, what transformers uses), `-inf`, or a large
+    negative number such as `-1.0e9` (tutorial 003).
+    """
+
+    code, example, origin = "weak-mask-fill", "weak_mask_fill", "ports of masked_fill(mask == 0, 0) (public issue trackers)"
+
+    def check(self, analysis):
+        for site in analysis.attention:
+            for step, masking in site.masks:
+                if step not in site.chain:
+                    continue  # a fused kernel hides with -inf itself
+                after = [s.multiplier for s in site.scales if site.chain.index(s.step) > site.chain.index(step)]
+                effective = masking.fill * math.prod(after)
+                if math.isfinite(effective) and effective > WEAK_FILL:
+                    yield self._warning(analysis, analysis.node(step), masking.fill, effective)
+
+    def _warning(self, analysis, node, fill: float, effective: float):
+        scaled = "" if effective == fill else f" ({effective:g} after the scales that follow it)"
+        message = (
+            f"fills hidden scores with {fill:g}{scaled}, a value real scores take: softmax gives each hidden key about "
+            f"e^({effective:g} - score) of the weight, so it hides almost nothing — use fill: min (torch.finfo(dtype).min), "
+            f"-inf, or -1.0e9"
+        )
+        return warning(analysis, node, self.code, message, "fill")
+
+
+@register
+class MaskOnQueries(Lint):
+    """**What.** A mask tensor that varies along the queries and is broadcast along the keys: its
+    dim under the scores' key axis has size 1, its dim under the query axis does not — a padding
+    mask written `attention_mask[:, None, :, None]`, (B, 1, T, 1), where `[:, None, None, :]`,
+    (B, 1, 1, T), was meant. In `mask` steps, `sdpa`'s `mask`, and tensors added to the scores.
+
+    **Why it matters.** Such a mask never hides a key from a query: it hides a whole query row or
+    nothing. The padded keys keep their weight for every real token, and the padded queries get
+    uniform weights (or NaN with `-inf`); added to the scores, it shifts each row by one number,
+    which softmax ignores. Shapes broadcast, and it runs.
+
+    **Fix.** Put the mask's positions under the key axis: `(B, 1, 1, T)` (unsqueeze at 1 and 2), or
+    a full `(B, 1, T, T)` mask when queries must be masked too.
+    """
+
+    code, example, origin = "mask-on-queries", "mask_on_queries", "padding masks (public issue trackers)"
+
+    def check(self, analysis):
+        for site in analysis.attention:
+            if site.query_axis is None or site.key_axis is None:
+                continue
+            scores = analysis.meta(site.scores) if site.scores is not None else None
+            rank = len(scores.shape) if scores is not None else len(analysis.meta(site.query).shape)
+            t_kv = scores.sizes[site.key_axis] if scores is not None else analysis.meta(site.keys).sizes[-2]
+            masks = [(step, m.tensor) for step, m in site.masks if m.tensor is not None]
+            for step, tensor in [*masks, *site.biases]:
+                if t_kv > 1 and self._along_queries_only(analysis, site, tensor, rank):
+                    yield self._warning(analysis, site, analysis.node(step), tensor, rank)
+
+    @staticmethod
+    def _along_queries_only(analysis, site, tensor: str, rank: int) -> bool:
+        sizes = analysis.meta(tensor).sizes
+        under = [axis % rank - (rank - len(sizes)) for axis in (site.query_axis, site.key_axis)]  # broadcasting aligns the right
+        query, key = (sizes[i] if i >= 0 else 1 for i in under)
+        return key == 1 and query > 1
+
+    def _warning(self, analysis, site, node, tensor: str, rank: int):
+        added = node.step.masking() is None or node.step.masking().polarity is None
+        effect = (
+            "it shifts each query's row by one number, which softmax ignores: no key is hidden"
+            if added
+            else "it hides whole query rows, never a key from a query"
+        )
+        message = (
+            f"{'bias' if added else 'mask'} '{tensor}' {show(analysis, tensor)} varies along the queries (scores dim "
+            f"{site.query_axis % rank}) and is broadcast along the keys (dim {site.key_axis % rank}): {effect} — a padding mask "
+            f"over the keys is (B, 1, 1, T): attention_mask[:, None, None, :]"
+        )
+        field = "inputs" if node.step.masking() is None else "mask"
         return warning(analysis, node, self.code, message, field)
 
 
