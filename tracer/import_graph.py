@@ -14,16 +14,21 @@ from __future__ import annotations
 
 import functools
 import math
+import operator
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch.fx.passes.utils.matcher_utils import SubgraphMatcher
 
+from .steps.attention import causal_hidden
+
 aten = torch.ops.aten
 NO_OP_CASTS = {aten.to.dtype, aten.to.device, aten.to.dtype_layout, aten.type_as.default, aten.alias.default}
 VIEWS = {aten.view.default, aten.reshape.default}
 MHA_CLASS = "torch.nn.modules.activation.MultiheadAttention"
+ORS = {aten.__or__.Tensor, aten.bitwise_or.Tensor, aten.logical_or.default}
+NOTS = {aten.bitwise_not.default, aten.logical_not.default}
 
 
 @dataclass
@@ -45,6 +50,7 @@ class Graph:
         canonicalize(self.fx)
         self.values = _evaluate(program.graph_module, example)
         self.constant = self._constants()
+        self.live = self._live()
         self.idioms: dict[torch.fx.Node, Idiom] = {}
         self.consumed: set[torch.fx.Node] = set()
 
@@ -73,6 +79,17 @@ class Graph:
                 constant.add(node)
         return constant
 
+    def _live(self) -> set[torch.fx.Node]:
+        """The nodes an output's value depends on. A node read only for its shape (BART's
+        ``embed_positions(inputs_embeds[:, :, -1])``, "needed for the shape only") is not one."""
+        live, todo = set(), [n for n in self.fx.nodes if n.op == "output"]
+        while todo:
+            node = todo.pop()
+            if node not in live and node not in self.constant:
+                live.add(node)
+                todo += node.all_input_nodes
+        return live
+
     def claim(self, idiom: Idiom, inner) -> None:
         """Record an idiom; its inner nodes make no step of their own."""
         self.idioms[idiom.node] = idiom
@@ -85,7 +102,7 @@ class Graph:
                 facts = VERIFY[kind](self, match)
                 if facts is not None and not self.consumed & set(inner):
                     self.claim(Idiom(kind, match.returning_nodes[0], facts), inner)
-        for walker in (_multi_head_attention, _complex_ropes, _merges, _conv1d):
+        for walker in (_multi_head_attention, _complex_ropes, _merges, _conv1d, _in_out_linears, _mask_fills, _softcaps):
             walker(self)
 
 
@@ -171,6 +188,13 @@ class _RMSNormWeightLast(torch.nn.Module):  # Meta's llama RMSNorm: _norm(x.floa
         return (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)).type_as(x) * weight
 
 
+class _UnitOffsetRMSNorm(torch.nn.Module):  # transformers' GemmaRMSNorm: (1 + weight), in float32
+    def forward(self, x, weight):
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)
+        return (h * (1.0 + weight.float())).type_as(x)
+
+
 class _RotateHalf(torch.nn.Module):  # apply_rotary_pos_emb for one tensor
     def forward(self, x, cos, sin):
         half = x.shape[-1] // 2
@@ -195,6 +219,7 @@ def _patterns() -> list[tuple[str, torch.fx.Graph]]:
     examples = {
         ("rmsnorm", _RMSNorm()): (x, weight),
         ("rmsnorm", _RMSNormWeightLast()): (x, weight),
+        ("rmsnorm", _UnitOffsetRMSNorm()): (x, weight),
         ("rope", _RotateHalf()): (torch.randn(2, 4, 7, 8), torch.randn(1, 1, 7, 8), torch.randn(1, 1, 7, 8)),
         ("repeat_kv", _RepeatKV()): (torch.randn(2, 2, 7, 8),),
         ("gelu_tanh", _TanhGELU()): (torch.randn(2, 7, 16),),
@@ -231,7 +256,9 @@ def _verify_rmsnorm(graph: Graph, match) -> dict | None:
     mean = _inner(match, aten.mean.dim)
     if graph.kind(weight) != "PARAMETER" or list(mean.args[1]) != [-1] or mean.args[2] is not True:
         return None
-    return {"x": x, "weight": weight, "eps": float(_inner(match, aten.add.Tensor).args[1])}
+    eps = next(n for p, n in match.nodes_map.items() if p.op == "call_function" and p.target == aten.add.Tensor and n.args[0] is mean)
+    offset = any(n.target == aten.add.Tensor and weight in n.args for n in match.nodes_map.values() if n.op == "call_function")
+    return {"x": x, "weight": weight, "eps": float(eps.args[1]), **({"unit_offset": True} if offset else {})}
 
 
 def _verify_rope(graph: Graph, match) -> dict | None:
@@ -239,7 +266,9 @@ def _verify_rope(graph: Graph, match) -> dict | None:
     if not {cos, sin} <= graph.constant:
         return None
     rows, sines = (_first_rows(graph.values[n].double()) for n in (cos, sin))
-    theta = _theta(graph, cos, rows, sines)
+    if rows.shape[0] < 2:  # theta is read at position 1: a table of position 0 only
+        return None
+    theta = _theta(graph, cos, rows, sines) if rows.shape[-1] >= 4 else 10000.0  # one frequency, theta ** 0: any theta
     if not torch.allclose(rows, _rotary_cos(rows.shape[0], rows.shape[-1], theta), atol=1e-5):
         return None
     return {"x": x, "theta": theta}
@@ -364,7 +393,99 @@ def _conv1d(graph: Graph) -> None:
             continue
         flat, (after,) = node.args[1], node.users
         if flat.op == "call_function" and flat.target in VIEWS and after.target in VIEWS and len(flat.users) == 1:
-            graph.claim(Idiom("conv1d", after, {"x": flat.args[0], "bias": node.args[0], "weight": node.args[2]}), [flat, node, after])
+            graph.claim(
+                Idiom("in_out_linear", after, {"x": flat.args[0], "bias": node.args[0], "weight": node.args[2]}), [flat, node, after]
+            )
+
+
+def _in_out_linears(graph: Graph) -> None:
+    """``x @ W`` [``+ b``] with W a 2-D parameter and b a 1-D one: ``linear layout: in_out``, the
+    weight stored (in, out) as GPT-2's Conv1D and `tracer export` write it."""
+    for node in graph.calls():
+        if node.target != aten.matmul.default or node in graph.consumed or not _parameter(graph, node.args[1], 2):
+            continue
+        facts, inner, last = {"x": node.args[0], "weight": node.args[1]}, [node], node
+        (user,) = node.users if len(node.users) == 1 else (None,)
+        if user is not None and user.target == aten.add.Tensor and len(user.args) == 2:
+            bias = user.args[1] if user.args[0] is node else user.args[0]
+            if _parameter(graph, bias, 1) and bias.meta["val"].shape[0] == node.meta["val"].shape[-1]:
+                facts["bias"], last = bias, user
+                inner.append(user)
+        graph.claim(Idiom("in_out_linear", last, facts), inner)
+
+
+def _softcaps(graph: Graph) -> None:
+    """``tanh(x / cap) * cap`` (Gemma 2's attention and final logits): ``softcap``."""
+    for node in graph.calls():
+        if node.target != aten.tanh.default or len(node.users) != 1 or node in graph.consumed:
+            continue
+        divided, (scaled,) = node.args[0], node.users
+        if divided.op != "call_function" or divided.target != aten.div.Tensor or len(divided.users) != 1:
+            continue
+        cap = divided.args[1]
+        if scaled.target == aten.mul.Tensor and isinstance(cap, float | int) and list(scaled.args) == [node, cap] and cap > 0:
+            graph.claim(Idiom("softcap", scaled, {"x": divided.args[0], "cap": float(cap)}), [divided, node, scaled])
+
+
+def _parameter(graph: Graph, node, ndim: int) -> bool:
+    return isinstance(node, torch.fx.Node) and graph.kind(node) == "PARAMETER" and node.meta["val"].ndim == ndim
+
+
+def _mask_fills(graph: Graph) -> None:
+    """``masked_fill(scores, hide, fill)`` where ``hide`` ors constant patterns (causal, a sliding
+    window, a band) with at most one mask the module is given, as is or inverted (``~keep``): one
+    ``mask`` step. The pattern is read from the constant's value at the example sizes."""
+    for node in graph.calls():
+        if node.target != aten.masked_fill.Scalar or node in graph.consumed:
+            continue
+        terms, inner = _or_terms(graph, node.args[1])
+        fixed, given = [t for t in terms if t in graph.constant], [t for t in terms if t not in graph.constant]
+        pattern = hidden_pattern(functools.reduce(operator.or_, (graph.values[t].bool() for t in fixed))) if fixed else {}
+        if len(given) > 1 or pattern is None:
+            continue
+        facts = {"x": node.args[0], "fill": node.args[2], **pattern}
+        if given:
+            (mask,) = given
+            inverted = mask.op == "call_function" and mask.target in NOTS and len(mask.users) == 1
+            facts["mask"], facts["polarity"] = (mask.args[0], "keep") if inverted else (mask, "block")
+            inner += [mask] if inverted else []
+        graph.claim(Idiom("mask", node, facts), inner)
+
+
+def _or_terms(graph: Graph, node: torch.fx.Node) -> tuple[list[torch.fx.Node], list[torch.fx.Node]]:
+    """(the terms ``a | b | …`` ors, the or nodes); a constant is one term, however it is built."""
+    if node in graph.constant or node.op != "call_function" or node.target not in ORS or len(node.users) != 1:
+        return [node], []
+    terms, ors = [], [node]
+    for arg in node.args[:2]:
+        more, inner = _or_terms(graph, arg)
+        terms, ors = terms + more, ors + inner
+    return terms, ors
+
+
+def hidden_pattern(hidden: torch.Tensor) -> dict | None:
+    """The mask step's fields (causal, window, align) that hide where ``hidden`` is True on its last
+    two axes, alike for every leading index; None if no pattern does. A window as wide as the
+    example's keys hides nothing more than causal does, so it reads as causal."""
+    rows, cols = hidden.shape[-2:]
+    planes = hidden.reshape(-1, rows, cols)
+    if not bool((planes == planes[0]).all()):
+        return None
+    for fields in _hiding_patterns(rows, cols):
+        args = {"window": fields.get("window"), "top_left": "align" in fields, "causal": fields.get("causal", False)}
+        if torch.equal(causal_hidden(torch, rows, cols, **args), planes[0]):
+            return fields
+    return None
+
+
+def _hiding_patterns(rows: int, cols: int):
+    yield {"causal": True}
+    if rows != cols:
+        yield {"causal": True, "align": "top-left"}
+    for window in range(1, cols):
+        yield {"causal": True, "window": window}
+    for window in range(1, cols):
+        yield {"window": window}
 
 
 def _multi_head_attention(graph: Graph) -> None:
