@@ -34,7 +34,8 @@ ATTRIBUTES = (
     ("dim_feedforward", "d_ff"),
     ("vocab_size", "V"),
     ("sliding_window", "W"),
-    *((name, name) for name in ("H", "H_kv", "Dh", "d_ff", "V", "W")),  # a module tracer export wrote keeps its dims by name
+    ("attention_chunk_size", "C"),
+    *((name, name) for name in ("H", "H_kv", "Dh", "d_ff", "V", "W", "C")),  # a module tracer export wrote keeps its dims by name
 )
 ORDER = ("d_model", "H", "Dh", "H_kv", "n_rep", "d_ff", "V")
 # sizes written as products only in these forms: "H * H" or "4 * H" would be true of the numbers and wrong in meaning
@@ -90,7 +91,7 @@ class Namer:
         self.dims, self.symbols = dims, symbols
 
     def size(self, size, prefer: tuple[str, ...] = (), products: tuple = PRODUCTS) -> int | str:
-        if isinstance(size, torch.SymInt):
+        if isinstance(size, torch.SymInt) and not str(size.node.expr).isdigit():  # a symbol the capture kept
             text = str(size.node.expr)
             for symbol, name in self.symbols.items():
                 text = re.sub(rf"\b{symbol}\b", name, text)

@@ -195,10 +195,21 @@ class _UnitOffsetRMSNorm(torch.nn.Module):  # transformers' GemmaRMSNorm: (1 + w
         return (h * (1.0 + weight.float())).type_as(x)
 
 
+class _RMSNormNoWeight(torch.nn.Module):  # Llama 4's qk norm; after the weighted forms, which contain it
+    def forward(self, x):
+        h = x.to(torch.float32)
+        return (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)).type_as(x)
+
+
 class _RotateHalf(torch.nn.Module):  # apply_rotary_pos_emb for one tensor
     def forward(self, x, cos, sin):
         half = x.shape[-1] // 2
         return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
+
+
+class _RotateEveryTwo(torch.nn.Module):  # rope style: interleaved, as GPT-J and `tracer export` write it
+    def forward(self, x, cos, sin):
+        return x * cos + torch.stack((-x[..., 1::2], x[..., ::2]), dim=-1).flatten(-2) * sin
 
 
 class _RepeatKV(torch.nn.Module):  # transformers' repeat_kv
@@ -220,7 +231,9 @@ def _patterns() -> list[tuple[str, torch.fx.Graph]]:
         ("rmsnorm", _RMSNorm()): (x, weight),
         ("rmsnorm", _RMSNormWeightLast()): (x, weight),
         ("rmsnorm", _UnitOffsetRMSNorm()): (x, weight),
+        ("rmsnorm", _RMSNormNoWeight()): (x,),
         ("rope", _RotateHalf()): (torch.randn(2, 4, 7, 8), torch.randn(1, 1, 7, 8), torch.randn(1, 1, 7, 8)),
+        ("rope", _RotateEveryTwo()): (torch.randn(2, 4, 7, 8), torch.randn(1, 1, 7, 8), torch.randn(1, 1, 7, 8)),
         ("repeat_kv", _RepeatKV()): (torch.randn(2, 2, 7, 8),),
         ("gelu_tanh", _TanhGELU()): (torch.randn(2, 7, 16),),
     }
@@ -252,45 +265,58 @@ def _inner(match, target):
 
 
 def _verify_rmsnorm(graph: Graph, match) -> dict | None:
-    weight, x = sorted(match.placeholder_nodes, key=lambda n: graph.kind(n) != "PARAMETER")
+    nodes = sorted(match.placeholder_nodes, key=lambda n: graph.kind(n) != "PARAMETER")
+    weight, x = (nodes[0], nodes[1]) if len(nodes) == 2 else (None, nodes[0])
     mean = _inner(match, aten.mean.dim)
-    if graph.kind(weight) != "PARAMETER" or list(mean.args[1]) != [-1] or mean.args[2] is not True:
+    if (weight is not None and graph.kind(weight) != "PARAMETER") or list(mean.args[1]) != [-1] or mean.args[2] is not True:
         return None
     eps = next(n for p, n in match.nodes_map.items() if p.op == "call_function" and p.target == aten.add.Tensor and n.args[0] is mean)
-    offset = any(n.target == aten.add.Tensor and weight in n.args for n in match.nodes_map.values() if n.op == "call_function")
+    offset = weight is not None and any(
+        n.target == aten.add.Tensor and weight in n.args for n in match.nodes_map.values() if n.op == "call_function"
+    )
     return {"x": x, "weight": weight, "eps": float(eps.args[1]), **({"unit_offset": True} if offset else {})}
 
 
 def _verify_rope(graph: Graph, match) -> dict | None:
+    """A rotation by constant cos and sin tables of RoPE's angles: rotate_half's pairs (i, i + D/2)
+    with the frequencies concatenated twice, or the interleaved pairs (2i, 2i + 1) of a ``stack``
+    with each frequency repeated in place."""
     x, cos, sin = match.placeholder_nodes
     if not {cos, sin} <= graph.constant:
         return None
-    rows, sines = (_first_rows(graph.values[n].double()) for n in (cos, sin))
+    interleaved = any(n.op == "call_function" and n.target == aten.stack.default for n in match.nodes_map.values())
+    (rows, seq_dim), (sines, _) = (_table_rows(graph.values[n].double()) for n in (cos, sin))
     if rows.shape[0] < 2:  # theta is read at position 1: a table of position 0 only
         return None
-    theta = _theta(graph, cos, rows, sines) if rows.shape[-1] >= 4 else 10000.0  # one frequency, theta ** 0: any theta
-    if not torch.allclose(rows, _rotary_cos(rows.shape[0], rows.shape[-1], theta), atol=1e-5):
+    theta = _theta(graph, cos, rows, sines, interleaved) if rows.shape[-1] >= 4 else 10000.0  # one frequency, theta ** 0: any theta
+    if not torch.allclose(rows, _rotary_cos(rows.shape[0], rows.shape[-1], theta, interleaved), atol=1e-5):
         return None
-    return {"x": x, "theta": theta}
+    return {"x": x, "theta": theta, "style": "interleaved" if interleaved else "half", "seq_dim": seq_dim}
 
 
-def _first_rows(table: torch.Tensor) -> torch.Tensor:
-    """(positions, D) of a rotary table broadcast to (…, positions, D)."""
-    return table.reshape(-1, table.shape[-2], table.shape[-1])[0]
+def _table_rows(table: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """(positions, D) of a rotary table broadcast over its other axes, and its positions axis counted
+    from the end: -2 for (…, T, D), -3 for Llama 4's (1, T, 1, D) beside (B, T, H, Dh)."""
+    leading = [axis for axis, size in enumerate(table.shape[:-2]) if size != 1]
+    if table.shape[-2] != 1 or not leading:
+        return table.reshape(-1, table.shape[-2], table.shape[-1])[0], -2
+    axis = leading[-1]
+    return table.movedim(axis, -2).reshape(-1, table.shape[axis], table.shape[-1])[0], axis - table.ndim
 
 
-def _rotary_cos(positions: int, size: int, theta: float) -> torch.Tensor:
+def _rotary_cos(positions: int, size: int, theta: float, interleaved: bool = False) -> torch.Tensor:
     inv_freq = 1.0 / theta ** (torch.arange(0, size, 2, dtype=torch.float64) / size)
     freqs = torch.arange(positions, dtype=torch.float64)[:, None] * inv_freq
-    return torch.cat([freqs, freqs], -1).cos()
+    return (freqs.repeat_interleave(2, -1) if interleaved else torch.cat([freqs, freqs], -1)).cos()
 
 
-def _theta(graph: Graph, cos: torch.fx.Node, rows: torch.Tensor, sines: torch.Tensor) -> float:
+def _theta(graph: Graph, cos: torch.fx.Node, rows: torch.Tensor, sines: torch.Tensor, interleaved: bool) -> float:
     """RoPE's base: exact from an ``inv_freq`` buffer (inv_freq[1] = theta ** (-2 / D)), else from
-    the angle at position 1, read with atan2 from sin and cos (acos of a cosine near 1 loses digits)."""
-    size = rows.shape[-1]
+    the angle at position 1 of frequency 1 (column 2 interleaved, 1 otherwise), read with atan2 from
+    sin and cos (acos of a cosine near 1 loses digits)."""
+    size, column = rows.shape[-1], 2 if interleaved else 1
     buffer = _ancestor_buffer(graph, cos, "inv_freq")
-    second = graph.values[buffer].double()[1] if buffer is not None else torch.atan2(sines[1, 1], rows[1, 1])
+    second = graph.values[buffer].double()[1] if buffer is not None else torch.atan2(sines[1, column], rows[1, column])
     theta = float(second ** (-size / 2))
     return float(round(theta)) if abs(theta - round(theta)) < 1e-4 * theta else theta
 
@@ -464,7 +490,7 @@ def _or_terms(graph: Graph, node: torch.fx.Node) -> tuple[list[torch.fx.Node], l
 
 
 def hidden_pattern(hidden: torch.Tensor) -> dict | None:
-    """The mask step's fields (causal, window, align) that hide where ``hidden`` is True on its last
+    """The mask step's fields (causal, window, chunk, align) that hide where ``hidden`` is True on its last
     two axes, alike for every leading index; None if no pattern does. A window as wide as the
     example's keys hides nothing more than causal does, so it reads as causal."""
     rows, cols = hidden.shape[-2:]
@@ -472,7 +498,12 @@ def hidden_pattern(hidden: torch.Tensor) -> dict | None:
     if not bool((planes == planes[0]).all()):
         return None
     for fields in _hiding_patterns(rows, cols):
-        args = {"window": fields.get("window"), "top_left": "align" in fields, "causal": fields.get("causal", False)}
+        args = {
+            "window": fields.get("window"),
+            "chunk": fields.get("chunk"),
+            "top_left": "align" in fields,
+            "causal": fields.get("causal", False),
+        }
         if torch.equal(causal_hidden(torch, rows, cols, **args), planes[0]):
             return fields
     return None
@@ -486,6 +517,8 @@ def _hiding_patterns(rows: int, cols: int):
         yield {"causal": True, "window": window}
     for window in range(1, cols):
         yield {"window": window}
+    for chunk in range(1, cols):  # Llama 4's chunked attention: keys in the query's chunk of C
+        yield {"causal": True, "chunk": chunk}
 
 
 def _multi_head_attention(graph: Graph) -> None:

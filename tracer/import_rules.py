@@ -277,8 +277,9 @@ class Translator:
         self.emit(node, fields, "masked")
 
     def _pattern(self, pattern: dict) -> dict:
-        """A mask pattern's fields, its window written in dims (``W``, a config's ``sliding_window``)."""
-        return {**pattern, "window": self.size(pattern["window"], ("W",))} if "window" in pattern else pattern
+        """A mask pattern's fields, its window and chunk written in dims (``W``: a config's ``sliding_window``)."""
+        sizes = {key: self.size(pattern[key], prefer) for key, prefer in (("window", ("W",)), ("chunk", ("C",))) if key in pattern}
+        return {**pattern, **sizes}
 
     def _masked_fill(self, node):
         """A masked_fill the mask walker left: its mask is a constant no pattern hides, or two masks."""
@@ -392,7 +393,7 @@ class Translator:
     def _split(self, node):
         pieces = sorted(node.users, key=lambda user: user.args[1])
         line = source_line(node)
-        assigned = _assigned(line[2]) if line else []
+        assigned = _exported_outputs(line[0], line[2]) if line else []
         count = len(node.meta["val"])
         bases = assigned if len(assigned) == count else [f"part{i}" for i in range(count)]
         outputs = [self._unique(_join(_module_path(node), base)) for base in bases]
@@ -508,7 +509,8 @@ class Translator:
 
     def _rmsnorm(self, idiom: Idiom):
         facts = idiom.facts
-        fields = {"op": "rmsnorm", "input": self.ref(facts["x"]), "weight": self.ref(facts["weight"]), "eps": facts["eps"]}
+        fields = {"op": "rmsnorm", "input": self.ref(facts["x"])}
+        fields.update({"weight": self.ref(facts["weight"])} if facts["weight"] is not None else {}, eps=facts["eps"])
         self.emit(idiom.node, {**fields, **({"unit_offset": True} if facts.get("unit_offset") else {})})
 
     def _softcap(self, idiom: Idiom):
@@ -546,7 +548,7 @@ class Translator:
         fields = {"op": "mask", "input": self.ref(facts["x"])}
         if "mask" in facts:
             fields.update(mask=self.ref(facts["mask"]), polarity=facts["polarity"])
-        fields.update(self._pattern({key: facts[key] for key in ("causal", "window", "align") if key in facts}))
+        fields.update(self._pattern({key: facts[key] for key in ("causal", "window", "chunk", "align") if key in facts}))
         fields["fill"] = _fill(facts["fill"], facts["x"].meta["val"].dtype)
         self.emit(idiom.node, fields, "masked")
 
@@ -719,6 +721,15 @@ def _exported_step(file: str, code: str) -> str | None:
     (``layer.q_proj``, not the variable ``layer_q_proj``), so export then import gives the file back."""
     found = EXPORT_TAG.search(code)
     return found.group(1) if found and linecache.getline(file, 1).rstrip("\n") == EXPORT_HEADER[0] else None
+
+
+def _exported_outputs(file: str, code: str) -> list[str]:
+    """The names a line assigns; in a module `tracer export` wrote, a split's outputs as the file
+    named them: export writes ``h.0.q`` as the variable ``h_0_q``, under the step ``h.0.qkv_split``."""
+    names, tag = _assigned(code), _exported_step(file, code)
+    prefix = tag.rpartition(".")[0] + "." if tag and "." in tag else ""
+    written = re.sub(r"\W", "_", prefix)
+    return [prefix + name.removeprefix(written) if prefix and name.startswith(written) else name for name in names]
 
 
 def _assigned(code: str) -> list[str]:

@@ -81,11 +81,26 @@ class Band(nn.Module):
         return scores.masked_fill(far, torch.finfo(scores.dtype).min)
 
 
+class Chunked(nn.Module):
+    """Llama 4's chunked attention: causal within chunks of ``attention_chunk_size`` keys."""
+
+    attention_chunk_size = W
+
+    def forward(self, scores):
+        positions = torch.arange(scores.shape[-1], device=scores.device)
+        other_chunk = positions[None, :] // self.attention_chunk_size != positions[:, None] // self.attention_chunk_size
+        return scores.masked_fill(torch.ones_like(other_chunk).triu(1) | other_chunk, float("-inf"))
+
+
 @pytest.mark.parametrize(
     ("module", "pattern"),
-    [(SlidingWindow(), {"causal": True, "window": "W", "fill": -math.inf}), (Band(), {"window": W, "fill": "min"})],
+    [
+        (SlidingWindow(), {"causal": True, "window": "W", "fill": -math.inf}),
+        (Band(), {"window": W, "fill": "min"}),
+        (Chunked(), {"causal": True, "chunk": "C", "fill": -math.inf}),
+    ],
 )
-def test_a_sliding_window_or_a_band_is_a_mask_with_a_window(module, pattern):
+def test_a_sliding_window_a_band_or_chunks_are_a_mask_with_that_pattern(module, pattern):
     (step,) = _imported(module, torch.randn(B, 2, T, T))
     assert step["op"] == "mask" and {k: step[k] for k in pattern} == pattern
     assert set(step) - set(pattern) == {"id", "op", "input"}
@@ -99,6 +114,21 @@ def test_a_constant_mask_of_no_pattern_is_a_located_report_not_a_guess():
     with pytest.raises(tracer.TracerError) as caught:
         from_module(Scattered(), torch.randn(B, T, T))
     assert "test_constructs.py" in str(caught.value) and "not a causal, sliding-window or band pattern" in str(caught.value)
+
+
+class InterleavedRope(nn.Module):
+    """GPT-J's rotary embedding on (B, T, H, Dh): pairs (2i, 2i + 1), each frequency repeated in place."""
+
+    def forward(self, x):
+        inv_freq = 1.0 / 10000.0 ** (torch.arange(0, x.shape[-1], 2, dtype=torch.float32) / x.shape[-1])
+        angles = (torch.arange(x.shape[1], dtype=torch.float32)[:, None] * inv_freq).repeat_interleave(2, dim=-1)
+        cos, sin = angles.cos()[None, :, None, :], angles.sin()[None, :, None, :]
+        return x * cos + torch.stack((-x[..., 1::2], x[..., ::2]), dim=-1).flatten(-2) * sin
+
+
+def test_interleaved_rope_on_the_sequence_axis_of_b_t_h_dh_is_one_rope_step():
+    (step,) = _imported(InterleavedRope(), torch.randn(B, T, 2, 8))
+    assert step == {**step, "op": "rope", "theta": 10000.0, "style": "interleaved", "seq_dim": -3}
 
 
 class GemmaPieces(nn.Module):

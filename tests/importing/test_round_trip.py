@@ -74,3 +74,17 @@ def test_export_then_import_gives_an_imported_file_back(tmp_path, name):
     assert _uncommented(once.to_yaml()) == _uncommented(committed)
     twice = _reimported(once, tmp_path / "twice")
     assert twice.files == once.files  # export -> import -> export -> import: a fixed point, comments and all
+
+
+def test_a_split_in_an_exported_block_keeps_its_dotted_output_names(tmp_path):
+    """Export writes the outputs h.0.q, h.0.k of the step h.0.qkv_split as the variables h_0_q, h_0_k;
+    import reads them back with the step's prefix (a name the step's prefix does not start stays)."""
+    from tracer.import_rules import _exported_outputs
+    from tracer.presentation.export import HEADER
+
+    module = tmp_path / "exported.py"
+    module.write_text("\n".join(HEADER) + "\n")
+    line = "h_0_q, h_0_k, other = h_0_qkv.split(d_model, dim=2)  # (B, T, d_model), (B, T, d_model), (B, T, d_model) h.0.qkv_split"
+    assert _exported_outputs(str(module), line) == ["h.0.q", "h.0.k", "other"]
+    (tmp_path / "own.py").write_text("import torch\n")  # a module tracer did not write: names as assigned
+    assert _exported_outputs(str(tmp_path / "own.py"), line) == ["h_0_q", "h_0_k", "other"]
