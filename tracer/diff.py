@@ -50,7 +50,7 @@ def diff(a: Pipeline, b: Pipeline, values: bool = False, atol: float = 1e-6) -> 
     result.renamed = _renames(left, pairs, nodes_a)
     for step_id in (i for i in nodes_a if i in pairs):
         node_a, node_b = nodes_a[step_id], nodes_b[pairs[step_id]]
-        result.changed_op += _changes(node_a, node_b, pairs)
+        result.changed_op += _changes(left, right, node_a, node_b, pairs)
         shape_a, shape_b = _shape(left, step_id), _shape(right, node_b.id)
         if shape_a != shape_b:
             result.shapes.append([_pair_name(step_id, node_b.id), shape_a, shape_b])
@@ -90,13 +90,16 @@ class Matching:
 
     def __init__(self, left, right):
         self.nodes_a, self.nodes_b = _top(left), _top(right)
+        # a kind as the step computes it: a permute that swaps two axes is a transpose
+        self.kind_a = {i: _canonical(left, n)[0] for i, n in self.nodes_a.items()}
+        self.kind_b = {i: _canonical(right, n)[0] for i, n in self.nodes_b.items()}
         self.pairs: dict[str, str] = {}
         self.taken: set[str] = set()
         for name, declared in left.declared.items():
             if name in right.declared and right.declared[name].section == declared.section:
                 self._pair(name, name)
         for step_id, node in self.nodes_a.items():
-            if step_id in self.nodes_b and self.nodes_b[step_id].op == node.op:
+            if step_id in self.nodes_b and self.kind_b[step_id] == self.kind_a[step_id]:
                 self._pair_steps(node, self.nodes_b[step_id])
         self._pair_leftovers(_declared(left, "inputs"), _declared(right, "inputs"))
         while self._walk() or self._by_position():
@@ -129,7 +132,7 @@ class Matching:
             if node.id in self.pairs or not all(i in self.pairs for i in node.inputs):
                 continue
             wanted = tuple(self.pairs[i] for i in node.inputs)
-            partner = next((b for b in self._free(node.op) if b.inputs == wanted), None)
+            partner = next((b for b in self._free(self.kind_a[node.id]) if b.inputs == wanted), None)
             if partner is not None:
                 self._pair_steps(node, partner)
                 found = True
@@ -140,15 +143,16 @@ class Matching:
         for node in self.nodes_a.values():
             if node.id in self.pairs:
                 continue
-            rank = [n for n in self.nodes_a.values() if n.op == node.op and n.id not in self.pairs].index(node)
-            free = self._free(node.op)
+            kind = self.kind_a[node.id]
+            rank = [n for n in self.nodes_a.values() if self.kind_a[n.id] == kind and n.id not in self.pairs].index(node)
+            free = self._free(kind)
             if rank < len(free):
                 self._pair_steps(node, free[rank])
                 return True
         return False
 
-    def _free(self, op: str) -> list[Node]:
-        return [b for b in self.nodes_b.values() if b.op == op and b.id not in self.taken]
+    def _free(self, kind: str) -> list[Node]:
+        return [b for b in self.nodes_b.values() if self.kind_b[b.id] == kind and b.id not in self.taken]
 
 
 def _declared(analysis, section: str) -> list[str]:
@@ -171,20 +175,34 @@ def _renames(left, pairs: dict[str, str], nodes_a: dict[str, Node]) -> list[str]
     return renamed
 
 
-def _changes(a: Node, b: Node, pairs: dict[str, str]) -> list[str]:
+def _changes(left, right, a: Node, b: Node, pairs: dict[str, str]) -> list[str]:
     """``weights: dim -1 -> -2``: the op, or the fields a step of the same kind changed (notes,
-    groups and tensor names aside), and what it reads where that is not the partner of A's."""
+    groups and tensor names aside), and what it reads where that is not the partner of A's.
+    Equivalent spellings are no change (:func:`_canonical`)."""
     name = _pair_name(a.id, b.id)
-    if a.op != b.op:
+    (op_a, x), (op_b, y) = _canonical(left, a), _canonical(right, b)
+    if op_a != op_b:
         return [f"{name}: {a.op} -> {b.op}"]
-    skip = {"id", "note", "group", "allow", "input", "inputs", *a.step.param_fields}
-    skip |= {a.step.output_field} if a.step.output_field else set()
-    x, y = a.step.model_dump(exclude=skip), b.step.model_dump(exclude=skip)
-    changed = [f"{k} {x.get(k)} -> {y.get(k)}" for k in dict.fromkeys([*x, *y]) if x.get(k) != y.get(k)]
+    changed = [f"{k} {_written(a, k)} -> {_written(b, k)}" for k in dict.fromkeys([*x, *y]) if x.get(k) != y.get(k)]
     read = [pairs.get(r, r) for r in a.refs]
     if read != list(b.refs):
         changed.append(f"reads {', '.join(a.refs)} -> {', '.join(b.refs)}")
     return [f"{name}: {', '.join(changed)}"] if changed else []
+
+
+def _canonical(analysis, node: Node) -> tuple[str, dict]:
+    """The step's kind and fields as every spelling of its computation gives them (its kind says how)."""
+
+    def rank(name: str) -> int | None:
+        meta = analysis.meta(name)
+        return None if meta is None else len(meta.shape)
+
+    return node.step.canonical(rank(node.refs[0]) if node.refs else None, rank(node.id))
+
+
+def _written(node: Node, key: str):
+    """A field as the file writes it."""
+    return getattr(node.step, key, None)
 
 
 def _shape(analysis, step_id: str) -> str:
@@ -293,7 +311,7 @@ def _side(analysis, node: Node) -> Side:
 
 
 def _paired_row(left, right, a: Node, b: Node, pairs: dict[str, str]) -> Row:
-    change = ", ".join(text.split(": ", 1)[1] for text in _changes(a, b, pairs))
+    change = ", ".join(text.split(": ", 1)[1] for text in _changes(left, right, a, b, pairs))
     side_a, side_b = _side(left, a), _side(right, b)
     if change or side_a.shape != side_b.shape:
         return Row(side_a, side_b, "changed", change or "shape")

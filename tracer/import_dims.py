@@ -33,11 +33,14 @@ ATTRIBUTES = (
     ("n_inner", "d_ff"),
     ("dim_feedforward", "d_ff"),
     ("vocab_size", "V"),
-    *((name, name) for name in ("H", "H_kv", "Dh", "d_ff", "V")),  # a module tracer export wrote keeps its dims by name
+    ("sliding_window", "W"),
+    ("attention_chunk_size", "C"),
+    *((name, name) for name in ("H", "H_kv", "Dh", "d_ff", "V", "W", "C")),  # a module tracer export wrote keeps its dims by name
 )
 ORDER = ("d_model", "H", "Dh", "H_kv", "n_rep", "d_ff", "V")
 # sizes written as products only in these forms: "H * H" or "4 * H" would be true of the numbers and wrong in meaning
-PRODUCTS = (("H_kv", "Dh"), ("H", "Dh"), (2, "d_model"), (3, "d_model"), (4, "d_model"))
+PRODUCTS = (("H_kv", "Dh"), ("H", "Dh"), (2, "d_model"), (3, "d_model"), (4, "d_model"), (2, "d_ff"))  # 2 * d_ff: a fused gate and up
+HEAD_PRODUCTS = ((3, "Dh"),)  # the last axis of a tensor with heads: GPT-NeoX's q, k and v per head
 
 
 @dataclass
@@ -87,23 +90,30 @@ class Namer:
     def __init__(self, dims: dict[str, Dim], symbols: dict[str, str]):
         self.dims, self.symbols = dims, symbols
 
-    def size(self, size, prefer: tuple[str, ...] = ()) -> int | str:
-        if isinstance(size, torch.SymInt):
+    def size(self, size, prefer: tuple[str, ...] = (), products: tuple = PRODUCTS) -> int | str:
+        if isinstance(size, torch.SymInt) and not str(size.node.expr).isdigit():  # a symbol the capture kept
             text = str(size.node.expr)
             for symbol, name in self.symbols.items():
                 text = re.sub(rf"\b{symbol}\b", name, text)
             return text.replace("*", " * ")
         value = int(size)
+        if value == 1:  # a broadcast axis far more often than a dim of size 1 (a head width of 1)
+            return 1
         for name in (*prefer, *ORDER):
             if name in self.dims and self.dims[name].value == value:
                 return name
-        for product in PRODUCTS:
+        for product in products:
             factors = [f if isinstance(f, int) else getattr(self.dims.get(f), "value", None) for f in product]
             if None not in factors and math.prod(factors) == value:
                 return " * ".join(map(str, product))
         return value
 
     def shape(self, tensor) -> list[int | str]:
-        """The sizes in dim names; the last axis of a tensor with heads is the head width first (H = Dh = 4)."""
-        last = len(tensor.shape) - 1
-        return [self.size(s, ("Dh",) if axis == last >= 3 else ()) for axis, s in enumerate(tensor.shape)]
+        """The sizes in dim names; the last axis of a tensor with heads is the head width first (H = Dh = 4),
+        or a multiple of it right after the heads axis (GPT-NeoX's fused q, k, v: ``[B, T, H, 3 * Dh]``)."""
+        names: list[int | str] = []
+        for axis, size in enumerate(tensor.shape):
+            last = axis == len(tensor.shape) - 1 >= 3
+            after_heads = last and names[-1] in ("H", "H_kv")
+            names.append(self.size(size, ("Dh",) if last else (), (*HEAD_PRODUCTS, *PRODUCTS) if after_heads else PRODUCTS))
+        return names

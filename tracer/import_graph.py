@@ -14,16 +14,21 @@ from __future__ import annotations
 
 import functools
 import math
+import operator
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch.fx.passes.utils.matcher_utils import SubgraphMatcher
 
+from .steps.attention import causal_hidden
+
 aten = torch.ops.aten
 NO_OP_CASTS = {aten.to.dtype, aten.to.device, aten.to.dtype_layout, aten.type_as.default, aten.alias.default}
 VIEWS = {aten.view.default, aten.reshape.default}
 MHA_CLASS = "torch.nn.modules.activation.MultiheadAttention"
+ORS = {aten.__or__.Tensor, aten.bitwise_or.Tensor, aten.logical_or.default}
+NOTS = {aten.bitwise_not.default, aten.logical_not.default}
 
 
 @dataclass
@@ -45,6 +50,7 @@ class Graph:
         canonicalize(self.fx)
         self.values = _evaluate(program.graph_module, example)
         self.constant = self._constants()
+        self.live = self._live()
         self.idioms: dict[torch.fx.Node, Idiom] = {}
         self.consumed: set[torch.fx.Node] = set()
 
@@ -73,6 +79,17 @@ class Graph:
                 constant.add(node)
         return constant
 
+    def _live(self) -> set[torch.fx.Node]:
+        """The nodes an output's value depends on. A node read only for its shape (BART's
+        ``embed_positions(inputs_embeds[:, :, -1])``, "needed for the shape only") is not one."""
+        live, todo = set(), [n for n in self.fx.nodes if n.op == "output"]
+        while todo:
+            node = todo.pop()
+            if node not in live and node not in self.constant:
+                live.add(node)
+                todo += node.all_input_nodes
+        return live
+
     def claim(self, idiom: Idiom, inner) -> None:
         """Record an idiom; its inner nodes make no step of their own."""
         self.idioms[idiom.node] = idiom
@@ -85,7 +102,7 @@ class Graph:
                 facts = VERIFY[kind](self, match)
                 if facts is not None and not self.consumed & set(inner):
                     self.claim(Idiom(kind, match.returning_nodes[0], facts), inner)
-        for walker in (_multi_head_attention, _complex_ropes, _merges, _conv1d):
+        for walker in (_multi_head_attention, _complex_ropes, _merges, _conv1d, _in_out_linears, _mask_fills, _softcaps):
             walker(self)
 
 
@@ -171,10 +188,28 @@ class _RMSNormWeightLast(torch.nn.Module):  # Meta's llama RMSNorm: _norm(x.floa
         return (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)).type_as(x) * weight
 
 
+class _UnitOffsetRMSNorm(torch.nn.Module):  # transformers' GemmaRMSNorm: (1 + weight), in float32
+    def forward(self, x, weight):
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)
+        return (h * (1.0 + weight.float())).type_as(x)
+
+
+class _RMSNormNoWeight(torch.nn.Module):  # Llama 4's qk norm; after the weighted forms, which contain it
+    def forward(self, x):
+        h = x.to(torch.float32)
+        return (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)).type_as(x)
+
+
 class _RotateHalf(torch.nn.Module):  # apply_rotary_pos_emb for one tensor
     def forward(self, x, cos, sin):
         half = x.shape[-1] // 2
         return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
+
+
+class _RotateEveryTwo(torch.nn.Module):  # rope style: interleaved, as GPT-J and `tracer export` write it
+    def forward(self, x, cos, sin):
+        return x * cos + torch.stack((-x[..., 1::2], x[..., ::2]), dim=-1).flatten(-2) * sin
 
 
 class _RepeatKV(torch.nn.Module):  # transformers' repeat_kv
@@ -195,7 +230,10 @@ def _patterns() -> list[tuple[str, torch.fx.Graph]]:
     examples = {
         ("rmsnorm", _RMSNorm()): (x, weight),
         ("rmsnorm", _RMSNormWeightLast()): (x, weight),
+        ("rmsnorm", _UnitOffsetRMSNorm()): (x, weight),
+        ("rmsnorm", _RMSNormNoWeight()): (x,),
         ("rope", _RotateHalf()): (torch.randn(2, 4, 7, 8), torch.randn(1, 1, 7, 8), torch.randn(1, 1, 7, 8)),
+        ("rope", _RotateEveryTwo()): (torch.randn(2, 4, 7, 8), torch.randn(1, 1, 7, 8), torch.randn(1, 1, 7, 8)),
         ("repeat_kv", _RepeatKV()): (torch.randn(2, 2, 7, 8),),
         ("gelu_tanh", _TanhGELU()): (torch.randn(2, 7, 16),),
     }
@@ -227,41 +265,58 @@ def _inner(match, target):
 
 
 def _verify_rmsnorm(graph: Graph, match) -> dict | None:
-    weight, x = sorted(match.placeholder_nodes, key=lambda n: graph.kind(n) != "PARAMETER")
+    nodes = sorted(match.placeholder_nodes, key=lambda n: graph.kind(n) != "PARAMETER")
+    weight, x = (nodes[0], nodes[1]) if len(nodes) == 2 else (None, nodes[0])
     mean = _inner(match, aten.mean.dim)
-    if graph.kind(weight) != "PARAMETER" or list(mean.args[1]) != [-1] or mean.args[2] is not True:
+    if (weight is not None and graph.kind(weight) != "PARAMETER") or list(mean.args[1]) != [-1] or mean.args[2] is not True:
         return None
-    return {"x": x, "weight": weight, "eps": float(_inner(match, aten.add.Tensor).args[1])}
+    eps = next(n for p, n in match.nodes_map.items() if p.op == "call_function" and p.target == aten.add.Tensor and n.args[0] is mean)
+    offset = weight is not None and any(
+        n.target == aten.add.Tensor and weight in n.args for n in match.nodes_map.values() if n.op == "call_function"
+    )
+    return {"x": x, "weight": weight, "eps": float(eps.args[1]), **({"unit_offset": True} if offset else {})}
 
 
 def _verify_rope(graph: Graph, match) -> dict | None:
+    """A rotation by constant cos and sin tables of RoPE's angles: rotate_half's pairs (i, i + D/2)
+    with the frequencies concatenated twice, or the interleaved pairs (2i, 2i + 1) of a ``stack``
+    with each frequency repeated in place."""
     x, cos, sin = match.placeholder_nodes
     if not {cos, sin} <= graph.constant:
         return None
-    rows, sines = (_first_rows(graph.values[n].double()) for n in (cos, sin))
-    theta = _theta(graph, cos, rows, sines)
-    if not torch.allclose(rows, _rotary_cos(rows.shape[0], rows.shape[-1], theta), atol=1e-5):
+    interleaved = any(n.op == "call_function" and n.target == aten.stack.default for n in match.nodes_map.values())
+    (rows, seq_dim), (sines, _) = (_table_rows(graph.values[n].double()) for n in (cos, sin))
+    if rows.shape[0] < 2:  # theta is read at position 1: a table of position 0 only
         return None
-    return {"x": x, "theta": theta}
+    theta = _theta(graph, cos, rows, sines, interleaved) if rows.shape[-1] >= 4 else 10000.0  # one frequency, theta ** 0: any theta
+    if not torch.allclose(rows, _rotary_cos(rows.shape[0], rows.shape[-1], theta, interleaved), atol=1e-5):
+        return None
+    return {"x": x, "theta": theta, "style": "interleaved" if interleaved else "half", "seq_dim": seq_dim}
 
 
-def _first_rows(table: torch.Tensor) -> torch.Tensor:
-    """(positions, D) of a rotary table broadcast to (…, positions, D)."""
-    return table.reshape(-1, table.shape[-2], table.shape[-1])[0]
+def _table_rows(table: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """(positions, D) of a rotary table broadcast over its other axes, and its positions axis counted
+    from the end: -2 for (…, T, D), -3 for Llama 4's (1, T, 1, D) beside (B, T, H, Dh)."""
+    leading = [axis for axis, size in enumerate(table.shape[:-2]) if size != 1]
+    if table.shape[-2] != 1 or not leading:
+        return table.reshape(-1, table.shape[-2], table.shape[-1])[0], -2
+    axis = leading[-1]
+    return table.movedim(axis, -2).reshape(-1, table.shape[axis], table.shape[-1])[0], axis - table.ndim
 
 
-def _rotary_cos(positions: int, size: int, theta: float) -> torch.Tensor:
+def _rotary_cos(positions: int, size: int, theta: float, interleaved: bool = False) -> torch.Tensor:
     inv_freq = 1.0 / theta ** (torch.arange(0, size, 2, dtype=torch.float64) / size)
     freqs = torch.arange(positions, dtype=torch.float64)[:, None] * inv_freq
-    return torch.cat([freqs, freqs], -1).cos()
+    return (freqs.repeat_interleave(2, -1) if interleaved else torch.cat([freqs, freqs], -1)).cos()
 
 
-def _theta(graph: Graph, cos: torch.fx.Node, rows: torch.Tensor, sines: torch.Tensor) -> float:
+def _theta(graph: Graph, cos: torch.fx.Node, rows: torch.Tensor, sines: torch.Tensor, interleaved: bool) -> float:
     """RoPE's base: exact from an ``inv_freq`` buffer (inv_freq[1] = theta ** (-2 / D)), else from
-    the angle at position 1, read with atan2 from sin and cos (acos of a cosine near 1 loses digits)."""
-    size = rows.shape[-1]
+    the angle at position 1 of frequency 1 (column 2 interleaved, 1 otherwise), read with atan2 from
+    sin and cos (acos of a cosine near 1 loses digits)."""
+    size, column = rows.shape[-1], 2 if interleaved else 1
     buffer = _ancestor_buffer(graph, cos, "inv_freq")
-    second = graph.values[buffer].double()[1] if buffer is not None else torch.atan2(sines[1, 1], rows[1, 1])
+    second = graph.values[buffer].double()[1] if buffer is not None else torch.atan2(sines[1, column], rows[1, column])
     theta = float(second ** (-size / 2))
     return float(round(theta)) if abs(theta - round(theta)) < 1e-4 * theta else theta
 
@@ -364,7 +419,106 @@ def _conv1d(graph: Graph) -> None:
             continue
         flat, (after,) = node.args[1], node.users
         if flat.op == "call_function" and flat.target in VIEWS and after.target in VIEWS and len(flat.users) == 1:
-            graph.claim(Idiom("conv1d", after, {"x": flat.args[0], "bias": node.args[0], "weight": node.args[2]}), [flat, node, after])
+            graph.claim(
+                Idiom("in_out_linear", after, {"x": flat.args[0], "bias": node.args[0], "weight": node.args[2]}), [flat, node, after]
+            )
+
+
+def _in_out_linears(graph: Graph) -> None:
+    """``x @ W`` [``+ b``] with W a 2-D parameter and b a 1-D one: ``linear layout: in_out``, the
+    weight stored (in, out) as GPT-2's Conv1D and `tracer export` write it."""
+    for node in graph.calls():
+        if node.target != aten.matmul.default or node in graph.consumed or not _parameter(graph, node.args[1], 2):
+            continue
+        facts, inner, last = {"x": node.args[0], "weight": node.args[1]}, [node], node
+        (user,) = node.users if len(node.users) == 1 else (None,)
+        if user is not None and user.target == aten.add.Tensor and len(user.args) == 2:
+            bias = user.args[1] if user.args[0] is node else user.args[0]
+            if _parameter(graph, bias, 1) and bias.meta["val"].shape[0] == node.meta["val"].shape[-1]:
+                facts["bias"], last = bias, user
+                inner.append(user)
+        graph.claim(Idiom("in_out_linear", last, facts), inner)
+
+
+def _softcaps(graph: Graph) -> None:
+    """``tanh(x / cap) * cap`` (Gemma 2's attention and final logits): ``softcap``."""
+    for node in graph.calls():
+        if node.target != aten.tanh.default or len(node.users) != 1 or node in graph.consumed:
+            continue
+        divided, (scaled,) = node.args[0], node.users
+        if divided.op != "call_function" or divided.target != aten.div.Tensor or len(divided.users) != 1:
+            continue
+        cap = divided.args[1]
+        if scaled.target == aten.mul.Tensor and isinstance(cap, float | int) and list(scaled.args) == [node, cap] and cap > 0:
+            graph.claim(Idiom("softcap", scaled, {"x": divided.args[0], "cap": float(cap)}), [divided, node, scaled])
+
+
+def _parameter(graph: Graph, node, ndim: int) -> bool:
+    return isinstance(node, torch.fx.Node) and graph.kind(node) == "PARAMETER" and node.meta["val"].ndim == ndim
+
+
+def _mask_fills(graph: Graph) -> None:
+    """``masked_fill(scores, hide, fill)`` where ``hide`` ors constant patterns (causal, a sliding
+    window, a band) with at most one mask the module is given, as is or inverted (``~keep``): one
+    ``mask`` step. The pattern is read from the constant's value at the example sizes."""
+    for node in graph.calls():
+        if node.target != aten.masked_fill.Scalar or node in graph.consumed:
+            continue
+        terms, inner = _or_terms(graph, node.args[1])
+        fixed, given = [t for t in terms if t in graph.constant], [t for t in terms if t not in graph.constant]
+        pattern = hidden_pattern(functools.reduce(operator.or_, (graph.values[t].bool() for t in fixed))) if fixed else {}
+        if len(given) > 1 or pattern is None:
+            continue
+        facts = {"x": node.args[0], "fill": node.args[2], **pattern}
+        if given:
+            (mask,) = given
+            inverted = mask.op == "call_function" and mask.target in NOTS and len(mask.users) == 1
+            facts["mask"], facts["polarity"] = (mask.args[0], "keep") if inverted else (mask, "block")
+            inner += [mask] if inverted else []
+        graph.claim(Idiom("mask", node, facts), inner)
+
+
+def _or_terms(graph: Graph, node: torch.fx.Node) -> tuple[list[torch.fx.Node], list[torch.fx.Node]]:
+    """(the terms ``a | b | …`` ors, the or nodes); a constant is one term, however it is built."""
+    if node in graph.constant or node.op != "call_function" or node.target not in ORS or len(node.users) != 1:
+        return [node], []
+    terms, ors = [], [node]
+    for arg in node.args[:2]:
+        more, inner = _or_terms(graph, arg)
+        terms, ors = terms + more, ors + inner
+    return terms, ors
+
+
+def hidden_pattern(hidden: torch.Tensor) -> dict | None:
+    """The mask step's fields (causal, window, chunk, align) that hide where ``hidden`` is True on its last
+    two axes, alike for every leading index; None if no pattern does. A window as wide as the
+    example's keys hides nothing more than causal does, so it reads as causal."""
+    rows, cols = hidden.shape[-2:]
+    planes = hidden.reshape(-1, rows, cols)
+    if not bool((planes == planes[0]).all()):
+        return None
+    for fields in _hiding_patterns(rows, cols):
+        args = {
+            "window": fields.get("window"),
+            "chunk": fields.get("chunk"),
+            "top_left": "align" in fields,
+            "causal": fields.get("causal", False),
+        }
+        if torch.equal(causal_hidden(torch, rows, cols, **args), planes[0]):
+            return fields
+    return None
+
+
+def _hiding_patterns(rows: int, cols: int):
+    yield {"causal": True}
+    if rows != cols:
+        yield {"causal": True, "align": "top-left"}
+    for window in range(1, cols):
+        yield {"causal": True, "window": window}
+    for window in range(1, cols):
+        yield {"window": window}
+    for chunk in range(1, cols):  # Llama 4's chunked attention: keys in the query's chunk of C
+        yield {"causal": True, "chunk": chunk}
 
 
 def _multi_head_attention(graph: Graph) -> None:

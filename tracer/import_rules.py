@@ -8,6 +8,7 @@ with no rule is reported with the line it came from; nothing is dropped.
 
 from __future__ import annotations
 
+import linecache
 import math
 import operator
 import re
@@ -19,24 +20,44 @@ import torch
 
 from .core.errors import Diagnostic, Position, TracerError
 from .import_dims import Namer
-from .import_graph import Graph, Idiom, aten, module_stack
+from .import_graph import Graph, Idiom, aten, hidden_pattern, module_stack
+from .presentation.export import HEADER as EXPORT_HEADER
 
 FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)\n\s+(.*)')
+# the tag `tracer export` ends each line of forward with: "  # (B, T, d_model) layer.q_proj" or "  # layer.q_proj"
+EXPORT_TAG = re.compile(r"  # (?:\(.*\) )?([^\s#]+)$")
 ASSIGNED = re.compile(r"^\s*([A-Za-z_][\w.]*(?:\s*,\s*[A-Za-z_][\w.]*)*)\s*(?::[^=]+)?=(?!=)")
 UNARY = {
-    aten.silu.default: "silu",
-    aten.relu.default: "relu",
-    aten.tanh.default: "tanh",
-    aten.neg.default: "neg",
-    aten.exp.default: "exp",
-    aten.sigmoid.default: "sigmoid",
+    getattr(aten, name).default: name
+    for name in ("silu", "relu", "tanh", "neg", "exp", "sigmoid", "abs", "cos", "sin", "log", "log1p", "floor", "ceil", "trunc")
+    + ("rsqrt", "sqrt", "reciprocal", "square")
 }
 BINARY = {aten.add.Tensor: "add", aten.mul.Tensor: "mul", aten.sub.Tensor: "sub", aten.div.Tensor: "div"}
+POWERS = {2: "square", 0.5: "sqrt", -0.5: "rsqrt", -1: "reciprocal"}  # x ** p as the step that computes it
+LOGICAL = {
+    **dict.fromkeys((aten.bitwise_not.default, aten.logical_not.default), "not"),
+    **dict.fromkeys((aten.__or__.Tensor, aten.bitwise_or.Tensor, aten.logical_or.default), "or"),
+    **dict.fromkeys((aten.__and__.Tensor, aten.bitwise_and.Tensor, aten.logical_and.default), "and"),
+    **dict.fromkeys((aten.__xor__.Tensor, aten.bitwise_xor.Tensor, aten.logical_xor.default), "xor"),
+}
+COMPARES = {
+    getattr(aten, cmp).__getattr__(overload): cmp for cmp in ("eq", "ne", "lt", "le", "gt", "ge") for overload in ("Scalar", "Tensor")
+}
+REDUCTIONS = {
+    aten.mean.dim: "mean",
+    aten.sum.dim_IntList: "sum",
+    aten.amax.default: "amax",
+    aten.amin.default: "amin",
+    aten.any.dim: "any",
+    aten.all.dim: "all",
+}
+WHERES = (aten.where.self, aten.where.ScalarSelf, aten.where.ScalarOther, aten.where.Scalar)
+CASTS = (aten.to.dtype, aten.to.device, aten.to.dtype_layout, aten.type_as.default, aten._to_copy.default)
 ADVANCED_INDEXING = (
     "; advanced indexing (a list or tensor of positions) has no step: where the positions are a range, "
     "slice instead (x[:, -1:] for x[:, [-1]]), which imports as op: index with start/stop"
 )
-UNMAPPED_HINTS = {aten.index.Tensor: ADVANCED_INDEXING, aten.index_select.default: ADVANCED_INDEXING}
+UNMAPPED_HINTS = {aten.index_select.default: ADVANCED_INDEXING}
 SPLITS = (aten.split.Tensor, aten.split_with_sizes.default, aten.chunk.default)
 
 
@@ -91,7 +112,7 @@ class Translator:
         self._declare()
         problems = []
         for node in self.graph.calls():
-            if node in self.graph.consumed or (node in self.graph.constant and node not in self.graph.idioms):
+            if node in self.graph.consumed or node not in self.graph.live and node not in self.graph.idioms:
                 continue
             try:
                 self._translate(node)
@@ -105,10 +126,16 @@ class Translator:
         self.outputs = [self.ref(n) for n in _outputs(self.graph)]
 
     def _declare(self) -> None:
+        """Inputs in forward's order, params and buffers in state_dict's (each module's own, then its children's)."""
         state = self.module.state_dict(keep_vars=True)
-        for node in self.graph.fx.nodes:
+        order = {key: i for i, key in enumerate(state)}
+
+        def place(node) -> int:  # user inputs first, as the graph has them
+            return -1 if self.graph.kind(node) == "USER_INPUT" else order.get(self.graph.target(node), -1)
+
+        for node in sorted((n for n in self.graph.fx.nodes if n.op == "placeholder"), key=place):
             kind, value = self.graph.kind(node), node.meta.get("val")
-            if node.op != "placeholder" or not isinstance(value, torch.Tensor):
+            if not isinstance(value, torch.Tensor):
                 continue
             if kind == "USER_INPUT":
                 self.inputs[node.name] = self._declaration(value)
@@ -160,18 +187,21 @@ class Translator:
         return path if not list(module.children()) else None
 
     def _variable(self, node: torch.fx.Node, op: str) -> str | None:
-        """The name the source line assigns; ``NAME_op`` for a node another node of the line reads."""
+        """The step id a module `tracer export` wrote tags the line with, else the name the source
+        line assigns; ``NAME_op`` for a node another node of the line reads."""
         line = source_line(node)
-        names = _assigned(line[2]) if line else []
+        tag = _exported_step(line[0], line[2]) if line else None
+        names = [tag] if tag else _assigned(line[2]) if line else []
         if not names:
             return None
-        same_line = [user for user in node.users if source_line(user) == line]
+        same_line = [user for user in node.users if _same_statement(user, node) and not (tag and user.target == operator.getitem)]
         if same_line:
             return f"{names[0]}_{op}"
-        return names[min(self._position_on_line(node, line), len(names) - 1)] if len(names) > 1 else names[0]
+        return names[min(self._position_on_line(node), len(names) - 1)] if len(names) > 1 else names[0]
 
-    def _position_on_line(self, node, line) -> int:
-        last = [n for n in self.graph.calls() if source_line(n) == line and not any(source_line(u) == line for u in n.users)]
+    def _position_on_line(self, node) -> int:
+        """Which of ``a, b = …``'s names: the node's place among the line's last nodes in this module."""
+        last = [n for n in self.graph.calls() if _same_statement(n, node) and not any(_same_statement(u, n) for u in n.users)]
         return last.index(node) if node in last else 0
 
     def _unique(self, base: str) -> str:
@@ -186,8 +216,7 @@ class Translator:
     def emit(self, node: torch.fx.Node, fields: dict, op_name: str | None = None, step_id: str | None = None) -> Step:
         step_id = step_id or self.step_id(node, op_name or fields["op"])
         self.names[node] = step_id
-        line = source_line(node)
-        comment = f"{Path(line[0]).name}:{line[1]}: {line[2]}" if line else None
+        comment = _comment(source_line(node))
         value = node.meta.get("val")
         shape = self.namer.shape(value) if isinstance(value, torch.Tensor) else None
         step = Step({"id": step_id, **fields}, node, comment, _layer(node), shape)
@@ -214,9 +243,17 @@ class Translator:
         a, b = node.args[:2]
         if not isinstance(b, torch.fx.Node):
             return self._scale(node, a, b)
+        scalar = next((t for t in (b, a) if self._constant_scalar(t)), None)
+        if scalar is not None and node.target in (aten.mul.Tensor, aten.div.Tensor) and (scalar is b or node.target == aten.mul.Tensor):
+            return self._scale(node, a if scalar is b else b, float(self.graph.values[scalar]))
         if node.target == aten.add.Tensor and b in self.graph.constant:
             return self._additive_mask(node, a, b)
         self.emit(node, {"op": BINARY[node.target], "inputs": [self.ref(a), self.ref(b)]})
+
+    def _constant_scalar(self, node) -> bool:
+        """A one-element tensor the module computes or keeps out of its state_dict (Gemma's ``embed_scale``): a number."""
+        value = self.graph.values.get(node) if isinstance(node, torch.fx.Node) else None
+        return node in self.graph.constant and node not in self.names and isinstance(value, torch.Tensor) and value.numel() == 1
 
     def _scale(self, node, x, number):
         if node.target not in (aten.mul.Tensor, aten.div.Tensor):
@@ -230,20 +267,95 @@ class Translator:
         self.emit(node, fields, "scaled")
 
     def _additive_mask(self, node, x, mask):
-        fill = _additive_causal(self.graph.values[mask])
-        if fill is None:
-            raise Unmapped(f"it adds '{mask.name}', a constant that is not a causal mask")
-        self.emit(node, {"op": "mask", "input": self.ref(x), "causal": True, "fill": fill}, "masked")
+        if not _hides_any(self.graph.values[mask]):  # BART's encoder mask without padding: adding zeros
+            self.names[node] = self.ref(x)
+            return
+        found = _additive_pattern(self.graph.values[mask])
+        if found is None:
+            raise Unmapped(f"it adds '{mask.name}', a constant that is not a causal, sliding-window or band mask")
+        fields = {"op": "mask", "input": self.ref(x), **self._pattern(found[0]), "fill": _fill(found[1], x.meta["val"].dtype)}
+        self.emit(node, fields, "masked")
+
+    def _pattern(self, pattern: dict) -> dict:
+        """A mask pattern's fields, its window and chunk written in dims (``W``: a config's ``sliding_window``)."""
+        sizes = {key: self.size(pattern[key], prefer) for key, prefer in (("window", ("W",)), ("chunk", ("C",))) if key in pattern}
+        return {**pattern, **sizes}
 
     def _masked_fill(self, node):
-        x, mask, fill = node.args[:3]
-        if mask not in self.graph.constant:
-            fields = {"op": "mask", "input": self.ref(x), "mask": self.ref(mask), "polarity": "block", "fill": float(fill)}
-        elif _causal_polarity(self.graph.values[mask]) == "block":
-            fields = {"op": "mask", "input": self.ref(x), "causal": True, "fill": float(fill)}
+        """A masked_fill the mask walker left: its mask is a constant no pattern hides, or two masks."""
+        raise Unmapped(f"masked_fill with '{node.args[1].name}': not a causal, sliding-window or band pattern or one given mask")
+
+    def _pow(self, node):
+        x, exponent = node.args[:2]
+        kind = POWERS.get(exponent) if isinstance(exponent, int | float) else None
+        if kind is None:
+            raise Unmapped(f"{_label(node)} to the power {exponent}: tracer has square (2), sqrt (0.5), rsqrt (-0.5) and reciprocal (-1)")
+        self.emit(node, {"op": kind, "input": self.ref(x)})
+
+    def _logical(self, node):
+        tensors = [a for a in node.args if isinstance(a, torch.fx.Node)]
+        if len(tensors) != len(node.args) or any(t.meta["val"].dtype != torch.bool for t in tensors):
+            raise Unmapped(f"{_label(node)} of an integer tensor or a number: tracer's logical step takes bool tensors")
+        fn = LOGICAL[node.target]
+        neutral = [t for t in tensors if t in self.graph.constant and _neutral(self.graph.values[t], fn)]
+        if len(tensors) == 2 and len(neutral) == 1:  # masking_utils' `padding & all-True`: the other, broadcast
+            return self._broadcast(node, next(t for t in tensors if t is not neutral[0]))
+        self.emit(node, {"op": "logical", "fn": fn, **_reads([self.ref(t) for t in tensors])})
+
+    def _broadcast(self, node, source):
+        """``node`` is ``source`` broadcast to its shape: the same name, or an ``expand``."""
+        if tuple(source.meta["val"].shape) == tuple(node.meta["val"].shape):
+            self.names[node] = self.ref(source)
+            return
+        self.emit(node, {"op": "expand", "input": self.ref(source), "shape": self.namer.shape(node.meta["val"])})
+
+    def _index(self, node):
+        """``x[rows, cols]`` with each index a constant ``arange`` over its whole dim, on its own output
+        axis in order (masking_utils' ``padding_mask[batch_idx, kv_idx]``): x with size-1 axes between."""
+        x, indices = node.args[:2]
+        value, out = self.graph.values[x], self.graph.values[node]
+        axes = [
+            _range_axis(self.graph.values[i], n) if i in self.graph.constant else None for i, n in zip(indices, value.shape, strict=False)
+        ]
+        if len(indices) != value.ndim or None in axes or axes != sorted(set(axes)) or out.numel() != value.numel():
+            raise Unmapped(f"no tracer step for {_label(node)}{ADVANCED_INDEXING}")
+        self.emit(node, {"op": "reshape", "input": self.ref(x), "shape": self.namer.shape(node.meta["val"])})
+
+    def _compare(self, node):
+        a, b = node.args[:2]
+        fields = {"op": "compare", "cmp": COMPARES[node.target]}
+        if isinstance(b, torch.fx.Node):
+            fields["inputs"] = [self.ref(a), self.ref(b)]
         else:
-            raise Unmapped(f"masked_fill with '{mask.name}', a constant that is not a causal mask")
-        self.emit(node, fields, "masked")
+            fields.update(input=self.ref(a), value=b)
+        self.emit(node, fields)
+
+    def _where(self, node):
+        cond, then, otherwise = (float(self.graph.values[a]) if self._constant_scalar(a) else a for a in node.args[:3])
+        fields = {"op": "where", "inputs": [self.ref(x) for x in (cond, then, otherwise) if isinstance(x, torch.fx.Node)]}
+        fields.update({key: value for key, value in (("then", then), ("otherwise", otherwise)) if not isinstance(value, torch.fx.Node)})
+        self.emit(node, fields)
+
+    def _cast(self, node):
+        dtype = str(node.meta["val"].dtype).removeprefix("torch.")
+        self.emit(node, {"op": "cast", "input": self.ref(node.args[0]), "dtype": dtype})
+
+    def _reduce(self, node):
+        fields = {"op": "reduce", "fn": REDUCTIONS[node.target], "input": self.ref(node.args[0])}
+        dims = _arg(node, 1, None, "dim")
+        dims = [dims] if isinstance(dims, int) else list(dims or [])
+        if dims:
+            fields["dim"] = dims[0] if len(dims) == 1 else dims
+        if _arg(node, 2, False, "keepdim"):
+            fields["keepdim"] = True
+        self.emit(node, fields)
+
+    def _repeat(self, node):
+        repeats = [self.size(r) if isinstance(r, torch.fx.Node | torch.SymInt) else int(r) for r in node.args[1]]
+        self.emit(node, {"op": "repeat", "input": self.ref(node.args[0]), "repeats": repeats})
+
+    def _stack(self, node):
+        self.emit(node, {"op": "stack", "inputs": [self.ref(x) for x in node.args[0]], "dim": _arg(node, 1, 0, "dim")})
 
     def _linear(self, node):
         fields = {"op": "linear", "input": self.ref(node.args[0]), "weight": self.ref(node.args[1])}
@@ -254,21 +366,34 @@ class Translator:
     def _embedding(self, node):
         table, ids = node.args[:2]
         if ids in self.graph.constant and ids not in self.names:
-            self._positions(ids)
+            return self._positions(node, table, ids)
         self.emit(node, {"op": "embed", "input": self.ref(ids), "weight": self.ref(table)})
 
-    def _positions(self, ids):
+    def _positions(self, node, table, ids):
+        """A lookup of constant ids: 0 .. T-1 is a ``position_ids`` input made by ``init: arange``;
+        ``c .. c+T-1`` (BART's offset 2) or one id everywhere (BERT's token type 0) is the slice of
+        the table's rows it reads, which broadcasts over the batch as the lookup's rows did."""
         value = self.graph.values[ids]
-        if not torch.equal(value, torch.arange(value.numel()).reshape(value.shape)):
-            raise Unmapped(f"it looks up '{ids.name}', constant positions that are not 0 .. T-1")
-        name = self._unique(self._variable(ids, "positions") or "position_ids")
-        self.inputs[name] = self._declaration(ids.meta["val"], "arange")
-        self.names[ids] = name
+        first = int(value.reshape(-1)[0]) if value.numel() else 0
+        if first == 0 and torch.equal(value, torch.arange(value.numel()).reshape(value.shape)):
+            name = self._unique(self._variable(ids, "positions") or "position_ids")
+            self.inputs[name] = self._declaration(ids.meta["val"], "arange")
+            self.names[ids] = name
+            return self.emit(node, {"op": "embed", "input": name, "weight": self.ref(table)})
+        length = ids.meta["val"].shape[-1]
+        if torch.equal(value, torch.arange(first, first + value.shape[-1]).expand(value.shape)):
+            stop = self.size(length) if first == 0 else f"{self.size(length)} + {first}"
+        elif bool((value == first).all()):
+            stop = first + 1
+        else:
+            raise Unmapped(f"it looks up '{ids.name}', constant ids that are neither one id nor consecutive positions")
+        fields = {"op": "index", "input": self.ref(table), "dim": 0, **({"start": first} if first else {}), "stop": stop}
+        return self.emit(node, fields)
 
     def _split(self, node):
         pieces = sorted(node.users, key=lambda user: user.args[1])
         line = source_line(node)
-        assigned = _assigned(line[2]) if line else []
+        assigned = _exported_outputs(line[0], line[2]) if line else []
         count = len(node.meta["val"])
         bases = assigned if len(assigned) == count else [f"part{i}" for i in range(count)]
         outputs = [self._unique(_join(_module_path(node), base)) for base in bases]
@@ -354,11 +479,21 @@ class Translator:
     def _sdpa_options(self, node) -> dict:
         options = {}
         mask, causal = _arg(node, 3, None, "attn_mask"), _arg(node, 5, False, "is_causal")
-        if mask is not None:
-            if mask not in self.graph.constant or _sdpa_causal(self.graph.values[mask]) is None:
-                raise Unmapped(f"scaled_dot_product_attention with the mask '{mask.name}', which is not a causal mask")
-            options["causal"] = True
-        if causal:
+        if mask is not None and mask not in self.graph.constant:
+            if mask.meta["val"].dtype != torch.bool:
+                raise Unmapped(
+                    f"scaled_dot_product_attention with '{mask.name}', a float mask the module is given: tracer's sdpa takes a bool one"
+                )
+            options.update(mask=self.ref(mask), polarity="keep")
+        elif mask is not None and _hides_any(self.graph.values[mask]):
+            value = self.graph.values[mask]
+            pattern = hidden_pattern(~value) if value.dtype == torch.bool else (_additive_pattern(value) or (None,))[0]
+            if pattern is None:
+                raise Unmapped(
+                    f"scaled_dot_product_attention with the mask '{mask.name}', which is not a causal, sliding-window or band mask"
+                )
+            options.update(self._pattern(pattern))
+        if causal:  # is_causal: top-left aligned, as torch defines it
             options["causal"] = True
             q_len, k_len = node.args[0].meta["val"].shape[-2], node.args[1].meta["val"].shape[-2]
             if q_len != k_len:
@@ -374,7 +509,12 @@ class Translator:
 
     def _rmsnorm(self, idiom: Idiom):
         facts = idiom.facts
-        self.emit(idiom.node, {"op": "rmsnorm", "input": self.ref(facts["x"]), "weight": self.ref(facts["weight"]), "eps": facts["eps"]})
+        fields = {"op": "rmsnorm", "input": self.ref(facts["x"])}
+        fields.update({"weight": self.ref(facts["weight"])} if facts["weight"] is not None else {}, eps=facts["eps"])
+        self.emit(idiom.node, {**fields, **({"unit_offset": True} if facts.get("unit_offset") else {})})
+
+    def _softcap(self, idiom: Idiom):
+        self.emit(idiom.node, {"op": "softcap", "input": self.ref(idiom.facts["x"]), "cap": idiom.facts["cap"]}, "capped")
 
     def _rope(self, idiom: Idiom):
         facts = idiom.facts
@@ -396,10 +536,21 @@ class Translator:
     def _merge(self, idiom: Idiom):
         self.emit(idiom.node, {"op": "merge", "input": self.ref(idiom.facts["x"])}, "merged")
 
-    def _conv1d(self, idiom: Idiom):
+    def _in_out_linear(self, idiom: Idiom):
         facts = idiom.facts
-        fields = {"op": "linear", "input": self.ref(facts["x"]), "weight": self.ref(facts["weight"]), "bias": self.ref(facts["bias"])}
+        fields = {"op": "linear", "input": self.ref(facts["x"]), "weight": self.ref(facts["weight"])}
+        if "bias" in facts:
+            fields["bias"] = self.ref(facts["bias"])
         self.emit(idiom.node, {**fields, "layout": "in_out"})
+
+    def _mask(self, idiom: Idiom):
+        facts = idiom.facts
+        fields = {"op": "mask", "input": self.ref(facts["x"])}
+        if "mask" in facts:
+            fields.update(mask=self.ref(facts["mask"]), polarity=facts["polarity"])
+        fields.update(self._pattern({key: facts[key] for key in ("causal", "window", "chunk", "align") if key in facts}))
+        fields["fill"] = _fill(facts["fill"], facts["x"].meta["val"].dtype)
+        self.emit(idiom.node, fields, "masked")
 
     def _mha(self, idiom: Idiom):
         from_template(self, idiom)
@@ -425,10 +576,10 @@ def from_template(t: Translator, idiom: Idiom) -> None:
     projected = _mha_projections(t, node, path, sources)
     batch, tokens, width = t.namer.shape(sources[0].meta["val"])
     heads, head_width = t.size(mha.num_heads, ("H",)), t.size(mha.head_dim, ("Dh",))
-    order = [batch, tokens] if mha.batch_first else [tokens, batch]
     split = {"op": "transpose", "dims": [1, 2]} if mha.batch_first else {"op": "permute", "dims": [1, 2, 0, 3]}
     heads_of = []
-    for name in projected:
+    for name, source in zip(projected, sources, strict=True):
+        order = t.namer.shape(source.meta["val"])[:2]  # (batch, tokens) or (tokens, batch), as this source has them
         t.emit(node, {"op": "view", "input": name, "shape": [*order, heads, head_width]}, step_id=t._unique(f"{name}_heads"))
         heads_of.append(t.emit(node, {**split, "input": t.names[node]}, step_id=t._unique(f"{name}_h")).fields["id"])
     t.emit(node, {"op": "sdpa", "inputs": heads_of, **t._sdpa_options(sdpa[0])}, step_id=t._unique(_join(path, "context")))
@@ -442,16 +593,17 @@ def from_template(t: Translator, idiom: Idiom) -> None:
 
 
 def _mha_sources(t: Translator, idiom: Idiom) -> list[torch.fx.Node]:
-    """query, key and value: the module's own inputs, or the one tensor a self-attention reads."""
+    """query, key and value: the module's own inputs, or what a self- or cross-attention in a model reads."""
     if not idiom.facts["path"]:
         by_name = {n.name: n for n in t.graph.fx.nodes if n.op == "placeholder"}
         return [by_name[name] for name in ("query", "key", "value")]
     sources = idiom.facts["sources"]
-    if len(sources) != 1:
+    if len(sources) > 2:
         raise Unmapped(
-            f"nn.MultiheadAttention '{idiom.facts['path']}' reads several tensors: only self-attention inside a model is supported"
+            f"nn.MultiheadAttention '{idiom.facts['path']}' reads {len(sources)} tensors: self-attention (one) "
+            "and cross-attention with key = value (two, the query first) are supported"
         )
-    return sources * 3
+    return [sources[0], sources[-1], sources[-1]]  # it reads the query first, then the key that is also the value
 
 
 def _mha_projections(t: Translator, node, path: str, sources: list) -> list[str]:
@@ -482,6 +634,15 @@ RULES = {
     **dict.fromkeys(SPLITS, Translator._split),
     **dict.fromkeys((aten.view.default, aten.reshape.default, aten.expand.default), Translator._shaped),
     **dict.fromkeys((aten.matmul.default, aten.bmm.default), Translator._product),
+    **dict.fromkeys(LOGICAL, Translator._logical),
+    **dict.fromkeys(COMPARES, Translator._compare),
+    **dict.fromkeys(REDUCTIONS, Translator._reduce),
+    **dict.fromkeys(WHERES, Translator._where),
+    **dict.fromkeys(CASTS, Translator._cast),
+    aten.pow.Tensor_Scalar: Translator._pow,
+    aten.repeat.default: Translator._repeat,
+    aten.index.Tensor: Translator._index,
+    aten.stack.default: Translator._stack,
     aten.masked_fill.Scalar: Translator._masked_fill,
     aten.linear.default: Translator._linear,
     aten.embedding.default: Translator._embedding,
@@ -504,12 +665,23 @@ IDIOMS = {
     "repeat_kv": Translator._repeat_kv,
     "gelu_tanh": Translator._gelu_tanh,
     "merge": Translator._merge,
-    "conv1d": Translator._conv1d,
+    "in_out_linear": Translator._in_out_linear,
+    "mask": Translator._mask,
+    "softcap": Translator._softcap,
     "mha": Translator._mha,
 }
 
 
 # -------------------------------------------------------------- helpers
+
+
+def _reads(names: list[str]) -> dict:
+    return {"input": names[0]} if len(names) == 1 else {"inputs": names}
+
+
+def _fill(fill: float, dtype: torch.dtype) -> float | str:
+    """``min`` for the dtype's most negative number (``torch.finfo(scores.dtype).min``), else the number."""
+    return "min" if dtype.is_floating_point and float(fill) == torch.finfo(dtype).min else float(fill)
 
 
 def _arg(node: torch.fx.Node, position: int, default, keyword: str | None = None):
@@ -529,6 +701,35 @@ def _join(path: str, name: str) -> str:
 def _module_path(node) -> str:
     stack = module_stack(node) if isinstance(node, torch.fx.Node) else []
     return stack[-1][0] if stack else ""
+
+
+def _same_statement(a: torch.fx.Node, b: torch.fx.Node) -> bool:
+    """One source line run by one module: layer 1's run of a line is not layer 0's, so both name alike."""
+    return source_line(a) == source_line(b) and _module_path(a) == _module_path(b)
+
+
+def _comment(line: tuple[str, int, str] | None) -> str | None:
+    """``file:line: code``; none for a line of a module `tracer export` wrote: that line is the step
+    itself, tagged with its id, so export then import writes the file it started from."""
+    if line is None or _exported_step(line[0], line[2]):
+        return None
+    return f"{Path(line[0]).name}:{line[1]}: {line[2]}"
+
+
+def _exported_step(file: str, code: str) -> str | None:
+    """The YAML step id a line of a module `tracer export` wrote ends with: its steps keep their ids
+    (``layer.q_proj``, not the variable ``layer_q_proj``), so export then import gives the file back."""
+    found = EXPORT_TAG.search(code)
+    return found.group(1) if found and linecache.getline(file, 1).rstrip("\n") == EXPORT_HEADER[0] else None
+
+
+def _exported_outputs(file: str, code: str) -> list[str]:
+    """The names a line assigns; in a module `tracer export` wrote, a split's outputs as the file
+    named them: export writes ``h.0.q`` as the variable ``h_0_q``, under the step ``h.0.qkv_split``."""
+    names, tag = _assigned(code), _exported_step(file, code)
+    prefix = tag.rpartition(".")[0] + "." if tag and "." in tag else ""
+    written = re.sub(r"\W", "_", prefix)
+    return [prefix + name.removeprefix(written) if prefix and name.startswith(written) else name for name in names]
 
 
 def _assigned(code: str) -> list[str]:
@@ -557,32 +758,33 @@ def _head_width(x: torch.fx.Node) -> int:
     return x.meta["val"].shape[-1]
 
 
-def _causal_keep(value: torch.Tensor) -> torch.Tensor:
-    rows, cols = value.shape[-2], value.shape[-1]
-    return torch.ones(rows, cols, dtype=torch.bool).tril(cols - rows).expand(value.shape)
+def _neutral(value: torch.Tensor, fn: str) -> bool:
+    """True everywhere for ``and``, False everywhere for ``or``: the other operand comes through."""
+    return bool(value.all()) if fn == "and" else fn == "or" and not bool(value.any())
 
 
-def _causal_polarity(value: torch.Tensor) -> str | None:
-    """'keep' if a bool mask is True on the causal triangle, 'block' if True above it."""
-    keep = _causal_keep(value)
-    if torch.equal(value.bool(), keep) and value.dtype == torch.bool:
-        return "keep"
-    return "block" if torch.equal(value.bool(), ~keep) else None
-
-
-def _additive_causal(value: torch.Tensor) -> float | None:
-    """The fill of a float mask that is 0 on the causal triangle and one value above it."""
-    keep = _causal_keep(value)
-    if value.dtype == torch.bool or not torch.equal(value == 0, keep) or keep.all():
+def _range_axis(index: torch.Tensor, size: int) -> int | None:
+    """The one axis along which ``index`` is ``0 .. size-1`` (size 1 on every other axis); None if it is not."""
+    if index.dtype.is_floating_point or index.numel() != size:
         return None
-    blocked = value[~keep]
-    return float(blocked[0]) if bool((blocked == blocked[0]).all()) else None
+    axes = [axis for axis, n in enumerate(index.shape) if n != 1] or [index.ndim - 1]
+    if len(axes) != 1 or not torch.equal(index.reshape(-1), torch.arange(size)):
+        return None
+    return axes[0]
 
 
-def _sdpa_causal(value: torch.Tensor) -> bool | None:
-    if value.dtype == torch.bool:
-        return True if _causal_polarity(value) == "keep" else None
-    return True if _additive_causal(value) is not None else None
+def _hides_any(value: torch.Tensor) -> bool:
+    """Whether a constant attention mask hides a key: a bool one (True = attend) False somewhere, a float one not 0."""
+    return bool((~value).any()) if value.dtype == torch.bool else bool(value.any())
+
+
+def _additive_pattern(value: torch.Tensor) -> tuple[dict, float] | None:
+    """(pattern, fill) of a float mask that is 0 where a key is kept and one value where it is hidden."""
+    hidden = value != 0
+    if value.dtype == torch.bool or not bool(hidden.any()):
+        return None
+    pattern, blocked = hidden_pattern(hidden), value[hidden]
+    return (pattern, float(blocked[0])) if pattern is not None and bool((blocked == blocked[0]).all()) else None
 
 
 def _outputs(graph: Graph) -> list[torch.fx.Node]:

@@ -10,7 +10,9 @@ breaks removed, so nothing taken from the module changes what the file means.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+import re
+from dataclasses import dataclass, replace
 
 import yaml
 
@@ -55,7 +57,9 @@ class Document:
 
 
 def files(document: Document) -> dict[str, str]:
-    """{file name: text}, the main file first; repeated layers folded into block files."""
+    """{file name: text}, the main file first; repeated layers folded into block files (in a copy:
+    the document stays unfolded, to be written again)."""
+    document = replace(document, steps=list(document.steps), params=dict(document.params), outputs=list(document.outputs or []))
     blocks = {}
     for container in dict.fromkeys(s.layer[0] for s in document.steps if s.layer):
         block = _fold(document, container)
@@ -207,6 +211,24 @@ def _entry(key: str, value) -> str:
 def _comment(text: str) -> str:
     """One line of text that stays a comment: no line breaks or control characters, at most 120 characters."""
     return "".join(ch if ch.isprintable() else " " for ch in text)[:120]
+
+
+def drop_unused_dims(document: Document) -> None:
+    """Keep the dims a shape or a step names, and those their expressions name: a config's vocab
+    size is no dim of an imported attention layer. Input shapes are read, so every size a user
+    needs to make the inputs stays."""
+    kept: set[str] = set()
+    todo = [name for name in _words([document.inputs, document.params, [s.fields for s in document.steps]]) if name in document.dims]
+    while todo:
+        name = todo.pop()
+        if name not in kept:
+            kept.add(name)
+            todo += [word for word in _words(document.dims[name][0]) if word in document.dims]
+    document.dims = {name: value for name, value in document.dims.items() if name in kept}
+
+
+def _words(value) -> set[str]:
+    return set(re.findall(r"[A-Za-z_]\w*", json.dumps(value, default=str)))
 
 
 def dims_of(symbols: dict[str, int], model: dict[str, Dim]) -> dict[str, tuple[int | str, str]]:

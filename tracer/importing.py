@@ -29,7 +29,7 @@ from .core.errors import Diagnostic, TracerError
 from .import_dims import Namer, model_dims
 from .import_graph import Graph
 from .import_rules import Translator
-from .import_yaml import Document, dims_of, files
+from .import_yaml import Document, dims_of, drop_unused_dims, files
 
 
 def from_module(
@@ -55,16 +55,20 @@ def from_module(
     ]
     dims_section = dims_of(dict(symbols.values()), namer.dims)
     document = Document(name, header, dims_section, translator.inputs, translator.params, translator.steps, translator.outputs, seed=0)
+    drop_unused_dims(document)
     pipeline = _load(files(document))
-    unread = [name for name in unread_declarations(pipeline.check()) if name in document.params]
+    unread = unread_declarations(pipeline.check())
     if not unread:
         return pipeline
-    for name in unread:  # declared all the same, so that run(params=module.state_dict()) takes every key
-        document.params[name] = {**document.params[name], "allow": {"unused-tensor": UNREAD_REASON}}
+    # declared all the same, so that run(params=module.state_dict(), inputs=forward's arguments) takes every one
+    for section, reason in ((document.params, UNREAD_REASON), (document.inputs, UNREAD_INPUT_REASON)):
+        for name in (n for n in unread if n in section):
+            section[name] = {**section[name], "allow": {"unused-tensor": reason}}
     return _load(files(document))
 
 
 UNREAD_REASON = "a state_dict entry of the module that no captured op reads"
+UNREAD_INPUT_REASON = "an argument of forward that no captured op reads (a mask dropped for is_causal=True)"
 
 
 @contextlib.contextmanager
@@ -160,4 +164,11 @@ def difference(pipeline: Pipeline, module: torch.nn.Module, *args, **kwargs) -> 
         raise TracerError(
             Diagnostic(pipeline.path, None, "import-outputs", f"the pipeline has {len(got)} outputs, the module {len(expected)}")
         )
-    return max(float((a.double() - b.double()).abs().max()) if a.numel() else 0.0 for a, b in zip(got, expected, strict=True))
+    return max(_largest_difference(a, b) for a, b in zip(got, expected, strict=True))
+
+
+def _largest_difference(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Max |a - b|, positions where both are NaN (a fully masked row) or the same infinity counted equal."""
+    a, b = a.double(), b.double()
+    same = (a == b) | (a.isnan() & b.isnan())
+    return float(torch.where(same, 0.0, (a - b).abs()).max()) if a.numel() else 0.0

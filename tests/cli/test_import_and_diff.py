@@ -129,3 +129,28 @@ def test_diff_pairs_renamed_steps_and_params_by_structure_and_compares_values_th
     data = json.loads(tracer_cli("diff", str(MHA), str(tmp_path / "changed.yaml"), "--json", "--values").stdout)
     assert data["changed_op"] == ["weights -> probs: dim -1 -> -2"] and data["added"] == data["removed"] == []
     assert data["diverges"] == "weights -> probs" and not data["same"]
+
+
+K_T = "op: transpose, input: k_h, dims: [-2, -1]"
+
+
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [
+        (K_T, "op: transpose, input: k_h, dims: [-1, -2]"),
+        (K_T, "op: transpose, input: k_h, dims: [3, 2]"),
+        (K_T, "op: permute, input: k_h, dims: [0, 1, 3, 2]"),  # a permute that swaps two axes is that transpose
+        ("{id: weights, op: softmax, dim: -1", "{id: weights, op: softmax, dim: 3"),
+    ],
+)
+def test_diff_reads_equivalent_spellings_of_axes_as_the_same_step(tmp_path, old, new):
+    assert old in MHA.read_text()
+    (tmp_path / "b.yaml").write_text(MHA.read_text().replace(old, new))
+    data = json.loads(tracer_cli("diff", str(MHA), str(tmp_path / "b.yaml"), "--json").stdout)
+    assert data["same"] and data["changed_op"] == [], data
+
+
+def test_diff_still_reports_a_permute_that_moves_three_axes(tmp_path):
+    (tmp_path / "b.yaml").write_text(MHA.read_text().replace(K_T, "op: permute, input: k_h, dims: [0, 3, 1, 2]"))
+    data = json.loads(tracer_cli("diff", str(MHA), str(tmp_path / "b.yaml"), "--json").stdout)
+    assert data["removed"] == ["k_t: transpose"] and data["added"] == ["k_t: permute"] and not data["same"]

@@ -230,12 +230,26 @@ class StepBase(Strict):
     includes_file: ClassVar[bool] = False  # another pipeline file, expanded into its steps before analysis (op: block)
     regroups: ClassVar[bool] = False  # splits or merges neighbouring dims in memory order (view, reshape)
     keeps_values: ClassVar[bool] = False  # every output element is an input element: layout ops, and cast (a 0/1 mask stays 0/1)
+    axis_fields: ClassVar[tuple[str, ...]] = ("dim",)  # fields that number axes, -1 the last (a kind without one has none)
+    counts_output_axes: ClassVar[bool] = False  # its axes number the output's, one more than the input's (unsqueeze, stack)
 
     @model_validator(mode="after")
     def _one_input_form(self) -> StepBase:
         if self.input is not None and self.inputs is not None:
             raise ValueError("give either 'input' or 'inputs', not both")
         return self
+
+    def canonical(self, input_rank: int | None, output_rank: int | None) -> tuple[str, dict]:
+        """(kind, fields) as every spelling of the same computation gives them: axes as positive
+        numbers where the rank they count is known; tensor names, notes and groups left out.
+        ``tracer diff`` compares these, so ``dim: -1`` and ``dim: 3`` of a 4-d input are no change."""
+        skip = {"id", "op", "note", "group", "allow", "input", "inputs", *self.param_fields}
+        fields = self.model_dump(exclude=skip | ({self.output_field} if self.output_field else set()))
+        rank = output_rank if self.counts_output_axes else input_rank
+        for key in self.axis_fields:
+            if key in fields:
+                fields[key] = positive_axes(fields[key], rank)
+        return self.op, fields
 
     def data_inputs(self) -> list[str]:
         """The tensors it reads as data, in order (the loader wrote the implicit input in)."""
@@ -321,3 +335,12 @@ def register(cls: type[StepBase]) -> type[StepBase]:
     op = cls.model_fields["op"].default
     STEP_KINDS[op] = cls
     return cls
+
+
+def positive_axes(value, rank: int | None):
+    """An axis or a list of them counted from 0 (-1 is ``rank - 1``); as written where the rank is unknown."""
+    if rank is None or isinstance(value, bool):
+        return value
+    if isinstance(value, int):
+        return value % rank if -rank <= value < rank else value
+    return [positive_axes(v, rank) for v in value] if isinstance(value, list) else value

@@ -142,6 +142,7 @@ class Transpose(StepBase):
 
     op: Literal["transpose"] = "transpose"
     keeps_values = True
+    axis_fields = ("dims",)
     dims: list[StrictInt] = Field(min_length=2, max_length=2, description="the two dims to swap, e.g. [1, 2] or [-2, -1]")
     example = """\
 - id: k_t
@@ -167,6 +168,10 @@ class Transpose(StepBase):
     def emit(self, e):
         return f"{e.args[0]}.transpose({self.dims[0]}, {self.dims[1]})"
 
+    def canonical(self, input_rank, output_rank):
+        op, fields = super().canonical(input_rank, output_rank)
+        return op, {**fields, "dims": sorted(fields["dims"])}  # [-1, -2] swaps what [-2, -1] swaps
+
 
 @register
 class Permute(StepBase):
@@ -174,6 +179,7 @@ class Permute(StepBase):
 
     op: Literal["permute"] = "permute"
     keeps_values = True
+    axis_fields = ("dims",)
     dims: list[StrictInt] = Field(max_length=16, description="a permutation of the input's dims")
     example = """\
 - id: multihead_keys_p
@@ -197,6 +203,13 @@ class Permute(StepBase):
 
     def emit(self, e):
         return f"{e.args[0]}.permute({', '.join(map(str, self.dims)) or '()'})"
+
+    def canonical(self, input_rank, output_rank):
+        op, fields = super().canonical(input_rank, output_rank)
+        moved = [axis for axis, source in enumerate(fields["dims"]) if axis != source]
+        if input_rank is not None and len(moved) == 2:  # it swaps two axes: that transpose
+            return "transpose", {"dims": moved}
+        return op, fields
 
 
 @register
@@ -228,6 +241,7 @@ class Unsqueeze(StepBase):
 
     op: Literal["unsqueeze"] = "unsqueeze"
     keeps_values = True
+    counts_output_axes = True
     dim: StrictInt
     example = """\
 - id: x_in
@@ -433,6 +447,7 @@ class Stack(StepBase):
 
     op: Literal["stack"] = "stack"
     copies_data = True
+    counts_output_axes = True
     arity = None
     dim: StrictInt = 0
     example = """\

@@ -1,0 +1,84 @@
+"""`tracer.from_module` on public architectures: transformers models from tiny random configs (no
+downloads), with eager and sdpa attention, and torch's TransformerDecoderLayer. For each: does the
+import check clean under ``--strict`` and run equal to the module on its weights? Prints the
+markdown table docs/import.md shows; tests/importing/test_architectures.py runs some rows.
+
+    .venv/bin/python benchmarks/import_sweep.py [--layers N] [FAMILY ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+B, T, D = 2, 7, 32
+SIZES = {"hidden_size": D, "intermediate_size": 56, "num_attention_heads": 4, "vocab_size": 64}
+CONFIGS = {  # family: (model class, config class, config arguments besides SIZES and the layer count)
+    "mistral": ("MistralModel", "MistralConfig", {"num_key_value_heads": 2, "sliding_window": 4}),  # a window shorter than T
+    "qwen2": ("Qwen2Model", "Qwen2Config", {"num_key_value_heads": 2}),
+    "gemma": ("GemmaModel", "GemmaConfig", {"num_key_value_heads": 1, "head_dim": 8}),
+    "phi3": ("Phi3Model", "Phi3Config", {"num_key_value_heads": 2, "pad_token_id": 0}),
+    "gpt_neox": ("GPTNeoXModel", "GPTNeoXConfig", {}),  # rotary_pct 0.25: rope on 2 of 8 dims
+    "bert": ("BertModel", "BertConfig", {"max_position_embeddings": 16}),
+}
+BART = {"d_model": D, "encoder_attention_heads": 4, "decoder_attention_heads": 4, "encoder_ffn_dim": 56, "decoder_ffn_dim": 56}
+
+
+def build(family: str, attention: str, layers: int):
+    """(module, args, kwargs): a seeded model in eval mode and its example inputs."""
+    torch.manual_seed(0)
+    if family == "decoder_layer":  # torch's own; attention is torch's path, with the causal mask given
+        layer = torch.nn.TransformerDecoderLayer(d_model=D, nhead=4, dim_feedforward=56, dropout=0.0, batch_first=True).eval()
+        kwargs = {"tgt_mask": torch.nn.Transformer.generate_square_subsequent_mask(T), "tgt_is_causal": True}
+        return layer, (torch.randn(B, T, D), torch.randn(B, 5, D)), kwargs
+    import transformers
+
+    if family == "bart":  # encoder-decoder: cross-attention, learned positions with an offset of 2
+        config = transformers.BartConfig(encoder_layers=layers, decoder_layers=layers, vocab_size=64, max_position_embeddings=16, **BART)
+        model_class = transformers.BartModel
+    else:
+        model_name, config_name, extra = CONFIGS[family]
+        config = getattr(transformers, config_name)(num_hidden_layers=layers, **SIZES, **extra)
+        model_class = getattr(transformers, model_name)
+    config._attn_implementation, config.use_cache = attention, False
+    model = model_class(config).eval()
+    kwargs = {"decoder_input_ids": torch.randint(1, 64, (B, 5))} if family == "bart" else {}
+    if family == "bert":  # a padding mask: the second sequence ends after 4 tokens
+        kwargs["attention_mask"] = (torch.arange(T) < torch.tensor([[T], [4]])).long()
+    return model, (torch.randint(1, 64, (B, T)),), kwargs
+
+
+def row(family: str, attention: str, layers: int) -> str:
+    from tracer import TracerError
+    from tracer.importing import difference, from_module
+
+    module, args, kwargs = build(family, attention, layers)
+    try:
+        pipeline = from_module(module, *args, name=family, **kwargs)
+    except TracerError as error:
+        return f"| {family} | {attention} | not mapped: {str(error).splitlines()[0]} | | |"
+    problems = [d for d in pipeline.check().diagnostics if d.severity in ("error", "warning")]
+    verdict = "ok" if not problems else f"{len(problems)} warnings under --strict: {problems[0].code}"
+    folded = ", ".join(f"{s.id}: repeat {s.repeat}" for s in pipeline.spec.steps if s.op == "block") or "-"
+    return f"| {family} | {attention} | {verdict} | {folded} | {difference(pipeline, module, *args, **kwargs):.1e} |"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("families", nargs="*", default=[*CONFIGS, "bart", "decoder_layer"])
+    options = parser.parse_args()
+    print("| model | attention | --strict | layers folded | max diff |\n|---|---|---|---|---|")
+    for family in options.families:
+        for attention in ("torch",) if family == "decoder_layer" else ("eager", "sdpa"):
+            print(row(family, attention, options.layers), flush=True)
+
+
+if __name__ == "__main__":
+    main()
