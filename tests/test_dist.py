@@ -3,8 +3,9 @@ folder outside the repository, used from there.
 
 The fresh venv reuses the project venv's packages (torch is gigabytes) through a path file, which
 adds that folder without running its own path files: the project's editable install of tracer
-stays invisible, so what runs is the wheel's copy. Marked ``dist``: `make test` runs it after the suite
-(``pytest -m dist tests/test_dist.py``), outside the suite's time budget.
+stays invisible, so what runs is the wheel's copy. Marked ``dist``: a plain ``pytest`` leaves it out,
+`make test` runs it beside the rest of the suite, ``pytest -m dist`` alone. One test, so that
+pytest-xdist builds the wheel once.
 """
 
 import os
@@ -59,7 +60,7 @@ def installed(tmp_path_factory) -> Path:
     return venv / "bin"
 
 
-def test_the_wheel_installs_and_works_outside_the_repo(installed, tmp_path):
+def test_the_wheel_installs_works_outside_the_repo_and_carries_license_types_and_assets(installed, tmp_path):
     shutil.copy(PIPELINES / "causal_mha.yaml", tmp_path)
     where = _run(installed / "python", "-c", "import tracer; print(tracer.__file__)", cwd=tmp_path).stdout
     assert Path(where).is_relative_to(installed.parent), where
@@ -72,10 +73,10 @@ def test_the_wheel_installs_and_works_outside_the_repo(installed, tmp_path):
     assert _run(installed / "tracer", "schema", cwd=tmp_path).stdout == PACKAGED_SCHEMA.read_text()
     shipped = Path(_run(installed / "tracer", "schema", "--path", cwd=tmp_path).stdout.strip())
     assert shipped.is_relative_to(installed.parent) and shipped.read_text() == PACKAGED_SCHEMA.read_text()
+    _carries_license_types_and_assets(Path(where).parent)
 
 
-def test_the_wheel_carries_license_types_and_assets(installed):
-    package = Path(_run(installed / "python", "-c", "import tracer; print(tracer.__file__)", cwd=installed).stdout).parent
+def _carries_license_types_and_assets(package: Path) -> None:
     assets = package / "presentation" / "report_assets"
     assert (package / "py.typed").exists() and {"report.js", "report.css"} <= {f.name for f in assets.iterdir()}
     (info,) = package.parent.glob("attention_tracer-*.dist-info")
