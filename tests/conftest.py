@@ -39,6 +39,25 @@ def shared_pipeline(path: Path) -> tracer.Pipeline:
     return tracer.load(path)
 
 
+def covering(paths: list[Path]) -> list[Path]:
+    """The fewest of ``paths`` (greedily) whose steps, together, use every step kind with every set
+    of fields that any of ``paths`` writes (a causal mask, a tensor mask, a windowed one...): for the
+    sweeps whose cost is per file, run on every file that brings something no other brings."""
+    ignored = {"id", "op", "input", "inputs", "group", "note"}
+
+    def features(path: Path) -> set:
+        steps = shared_pipeline(path).spec.steps
+        return {(s.op, frozenset(s.model_dump(exclude_unset=True).keys() - ignored)) for s in steps}
+
+    found = {path: features(path) for path in paths}
+    left, chosen = set().union(*found.values()), []
+    while left:
+        best = max(paths, key=lambda p: (len(found[p] & left), -len(found[p])))
+        chosen.append(best)
+        left -= found[best]
+    return sorted(chosen)
+
+
 KERNEL_TESTED: set[str] = set()  # step kinds with a kernel test against plain torch (see test_architecture)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import functools
 import math
 import os
 import shutil
@@ -113,6 +114,7 @@ def _examples(*lines: str) -> str:
     return "examples:\n" + "\n".join(f"  {line}" for line in lines)
 
 
+@functools.cache  # built once per process: main() in a long-lived process (a notebook, the tests) pays 7 ms once
 def _parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="tracer",
