@@ -160,7 +160,7 @@ def _enforce_expectations(trace: Trace) -> None:
 
 
 def _dims_key(dims: Mapping[str, int] | None) -> tuple:
-    return tuple(sorted((dims or {}).items()))
+    return tuple(sorted(dims.items())) if dims else ()
 
 
 def _remember(cache: dict, key: tuple, value: Any) -> None:

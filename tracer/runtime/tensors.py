@@ -87,7 +87,16 @@ def match(analysis: Analysis, given: Mapping[str, Any], section: str | None, wha
         if name is None:
             problems.append(_unknown(analysis, key, declared, section, what))
             continue
-        if name not in given_by and _fits(tensor, *wanted[name]):
+        sizes, dtype, tensor_type, strided = wanted[name]
+        if (  # fits its declaration: a dense tensor of the declared shape and dtype (what _problem finds nothing wrong with)
+            name not in given_by
+            and isinstance(tensor, tensor_type)
+            and tensor.dtype is dtype
+            and tensor.shape == sizes
+            and tensor.layout == strided
+            and not tensor.is_nested
+            and not tensor.is_meta
+        ):
             given_by[name] = key
             found[name] = tensor.contiguous()  # as a declared tensor is: an expanded one would break a later view
             continue
@@ -131,22 +140,13 @@ def _table(analysis: Analysis) -> _Table:
     return table
 
 
-def _fits(tensor, sizes: tuple[int, ...], dtype, tensor_type, strided) -> bool:
-    """A dense tensor with data of the declared shape and dtype: what :func:`_problem` finds nothing wrong with."""
-    return (
-        isinstance(tensor, tensor_type)
-        and not tensor.is_nested
-        and tensor.layout == strided
-        and not tensor.is_meta
-        and tensor.dtype is dtype
-        and tensor.shape == sizes
-    )
-
-
 def match_routes(analysis: Analysis, routes: list[tuple[str, str | None, Mapping[str, Any] | None]]) -> dict[str, Any]:
     """The tensors of several routes (``(what, section, given)``: ``tensors=``, ``params=``,
     ``inputs=``) by declared name, all problems at once; a tensor two routes give is an error
     located at its declaration, never resolved by the order of the routes."""
+    routes = [route for route in routes if route[2]]
+    if len(routes) <= 1:  # nothing given twice: the common run(params=...) or run(inputs=...) needs no bookkeeping
+        return match(analysis, routes[0][2], routes[0][1], routes[0][0]) if routes else {}
     found, given_by, problems = {}, {}, []
     for what, section, given in routes:
         try:

@@ -254,7 +254,13 @@ class Mask(StepBase):
         to_bool, keep = self.mask is not None and k.ins[1].dtype != "bool", self.polarity == "keep"
         heads = (slice(None),) + (None,) * (len(scores.sizes) - 3)  # (B, T, T) -> (B, 1, …, T, T)
 
-        pattern = functools.cache(lambda t_q, t_k: causal_hidden(torch, t_q, t_k, window, top_left, device, causal, chunk))
+        t_q, t_k = scores.sizes[-2:]
+        built = functools.cache(lambda: causal_hidden(torch, t_q, t_k, window, top_left, device, causal, chunk))
+        # A small pattern is kept, as a model keeps its mask buffer (building it is most of a toy-size
+        # step); a large one is built per call. The memory estimate counts both (costs.kept).
+        pattern = built if t_q * t_k <= KEPT_PATTERN else built.__wrapped__
+        if positional and self.mask is None and self.segments is None:
+            return lambda scores: scores.masked_fill(pattern(), fill)  # causal (or window, chunk) alone: one kernel call
 
         def masked(scores, *extra):
             hide = []
@@ -262,11 +268,7 @@ class Mask(StepBase):
                 mask = extra[0].bool() if to_bool else extra[0]
                 hide.append(~mask if keep else mask)
             if positional:
-                t_q, t_k = scores.shape[-2:]
-                # A small pattern is kept, as a model keeps its mask buffer (building it is most of a
-                # toy-size step); a large one is built per call. The memory estimate counts both.
-                small = t_q * t_k <= KEPT_PATTERN
-                hide.append(pattern(t_q, t_k) if small else causal_hidden(torch, t_q, t_k, window, top_left, device, causal, chunk))
+                hide.append(pattern())
             if self.segments is not None:
                 other = extra[-1][..., :, None] != extra[-1][..., None, :]
                 hide.append(other[heads] if other.dim() == 3 else other)
