@@ -141,7 +141,7 @@ def in_order(alg, before, after) -> bool | None:
     when a literal number (other than 1) makes that unknowable. Size-1 dims hold no order: one
     that does not line up is skipped (an unsqueezed batch, a head of width 1)."""
     one = Poly.const(1)
-    axes = frozenset(d.poly for d in (*before, *after))  # every size written as an axis is one a dim can be
+    sizes = _Sizes(alg.names.keys() | {d.poly for d in (*before, *after)})  # every size written as an axis is one a dim can be
     src = [(d.poly, d.value) for d in before if d.poly != one]
     dst = [(d.poly, d.value) for d in after if d.poly != one]
     if any(p.constant is not None for p, _ in src + dst):
@@ -162,13 +162,13 @@ def in_order(alg, before, after) -> bool | None:
             rest = head.divide(need) if need is not None else None
             if rest is None:
                 return None  # a sum of dims (H + 2) does not divide: not judged
-            if natural(alg, need, axes) and natural(alg, rest, axes):
+            if sizes.natural(need) and sizes.natural(rest):
                 src[0], have = (rest, head_size * have_size // max(size, 1)), want  # ``want`` ends inside ``head``: its outer part
                 break
             left = want.divide(have * head)
             if left is None:
                 return None
-            if natural(alg, left, axes):
+            if sizes.natural(left):
                 have, have_size = have * head, have_size * head_size
             elif head_size != 1:  # a size-1 dim that does not fit holds no data order: skip it
                 return False
@@ -176,21 +176,27 @@ def in_order(alg, before, after) -> bool | None:
     return all(size == 1 for _, size in src)
 
 
-def natural(alg, poly, axes: frozenset = frozenset(), depth: int = 0) -> bool:
-    """A size a dim can be: a product of dims and a whole number, where declared quotients and the
-    ``axes`` (sizes the shapes write, such as ViT's ``IMG // P`` patches per side) count as dims
-    (``3 * d_model // H`` is ``3 * Dh``); ``H // T`` is not."""
-    if poly in alg.names or poly in axes:
-        return True
-    if len(poly.terms) != 1:
-        return False
-    mono, coeff = poly.terms[0]
-    if coeff <= 0 or coeff.denominator != 1:
-        return False
-    if all(exp > 0 for _, exp in mono):
-        return True
-    quotients = (p for p in (*alg.names, *axes) if len(p.terms) == 1 and any(exp < 0 for _, exp in p.terms[0][0]))
-    return depth < 4 and any((rest := poly.divide(p)) is not None and natural(alg, rest, axes, depth + 1) for p in quotients)
+class _Sizes:
+    """The sizes a dim can be: a product of dims and a whole number, where quotients that are
+    ``known`` (declared dims such as ``Dh: d_model // H``, and sizes the shapes write, such as ViT's
+    ``IMG // P`` patches per side) count as dims (``3 * d_model // H`` is ``3 * Dh``); ``H // T``
+    is not."""
+
+    def __init__(self, known: set):
+        self.known = known
+        self.quotients = tuple(p for p in known if len(p.terms) == 1 and any(exp < 0 for _, exp in p.terms[0][0]))
+
+    def natural(self, poly, depth: int = 0) -> bool:
+        if poly in self.known:
+            return True
+        if len(poly.terms) != 1:
+            return False
+        mono, coeff = poly.terms[0]
+        if coeff <= 0 or coeff.denominator != 1:
+            return False
+        if all(exp > 0 for _, exp in mono):
+            return True
+        return depth < 4 and any((rest := poly.divide(p)) is not None and self.natural(rest, depth + 1) for p in self.quotients)
 
 
 @register
