@@ -19,7 +19,7 @@ def _rotate_half(torch, x):
 class LlamaLayer(nn.Module):
     # The pipeline 'LlamaLayer', as PyTorch.
 
-    def __init__(self, *, d_model=16, H=4, H_kv=2, d_ff=32, V=32000, seed=None):
+    def __init__(self, *, d_model=16, H=4, H_kv=2, d_ff=32, seed=None):
         super().__init__()
         if H == 0:
             raise ValueError(f"dim Dh = d_model // H: division by zero in 'd_model // H' (H={H})")
@@ -35,7 +35,6 @@ class LlamaLayer(nn.Module):
         self.H = H
         self.H_kv = H_kv
         self.d_ff = d_ff
-        self.V = V
         self.Dh = Dh
         self.n_rep = n_rep
         generator = None if seed is None else torch.Generator().manual_seed(seed)  # a seed: the traced run's params
