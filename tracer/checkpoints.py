@@ -95,8 +95,15 @@ def _per_copy(params: Mapping[str, Any], analysis) -> dict[str, tuple[str, Any]]
 def _copies(params: Mapping[str, Any], analysis) -> set[int]:
     """The copies the declared params hold for the map's ``{layer}`` targets."""
     templates = {name for target in params.values() for name in _names(target) if "{layer}" in name}
-    patterns = [re.compile(re.escape(t.replace(".", "/")).replace(re.escape("{layer}"), r"(\d+)")) for t in templates]
-    return {int(n) for name in analysis.pipeline.params for p in patterns if (m := p.fullmatch(name)) for n in m.groups()}
+    patterns = [re.compile(_copy_pattern(t.replace(".", "/"))) for t in templates]
+    return {int(m["layer"]) for name in analysis.pipeline.params for p in patterns if (m := p.fullmatch(name))}
+
+
+def _copy_pattern(template: str) -> str:
+    """``template`` as a regex whose every ``{layer}`` is one and the same copy number (the first
+    captures it, the others repeat it: no run of digit groups to backtrack through)."""
+    parts = [re.escape(part) for part in template.split("{layer}")]
+    return parts[0] + "(?P<layer>0|[1-9][0-9]*)" + parts[1] + "".join(f"(?P=layer){part}" for part in parts[2:])
 
 
 def _names(target: Any) -> list[str]:

@@ -276,3 +276,19 @@ def test_a_per_copy_entry_names_layer_on_both_sides(tmp_path, entry):
         tracer.load(tmp_path / "p.yaml")
     (problem,) = info.value.diagnostics
     assert problem.position is not None and "maps to params with {layer}" in problem.message
+
+
+def test_a_template_of_many_layer_marks_matches_without_backtracking():
+    """Every {layer} is one number (the first captures it, the rest repeat it), so a hostile map
+    ({layer} 28 times against a name of 64 digits) is answered at once, and copies must agree."""
+    import re
+    import time
+
+    from tracer.checkpoints import _copy_pattern
+
+    started = time.process_time()
+    assert re.fullmatch(_copy_pattern("{layer}" * 28), "1" * 64) is None
+    assert time.process_time() - started < 0.1
+    assert re.fullmatch(_copy_pattern("a/{layer}/b/{layer}/W"), "a/3/b/3/W")["layer"] == "3"
+    assert re.fullmatch(_copy_pattern("a/{layer}/b/{layer}/W"), "a/3/b/4/W") is None
+    assert re.fullmatch(_copy_pattern("h/{layer}/W"), "h/012/W") is None  # a copy number has no leading zero
