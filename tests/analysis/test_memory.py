@@ -323,3 +323,18 @@ def test_a_small_mask_pattern_is_made_once_and_counted_to_the_end_of_the_run(T, 
     assert first - second == kept
     assert first <= pipeline.check().memory.peak_bytes
     assert torch.equal(pipeline.run(keep_values=True)["y"].tensor.isinf(), torch.ones(T, T, dtype=torch.bool).triu(1))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_gemmas_unit_offset_counts_its_one_plus_weight(dtype):
+    """(1 + w.float()) is a float32 temporary (after a float32 copy of a bfloat16 w): with no rows
+    to normalise (B = 0) it is the whole peak besides the weight (a fuzz case found it missing)."""
+    from tests.measure import measured_peak
+
+    pipeline = tracer.loads(
+        "name: g\ndims: {B: 0, D: 8}\ninputs:\n  x: {shape: [B, D], init: randn, dtype: DT}\nparams:\n"
+        "  w: {shape: [D], init: zeros, dtype: DT}\nsteps:\n  - {id: y, op: rmsnorm, input: x, weight: w, unit_offset: true}\n".replace(
+            "DT", dtype
+        )
+    )
+    assert measured_peak(pipeline) <= pipeline.check().memory.peak_bytes <= measured_peak(pipeline) + 32

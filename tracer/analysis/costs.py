@@ -521,8 +521,10 @@ def _layernorm_workspace(step, ins, outs):
 def _rmsnorm_workspace(step, ins, outs):
     """h.pow(2) and the normalised h beside the output, in float32; for another dtype also the
     float32 copy of x, which lives while the squares or the normalised h are made, or the cast of
-    h back beside it (as wide as x) that the weight multiplies; and the (…, 1) mean-square columns."""
+    h back beside it (as wide as x) that the weight multiplies; and the (…, 1) mean-square columns.
+    Gemma's unit offset also makes 1 + weight in float32 (after a float32 copy of another dtype)."""
     x = ins[0]
     n, rows = x.numel, math.prod(x.sizes[:-1])  # rows: the (…, 1) columns exist for an empty last dim too
     converted = max(4 * n, x.nbytes) if x.dtype != "float32" else 0
-    return 4 * n + converted + 12 * rows
+    offset = 4 * ins[1].numel * (1 + (ins[1].dtype != "float32")) if step.unit_offset else 0
+    return 4 * n + converted + 12 * rows + offset
