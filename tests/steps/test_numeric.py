@@ -195,3 +195,20 @@ def test_cumsum_on_meta_takes_a_huge_dim():
     )
     trace = pipeline.run(device="meta")
     assert trace["c"].shape == (2147483649, 2) and trace["c"].stride == (2, 1) and trace.as_predicted
+
+
+@pytest.mark.parametrize("fn, refused", [("amax", True), ("amin", True), ("sum", False), ("any", False)])
+def test_a_reduce_with_no_identity_over_an_empty_dim_is_a_located_error(fn, refused):
+    """torch raises for amax/amin over a dim of size 0 (there is no max of nothing); sum and any have
+    an identity and give one. A fuzz case reached torch's RuntimeError."""
+    text = f"name: r\ndims: {{N: 0, D: 3}}\ninputs:\n  x: {{shape: [N, D], init: randn}}\nsteps:\n  - {{id: y, op: reduce, input: x, fn: {fn}, dim: 0}}\n"
+    if not refused:
+        assert tracer.loads(text).run(keep_values=True)["y"].shape == (3,)
+        return
+    with pytest.raises(tracer.TracerError) as info:
+        tracer.loads(text, "r.yaml")
+    (problem,) = info.value.diagnostics
+    assert problem.code == "reduce-empty" and problem.step == "y" and problem.position.line == 6
+    torch.zeros(0, 3).sum(dim=0)  # the reference: sum has an identity
+    with pytest.raises((RuntimeError, IndexError)):  # what torch itself says
+        getattr(torch.zeros(0, 3), fn)(dim=0)

@@ -16,7 +16,7 @@ from ..core.pysource import py_float
 from ..core.symbolic import Dim
 from .contract import StepBase, register
 from .pointwise import DType, _Binary
-from .rules import StepError, broadcast, norm_dim
+from .rules import StepError, broadcast, norm_dim, show
 
 Number = StrictInt | StrictFloat
 
@@ -373,6 +373,13 @@ class Reduce(StepBase):
             raise StepError("dim", f"torch's prod reduces one dim, got {len(axes)}", "dim", "reduce in steps, one dim each")
         if self.fn == "mean" and x.dtype not in FLOAT_DTYPES:
             raise StepError("dtype", f"mean needs a floating-point tensor, '{name}' is {x.dtype}", "input", "op: cast to float32 first")
+        empty = [i for i in axes if x.shape[i].value == 0]
+        if empty and self.fn in ("amax", "amin"):  # no identity: the max of nothing does not exist
+            raise StepError(
+                "reduce-empty",
+                f"{self.fn} over dim {empty[0]} of '{name}' {show(x)}, which has size 0: the {self.fn[1:]} of no values does not exist",
+                "dim",
+            )
         kept = [ctx.alg.const(1) if i in axes else d for i, d in enumerate(x.shape)] if self.keepdim else None
         shape = kept if kept is not None else [d for i, d in enumerate(x.shape) if i not in axes]
         return fresh(tuple(shape), _REDUCED_DTYPE.get(self.fn, lambda d: d)(x.dtype))
