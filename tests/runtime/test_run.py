@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import tracer
-from tests.conftest import pipeline_text
+from tests.conftest import PIPELINES, pipeline_text
 from tests.kinds import agrees
 from tracer.core.errors import TracerError
 
@@ -37,3 +37,14 @@ def test_a_meta_run_of_sdpa_shows_the_layout_of_a_real_run():
     )
     meta, cpu = pipeline.run(device="meta"), pipeline.run()
     assert meta["y"].stride == cpu["y"].stride == (24, 4, 12, 1) and meta.as_predicted and cpu.as_predicted
+
+
+def test_observe_on_the_meta_device_sees_the_layout_the_trace_records():
+    """sdpa's meta kernel lays its output out row-major, the CPU kernel like q; a meta run gives
+    the tensor the CPU layout, and ``observe`` sees it after that (a fuzz case saw it before)."""
+    pipeline = tracer.load(PIPELINES / "lint_examples" / "fixed" / "attention_axis.yaml")
+    seen = {}
+    trace = pipeline.run(device="meta", observe=lambda rid, tensor: seen.__setitem__(rid, tuple(tensor.stride())))
+    real = pipeline.run(keep_values=True)
+    assert seen["context"] == trace["context"].stride == tuple(real["context"].tensor.stride()) != (24, 12, 3, 1)
+    assert all(seen[r.id] == r.stride for r in trace.records if r.id in seen)

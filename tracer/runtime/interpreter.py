@@ -193,8 +193,6 @@ class Plan:
                 if expect is not None:
                     rid, sizes, stride, offset, dtype, static_view_of, template = expect
                     env[rid] = result
-                    if observe is not None:
-                        observe(rid, result)
                     base = result._base  # _StorageIndex.owner, inlined
                     if base is None:
                         base = result
@@ -217,6 +215,8 @@ class Plan:
                         if on_meta:
                             result = env[rid] = self._as_on_cpu(result, expect, view_of, roots)
                         diverged |= self._append(append, expect, result, view_of, keep_values, step_id)
+                    if observe is not None:  # after a meta tensor took the layout a real run gives it
+                        observe(rid, result)
                 else:
                     for expect, tensor in zip(expected, result):
                         view_of = owner(tensor, expect.id)
