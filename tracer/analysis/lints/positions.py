@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from ...core.symbolic import Poly
 from .registry import Lint, register, show, warning
+from .sources import cache_after_new, new_tokens
 
 MAX_WALK = 64
 
@@ -86,8 +87,8 @@ class RopeOffset(Lint):
     def check(self, analysis):
         for site in analysis.attention:
             keys = _walk(analysis, site.keys, site)
-            if keys.join is None or keys.rotations:
-                continue  # no cache, or rope after it (rope-after-cache)
+            if keys.join is None or keys.rotations or cache_after_new(analysis, keys.join, site):
+                continue  # no cache, rope after it (rope-after-cache), or the cat in the wrong order (cache-order)
             fresh = _walk(analysis, keys.fresh, site)
             length, written = _cache_length(analysis, keys.join)
             for rope in fresh.rotations[:1]:
@@ -182,3 +183,41 @@ class DoubleMask(Lint):
                         f"{show(analysis, masking.tensor)}, a causal pattern (init: {declared.decl.init}) — keep one"
                     )
                     yield warning(analysis, analysis.node(step), self.code, message, "causal")
+
+
+@register
+class CacheOrder(Lint):
+    """**What.** A KV-cache concatenation that puts the new tokens first: `cat([k_new, k_cache])`
+    along the positions axis, where the new keys (or values) are the ones computed from the
+    queries' hidden states, or as long as the queries, and the cache is the rest.
+
+    **Why it matters.** The cache holds the older tokens: appended in front, the new keys sit at
+    positions `0 .. T-1` and the whole history moves `T` places later, so a bottom-right causal
+    mask lets the new queries see the wrong keys and every RoPE distance is off. A rope offset
+    cannot repair it (rope-offset stays quiet here: the line to edit is the `cat`).
+
+    **Fix.** Put the cache first: `inputs: [k_cache, k_new]` (transformers' `DynamicCache.update`:
+    `torch.cat([self.keys, key_states], dim=-2)`), for the keys and the values alike.
+    """
+
+    code, example, origin = "cache-order", "cache_order", "KV-cache decoding (public issue trackers)"
+
+    def check(self, analysis):
+        reported = set()
+        for site in analysis.attention:
+            for tensor in (site.keys, site.values):
+                join = _walk(analysis, tensor, site).join if tensor is not None else None
+                if join is None or join.id in reported or not cache_after_new(analysis, join, site):
+                    continue
+                reported.add(join.id)
+                yield self._warning(analysis, join, new_tokens(analysis, join, site))
+
+    def _warning(self, analysis, join, fresh: tuple[bool, ...]):
+        new = [name for name, is_new in zip(join.inputs, fresh) if is_new]
+        cached = [name for name, is_new in zip(join.inputs, fresh) if not is_new]
+        message = (
+            f"it puts the new tokens {', '.join(repr(n) for n in new)} before the cache {', '.join(repr(c) for c in cached)}: "
+            f"the cached tokens are the older ones, so the new ones land at positions 0.. and the history moves after them — "
+            f"put the cache first: inputs: [{', '.join(cached + new)}]"
+        )
+        return warning(analysis, join, self.code, message, "inputs")

@@ -1,0 +1,323 @@
+"""Semantic lints, held-out variants: the direction of attention (causal masks on cross-attention,
+a declared role), KV-cache concat order, padding masks followed through layout and arithmetic
+(polarity, multiplied masks, masks never applied, left padding with a causal -inf mask). Each
+variant is written differently from the lint's example; the correct designs check clean."""
+
+import textwrap
+
+import pytest
+
+import tracer
+from tests.conftest import PIPELINES
+
+
+def warnings(text: str) -> list:
+    """The warnings, but unused-tensor's: the templates declare masks some variants do not read."""
+    return [d for d in tracer.loads(textwrap.dedent(text), "t.yaml").check().warnings if d.code != "unused-tensor"]
+
+
+def codes(text: str) -> list[str]:
+    return [d.code for d in warnings(text)]
+
+
+def line_of(text: str, needle: str) -> int:
+    return next(i for i, line in enumerate(textwrap.dedent(text).splitlines(), 1) if needle in line)
+
+
+# ------------------------------------------------------------------ direction of attention
+
+CROSS = """\
+name: cross
+{role}
+dims: {{B: 1, H: 2, T: 3, {src}, Dh: 4}}
+inputs:
+  x: {{shape: [B, H, T, Dh], init: randn}}
+  memory: {{shape: [B, H, {s}, Dh], init: randn}}
+  src_keep: {{shape: [B, 1, 1, {s}], values: {keep}}}
+params:
+  W: {{shape: [Dh, Dh], init: linear}}
+steps:
+  - {{id: q, op: linear, input: x, weight: W}}
+  - {{id: k, op: linear, input: memory, weight: W}}
+  - {{id: v, op: linear, input: memory, weight: W}}
+  - {{id: k_t, op: transpose, input: k, dims: [2, 3]}}
+  - {{id: scores, op: matmul, inputs: [q, k_t]}}
+  - {{id: scaled, op: scale, divide: {{sqrt: Dh}}}}
+  - {{id: masked, op: mask, {mask}, fill: min}}
+  - {{id: weights, op: softmax, dim: -1}}
+  - {{id: context, op: matmul, inputs: [weights, v]}}
+"""
+KEEP5 = "[[[[true, true, true, false, false]]]]"
+
+
+def cross(mask: str, role: str = "", src: str = "S: 5", s: str = "S", keep: str = KEEP5) -> str:
+    return CROSS.format(role=role, src=src, s=s, keep=keep, mask=mask)
+
+
+def test_causal_mask_on_unfused_cross_attention_is_reported_at_the_mask_step():
+    text = cross("causal: true, mask: src_keep, polarity: keep")
+    [d] = warnings(text)
+    assert d.code == "causal-cross-attention" and d.step == "masked"
+    assert "queries (T tokens, from x)" in d.message and "keys (S tokens, from memory)" in d.message
+
+
+def test_triangular_mask_tensor_on_cross_attention_is_causal_too():
+    text = cross("mask: fut, polarity: block").replace("params:", "  fut: {shape: [T, S], init: triu}\nparams:")
+    assert codes(text) == ["causal-cross-attention"]
+
+
+def test_cross_attention_declared_when_the_lengths_share_a_dim():
+    """Source and target of the same length T: only the declaration says it is cross-attention."""
+    text = cross("causal: true", role="attention: {kind: cross}", src="S: 3", s="T", keep="[[[[true, true, true]]]]")
+    assert codes(text) == ["causal-cross-attention"]
+    assert codes(text.replace("attention: {kind: cross}", "")) == []
+
+
+def test_cross_attention_with_only_the_source_padding_mask_is_clean():
+    assert codes(cross("mask: src_keep, polarity: keep")) == []
+
+
+def test_decoder_file_cross_attention_is_not_asked_for_a_causal_mask():
+    assert codes(cross("mask: src_keep, polarity: keep", role="attention: {kind: decoder}")) == []
+
+
+SELF = """\
+name: self
+{role}
+dims: {{B: 2, H: 2, T: 4, Dh: 4}}
+inputs:
+  q: {{shape: [B, H, T, Dh], init: randn}}
+  k: {{shape: [B, H, T, Dh], init: randn}}
+  v: {{shape: [B, H, T, Dh], init: randn}}
+  attention_mask: {{shape: [B, T], dtype: int64, values: {rows}}}
+steps:
+{steps}
+"""
+RIGHT_PADDED = "[[1, 1, 1, 1], [1, 1, 1, 0]]"
+LEFT_PADDED = "[[1, 1, 1, 1], [0, 0, 1, 1]]"
+
+
+def self_attention(steps: str, role: str = "", rows: str = RIGHT_PADDED) -> str:
+    return SELF.format(role=role, rows=rows, steps=textwrap.indent(textwrap.dedent(steps).strip(), "  "))
+
+
+def test_decoder_sdpa_with_only_a_padding_mask_is_reported():
+    steps = """\
+    - {id: keep, op: view, input: attention_mask, shape: [B, 1, 1, T]}
+    - {id: keep_b, op: cast, dtype: bool}
+    - {id: context, op: sdpa, inputs: [q, k, v], mask: keep_b, polarity: keep}
+    """
+    text = self_attention(steps, role="attention: {kind: decoder}")
+    [d] = warnings(text)
+    assert d.code == "attention-role" and d.step == "context" and "causal: true" in d.message
+    assert codes(text.replace("polarity: keep}", "polarity: keep, causal: true}")) == []
+    assert codes(text.replace("attention: {kind: decoder}", "")) == []  # an encoder's design without the declaration
+
+
+def test_decoder_without_any_mask_is_reported_and_a_full_mask_of_unknown_content_is_not():
+    text = self_attention("- {id: context, op: sdpa, inputs: [q, k, v]}", role="attention: {kind: decoder}")
+    assert codes(text) == ["attention-role"]
+    full = text.replace("steps:", "  m: {shape: [T, T], dtype: bool, init: randn}\nsteps:").replace(
+        "inputs: [q, k, v]}", "inputs: [q, k, v], mask: m, polarity: keep}"
+    )
+    assert "attention-role" not in codes(full.replace("init: randn}\nsteps", "init: tril}\nsteps"))
+
+
+def test_encoder_with_a_causal_mask_is_reported_at_causal():
+    text = self_attention("- {id: context, op: sdpa, inputs: [q, k, v], causal: true}", role="attention: {kind: encoder}")
+    [d] = warnings(text)
+    assert d.code == "attention-role" and "encoder" in d.message
+    assert d.position.line == line_of(text, "causal: true")
+
+
+@pytest.mark.parametrize("name", ["bart_cross_attention", "kv_cache_decode", "llama31_packed_attention", "t5_self_attention"])
+def test_zoo_models_stay_clean(name):
+    assert tracer.load(PIPELINES / "models" / f"{name}.yaml").check().diagnostics == ()
+
+
+# ------------------------------------------------------------------ KV-cache order
+
+DECODE = """\
+name: decode
+dims: {B: 1, H: 2, H_kv: 1, n_rep: H // H_kv, past: 3, T: 2, Dh: 4}
+inputs:
+  x: {shape: [B, T, Dh], init: randn}
+  k_cache: {shape: [B, H_kv, past, Dh], init: randn}
+  v_cache: {shape: [B, H_kv, past, Dh], init: randn}
+params:
+  W_q: {shape: [H * Dh, Dh], init: linear}
+  W_k: {shape: [H_kv * Dh, Dh], init: linear}
+steps:
+  - {id: q, op: linear, input: x, weight: W_q}
+  - {id: q_h, op: view, shape: [B, T, H, Dh]}
+  - {id: q_t, op: transpose, dims: [1, 2]}
+  - {id: k, op: linear, input: x, weight: W_k}
+  - {id: k_h, op: reshape, shape: [B, T, H_kv, Dh]}
+  - {id: k_t, op: permute, dims: [0, 2, 1, 3]}
+  - {id: v_t, op: contiguous, input: k_t}
+  - {id: q_rot, op: rope, input: q_t, offset: past}
+  - {id: k_rot, op: rope, input: k_t, offset: past}
+  - {id: k_all, op: cat, inputs: KEYS, dim: -2}
+  - {id: v_all, op: cat, inputs: VALUES, dim: 2}
+  - {id: k_rep, op: repeat_interleave, input: k_all, repeats: n_rep, dim: 1}
+  - {id: v_rep, op: repeat_interleave, input: v_all, repeats: n_rep, dim: 1}
+  - {id: kT, op: transpose, input: k_rep, dims: [2, 3]}
+  - {id: scores, op: matmul, inputs: [q_rot, kT]}
+  - {id: scaled, op: scale, divide: {sqrt: Dh}}
+  - {id: masked, op: mask, causal: true}
+  - {id: weights, op: softmax, dim: -1}
+  - {id: context, op: matmul, inputs: [weights, v_rep]}
+"""
+
+
+def decode(keys: str, values: str = "[v_cache, v_t]") -> str:
+    return DECODE.replace("KEYS", keys).replace("VALUES", values)
+
+
+def test_swapped_key_cache_is_reported_at_the_cat_and_rope_offset_stays_quiet():
+    text = decode("[k_rot, k_cache]")
+    [d] = warnings(text)
+    assert d.code == "cache-order" and d.step == "k_all" and "inputs: [k_cache, k_rot]" in d.message
+    assert d.position.line == line_of(text, "id: k_all")
+    assert codes(decode("[k_cache, k_rot]")) == []
+
+
+def test_swapped_value_cache_is_reported_too():
+    [d] = warnings(decode("[k_cache, k_rot]", "[v_t, v_cache]"))
+    assert d.code == "cache-order" and d.step == "v_all" and "inputs: [v_cache, v_t]" in d.message
+
+
+def test_swapped_cache_of_declared_new_keys_is_found_by_their_length():
+    """q, the new keys and the cache all inputs: the new keys are the ones as long as the queries."""
+    text = """\
+    name: d
+    dims: {B: 1, H: 2, past: 4, T: 1, Dh: 4}
+    inputs:
+      q: {shape: [B, H, T, Dh], init: randn}
+      k_new: {shape: [B, H, T, Dh], init: randn}
+      k_cache: {shape: [B, H, past, Dh], init: randn}
+      v_all: {shape: [B, H, past + T, Dh], init: randn}
+    steps:
+      - {id: k_all, op: cat, inputs: [k_new, k_cache], dim: 2}
+      - {id: context, op: sdpa, inputs: [q, k_all, v_all], causal: true}
+    """
+    assert codes(text) == ["cache-order"]
+    assert codes(text.replace("[k_new, k_cache]", "[k_cache, k_new]")) == []
+
+
+# ------------------------------------------------------------------ padding masks through layout and arithmetic
+
+UNFUSED = """\
+- {id: k_t, op: transpose, input: k, dims: [2, 3]}
+- {id: scores, op: matmul, inputs: [q, k_t]}
+- {id: scaled, op: scale, divide: {sqrt: Dh}}
+"""
+SOFTMAX = """\
+- {id: weights, op: softmax, dim: -1}
+- {id: context, op: matmul, inputs: [weights, v]}
+"""
+
+
+def padded(layout: str, mask: str, rows: str = RIGHT_PADDED) -> str:
+    return self_attention(textwrap.dedent(layout) + UNFUSED + f"- {{id: masked, op: mask, {mask}}}\n" + SOFTMAX, rows=rows)
+
+
+@pytest.mark.parametrize(
+    "layout",
+    [
+        "- {id: m, op: view, input: attention_mask, shape: [B, 1, 1, T]}\n- {id: mb, op: cast, dtype: bool}\n",
+        "- {id: m, op: unsqueeze, input: attention_mask, dim: 1}\n- {id: mb, op: unsqueeze, dim: -2}\n",
+        "- {id: m, op: reshape, input: attention_mask, shape: [B, 1, 1, T]}\n- {id: mb, op: expand, shape: [B, H, T, T]}\n",
+    ],
+)
+def test_token_mask_read_as_block_is_reported_through_layout_steps(layout):
+    text = padded(layout, "mask: mb, polarity: block, fill: -inf")
+    [d] = warnings(text)  # nan-risk-mask stays quiet: the fill is not the line to edit
+    assert d.code == "padding-polarity" and d.step == "masked" and "use polarity: keep" in d.message
+    assert d.position.line == line_of(text, "id: masked")
+    assert codes(text.replace("polarity: block", "polarity: keep")) == []
+
+
+@pytest.mark.parametrize(
+    ("negation", "right"),
+    [
+        ("- {id: mb, op: logical, fn: not}\n", "block"),
+        ("- {id: mb, op: compare, cmp: ne, value: 1}\n", "block"),
+        ("- {id: mb, op: compare, cmp: gt, value: 0}\n", "keep"),
+    ],
+)
+def test_polarity_is_judged_through_negations(negation, right):
+    layout = "- {id: m, op: view, input: attention_mask, shape: [B, 1, 1, T]}\n" + negation
+    wrong = "keep" if right == "block" else "block"
+    assert codes(padded(layout, f"mask: mb, polarity: {wrong}, fill: min")) == ["padding-polarity"]
+    assert codes(padded(layout, f"mask: mb, polarity: {right}, fill: min")) == []
+
+
+def test_polarity_combined_with_causal_in_one_step():
+    layout = "- {id: mb, op: view, input: attention_mask, shape: [B, 1, 1, T]}\n"
+    assert codes(padded(layout, "causal: true, mask: mb, polarity: block, fill: min")) == ["padding-polarity"]
+    assert codes(padded(layout, "causal: true, mask: mb, polarity: keep, fill: min")) == []
+
+
+def test_left_padding_with_a_causal_minus_inf_mask_is_a_nan_risk_at_the_fill():
+    layout = "- {id: mb, op: unsqueeze, input: attention_mask, dim: 1}\n- {id: keep, op: unsqueeze, dim: 1}\n"
+    text = padded(layout, "causal: true, mask: keep, polarity: keep, fill: -inf", rows=LEFT_PADDED)
+    [d] = warnings(text)
+    assert d.code == "nan-risk-mask" and "row 1" in d.message and "first 2 queries" in d.message
+    assert codes(text.replace("fill: -inf", "fill: min")) == []
+    assert codes(padded(layout, "causal: true, mask: keep, polarity: keep, fill: -inf")) == []  # right padding
+
+
+def test_left_padding_nan_risk_with_causal_and_padding_in_separate_steps():
+    layout = "- {id: keep, op: view, input: attention_mask, shape: [B, 1, 1, T]}\n"
+    steps = (
+        textwrap.dedent(layout) + UNFUSED + "- {id: causal, op: mask, causal: true}\n- {id: masked, op: mask, mask: keep, polarity: keep}\n"
+    )
+    text = self_attention(steps + SOFTMAX, rows=LEFT_PADDED)
+    assert [(d.code, d.step) for d in warnings(text)] == [("nan-risk-mask", "masked")]
+
+
+@pytest.mark.parametrize(
+    "layout",
+    [
+        "- {id: mb, op: view, input: attention_mask, shape: [B, 1, 1, T]}\n",
+        "- {id: m1, op: unsqueeze, input: attention_mask, dim: 1}\n- {id: m2, op: unsqueeze, dim: 1}\n- {id: mb, op: cast, dtype: float32}\n",
+    ],
+)
+def test_mask_multiplied_into_the_scores(layout):
+    steps = (
+        textwrap.dedent(layout)
+        + UNFUSED
+        + "- {id: masked, op: mul, inputs: [mb, scaled]}\n- {id: weights, op: softmax, input: masked, dim: -1}\n"
+    )
+    text = self_attention(steps + "- {id: context, op: matmul, inputs: [weights, v]}\n")
+    [d] = warnings(text)
+    assert d.code == "mask-multiplied" and d.step == "masked"
+
+
+def test_weights_multiplied_after_the_softmax_are_not_judged():
+    steps = (
+        "- {id: mb, op: view, input: attention_mask, shape: [B, 1, 1, T]}\n"
+        + UNFUSED
+        + textwrap.dedent(
+            """\
+        - {id: weights, op: softmax, input: scaled, dim: -1}
+        - {id: zeroed, op: mul, inputs: [weights, mb]}
+        - {id: context, op: matmul, inputs: [zeroed, v]}
+        """
+        )
+    )
+    assert "mask-multiplied" not in codes(self_attention(steps))
+
+
+def test_mask_used_only_for_pooling_never_reaches_the_attention():
+    steps = textwrap.dedent(
+        """\
+        - {id: context, op: sdpa, inputs: [q, k, v]}
+        - {id: keep, op: view, input: attention_mask, shape: [B, 1, T, 1]}
+        - {id: pooled, op: mul, inputs: [context, keep]}
+        """
+    )
+    text = self_attention(steps)
+    [d] = warnings(text)
+    assert d.code == "mask-not-applied" and d.step == "context" and "'keep'" in d.message
