@@ -321,3 +321,119 @@ def test_mask_used_only_for_pooling_never_reaches_the_attention():
     text = self_attention(steps)
     [d] = warnings(text)
     assert d.code == "mask-not-applied" and d.step == "context" and "'keep'" in d.message
+
+
+# ------------------------------------------------------------------ reported at the line to edit
+
+
+@pytest.mark.parametrize(
+    ("layout", "culprit", "field"),
+    [
+        ("- {id: a, op: unsqueeze, input: attention_mask, dim: 1}\n- {id: mb, op: unsqueeze, dim: -1}\n", "mb", "dim: -1"),
+        ("- {id: mb, op: view, input: attention_mask, shape: [B, 1, T, 1]}\n", "mb", "shape"),
+        ("- {id: a, op: reshape, input: attention_mask, shape: [B, 1, T, 1]}\n- {id: mb, op: cast, dtype: bool}\n", "a", "shape"),
+    ],
+)
+def test_mask_on_queries_is_reported_at_the_step_that_put_it_there(layout, culprit, field):
+    text = padded(layout, "mask: mb, polarity: keep, fill: min")
+    [d] = warnings(text)
+    assert d.code == "mask-on-queries" and d.step == culprit and "under the queries" in d.message
+    assert d.position.line == line_of(text, f"id: {culprit},")
+
+
+# ------------------------------------------------------------------ positions follow padding and documents
+
+
+def roped(positions: str, mask: str, rows: str = LEFT_PADDED, extra: str = "") -> str:
+    steps = textwrap.dedent(extra) + textwrap.dedent(
+        f"""\
+        - {{id: q_rot, op: rope, input: q{positions}}}
+        - {{id: k_rot, op: rope, input: k{positions}}}
+        - {{id: kT, op: transpose, input: k_rot, dims: [2, 3]}}
+        - {{id: scores, op: matmul, inputs: [q_rot, kT]}}
+        - {{id: masked, op: mask, {mask}, fill: min}}
+        - {{id: weights, op: softmax, dim: -1}}
+        - {{id: context, op: matmul, inputs: [weights, v]}}
+        """
+    )
+    return self_attention(steps, rows=rows)
+
+
+PAD = "causal: true, mask: keep, polarity: keep"
+KEEP_VIEW = "- {id: keep, op: unsqueeze, input: attention_mask, dim: 1}\n- {id: keep2, op: unsqueeze, dim: 1}\n"
+
+
+def test_rope_without_positions_on_a_left_padded_batch():
+    text = roped("", PAD.replace("keep,", "keep2,"), extra=KEEP_VIEW)
+    [d] = warnings(text)
+    assert d.code == "positions-ignore-padding" and d.step == "q_rot" and "column 2" in d.message and "'k_rot'" in d.message
+    assert codes(roped("", PAD.replace("keep,", "keep2,"), rows=RIGHT_PADDED, extra=KEEP_VIEW)) == []
+
+
+def test_arange_positions_on_a_left_padded_batch_are_reported_at_the_arange():
+    extra = KEEP_VIEW + "- {id: pos, op: arange, stop: T}\n"
+    text = roped(", positions: pos", PAD.replace("keep,", "keep2,"), extra=extra)
+    [d] = warnings(text)
+    assert d.code == "positions-ignore-padding" and d.step == "pos"
+
+
+def test_declared_positions_judged_against_the_padding_and_mask_derived_ones_clean():
+    declared = "  position_ids: {shape: [B, T], dtype: int64, values: ROWS}\nsteps:"
+    base = roped(", positions: position_ids", PAD.replace("keep,", "keep2,"), extra=KEEP_VIEW)
+    wrong = base.replace("steps:", declared.replace("ROWS", "[[0, 1, 2, 3], [0, 1, 2, 3]]"))
+    assert codes(wrong) == ["positions-ignore-padding"]
+    right = base.replace("steps:", declared.replace("ROWS", "[[0, 1, 2, 3], [1, 1, 0, 1]]"))
+    assert codes(right) == []
+    derived = "- {id: c, op: cumsum, input: attention_mask, dim: -1}\n- {id: pos, op: cast, dtype: int64}\n"
+    assert codes(roped(", positions: pos", PAD.replace("keep,", "keep2,"), extra=KEEP_VIEW + derived)) == []
+
+
+def test_learned_positions_on_a_left_padded_batch():
+    text = """\
+    name: gpt2_left_padded
+    dims: {B: 2, T: 4, V: 10, C: 4}
+    inputs:
+      idx: {shape: [B, T], dtype: int64, values: [[1, 2, 3, 4], [0, 0, 5, 6]]}
+      attention_mask: {shape: [B, T], dtype: int64, values: [[1, 1, 1, 1], [0, 0, 1, 1]]}
+    params:
+      wte: {shape: [V, C], init: embedding}
+      wpe: {shape: [T, C], init: embedding}
+    steps:
+      - {id: tok, op: embed, input: idx, weight: wte}
+      - {id: pos, op: arange, stop: T}
+      - {id: pe, op: embed, input: pos, weight: wpe}
+      - {id: x, op: add, inputs: [tok, pe]}
+      - {id: x1, op: unsqueeze, dim: 1}
+      - {id: keep, op: view, input: attention_mask, shape: [B, 1, 1, T]}
+      - {id: context, op: sdpa, inputs: [x1, x1, x1], causal: true, mask: keep, polarity: keep}
+    """
+    assert [(d.code, d.step) for d in warnings(text)] == [("positions-ignore-padding", "pos")]
+
+
+DOCS = "  documents: {shape: [B, T], dtype: int64, values: [[0, 0, 1, 1], [0, 0, 0, 0]]}\n"
+
+
+def test_packed_documents_with_positions_that_run_on():
+    text = roped("", "causal: true, segments: documents").replace("steps:", DOCS + "steps:")
+    [d] = warnings(text)
+    assert d.code == "positions-documents" and d.step == "q_rot" and "token 2" in d.message
+
+
+def test_packed_documents_with_declared_positions_that_restart_are_clean_and_the_reverse_is_reported():
+    restart = "  position_ids: {shape: [B, T], dtype: int64, values: [[0, 1, 0, 1], [0, 1, 2, 3]]}\n"
+    text = roped(", positions: position_ids", "causal: true, segments: documents").replace("steps:", DOCS + restart + "steps:")
+    assert codes(text) == []
+    no_documents = roped(", positions: position_ids", "causal: true").replace("steps:", restart + "steps:")
+    [d] = warnings(no_documents)
+    assert d.code == "positions-documents" and "restart" in d.message and d.step == "q_rot"
+    hf_left_padding = no_documents.replace("[[0, 1, 0, 1], [0, 1, 2, 3]]", "[[0, 1, 2, 3], [1, 1, 0, 1]]")
+    assert codes(hf_left_padding) == []  # cumsum - 1 with the padding set to 1 is not a document restart
+
+
+def test_learned_positions_in_a_decode_step_declared_from_zero():
+    text = (PIPELINES / "lint_examples" / "fixed" / "learned_position_offset.yaml").read_text()
+    declared = text.replace("  - {id: pos, op: arange, start: past, stop: past + T}\n", "").replace(
+        "  k_cache:", "  pos: {shape: [B, T], dtype: int64, values: [[0]]}\n  k_cache:"
+    )
+    assert [(d.code, d.step) for d in warnings(declared)] == [("learned-position-offset", "pos_emb")]
+    assert codes(declared.replace("values: [[0]]}", "values: [[3]]}")) == []

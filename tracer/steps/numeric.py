@@ -445,6 +445,9 @@ class Arange(StepBase):
     def args(self):
         return [f"{self.start}..{self.stop}", self.dtype]
 
+    def counts(self):
+        return self.start
+
     def infer(self, ins, ctx):
         start, stop = ctx.dim(self.start, "start"), ctx.dim(self.stop, "stop")
         if stop.value < start.value:

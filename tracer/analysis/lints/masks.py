@@ -306,8 +306,24 @@ class MaskOnQueries(Lint):
         query, key = (sizes[i] if i >= 0 else 1 for i in under)
         return key == 1 and query > 1
 
+    @classmethod
+    def _moved_there(cls, analysis, site, tensor: str, rank: int):
+        """The layout step that put the mask's positions under the queries (its input had them
+        elsewhere): the line to edit; None when the tensor was declared that way."""
+        current = analysis.record_of(tensor)
+        for _ in range(MAX_WALK):
+            node = analysis.producer(current)
+            if node is None or len(node.inputs) != 1 or not (node.step.keeps_values or node.step.on_binary()):
+                return None
+            before = analysis.record_of(node.inputs[0])
+            if not cls._along_queries_only(analysis, site, before, rank):
+                return node
+            current = before
+        return None
+
     def _warning(self, analysis, site, node, tensor: str, rank: int):
         added = node.step.masking() is None or node.step.masking().polarity is None
+        moved = self._moved_there(analysis, site, tensor, rank)
         effect = (
             "it shifts each query's row by one number, which softmax ignores: no key is hidden"
             if added
@@ -318,6 +334,13 @@ class MaskOnQueries(Lint):
             f"{site.query_axis % rank}) and is broadcast along the keys (dim {site.key_axis % rank}): {effect} — a padding mask "
             f"over the keys is (B, 1, 1, T): attention_mask[:, None, None, :]"
         )
+        if moved is not None:
+            message = (
+                f"it puts the positions of '{moved.inputs[0]}' {show(analysis, moved.inputs[0])} under the queries: "
+                f"{message[0].lower()}{message[1:]} (at step '{node.id}')"
+            )
+            written = [f for f in (*moved.step.axis_fields, "shape") if f in moved.step.model_fields_set]
+            return warning(analysis, moved, self.code, message, written[0] if written else None)
         field = "inputs" if node.step.masking() is None else "mask"
         return warning(analysis, node, self.code, message, field)
 

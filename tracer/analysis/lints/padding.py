@@ -9,7 +9,8 @@ negations (``mask == 0``, ``logical_not``): tracer.analysis.lints.sources.key_ro
 
 from __future__ import annotations
 
-from .masks import INTEGER_DTYPES, binary_origin
+from ..positions import is_mask_input
+from .masks import binary_origin
 from .registry import Lint, register, show, warning
 from .sources import reversed_padding
 
@@ -156,7 +157,7 @@ class MaskNotApplied(Lint):
             return
         applied = {analysis.record_of(t) for site in sites for t in _mask_tensors(site)}
         for name in analysis.pipeline.inputs:
-            if not _is_mask(analysis, name) or not analysis.users(name):
+            if not is_mask_input(analysis, name) or not analysis.users(name):
                 continue
             reached = _reach(analysis, name)
             if reached & applied:
@@ -179,11 +180,6 @@ def _mask_tensors(site):
     for _, masking in site.masks:
         yield from (t for t in (masking.tensor, masking.segments) if t is not None)
     yield from (tensor for _, tensor in site.biases)
-
-
-def _is_mask(analysis, name: str) -> bool:
-    dtype = analysis.meta(name).dtype
-    return dtype == "bool" or dtype in INTEGER_DTYPES and "mask" in name.lower()
 
 
 def _reach(analysis, name: str) -> set[str]:

@@ -13,8 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...core.symbolic import Poly
+from ..positions import COUNT, VALUES, index_source
 from .registry import Lint, register, show, warning
-from .sources import cache_after_new, new_tokens
+from .sources import cache_after_new, new_tokens, position_lookups
 
 MAX_WALK = 64
 
@@ -221,3 +222,67 @@ class CacheOrder(Lint):
             f"put the cache first: inputs: [{', '.join(cached + new)}]"
         )
         return warning(analysis, join, self.code, message, "inputs")
+
+
+@register
+class LearnedPositionOffset(Lint):
+    """**What.** In a decode step with a KV cache, learned absolute position embeddings (GPT-2's
+    `wpe`, an `embed` of positions) looked up from position 0: the positions are an `arange`
+    starting anywhere but the cache's length, or declared positions whose first value is not it.
+    The same mistake rope-offset finds for RoPE, for models that add a position table instead.
+
+    **Why it matters.** The new token gets the embedding of position 0 (the first token of a
+    sequence), not of position `past`: every decode step looks like the start of a text to the
+    model, and generation degrades after the prompt. Shapes are right and it runs.
+
+    **Fix.** `arange` from the cache's length: `start: past, stop: past + T` (transformers'
+    `cache_position`), or declared positions that start there.
+    """
+
+    code, example, origin = "learned-position-offset", "learned_position_offset", "GPT-2 style decoding with a KV cache"
+
+    def check(self, analysis):
+        reported = set()
+        for site in analysis.attention:
+            keys = _walk(analysis, site.keys, site)
+            if keys.join is None or cache_after_new(analysis, keys.join, site):
+                continue
+            length, written = _cache_length(analysis, keys.join)
+            size = sum(analysis.meta(o).sizes[keys.join.step.joins() % len(analysis.meta(o).sizes)] for o in keys.join.inputs[:-1])
+            for lookup in position_lookups(analysis, site.query):
+                source = index_source(analysis, lookup.inputs[0])
+                first = _first_position(source)
+                right = length if source.kind == COUNT else Poly.const(size)  # declared values are numbers: the cache's size
+                if first is None or first == right or source.step in reported:
+                    continue
+                reported.add(source.step)
+                yield self._warning(analysis, lookup, source, keys.join, written)
+
+    def _warning(self, analysis, lookup, source, join, written: str):
+        counted = source.kind == COUNT
+        node = analysis.node(source.step) if counted else lookup
+        start = f"start {node.step.counts()}" if counted else f"first value {source.rows[0][0]}"
+        message = (
+            f"the position embeddings of '{lookup.id}' are looked up at positions from {source.step} ({start}), but '{join.id}' "
+            f"puts the new tokens after {written} cached ones: they sit at positions {written}.. — "
+            + (
+                f"count from the cache's length: start: {written}, stop: {written} + {_length(analysis, node)}"
+                if counted
+                else f"start the positions at {written}"
+            )
+        )
+        return warning(analysis, node, self.code, message, "start" if counted else "input")
+
+
+def _length(analysis, node) -> str:
+    """How many positions a counting step makes, as a dim (``T``)."""
+    return str(analysis.meta(node.id).shape[-1])
+
+
+def _first_position(source) -> Poly | None:
+    """The first position a lookup reads: a count's start, or the first declared value of positions."""
+    if source.kind == COUNT:
+        return source.start
+    if source.kind == VALUES and "pos" in source.step.lower() and source.rows and source.rows[0]:
+        return Poly.const(source.rows[0][0])
+    return None

@@ -10,11 +10,12 @@ sequence (the encoder's output) and are as long as it (`S`, not `T`).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 from ...core.symbolic import Dim
 from ...spec.inits import INITS
+from ..positions import ancestry
+from ..positions import flat_values as flatten
 
 #: a mask larger than this many elements is not expanded by the lints
 MAX_PATTERN = 1_000_000
@@ -25,19 +26,7 @@ MAX_SOURCES_WALK = 4096
 def token_sources(analysis, tensor_id: str) -> frozenset[str]:
     """The declared inputs (not params) that ``tensor_id`` was computed from, through data inputs."""
     inputs = analysis.pipeline.inputs
-    found, seen, todo = set(), set(), [tensor_id]
-    while todo and len(seen) < MAX_SOURCES_WALK:
-        current = todo.pop()
-        if current in seen:
-            continue
-        seen.add(current)
-        node = analysis.producer(current)
-        if node is None:
-            if current in inputs:
-                found.add(current)
-            continue
-        todo.extend(node.inputs)
-    return frozenset(found)
+    return frozenset(name for name, node in ancestry(analysis, tensor_id) if node is None and name in inputs)
 
 
 def symbols(dim: Dim) -> frozenset[str]:
@@ -115,14 +104,6 @@ def declared_mask_rows(analysis, name: str) -> list[list[bool]] | None:
         flat = list(flatten(decl.values))
         return [[bool(v) for v in flat[r * cols : (r + 1) * cols]] for r in range(declared.meta.numel // cols if cols else 0)]
     return INITS[decl.init].known_rows(sizes, decl) if decl.init is not None else None
-
-
-def flatten(values) -> Iterator:
-    if isinstance(values, list):
-        for v in values:
-            yield from flatten(v)
-    else:
-        yield values
 
 
 @dataclass(frozen=True)
@@ -205,3 +186,9 @@ def reversed_padding(analysis, site, masking) -> KeyRows | None:
     if any(blind) and not any(not any(row) for row in found.visible(other)):
         return found
     return None
+
+
+def position_lookups(analysis, tensor_id: str) -> list:
+    """The table lookups (``looks_up``: embeddings) the tensor was computed from."""
+    walked = ancestry(analysis, tensor_id, through=lambda node: not node.step.looks_up)
+    return [node for _, node in walked if node is not None and node.step.looks_up and node.inputs]
