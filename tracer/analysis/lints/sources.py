@@ -46,15 +46,15 @@ def score_dims(analysis, site) -> tuple[Dim, Dim] | None:
 
 
 def is_cross(analysis, site) -> bool:
-    """Queries and keys from different sequences: no declared input in common, and keys whose
-    length is not written with the queries' (``S`` against ``T``; a cache's ``past + T`` is not)."""
+    """Queries and keys from different sequences: keys whose length is not written with the
+    queries' (``S`` against ``T``; a cache's ``past + T`` is not), and no declared input in common."""
     dims = score_dims(analysis, site)
-    if dims is None or token_sources(analysis, site.query) & token_sources(analysis, site.keys):
+    if dims is None:
         return False
     query, keys = dims
-    if query.poly.constant is not None or keys.poly.constant is not None:
-        return False  # literal sizes say nothing about which sequence they count
-    return not symbols(query) & symbols(keys)
+    if query.poly.constant is not None or keys.poly.constant is not None or symbols(query) & symbols(keys):
+        return False  # literal sizes say nothing about which sequence they count; shared dims say self-attention
+    return not token_sources(analysis, site.query) & token_sources(analysis, site.keys)
 
 
 def along_keys_only(analysis, site, tensor: str) -> bool:
