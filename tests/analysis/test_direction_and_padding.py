@@ -437,3 +437,34 @@ def test_learned_positions_in_a_decode_step_declared_from_zero():
     )
     assert [(d.code, d.step) for d in warnings(declared)] == [("learned-position-offset", "pos_emb")]
     assert codes(declared.replace("values: [[0]]}", "values: [[3]]}")) == []
+
+
+def test_a_mask_of_one_value_is_not_judged():
+    """An importer declares a captured attention_mask as zeros: it says nothing about polarity."""
+    layout = "- {id: mb, op: view, input: attention_mask, shape: [B, 1, 1, T]}\n"
+    assert codes(padded(layout, "mask: mb, polarity: keep, fill: min", rows="[[0, 0, 0, 0], [0, 0, 0, 0]]")) == []
+
+
+def test_keys_joined_from_another_input_without_a_causal_mask_are_not_a_cache():
+    """Flamingo's perceiver resampler: kv = cat([media, latents]), the latents (the queries) last."""
+    text = """\
+    name: resampler
+    dims: {B: 1, H: 2, M: 5, L: 3, Dh: 4}
+    inputs:
+      latents: {shape: [B, H, L, Dh], init: randn}
+      media: {shape: [B, H, M, Dh], init: randn}
+    steps:
+      - {id: kv, op: cat, inputs: [latents, media], dim: 2}
+      - {id: context, op: sdpa, inputs: [latents, kv, kv]}
+    """
+    assert codes(text) == []
+    assert codes(text.replace("kv, kv]}", "kv, kv], causal: true}")) == ["cache-order"]
+
+
+def test_a_bool_input_over_features_is_not_a_forgotten_padding_mask():
+    steps = """\
+    - {id: context, op: sdpa, inputs: [q, k, v]}
+    - {id: gated, op: where, inputs: [gate, context], otherwise: 0.0}
+    """
+    text = self_attention(steps).replace("steps:", "  gate: {shape: [Dh], dtype: bool, values: [true, false, true, true]}\nsteps:")
+    assert codes(text) == []

@@ -106,7 +106,7 @@ class NanRiskMask(Lint):
             return
         step, masking = padding[0]
         found = padding_rows(analysis, site, masking.tensor)
-        if found is None:
+        if found is None or not found.varies:
             return
         t_q, t_k = dims[0].value, dims[1].value
         shift = t_k - t_q if causal[0].align == "bottom-right" else 0

@@ -10,6 +10,7 @@ negations (``mask == 0``, ``logical_not``): tracer.analysis.lints.sources.key_ro
 from __future__ import annotations
 
 from ..positions import is_mask_input
+from ..roles import POSITIONS
 from .masks import binary_origin
 from .registry import Lint, register, show, warning
 from .sources import reversed_padding
@@ -136,7 +137,8 @@ def _from_product(analysis, tensor: str) -> bool:
 
 @register
 class MaskNotApplied(Lint):
-    """**What.** An input that is a mask — bool, or an integer tensor named `*mask*` — that steps
+    """**What.** An input that is a mask over tokens — bool, or an integer tensor named `*mask*`,
+    its last dim token positions (`T`) — that steps
     read (so `unused-tensor` is quiet) but that reaches no attention: no `mask` step, no `sdpa`
     mask, nothing added to the scores is computed from it. Reported at the attention that should
     have received it: the softmax (or `sdpa`) of the first attention in the file.
@@ -157,7 +159,7 @@ class MaskNotApplied(Lint):
             return
         applied = {analysis.record_of(t) for site in sites for t in _mask_tensors(site)}
         for name in analysis.pipeline.inputs:
-            if not is_mask_input(analysis, name) or not analysis.users(name):
+            if not is_mask_input(analysis, name) or not analysis.users(name) or analysis.axis_roles(name)[-1:] != (POSITIONS,):
                 continue
             reached = _reach(analysis, name)
             if reached & applied:

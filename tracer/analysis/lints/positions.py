@@ -186,11 +186,22 @@ class DoubleMask(Lint):
                     yield warning(analysis, analysis.node(step), self.code, message, "causal")
 
 
+def _decodes(analysis, site) -> bool:
+    """Whether a site attends as a decoder over a cache: a causal mask, or queries rotated after
+    cached tokens (a cat of other keys, such as Flamingo's media before its latents, is neither)."""
+    if any(masking.causal for _, masking in site.masks):
+        return True
+    return any(
+        rope.step.rotation().positions is None and _offset(rope).constant != 0 for rope in _walk(analysis, site.query, site).rotations
+    )
+
+
 @register
 class CacheOrder(Lint):
     """**What.** A KV-cache concatenation that puts the new tokens first: `cat([k_new, k_cache])`
     along the positions axis, where the new keys (or values) are the ones computed from the
-    queries' hidden states, or as long as the queries, and the cache is the rest.
+    queries' hidden states, or as long as the queries, and the cache is the rest — in attention
+    that decodes (a causal mask, or queries rotated at an offset).
 
     **Why it matters.** The cache holds the older tokens: appended in front, the new keys sit at
     positions `0 .. T-1` and the whole history moves `T` places later, so a bottom-right causal
@@ -208,7 +219,7 @@ class CacheOrder(Lint):
         for site in analysis.attention:
             for tensor in (site.keys, site.values):
                 join = _walk(analysis, tensor, site).join if tensor is not None else None
-                if join is None or join.id in reported or not cache_after_new(analysis, join, site):
+                if join is None or join.id in reported or not cache_after_new(analysis, join, site) or not _decodes(analysis, site):
                     continue
                 reported.add(join.id)
                 yield self._warning(analysis, join, new_tokens(analysis, join, site))

@@ -116,6 +116,11 @@ class KeyRows:
     rows: tuple[tuple[bool, ...], ...]
     negated_by: tuple[str, ...]  # the steps that negated it, nearest first
 
+    @property
+    def varies(self) -> bool:
+        """Whether it holds both values (a padding mask with padding somewhere)."""
+        return len({value for row in self.rows for value in row}) == 2
+
     def visible(self, polarity: str) -> list[list[bool]]:
         """Per row, whether each key stays visible under a mask step's polarity."""
         return [[value == (polarity == "keep") for value in row] for row in self.rows]
@@ -179,8 +184,8 @@ def reversed_padding(analysis, site, masking) -> KeyRows | None:
     """The key rows of a padding mask whose polarity hides every key of some row while the other
     polarity would hide every key of none; None otherwise."""
     found = padding_rows(analysis, site, masking.tensor) if masking.tensor is not None and masking.polarity is not None else None
-    if found is None:
-        return None
+    if found is None or not found.varies:
+        return None  # a mask of one value (an importer's zeros) says nothing about which value means a token
     other = "block" if masking.polarity == "keep" else "keep"
     blind = [not any(row) for row in found.visible(masking.polarity)]
     if any(blind) and not any(not any(row) for row in found.visible(other)):
