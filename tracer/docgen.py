@@ -108,7 +108,8 @@ triangular mask, or a mask tensor computed by steps); an `encoder`'s must not; `
 cross-attention is still recognised where it is unambiguous — queries and keys computed from
 different inputs, and their lengths written with different dims (`T` and `S`) — and a causal mask
 on it is reported (lint `causal-cross-attention`). The declaration covers the file's own steps; a
-file included as a block declares its own, checked when that file is checked.
+block file's own declaration covers the steps of every copy of it (a decoder stack of encoder
+blocks is judged as encoders).
 
 ## Step kinds
 """

@@ -468,3 +468,39 @@ def test_a_bool_input_over_features_is_not_a_forgotten_padding_mask():
     """
     text = self_attention(steps).replace("steps:", "  gate: {shape: [Dh], dtype: bool, values: [true, false, true, true]}\nsteps:")
     assert codes(text) == []
+
+
+BLOCK = """\
+name: attn_block
+{role}
+dims: {{B: 1, H: 2, T: 4, Dh: 4}}
+inputs:
+  x: {{shape: [B, H, T, Dh], init: randn}}
+steps:
+  - {{id: context, op: sdpa, inputs: [x, x, x]}}
+"""
+STACK = """\
+name: stack
+{role}
+dims: {{B: 1, H: 2, T: 4, Dh: 4}}
+inputs:
+  x: {{shape: [B, H, T, Dh], init: randn}}
+steps:
+  - {{id: layers, op: block, use: attn_block.yaml, input: x, repeat: 2}}
+"""
+
+
+@pytest.mark.parametrize(
+    ("block_role", "stack_role", "expected"),
+    [
+        ("attention: {kind: decoder}", "", ["attention-role"]),  # both copies, in one warning at the block file's line
+        ("", "attention: {kind: decoder}", []),  # the top file's declaration covers its own steps only
+        ("attention: {kind: encoder}", "attention: {kind: decoder}", []),
+    ],
+)
+def test_a_block_files_declaration_covers_its_copies(tmp_path, block_role, stack_role, expected):
+    (tmp_path / "attn_block.yaml").write_text(BLOCK.format(role=block_role))
+    (tmp_path / "stack.yaml").write_text(STACK.format(role=stack_role))
+    found = tracer.load(tmp_path / "stack.yaml").check().warnings
+    assert [d.code for d in found] == expected
+    assert all("1 more copy" in d.message and d.file.endswith("attn_block.yaml") for d in found)

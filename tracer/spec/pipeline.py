@@ -209,7 +209,7 @@ class PipelineSpec(Strict):
     attention: AttentionRole | None = Field(
         None,
         description="{kind: decoder|encoder|cross}: what this file's attention is, checked against its masks "
-        "(the file's own steps; a block file declares its own)",
+        "(the file's own steps; a block file's covers its copies)",
     )
     checkpoint: Checkpoint | None = Field(
         None,

@@ -25,11 +25,13 @@ def _causal(analysis, site) -> tuple[str, str, str] | None:
 
 
 def _declared_role(analysis, site) -> str | None:
-    """The file's ``attention: {kind}``, for the sites of its own steps (not of included blocks)."""
-    role = analysis.pipeline.attention
-    if role is None or analysis.node(site.product).copy is not None:
-        return None
-    return role.kind
+    """What the file that wrote the site's steps declares (``attention: {kind}``): the top file
+    for its own steps, a block file for the steps of its copies."""
+    copy = analysis.node(site.product).copy
+    if copy is None:
+        role = analysis.pipeline.attention
+        return role.kind if role is not None else None
+    return next((info.attention for info in analysis.blocks.values() if copy in info.copies), None)
 
 
 def _axes(analysis, site) -> str:
