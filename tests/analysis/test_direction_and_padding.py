@@ -504,3 +504,13 @@ def test_a_block_files_declaration_covers_its_copies(tmp_path, block_role, stack
     found = tracer.load(tmp_path / "stack.yaml").check().warnings
     assert [d.code for d in found] == expected
     assert all("1 more copy" in d.message and d.file.endswith("attn_block.yaml") for d in found)
+
+
+def test_a_prefill_over_a_kv_cache_without_a_causal_mask_is_a_decoder_missing_it():
+    text = decode("[k_cache, k_rot]").replace("  - {id: masked, op: mask, causal: true}\n", "").replace(
+        "{id: weights, op: softmax, dim: -1}", "{id: weights, op: softmax, input: scaled, dim: -1}"
+    )
+    [d] = warnings(text)  # T = 2 new tokens: query 0 sees key past + 1
+    assert d.code == "attention-role" and "KV cache of 'k_all'" in d.message and "T=2" in d.message
+    assert codes(text.replace("T: 2,", "T: 1,")) == []  # one query: every cached key is in its past
+    assert tracer.load(PIPELINES / "models" / "kv_cache_decode.yaml").check(dims={"T": 4}).diagnostics == ()

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from .masks import triangle
 from .registry import Lint, register, show, warning
-from .sources import along_keys_only, is_cross, score_dims, token_sources
+from .sources import along_keys_only, cache_join, is_cross, score_dims, token_sources
 
 
 def _causal(analysis, site) -> tuple[str, str, str] | None:
@@ -84,7 +84,8 @@ class AttentionRole(Lint):
     `decoder`'s self-attention that hides no later key — no `causal: true`, no triangular mask, only
     a padding mask (broadcast along the queries) or nothing. Cross-attention sites of a decoder
     file (queries and keys from different sequences) are exempt. A mask tensor computed by steps
-    or of unknown content is taken to be causal.
+    or of unknown content is taken to be causal. Without a declaration, self-attention whose keys
+    append several new tokens to a KV cache (a chunked prefill: more than one query) is a decoder's.
 
     **Why it matters.** A decoder trained without its causal mask reads the tokens it must predict:
     the loss falls fast, and generation, which has no future tokens, fails. An encoder with one
@@ -99,6 +100,9 @@ class AttentionRole(Lint):
     def check(self, analysis):
         for site in analysis.attention:
             role = _declared_role(analysis, site)
+            cache = cache_join(analysis, site) if role is None else None
+            if cache is not None and score_dims(analysis, site)[0].value > 1:
+                role = "decoder"  # several new queries over a KV cache: a decoder's prefill, whatever the file says
             if role == "encoder":
                 found = _causal(analysis, site)
                 if found is not None:
@@ -109,15 +113,21 @@ class AttentionRole(Lint):
                 masks = [_padding_only(analysis, site, step, masking) for step, masking in site.masks]
                 if not all(masks) or not all(along_keys_only(analysis, site, tensor) for _, tensor in site.biases):
                     continue  # a pattern, or a tensor that varies along the queries: perhaps causal
-                yield self._not_causal(analysis, site)
+                yield self._not_causal(analysis, site, cache)
 
-    def _not_causal(self, analysis, site):
+    def _not_causal(self, analysis, site, cache):
         steps = [step for step, _ in site.masks]
         node = analysis.node(steps[0] if steps else site.softmax or site.product)
         applied = f"only the padding mask of '{node.id}'" if steps else "no mask at all"
+        queries = score_dims(analysis, site)[0]
+        what = (
+            f"this self-attention reads the KV cache of '{cache.id}' with {queries}={queries.value} new queries"
+            if cache is not None
+            else "this self-attention of a decoder (attention: {kind: decoder})"
+        )
         message = (
-            f"this self-attention of a decoder (attention: {{kind: decoder}}) has {applied}: every query sees the tokens "
-            f"after it — add causal: true{' to this mask step' if steps else ''}"
+            f"{what} and has {applied}: every query sees the tokens after it — add causal: true{' to this mask step' if steps else ''}"
+            + (" (bottom-right: the last query sees the last key)" if cache is not None else "")
         )
         return warning(analysis, node, self.code, message, "causal" if steps and node.step.masking() is not None else None)
 

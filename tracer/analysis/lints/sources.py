@@ -81,6 +81,23 @@ def new_tokens(analysis, join, site) -> tuple[bool, ...]:
     return tuple(found)
 
 
+def cache_join(analysis, site):
+    """The cat that appends the new keys to a KV cache on the keys' way to the site (through
+    single-input steps), cache first; None without one."""
+    current = site.keys
+    for _ in range(MAX_SOURCES_WALK):
+        node = analysis.producer(current)
+        if node is None or not node.inputs:
+            return None
+        if node.step.joins() is not None and len(node.inputs) >= 2:
+            fresh = new_tokens(analysis, node, site)
+            return node if fresh[-1] and not all(fresh) else None
+        if len(node.inputs) != 1:
+            return None
+        current = node.inputs[0]
+    return None
+
+
 def cache_after_new(analysis, join, site) -> bool:
     """Whether a cache cat puts the new tokens before the cached ones (``cat([new, cache])``)."""
     fresh = new_tokens(analysis, join, site)
