@@ -275,6 +275,9 @@ class MaskOnQueries(Lint):
     dim under the scores' key axis has size 1, its dim under the query axis does not — a padding
     mask written `attention_mask[:, None, :, None]`, (B, 1, T, 1), where `[:, None, None, :]`,
     (B, 1, 1, T), was meant. In `mask` steps, `sdpa`'s `mask`, and tensors added to the scores.
+    Reported at the line to edit: the `unsqueeze`, `view` or `reshape` that put the mask's
+    positions under the queries (at its `dim` or `shape`), or the mask step when the tensor was
+    declared that way.
 
     **Why it matters.** Such a mask never hides a key from a query: it hides a whole query row or
     nothing. The padded keys keep their weight for every real token, and the padded queries get
