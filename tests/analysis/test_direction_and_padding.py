@@ -428,6 +428,8 @@ def test_packed_documents_with_declared_positions_that_restart_are_clean_and_the
     assert d.code == "positions-documents" and "restart" in d.message and d.step == "q_rot"
     hf_left_padding = no_documents.replace("[[0, 1, 0, 1], [0, 1, 2, 3]]", "[[0, 1, 2, 3], [1, 1, 0, 1]]")
     assert codes(hf_left_padding) == []  # cumsum - 1 with the padding set to 1 is not a document restart
+    zero_padded = no_documents.replace("[[0, 1, 0, 1], [0, 1, 2, 3]]", "[[0, 1, 2, 0], [0, 1, 0, 0]]")
+    assert codes(zero_padded) == []  # right padding at position 0 is not a document either
 
 
 def test_learned_positions_in_a_decode_step_declared_from_zero():
@@ -507,8 +509,10 @@ def test_a_block_files_declaration_covers_its_copies(tmp_path, block_role, stack
 
 
 def test_a_prefill_over_a_kv_cache_without_a_causal_mask_is_a_decoder_missing_it():
-    text = decode("[k_cache, k_rot]").replace("  - {id: masked, op: mask, causal: true}\n", "").replace(
-        "{id: weights, op: softmax, dim: -1}", "{id: weights, op: softmax, input: scaled, dim: -1}"
+    text = (
+        decode("[k_cache, k_rot]")
+        .replace("  - {id: masked, op: mask, causal: true}\n", "")
+        .replace("{id: weights, op: softmax, dim: -1}", "{id: weights, op: softmax, input: scaled, dim: -1}")
     )
     [d] = warnings(text)  # T = 2 new tokens: query 0 sees key past + 1
     assert d.code == "attention-role" and "KV cache of 'k_all'" in d.message and "T=2" in d.message

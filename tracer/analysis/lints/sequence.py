@@ -197,8 +197,8 @@ class PositionsDocuments(Lint):
         if any(not along_keys_only(analysis, site, tensor) for _, tensor in site.biases):
             return None
         for r, row in enumerate(source.rows):
-            for t in range(2, len(row)):
-                if row[t] == 0 and row[t - 1] >= 1 and row[t - 1] == row[t - 2] + 1:
+            for t in range(2, len(row) - 1):  # a count that ran, then 0, 1: a new document (padding at 0, 0, … is not one)
+                if row[t] == 0 and row[t + 1] == 1 and row[t - 1] >= 1 and row[t - 1] == row[t - 2] + 1:
                     return (
                         f"the positions '{source.step}' restart at 0 in row {r} at token {t} (a new packed document), but this "
                         f"attention has no document mask: every token also attends to the documents before it — add segments: "
