@@ -99,6 +99,18 @@ before anything runs, and again on every run against what torch produced. Contig
 (a transposed `(B, H, T, Dh)` at `T=1`), or that no layout could make non-contiguous (empty, or
 at most one dim above 1), meets `contiguous: false` too, so `--dim T=1` is never a false alarm.
 
+### `attention`
+
+`attention: {{kind: decoder}}` says what the file's attention is, so its masks are checked against
+it (lint `attention-role`): a `decoder`'s self-attention must hide later tokens (`causal: true`, a
+triangular mask, or a mask tensor computed by steps); an `encoder`'s must not; `cross` attention
+(queries from one sequence, keys and values from another) takes no causal mask. Without the key,
+cross-attention is still recognised where it is unambiguous — queries and keys computed from
+different inputs, and their lengths written with different dims (`T` and `S`) — and a causal mask
+on it is reported (lint `causal-cross-attention`). The declaration covers the file's own steps; a
+block file's own declaration covers the steps of every copy of it (a decoder stack of encoder
+blocks is judged as encoders).
+
 ## Step kinds
 """
 

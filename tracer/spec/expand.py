@@ -47,6 +47,7 @@ class BlockInfo:
     copies: list[str]  # id prefixes of the copies: ['layers/0', 'layers/1', ...] or ['enc']
     output: str  # the record holding the last copy's output
     dims: dict[str, int]
+    attention: str | None = None  # the block file's own `attention: {kind}`, for its steps' sites
 
 
 @dataclass
@@ -248,7 +249,8 @@ def _flatten(spec, source: SourceMap, alg, stack: tuple, folder: Path, cache: di
             aliases.update({f"{prefix}/{name}": f"{prefix}/{target}" for name, target in inner.aliases.items()})  # nested blocks
             first = [made] + data[1:]
         aliases[step.id] = first[0]
-        blocks[step.id] = BlockInfo(step.id, step.use, block_path, step.repeat, copies, first[0], dict(block_alg.values))
+        role = block_spec.attention.kind if block_spec.attention is not None else None
+        blocks[step.id] = BlockInfo(step.id, step.use, block_path, step.repeat, copies, first[0], dict(block_alg.values), role)
     last = spec.outputs[0] if spec.outputs else spec.steps[-1].id
     if not top:  # the top file's expectations stay where they are
         for name, (written, value) in _own_expect(spec, source, aliases).items():
@@ -378,7 +380,14 @@ def _inline(out: _Flat, inner: _Flat, copy: _Copy) -> None:
         out.expect.setdefault(ref(name), _Item(item.value, item.source, item.path, _join(item.where, where), item.alg, prefix[:-1]))
     for block_id, info in inner.blocks.items():
         out.blocks[prefix + block_id] = BlockInfo(
-            prefix + block_id, info.use, info.path, info.repeat, [prefix + c for c in info.copies], prefix + info.output, info.dims
+            prefix + block_id,
+            info.use,
+            info.path,
+            info.repeat,
+            [prefix + c for c in info.copies],
+            prefix + info.output,
+            info.dims,
+            info.attention,
         )
 
 

@@ -162,6 +162,17 @@ class Checkpoint(Strict):
         return params
 
 
+class AttentionRole(Strict):
+    """What the file's attention computes, so that its masks can be checked against it: a
+    ``decoder`` attends only to earlier tokens (a causal mask), an ``encoder`` to every token of
+    its sequence (no causal mask), ``cross`` attention from one sequence to another (no causal
+    mask: the keys are not later tokens of the queries' sequence)."""
+
+    kind: Literal["decoder", "encoder", "cross"] = Field(
+        description="decoder: self-attention must be causal; encoder: must not be; cross: no causal mask"
+    )
+
+
 class Expect(Strict):
     shape: list[DimText] | None = None
     contiguous: StrictBool | None = None
@@ -194,6 +205,11 @@ class PipelineSpec(Strict):
     expect: dict[RecordId, list[DimText] | Expect] = Field(
         default_factory=dict,
         description="id -> shape, or {shape, contiguous}; checked before and after running (a block's tensors as BLOCK/ID or BLOCK/COPY/ID)",
+    )
+    attention: AttentionRole | None = Field(
+        None,
+        description="{kind: decoder|encoder|cross}: what this file's attention is, checked against its masks "
+        "(the file's own steps; a block file's covers its copies)",
     )
     checkpoint: Checkpoint | None = Field(
         None,

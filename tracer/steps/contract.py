@@ -230,6 +230,8 @@ class StepBase(Strict):
     includes_file: ClassVar[bool] = False  # another pipeline file, expanded into its steps before analysis (op: block)
     regroups: ClassVar[bool] = False  # splits or merges neighbouring dims in memory order (view, reshape)
     keeps_values: ClassVar[bool] = False  # every output element is an input element: layout ops, and cast (a 0/1 mask stays 0/1)
+    multiplies: ClassVar[bool] = False  # the elementwise product of its two inputs (a 0/1 operand zeroes, it does not hide)
+    looks_up: ClassVar[bool] = False  # picks rows of a table by integer ids (nn.Embedding): learned positions, when the ids count
     axis_fields: ClassVar[tuple[str, ...]] = ("dim",)  # fields that number axes, -1 the last (a kind without one has none)
     counts_output_axes: ClassVar[bool] = False  # its axes number the output's, one more than the input's (unsqueeze, stack)
 
@@ -297,6 +299,16 @@ class StepBase(Strict):
 
     def joins(self) -> int | None:
         """The dim it concatenates its inputs along (cat: a KV cache grows this way)."""
+        return None
+
+    def counts(self) -> int | str | None:
+        """The first value (a dim expression) of the integers it makes, ``start, start + 1, …``
+        (arange: positions made inside the graph)."""
+        return None
+
+    def on_binary(self) -> str | None:
+        """What it makes of a 0/1 tensor, element by element: ``"same"`` (``mask != 0``, ``mask > 0``)
+        or ``"not"`` (``mask == 0``, ``logical_not``), so that lints follow a mask's polarity."""
         return None
 
     def scaled_norm(self) -> ScaledNorm | None:

@@ -5,6 +5,7 @@ promotion, a Python number included (``clamp(int64, max=2.5)`` is float32, as in
 
 from __future__ import annotations
 
+import operator
 from typing import ClassVar, Literal
 
 from pydantic import Field, StrictBool, StrictFloat, StrictInt, model_validator
@@ -200,6 +201,12 @@ class Compare(StepBase):
         right = py_number(self.value) if self.value is not None else e.args[1]
         return f"{e.args[0]} {_COMPARISONS[self.cmp]} {right}"
 
+    def on_binary(self):
+        if self.value is None:
+            return None
+        compare = getattr(operator, self.cmp)
+        return {(False, True): "same", (True, False): "not"}.get((compare(0, self.value), compare(1, self.value)))
+
 
 @register
 class Where(StepBase):
@@ -292,6 +299,9 @@ class Logical(StepBase):
 
     def kernel(self, k):
         return getattr(k.torch, f"logical_{self.fn}")
+
+    def on_binary(self):
+        return "not" if self.fn == "not" else None
 
     def emit(self, e):
         return f"torch.logical_{self.fn}({', '.join(e.args)})"
@@ -434,6 +444,9 @@ class Arange(StepBase):
 
     def args(self):
         return [f"{self.start}..{self.stop}", self.dtype]
+
+    def counts(self):
+        return self.start
 
     def infer(self, ins, ctx):
         start, stop = ctx.dim(self.start, "start"), ctx.dim(self.stop, "stop")

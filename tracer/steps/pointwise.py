@@ -57,6 +57,7 @@ class Mul(_Binary):
     op: Literal["mul"] = "mul"
     symbol = "*"
     torch_name = "mul"
+    multiplies = True
     example = """\
 - id: gated
   op: mul

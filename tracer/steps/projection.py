@@ -19,6 +19,7 @@ class Embed(StepBase):
     op: Literal["embed"] = "embed"
     weight: TensorId = Field(description="the (V, D) table, a param")
     param_fields = ("weight",)
+    looks_up = True
     example = """\
 - id: embedded_sentence
   op: embed

@@ -3,45 +3,15 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 
-from ...spec.inits import INITS
 from .registry import Lint, register, show, warning
+from .sources import declared_mask_rows, flatten, padding_rows, reversed_padding, score_dims
 
-#: a mask larger than this many elements is not expanded by the lints
-MAX_PATTERN = 1_000_000
 #: layout steps followed back from an added tensor to the mask it came from
 MAX_WALK = 64
 
 
-def declared_mask_rows(analysis, name: str) -> list[list[bool]] | None:
-    """The rows (last-dim vectors, leading dims flattened) of a declared mask tensor as bools.
-
-    Known only for tensors whose content the file fixes: ``values`` literals, and the inits whose
-    content is fixed (ones, zeros, triu, tril: ``Init.known_rows``). Anything else (random inits,
-    masks computed by steps) returns ``None``: its content is only known at run time, where
-    ``tracer.runtime.watch.SoftmaxNaNs`` looks at the softmax outputs instead.
-    """
-    declared = analysis.declared.get(name)
-    if declared is None or declared.meta.numel > MAX_PATTERN:
-        return None
-    decl, sizes = declared.decl, declared.meta.sizes
-    if decl.values is not None:
-        cols = sizes[-1] if sizes else 1
-        flat = list(_flatten(decl.values))
-        return [[bool(v) for v in flat[r * cols : (r + 1) * cols]] for r in range(declared.meta.numel // cols if cols else 0)]
-    return INITS[decl.init].known_rows(sizes, decl) if decl.init is not None else None
-
-
-def _flatten(values) -> Iterator:
-    if isinstance(values, list):
-        for v in values:
-            yield from _flatten(v)
-    else:
-        yield values
-
-
-def _triangle(analysis, name: str) -> str | None:
+def triangle(analysis, name: str) -> str | None:
     """``'future'`` if every trailing (R, C) slice of the mask is True exactly above the diagonal
     (``triu(ones, 1)``: what a causal mask must hide), ``'past'`` if exactly on and below it
     (``tril(ones)``: what it must keep); ``None`` for any other pattern or for R < 2."""
@@ -98,14 +68,15 @@ class NanRiskMask(Lint):
     code, example, origin = "nan-risk-mask", "nan_risk_mask", "tutorial 003"
 
     def check(self, analysis):
+        reversed_steps = {step for site in analysis.attention for step, m in site.masks if reversed_padding(analysis, site, m)}
         for node, masking in _maskings(analysis):
             if masking.fill != float("-inf") or node.step.fused_attention() is not None:
                 continue
             if masking.tensor is None:
                 yield from self._causal_without_keys(analysis, node, masking)
                 continue
-            if masking.causal:
-                continue
+            if masking.causal or node.id in reversed_steps:
+                continue  # the causal pattern with the tensor is judged per site below; a reversed padding mask is padding-polarity's
             rows = declared_mask_rows(analysis, masking.tensor)
             if rows is None:
                 continue
@@ -121,6 +92,38 @@ class NanRiskMask(Lint):
                 f"or make every query keep at least one key"
             )
             yield warning(analysis, node, self.code, message, "fill")
+        for site in analysis.attention:
+            yield from self._causal_with_padding(analysis, site, reversed_steps)
+
+    def _causal_with_padding(self, analysis, site, reversed_steps):
+        """Left padding and a causal mask, every hidden score -inf: the first queries of a left-padded row
+        see only padding keys, so every key of their row is hidden (transformers' eager masks use finfo.min)."""
+        hiding = [(step, m) for step, m in site.masks if m.fill == float("-inf") and step in site.chain]
+        causal = [m for _, m in hiding if m.causal and m.window is None and m.chunk is None]
+        padding = [(step, m) for step, m in hiding if m.tensor is not None and m.polarity is not None and step not in reversed_steps]
+        dims = score_dims(analysis, site)
+        if not causal or len(padding) != 1 or dims is None:
+            return
+        step, masking = padding[0]
+        found = padding_rows(analysis, site, masking.tensor)
+        if found is None or not found.varies:
+            return
+        t_q, t_k = dims[0].value, dims[1].value
+        shift = t_k - t_q if causal[0].align == "bottom-right" else 0
+        blind = [
+            (r, min((j for j, v in enumerate(row) if v), default=t_k) - shift) for r, row in enumerate(found.visible(masking.polarity))
+        ]
+        blind = [(r, min(first, t_q)) for r, first in blind if first > 0]
+        if not blind:
+            return
+        row, count = blind[0]
+        message = (
+            f"fill -inf, a causal mask and the left-padded mask '{masking.tensor}' {show(analysis, masking.tensor)}: in row {row} the "
+            f"first {count} queries see only padding keys, so every key of {sum(n for _, n in blind)} query rows is -inf and softmax "
+            f"gives NaN, which spreads to every token through the next layer's attention — use fill: min (torch.finfo(dtype).min, "
+            f"as transformers' eager masks do)"
+        )
+        yield warning(analysis, analysis.node(step), self.code, message, "fill")
 
     def _causal_without_keys(self, analysis, node, masking):
         t_q, t_k = analysis.metas[node.reads[0]].sizes[-2:]
@@ -164,7 +167,7 @@ class MaskPolarity(Lint):
         for node, masking in _maskings(analysis):
             if masking.tensor is None or masking.polarity is None:
                 continue
-            kind = _triangle(analysis, masking.tensor)
+            kind = triangle(analysis, masking.tensor)
             right = {"future": "block", "past": "keep"}.get(kind)
             if right is None or masking.polarity == right:
                 continue
@@ -210,7 +213,7 @@ class BinaryMaskAdded(Lint):
             added = list(site.biases)
             added += [(step, m.tensor) for step, m in site.masks if m.tensor is not None and m.polarity is None]
             for step, tensor in added:
-                origin = _binary_origin(analysis, tensor)
+                origin = binary_origin(analysis, tensor)
                 if origin is not None:
                     yield self._warning(analysis, analysis.node(step), tensor, origin)
 
@@ -272,6 +275,9 @@ class MaskOnQueries(Lint):
     dim under the scores' key axis has size 1, its dim under the query axis does not — a padding
     mask written `attention_mask[:, None, :, None]`, (B, 1, T, 1), where `[:, None, None, :]`,
     (B, 1, 1, T), was meant. In `mask` steps, `sdpa`'s `mask`, and tensors added to the scores.
+    Reported at the line to edit: the `unsqueeze`, `view` or `reshape` that put the mask's
+    positions under the queries (at its `dim` or `shape`), or the mask step when the tensor was
+    declared that way.
 
     **Why it matters.** Such a mask never hides a key from a query: it hides a whole query row or
     nothing. The padded keys keep their weight for every real token, and the padded queries get
@@ -303,8 +309,24 @@ class MaskOnQueries(Lint):
         query, key = (sizes[i] if i >= 0 else 1 for i in under)
         return key == 1 and query > 1
 
+    @classmethod
+    def _moved_there(cls, analysis, site, tensor: str, rank: int):
+        """The layout step that put the mask's positions under the queries (its input had them
+        elsewhere): the line to edit; None when the tensor was declared that way."""
+        current = analysis.record_of(tensor)
+        for _ in range(MAX_WALK):
+            node = analysis.producer(current)
+            if node is None or len(node.inputs) != 1 or not (node.step.keeps_values or node.step.on_binary()):
+                return None
+            before = analysis.record_of(node.inputs[0])
+            if not cls._along_queries_only(analysis, site, before, rank):
+                return node
+            current = before
+        return None
+
     def _warning(self, analysis, site, node, tensor: str, rank: int):
         added = node.step.masking() is None or node.step.masking().polarity is None
+        moved = self._moved_there(analysis, site, tensor, rank)
         effect = (
             "it shifts each query's row by one number, which softmax ignores: no key is hidden"
             if added
@@ -315,11 +337,18 @@ class MaskOnQueries(Lint):
             f"{site.query_axis % rank}) and is broadcast along the keys (dim {site.key_axis % rank}): {effect} — a padding mask "
             f"over the keys is (B, 1, 1, T): attention_mask[:, None, None, :]"
         )
+        if moved is not None:
+            message = (
+                f"it puts the positions of '{moved.inputs[0]}' {show(analysis, moved.inputs[0])} under the queries: "
+                f"{message[0].lower()}{message[1:]} (at step '{node.id}')"
+            )
+            written = [f for f in (*moved.step.axis_fields, "shape") if f in moved.step.model_fields_set]
+            return warning(analysis, moved, self.code, message, written[0] if written else None)
         field = "inputs" if node.step.masking() is None else "mask"
         return warning(analysis, node, self.code, message, field)
 
 
-def _binary_origin(analysis, tensor: str) -> str | None:
+def binary_origin(analysis, tensor: str) -> str | None:
     """The tensor a 0/1 mask came from, following layout steps and casts back from ``tensor``;
     None when any other step computed it (BERT's (1 - m) * min) or its content is unknown."""
     current = analysis.record_of(tensor)
@@ -342,7 +371,7 @@ def _holds_ones(analysis, name: str) -> bool:
         return False
     values = declared.decl.values
     if values is not None:
-        flat = set(_flatten(values))
+        flat = set(flatten(values))
         return flat <= {0, 1} and 1 in flat
     rows = declared_mask_rows(analysis, name)
     return rows is not None and any(any(row) for row in rows)

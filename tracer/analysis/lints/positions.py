@@ -13,7 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...core.symbolic import Poly
+from ..positions import COUNT, VALUES, index_source
 from .registry import Lint, register, show, warning
+from .sources import cache_after_new, new_tokens, position_lookups
 
 MAX_WALK = 64
 
@@ -86,8 +88,8 @@ class RopeOffset(Lint):
     def check(self, analysis):
         for site in analysis.attention:
             keys = _walk(analysis, site.keys, site)
-            if keys.join is None or keys.rotations:
-                continue  # no cache, or rope after it (rope-after-cache)
+            if keys.join is None or keys.rotations or cache_after_new(analysis, keys.join, site):
+                continue  # no cache, rope after it (rope-after-cache), or the cat in the wrong order (cache-order)
             fresh = _walk(analysis, keys.fresh, site)
             length, written = _cache_length(analysis, keys.join)
             for rope in fresh.rotations[:1]:
@@ -182,3 +184,116 @@ class DoubleMask(Lint):
                         f"{show(analysis, masking.tensor)}, a causal pattern (init: {declared.decl.init}) — keep one"
                     )
                     yield warning(analysis, analysis.node(step), self.code, message, "causal")
+
+
+def _decodes(analysis, site) -> bool:
+    """Whether a site attends as a decoder over a cache: a causal mask, or queries rotated after
+    cached tokens (a cat of other keys, such as Flamingo's media before its latents, is neither)."""
+    if any(masking.causal for _, masking in site.masks):
+        return True
+    return any(
+        rope.step.rotation().positions is None and _offset(rope).constant != 0 for rope in _walk(analysis, site.query, site).rotations
+    )
+
+
+@register
+class CacheOrder(Lint):
+    """**What.** A KV-cache concatenation that puts the new tokens first: `cat([k_new, k_cache])`
+    along the positions axis, where the new keys (or values) are the ones computed from the
+    queries' hidden states, or as long as the queries, and the cache is the rest — in attention
+    that decodes (a causal mask, or queries rotated at an offset).
+
+    **Why it matters.** The cache holds the older tokens: appended in front, the new keys sit at
+    positions `0 .. T-1` and the whole history moves `T` places later, so a bottom-right causal
+    mask lets the new queries see the wrong keys and every RoPE distance is off. A rope offset
+    cannot repair it (rope-offset stays quiet here: the line to edit is the `cat`).
+
+    **Fix.** Put the cache first: `inputs: [k_cache, k_new]` (transformers' `DynamicCache.update`:
+    `torch.cat([self.keys, key_states], dim=-2)`), for the keys and the values alike.
+    """
+
+    code, example, origin = "cache-order", "cache_order", "KV-cache decoding (public issue trackers)"
+
+    def check(self, analysis):
+        reported = set()
+        for site in analysis.attention:
+            for tensor in (site.keys, site.values):
+                join = _walk(analysis, tensor, site).join if tensor is not None else None
+                if join is None or join.id in reported or not cache_after_new(analysis, join, site) or not _decodes(analysis, site):
+                    continue
+                reported.add(join.id)
+                yield self._warning(analysis, join, new_tokens(analysis, join, site))
+
+    def _warning(self, analysis, join, fresh: tuple[bool, ...]):
+        new = [name for name, is_new in zip(join.inputs, fresh) if is_new]
+        cached = [name for name, is_new in zip(join.inputs, fresh) if not is_new]
+        message = (
+            f"it puts the new tokens {', '.join(repr(n) for n in new)} before the cache {', '.join(repr(c) for c in cached)}: "
+            f"the cached tokens are the older ones, so the new ones land at positions 0.. and the history moves after them — "
+            f"put the cache first: inputs: [{', '.join(cached + new)}]"
+        )
+        return warning(analysis, join, self.code, message, "inputs")
+
+
+@register
+class LearnedPositionOffset(Lint):
+    """**What.** In a decode step with a KV cache, learned absolute position embeddings (GPT-2's
+    `wpe`, an `embed` of positions) looked up from position 0: the positions are an `arange`
+    starting anywhere but the cache's length, or declared positions whose first value is not it.
+    The same mistake rope-offset finds for RoPE, for models that add a position table instead.
+
+    **Why it matters.** The new token gets the embedding of position 0 (the first token of a
+    sequence), not of position `past`: every decode step looks like the start of a text to the
+    model, and generation degrades after the prompt. Shapes are right and it runs.
+
+    **Fix.** `arange` from the cache's length: `start: past, stop: past + T` (transformers'
+    `cache_position`), or declared positions that start there.
+    """
+
+    code, example, origin = "learned-position-offset", "learned_position_offset", "GPT-2 style decoding with a KV cache"
+
+    def check(self, analysis):
+        reported = set()
+        for site in analysis.attention:
+            keys = _walk(analysis, site.keys, site)
+            if keys.join is None or cache_after_new(analysis, keys.join, site):
+                continue
+            length, written = _cache_length(analysis, keys.join)
+            size = sum(analysis.meta(o).sizes[keys.join.step.joins() % len(analysis.meta(o).sizes)] for o in keys.join.inputs[:-1])
+            for lookup in position_lookups(analysis, site.query):
+                source = index_source(analysis, lookup.inputs[0])
+                first = _first_position(source)
+                right = length if source.kind == COUNT else Poly.const(size)  # declared values are numbers: the cache's size
+                if first is None or first == right or source.step in reported:
+                    continue
+                reported.add(source.step)
+                yield self._warning(analysis, lookup, source, keys.join, written)
+
+    def _warning(self, analysis, lookup, source, join, written: str):
+        counted = source.kind == COUNT
+        node = analysis.node(source.step) if counted else lookup
+        start = f"start {node.step.counts()}" if counted else f"first value {source.rows[0][0]}"
+        message = (
+            f"the position embeddings of '{lookup.id}' are looked up at positions from {source.step} ({start}), but '{join.id}' "
+            f"puts the new tokens after {written} cached ones: they sit at positions {written}.. — "
+            + (
+                f"count from the cache's length: start: {written}, stop: {written} + {_length(analysis, node)}"
+                if counted
+                else f"start the positions at {written}"
+            )
+        )
+        return warning(analysis, node, self.code, message, "start" if counted else "input")
+
+
+def _length(analysis, node) -> str:
+    """How many positions a counting step makes, as a dim (``T``)."""
+    return str(analysis.meta(node.id).shape[-1])
+
+
+def _first_position(source) -> Poly | None:
+    """The first position a lookup reads: a count's start, or the first declared value of positions."""
+    if source.kind == COUNT:
+        return source.start
+    if source.kind == VALUES and "pos" in source.step.lower() and source.rows and source.rows[0]:
+        return Poly.const(source.rows[0][0])
+    return None
