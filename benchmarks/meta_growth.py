@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import shutil
 import statistics
 import sys
 import tempfile
@@ -23,21 +22,14 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from growth import layer_stacks  # noqa: E402
 
 import tracer  # noqa: E402
 from tracer.runtime.interpreter import Plan  # noqa: E402
 
 SIZES = {"toy": {"B": 2, "T": 8, "d_model": 16, "H": 4}, "70B-class": {"B": 1, "T": 4096, "d_model": 8192, "H": 64}}
-
-
-def stacks(counts: list[int], folder: Path) -> dict[int, Path]:
-    shutil.copytree(ROOT / "pipelines" / "blocks", folder / "blocks", dirs_exist_ok=True)
-    text = (ROOT / "pipelines" / "encoder_stack.yaml").read_text()
-    paths = {}
-    for n in counts:
-        paths[n] = folder / f"stack_{n}.yaml"
-        paths[n].write_text(text.replace("repeat: 48", f"repeat: {n}"))
-    return paths
 
 
 def timed(fn, rounds: int) -> float:
@@ -69,7 +61,7 @@ def main(argv=None) -> int:
     parser.add_argument("--layers", type=int, nargs="+", default=[125, 250, 500, 1000])
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args(argv)
-    paths = stacks(args.layers, Path(tempfile.mkdtemp(prefix="tracer-meta-")))
+    paths = layer_stacks(args.layers, Path(tempfile.mkdtemp(prefix="tracer-meta-")))
     tracer.load(paths[min(paths)]).run(SIZES["toy"], device="meta")  # warm: torch's first meta triu imports dynamo
     for size, dims in SIZES.items():
         print(f"\n{size}: {', '.join(f'{k}={v}' for k, v in dims.items())}")
