@@ -62,6 +62,7 @@ class Pipeline:
         params: Mapping[str, Any] | None = None,
         inputs: Mapping[str, Any] | None = None,
         check_values: bool = False,
+        meta_kernels: bool = False,
     ) -> Trace:
         """Execute on torch and record every tensor. ``params`` and ``inputs`` replace declared
         tensors by name (a param's id, with ``/`` or ``.``: ``layers.3.W_q``), ``tensors`` either;
@@ -76,7 +77,10 @@ class Pipeline:
 
         A real run whose estimated peak (``analysis.peak_bytes``) exceeds ``max_memory`` (bytes or
         ``'8GiB'``; default: half of the available RAM) raises ``TracerError`` before anything is
-        allocated; ``device='meta'`` traces every shape and stride without allocating at all.
+        allocated; ``device='meta'`` traces every shape and stride without allocating at all: torch's
+        meta kernels run once per distinct step (a repeated block's later copies take the layouts
+        its first copy agreed with, a few microseconds a tensor), or for every step with
+        ``meta_kernels=True``.
         """
         analysis = self.check(dims)
         analysis.raise_errors()
@@ -94,9 +98,9 @@ class Pipeline:
                     f"seed {seed!r} is not an integer from -2**63 to 2**64 - 1 (what torch.manual_seed accepts)",
                 )
             )
-        plan_key = (_dims_key(dims), str(device))
+        plan_key = (_dims_key(dims), str(device), meta_kernels)
         if plan_key not in self._plans:
-            _remember(self._plans, plan_key, Plan(analysis, device))
+            _remember(self._plans, plan_key, Plan(analysis, device, meta_kernels=meta_kernels))
         plan = self._plans[plan_key]
         torch = torch_module()
         given = _given(analysis, tensors, params, inputs)

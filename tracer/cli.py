@@ -188,6 +188,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--device", default="cpu", type=_device, help="torch device: cpu, cuda, meta (default: cpu)")
     run.add_argument(
+        "--meta-kernels",
+        action="store_true",
+        help="with --device meta, run torch's meta kernel for every step (default: a repeated block's later copies "
+        "take the layouts its first copy's kernels agreed with)",
+    )
+    run.add_argument(
         "--max-memory",
         type=_size,
         metavar="SIZE",
@@ -419,6 +425,7 @@ def _run(args) -> int:
             observe=_with_progress(None, progress),
             params=params,
             check_values=True,
+            meta_kernels=args.meta_kernels,
         )
     for warning in trace.analysis.warnings + list(trace.value_warnings):
         print(warning, file=sys.stderr)

@@ -113,6 +113,49 @@ def test_every_line_of_forward_says_its_shape_and_step(sources):
     assert "F.dropout(weights, p=0.2, training=self.training)" in source
 
 
+def _tensors_alive_at_return(module, *args) -> set[str]:
+    """The locals of the module's forward that still hold a tensor when it returns."""
+    alive: set[str] = set()
+
+    def trace_calls(frame, event, arg):
+        if event == "call" and frame.f_code is type(module).forward.__code__:
+            return trace_return
+        return None
+
+    def trace_return(frame, event, arg):
+        if event == "return":
+            alive.update(name for name, value in frame.f_locals.items() if isinstance(value, torch.Tensor))
+        return trace_return
+
+    sys.settrace(trace_calls)
+    try:
+        module(*args)
+    finally:
+        sys.settrace(None)
+    return alive
+
+
+@pytest.mark.parametrize("name", ["causal_mha.yaml", "models/llama_decoder_layer.yaml", "models/gemma2_decoder_layer.yaml"])
+def test_forward_frees_each_intermediate_after_its_last_use(name, sources):
+    pipeline = shared_pipeline(PIPELINES / name)
+    module = load_module(sources[PIPELINES / name])
+    module = getattr(module, module.__all__[0])(seed=pipeline.spec.seed).eval()
+    trace = pipeline.run(keep_values=True)
+    given = list(pipeline.spec.inputs)
+    with torch.no_grad():
+        alive = _tensors_alive_at_return(module, *(trace[n].tensor for n in given))
+    # only what forward returns and what it was given are left: every activation was let go
+    returned = set(pipeline.spec.outputs or [pipeline.spec.steps[-1].id])
+    assert alive <= returned | set(given), sorted(alive - returned - set(given))
+
+
+def test_q_and_k_read_one_rotary_table():
+    source = export_source(tracer.load(PIPELINES / "models/llama_decoder_layer.yaml"))
+    forward = source.split("def forward")[1]
+    assert forward.count(".cos()") == 1 and forward.count(".sin()") == 1
+    assert forward.count("torch.arange(0, Dh, 2") == 1
+
+
 def test_blocks_become_submodule_classes_and_repeat_a_module_list(sources):
     source = sources[PIPELINES / "encoder_stack.yaml"]
     assert "class EncoderLayer(nn.Module):" in source and "class EncoderStack(nn.Module):" in source

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
 import tracer
-from tests.conftest import PIPELINES, pipeline_text
+from tests.conftest import PIPELINES, bundled_pipelines, pipeline_text, shared_pipeline
 from tests.kinds import agrees
 from tracer.core.errors import TracerError
 
@@ -48,3 +50,21 @@ def test_observe_on_the_meta_device_sees_the_layout_the_trace_records():
     real = pipeline.run(keep_values=True)
     assert seen["context"] == trace["context"].stride == tuple(real["context"].tensor.stride()) != (24, 12, 3, 1)
     assert all(seen[r.id] == r.stride for r in trace.records if r.id in seen)
+
+
+def _repeated(path) -> bool:
+    """Whether the file repeats a block (``repeat: N`` on an ``op: block`` step)."""
+    text = path.read_text(encoding="utf-8")
+    return "op: block" in text and re.search(r"\brepeat: \d", text) is not None
+
+
+@pytest.mark.parametrize("name", [p.relative_to(PIPELINES).as_posix() for p in bundled_pipelines() if _repeated(p)])
+def test_predicted_meta_layouts_agree_with_torchs_meta_kernels(name):
+    """A repeated block's later copies take the predicted layouts on the meta device; torch's meta
+    kernels, run for every step, record the same tensors: ids, shapes, strides, offsets, views."""
+    pipeline = shared_pipeline(PIPELINES / name)
+    fast, kernels = pipeline.run(device="meta"), pipeline.run(device="meta", meta_kernels=True)
+    assert fast.records == kernels.records
+    assert fast.as_predicted and kernels.as_predicted
+    plan = pipeline._plans[((), "meta", False)]
+    assert sum(step.predicted for step in plan.steps) > 0  # the later copies did take the fast path

@@ -9,6 +9,7 @@ storage it shares (``None`` while a rule builds it; the checker fills in the own
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 from .dtypes import DTYPE_BYTES
 from .symbolic import Dim
@@ -22,22 +23,24 @@ class Meta:
     offset: int = 0
     root: str | None = None
 
-    @property
+    # Computed once per Meta (cached_property writes the instance's __dict__, which a frozen
+    # dataclass allows): a plan over 1,000 layers asks for them tens of thousands of times.
+    @cached_property
     def sizes(self) -> tuple[int, ...]:
         return tuple(d.value for d in self.shape)
 
-    @property
+    @cached_property
     def contiguous(self) -> bool:
         return is_contiguous(self.sizes, self.stride)
 
-    @property
+    @cached_property
     def numel(self) -> int:
         n = 1
         for s in self.sizes:
             n *= s
         return n
 
-    @property
+    @cached_property
     def nbytes(self) -> int:
         return self.numel * DTYPE_BYTES[self.dtype]
 

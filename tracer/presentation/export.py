@@ -180,6 +180,8 @@ class _Scope:
     local: Namespace = field(default_factory=Namespace)
     exprs: dict[str, str] = field(default_factory=dict)  # expanded tensor id -> Python expression
     scratch: str = "bound"  # the constructor's local for a linear init's bound
+    storage: dict[str, str | None] = field(default_factory=dict)  # forward's local -> its storage's owner (None: not freeable)
+    shared: dict[str, str] = field(default_factory=dict)  # an expression steps compute alike -> forward's local holding it
 
 
 class _Writer:
@@ -401,6 +403,7 @@ class _Writer:
         scope.local = _function_namespace(self.module_names.taken)
         scope.names = {}
         args = []
+        scope.storage, scope.shared = {}, {}
         for name in spec.inputs:
             var = scope.local.claim(name)
             args.append(var)
@@ -412,7 +415,7 @@ class _Writer:
             step = spec.steps[i]
             body += self._block_call(scope, step) if step.includes_file else self._step(scope, step)
         outputs = self._outputs(scope, top)
-        body = _mark_unused(body, outputs)
+        body = _free_after_last_use(_mark_unused(body, outputs), outputs, scope.storage)
         head = self._sizes(scope, body + outputs, dict(zip(spec.inputs, args)))
         lines = head + body + outputs
         return f"    def forward({', '.join(['self', *args])}):\n" + "\n".join(f"        {line}" for line in lines)
@@ -477,6 +480,7 @@ class _Writer:
         code = node.step.emit(_EmitContext(self, scope, step.id, args, ins, outs, targets))
         for name, var in zip(node.step.output_ids(), targets):
             scope.exprs[name] = var
+            self._own(scope, var, scope.prefix + name)
         if step.output_field is None:
             scope.exprs[node.value] = targets[0]
         shapes = (
@@ -488,12 +492,22 @@ class _Writer:
             return [f"{assigned} = {code}  {tag}"]
         return [line if "  # " in line else f"{line}  # {display(step.id)}" for line in code[:-1]] + [f"{code[-1]}  {tag}"]
 
+    def _own(self, scope: _Scope, var: str, record_id: str) -> None:
+        """Which storage the local ``var`` holds: the record's owner, or ``None`` for an input's or a
+        param's, which the caller or the module keeps alive whatever forward deletes."""
+        analysis = self.analysis
+        record_id = analysis.record_of(record_id)
+        meta = analysis.metas.get(record_id)
+        owner = record_id if meta is None or meta.root is None else meta.root
+        scope.storage[var] = None if owner in analysis.declared else owner
+
     def _block_call(self, scope: _Scope, step) -> list[str]:
         analysis = self.analysis
         inputs = [scope.exprs[analysis.aliases.get(scope.prefix + r, scope.prefix + r)] for r in step.data_inputs()]
         var = scope.local.claim(step.id)
         out_id = analysis.aliases[scope.prefix + step.id]
         scope.exprs[out_id] = scope.exprs[scope.prefix + step.id] = var
+        self._own(scope, var, out_id)
         shape = _shape(analysis.metas[out_id], scope)
         module = _access([step.id])
         rest = "".join(f", {x}" for x in inputs[1:])
@@ -565,6 +579,13 @@ class _EmitContext:
     def helper(self, name: str, source: str) -> str:
         return _helper(self.writer, name, source)
 
+    def shared(self, name: str, expr: str) -> tuple[str, list[str]]:
+        var = self.scope.shared.get(expr)
+        if var is not None:
+            return var, []
+        var = self.scope.shared[expr] = self.scope.local.claim(name)
+        return var, [f"{var} = {expr}"]
+
 
 _NAME = re.compile(r"(?<![\w.])[A-Za-z_]\w*")
 
@@ -586,6 +607,52 @@ def _mark_unused(body: list[str], outputs: list[str]) -> list[str]:
         right = code[j][target.end() :] if target else code[j]
         read_later |= set(_NAME.findall(right))
     return marked
+
+
+def _free_after_last_use(body: list[str], outputs: list[str], storage: dict[str, str | None]) -> list[str]:
+    """``del`` the locals that hold a storage right after the last line that reads any of them, as
+    a person frees a large activation: without it forward keeps every intermediate alive until it
+    returns (several times eager's page faults). Only where the ``del`` frees memory: a view is
+    deleted with the last name of its storage, and nothing is deleted that holds an input's or a
+    param's storage. A helper local of a step (``q_rot_emb``) counts as a storage of its own."""
+    statements = _statements(body)
+    tree = ast.parse("\n".join("\n".join(lines) for lines in statements))
+    assigned: set[str] = set()
+    last_read: dict[str, int] = {}
+    for j, node in enumerate(tree.body):
+        for sub in ast.walk(node):
+            if isinstance(sub, ast.Name) and isinstance(sub.ctx, ast.Load):
+                last_read[sub.id] = j
+        if isinstance(node, ast.Assign):
+            assigned |= {t.id for target in node.targets for t in ast.walk(target) if isinstance(t, ast.Name)}
+    returned = _names_in(outputs)
+    groups: dict[str, list[str]] = {}
+    for name in sorted(assigned, key=lambda n: last_read.get(n, -1)):
+        owner = storage.get(name, name)
+        if owner is not None and name in last_read:
+            groups.setdefault(owner, []).append(name)
+    frees: dict[int, list[str]] = {}
+    for names in groups.values():
+        if not returned & set(names):
+            frees.setdefault(max(last_read[n] for n in names), []).extend(names)
+    out: list[str] = []
+    for j, lines in enumerate(statements):
+        out += lines
+        if j in frees:
+            reader = lines[-1].split("  # ")[1].split()[-1]  # the step id that ends each line's own comment
+            out.append(f"del {', '.join(sorted(frees[j]))}  # last read by {reader}")
+    return out
+
+
+def _statements(body: list[str]) -> list[list[str]]:
+    """The body's lines grouped by statement: an indented line belongs to the loop above it."""
+    statements: list[list[str]] = []
+    for line in body:
+        if line.startswith(" ") and statements:
+            statements[-1].append(line)
+        else:
+            statements.append([line])
+    return statements
 
 
 def _shape(meta: Meta, scope: _Scope) -> str:

@@ -7,6 +7,7 @@ only. Tensors are dropped after their last use, so memory stays what eager PyTor
 
 from __future__ import annotations
 
+import re
 import weakref
 from collections.abc import Callable
 from contextlib import nullcontext
@@ -22,6 +23,7 @@ from ..core.errors import InternalError, TracerError
 from ..core.layout import Meta
 from .records import TensorRecord
 
+_COPY_NUMBER = re.compile(r"/\d+(?=/)")  # 'layers/3/q' -> 'layers/#/q': one step of every copy
 _NO_CONTEXT = nullcontext()  # grad already off: entering no_grad again costs a microsecond per run
 
 
@@ -88,6 +90,7 @@ class Planned(NamedTuple):
     expected: tuple[Expected, ...]  # every record it makes, in the kernel's order
     free: tuple[str, ...]  # records that die after this step
     step_id: str
+    predicted: bool = False  # on the meta device, the predicted layouts stand in for the kernel
 
 
 class RunResult(NamedTuple):
@@ -99,12 +102,20 @@ class RunResult(NamedTuple):
 class Plan:
     """A pipeline compiled for fixed dims and device: kernels built, lifetimes known."""
 
-    def __init__(self, analysis: Analysis, device: str, training: bool | None = None):
-        """``training`` turns every dropout on or off whatever its step says (``tracer.to_module``)."""
+    def __init__(self, analysis: Analysis, device: str, training: bool | None = None, meta_kernels: bool = False):
+        """``training`` turns every dropout on or off whatever its step says (``tracer.to_module``).
+
+        On the meta device a repeated block's later copies take the layouts the static analysis
+        predicts (``torch.empty_strided``, views by ``as_strided``: a few microseconds a tensor)
+        instead of torch's Python meta kernels (about 10 ms a layer), once the first copy's kernels
+        have agreed with the same prediction for the same step, sizes and strides. ``meta_kernels``
+        runs torch's meta kernel for every step.
+        """
         analysis.raise_errors()
         torch = torch_module()
         self.analysis, self.training = analysis, training
         self.device = torch.device(device)
+        self.predicts = self.device.type == "meta" and not meta_kernels
         self.device_name = str(self.device)
         self.dtypes = {getattr(torch, name): name for name in DTYPE_BYTES}
         self.steps = self._compile(analysis)
@@ -121,16 +132,26 @@ class Plan:
         for rid, last in last_reads(analysis).items():
             if rid not in keep and rid not in analysis.declared:
                 dying.setdefault(order[last], []).append(rid)
-        planned = []
+        planned, verified = [], set()
         for node in analysis.nodes.values():
-            fn = node.step.kernel(KernelContext(analysis, node, self.device, self.training))
+            predicted = self.predicts and _repeats_a_verified_step(analysis, node, verified)
+            fn = None if predicted else node.step.kernel(KernelContext(analysis, node, self.device, self.training))
             expected = tuple(
                 self._expect(out.id, out.op, out.reads, out.meta, node.flops if out is node.outs[-1] else 0, torch) for out in node.outs
             )
             single = node.form == ONE
             getter = itemgetter(*node.reads) if node.reads else (lambda env: ())
             planned.append(
-                Planned(getter, fn, len(node.reads) == 1, expected[0] if single else None, expected, tuple(dying.get(node.id, ())), node.id)
+                Planned(
+                    getter,
+                    fn,
+                    len(node.reads) == 1,
+                    expected[0] if single else None,
+                    expected,
+                    tuple(dying.get(node.id, ())),
+                    node.id,
+                    predicted,
+                )
             )
         return tuple(planned)
 
@@ -187,8 +208,15 @@ class Plan:
         append = records.append
         roots, ref = storages.roots, weakref.ref
         on_meta = self.device.type == "meta"
+        bases: dict[str, Any] = {}  # on the meta device: record id -> a predicted storage's tensor
         with torch.no_grad() if torch.is_grad_enabled() and not grad else _NO_CONTEXT:
-            for getter, fn, single, expect, expected, free, step_id in self.steps:
+            for getter, fn, single, expect, expected, free, step_id, predicted in self.steps:
+                if predicted:
+                    self._predicted(expected, getter(env), single, env, bases, roots, append, observe)
+                    if free:
+                        for name in free:
+                            del env[name]
+                    continue
                 result = fn(getter(env)) if single else fn(*getter(env))
                 if expect is not None:
                     rid, sizes, stride, offset, dtype, static_view_of, template = expect
@@ -232,6 +260,25 @@ class Plan:
                 result = base = tensor = None  # no local keeps a freed tensor alive into the next step
         outputs = {name: env[rid] for name, rid in self.output_ids}
         return RunResult(records, outputs, not diverged)
+
+    def _predicted(self, expected, args, single: bool, env: dict, bases: dict, roots: dict, append, observe) -> None:
+        """A step's tensors on the meta device, laid out as predicted: a fresh storage per record
+        that owns one, a view of its owner's storage (made by this step, or read by it) for the rest."""
+        torch, device = torch_module(), self.device
+        for expect in expected:
+            if expect.view_of is None:
+                tensor = torch.empty_strided(expect.sizes, expect.stride, dtype=expect.dtype, device=device)
+                roots[id(tensor)] = (weakref.ref(tensor), expect.id)
+                bases[expect.id] = tensor
+            else:
+                base = bases.get(expect.view_of)
+                if base is None:
+                    base = _storage_read(args if not single else (args,), expect.view_of, roots)
+                tensor = base.as_strided(expect.sizes, expect.stride, expect.offset)
+            env[expect.id] = tensor
+            append(expect.template)
+            if observe is not None:
+                observe(expect.id, tensor)
 
     def _append(self, append, expect: Expected, tensor, view_of, keep_values: bool, step_id: str) -> bool:
         """Append the record of ``tensor``; True when its layout differs from the prediction."""
@@ -281,6 +328,30 @@ class Plan:
         restrided = tensor.new_empty_strided(expect.sizes, expect.stride)
         roots[id(restrided)] = (weakref.ref(restrided), expect.id)
         return restrided
+
+
+def _repeats_a_verified_step(analysis: Analysis, node: Node, verified: set) -> bool:
+    """Whether ``node`` is a later block copy of a step whose kernel ran (in an earlier copy) on
+    inputs and outputs of the same sizes, strides, offsets and dtypes; it is then marked as seen."""
+    if node.copy is None:
+        return False
+    metas = analysis.metas
+    layouts = tuple((m.sizes, m.stride, m.offset, m.dtype) for m in [*(metas[r] for r in node.reads), *(o.meta for o in node.outs)])
+    key = (_COPY_NUMBER.sub("/#", node.id), layouts)
+    if key in verified:
+        return True
+    verified.add(key)
+    return False
+
+
+def _storage_read(args, owner: str, roots: dict):
+    """The storage ``owner`` holds, as the base tensor of one of the step's inputs."""
+    for tensor in args:
+        base = tensor._base if tensor._base is not None else tensor
+        entry = roots.get(id(base))
+        if entry is not None and entry[1] == owner and entry[0]() is base:
+            return base
+    raise InternalError(f"no input of the step holds the storage of '{owner}' its view was predicted on")
 
 
 class _StorageIndex:

@@ -25,7 +25,7 @@ from .load import load_spec
 from .pipeline import tensor_dtype
 from .source import SourceMap
 
-MAX_EXPANDED_STEPS = 20_000  # ~0.75 s to check; a 96-layer GPT-3 is ~3,000 steps
+MAX_EXPANDED_STEPS = 32_768  # ~1.2 s to check; a 96-layer GPT-3 is ~3,000 steps, 1,000 encoder layers 26,000
 # Files including files: each level keeps a flattened copy of everything below it (the cache
 # shares it between siblings and repeats), so memory grows with depth x steps; 16 levels is far
 # beyond any model (a stack of layers of attention blocks is 3) and keeps that product small.

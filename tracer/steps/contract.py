@@ -102,6 +102,12 @@ class EmitContext(Protocol):
         """Define a module-level function once (``source`` is its ``def``); returns its name."""
         ...
 
+    def shared(self, name: str, expr: str) -> tuple[str, list[str]]:
+        """A value several steps of one forward compute alike (RoPE's table for q and for k): the
+        first step to ask assigns ``expr`` to a fresh local, the others read it. Returns the local
+        and the lines to write (none after the first). ``expr`` names no input of the step."""
+        ...
+
 
 @dataclass(frozen=True)
 class Inner:

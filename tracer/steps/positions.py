@@ -210,34 +210,44 @@ class Rope(StepBase):
         rot = head if self.rotary_dim is None else e.dim(self.rotary_dim)
         partial = self.rotary_dim is not None and e.outs[0].sizes[-1] != meta.sizes[-1]
         offset = e.dim(self.offset)
-        inv_freq, factor, freqs, emb, cos, sin = (e.local(n) for n in ("inv_freq", "factor", "freqs", "emb", "cos", "sin"))
         if self.positions is not None:
             steps = f"{e.args[1]}[..., None].float()"
         else:
             steps = f"torch.arange({length}" if offset == "0" else f"torch.arange({offset}, {offset} + {length}"
-            steps += f", device={x}.device).float()[:, None]"
+            steps += f", device={e.device}).float()[:, None]"
         turn = _rotate_half if self.style == "half" else _rotate_every_two
         rotate = e.helper(turn.__name__, inspect.getsource(turn))
         part = f"{x}[..., :{rot}]" if partial else x
         table_shape = _table_view(tuple(e.size(d) for d in e.outs[0].shape), seq, len(meta.shape), "1")
         view = "" if len(table_shape) == len(e.outs[0].shape) else f".view({', '.join(table_shape)})"
-        rotated = f"{part} * {cos}{view} + {rotate}(torch, {part}) * {sin}{view}"
-        cast = f"({emb}.cos() * {factor}).to({x}.dtype), ({emb}.sin() * {factor}).to({x}.dtype)"
-        return [
-            *self._emit_frequencies(e, rot, f"{offset} + {length}", inv_freq, factor),
-            f"{freqs} = {steps} * {inv_freq}",
-            f"{emb} = torch.cat(({freqs}, {freqs}), dim=-1)"
-            if self.style == "half"
-            else f"{emb} = torch.repeat_interleave({freqs}, 2, dim=-1)",
-            f"{cos}, {sin} = {cast}" if self.rope_scaling else f"{cos}, {sin} = {emb}.cos().to({x}.dtype), {emb}.sin().to({x}.dtype)",
-            f"{e.targets[0]} = torch.cat(({rotated}, {x}[..., {rot}:]), dim=-1)" if partial else f"{e.targets[0]} = {rotated}",
-        ]
+        # q and k of one layer read one table, as transformers' rotary embedding computes it once
+        lines, (cos, sin) = self._emit_table(e, rot, steps, f"{offset} + {length}")
+        cos, sin = (f"{table}.to({x}.dtype){view}" for table in (cos, sin))
+        rotated = f"{part} * {cos} + {rotate}(torch, {part}) * {sin}"
+        if partial:
+            return [*lines, f"{e.targets[0]} = torch.cat(({rotated}, {x}[..., {rot}:]), dim=-1)"]
+        return [*lines, f"{e.targets[0]} = {rotated}"]
 
-    def _emit_frequencies(self, e, rot: str, end: str, inv_freq: str, factor: str) -> list[str]:
-        x, theta = e.args[0], py_float(self.theta)
+    def _emit_table(self, e, rot: str, steps: str, end: str) -> tuple[list[str], tuple[str, str]]:
+        """The lines that compute the float32 cos and sin tables (none where an earlier step of the
+        same forward computed the same ones) and the locals holding them."""
+        inv_freq, factor, lines = self._emit_frequencies(e, rot, end)
+        freqs, more = e.shared("freqs", f"{steps} * {inv_freq}")
+        twice = f"torch.cat(({freqs}, {freqs}), dim=-1)" if self.style == "half" else f"torch.repeat_interleave({freqs}, 2, dim=-1)"
+        emb, emb_lines = e.shared("emb", twice)
+        scaled = "" if factor is None else f" * {factor}"
+        cos, cos_lines = e.shared("cos", f"{emb}.cos(){scaled}")
+        sin, sin_lines = e.shared("sin", f"{emb}.sin(){scaled}")
+        return [*lines, *more, *emb_lines, *cos_lines, *sin_lines], (cos, sin)
+
+    def _emit_frequencies(self, e, rot: str, end: str) -> tuple[str, str | None, list[str]]:
+        """The inverse frequencies' local, the attention factor's (None without rope_scaling), and
+        the lines computing them."""
+        theta = py_float(self.theta)
         if self.rope_scaling is None:
-            arange = f"torch.arange(0, {rot}, 2, dtype=torch.int64, device={x}.device)"
-            return [f"{inv_freq} = 1.0 / ({theta} ** ({arange}.float() / {atom(rot)}))"]
+            arange = f"torch.arange(0, {rot}, 2, dtype=torch.int64, device={e.device})"
+            inv_freq, lines = e.shared("inv_freq", f"1.0 / ({theta} ** ({arange}.float() / {atom(rot)}))")
+            return inv_freq, None, lines
         for name, source in sources(self.rope_scaling):
             e.helper(name, source)
         kwargs = [f"{key}={_literal(value)}" for key, value in fields(self.rope_scaling).items()]
@@ -246,8 +256,10 @@ class Rope(StepBase):
                 f"{e.helper('_largest', inspect.getsource(_largest))}(torch, {e.args[1]})" if self.positions else f"torch.tensor({end})"
             )
             kwargs.insert(0, f"seq_len={largest}")
-        call = f"{FREQUENCIES[self.rope_scaling.type].__name__}(torch, {rot}, {theta}, {x}.device, {', '.join(kwargs)})"
-        return [f"{inv_freq}, {factor} = {call}"]
+        call = f"{FREQUENCIES[self.rope_scaling.type].__name__}(torch, {rot}, {theta}, {e.device}, {', '.join(kwargs)})"
+        pair, lines = e.shared("frequencies", call)
+        inv_freq, factor = f"{pair}[0]", f"{pair}[1]"
+        return inv_freq, factor, lines
 
 
 def _largest(torch, positions):

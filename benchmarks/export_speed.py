@@ -1,0 +1,135 @@
+"""The exported module, ``tracer.to_module`` and the traced run against transformers' own Llama
+decoder layer, on the same weights and input, at a real layer's size (d 2048, GQA 16/4 heads,
+d_ff 5632, T 512). Each call includes what one layer needs: the rotary table and the causal mask
+(transformers' ``LlamaRotaryEmbedding`` and ``create_causal_mask``; the pipeline computes its own).
+
+Rounds interleave the contenders and the ratio is taken per round, so drift and other processes'
+load hit every side alike; the table prints the median ratio to eager with its min–max, and each
+side's minor page faults per call (an exported forward that keeps every intermediate alive until
+it returns faults several times more than eager). Target: each ratio ≤ 1.02. Prints; asserts
+nothing (speed is measured here, never in the unit tests).
+
+    .venv/bin/python benchmarks/export_speed.py [--rounds 7] [--T 512] [--threads N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import resource
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+from transformers import LlamaConfig  # noqa: E402
+from transformers.masking_utils import create_causal_mask  # noqa: E402
+from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding  # noqa: E402
+
+import tracer  # noqa: E402
+from tracer.presentation.export import export_source  # noqa: E402
+
+PIPELINE = ROOT / "pipelines" / "models" / "llama_decoder_layer.yaml"
+NAMES = {  # pipeline param -> transformers' state_dict key
+    "ln_1": "input_layernorm.weight",
+    "W_q": "self_attn.q_proj.weight",
+    "W_k": "self_attn.k_proj.weight",
+    "W_v": "self_attn.v_proj.weight",
+    "W_o": "self_attn.o_proj.weight",
+    "ln_2": "post_attention_layernorm.weight",
+    "W_gate": "mlp.gate_proj.weight",
+    "W_up": "mlp.up_proj.weight",
+    "W_down": "mlp.down_proj.weight",
+}
+
+
+def transformers_layer(d: int, heads: int, kv_heads: int, d_ff: int):
+    config = LlamaConfig(hidden_size=d, num_attention_heads=heads, num_key_value_heads=kv_heads, intermediate_size=d_ff, rms_norm_eps=1e-6)
+    config._attn_implementation = "eager"
+    torch.manual_seed(0)
+    layer = LlamaDecoderLayer(config, layer_idx=0).eval()
+    with torch.no_grad():  # norm weights start at ones: random ones, so a mixed-up weight cannot pass
+        layer.input_layernorm.weight.uniform_(0.5, 1.5)
+        layer.post_attention_layernorm.weight.uniform_(0.5, 1.5)
+    rotary = LlamaRotaryEmbedding(config)
+
+    def call(x):
+        positions = torch.arange(x.shape[1])[None].expand(x.shape[0], -1)
+        mask = create_causal_mask(config, x, None, None, position_ids=positions, allow_is_causal_skip=False)
+        return layer(x, attention_mask=mask, position_ids=positions, position_embeddings=rotary(x, positions))
+
+    return layer, call
+
+
+def exported_module(dims: dict):
+    """The pipeline's exported source, imported from a file as a user would."""
+    folder = Path(tempfile.mkdtemp())
+    path = folder / "llama_layer.py"
+    path.write_text(export_source(tracer.load(PIPELINE), dims), encoding="utf-8")
+    spec = importlib.util.spec_from_file_location("llama_layer", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    cls = getattr(module, module.__all__[0])
+    return cls(**{k: dims[k] for k in ("d_model", "H", "H_kv", "d_ff")}).eval()
+
+
+def _faults() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--T", type=int, default=512)
+    parser.add_argument("--d", type=int, default=2048)
+    parser.add_argument("--threads", type=int, default=None)
+    args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    heads, kv_heads, d_ff = 16, 4, int(args.d * 2.75)
+    dims = {"B": 1, "T": args.T, "d_model": args.d, "H": heads, "H_kv": kv_heads, "d_ff": d_ff}
+    layer, eager = transformers_layer(args.d, heads, kv_heads, d_ff)
+    state = layer.state_dict()
+    params = {name: state[key] for name, key in NAMES.items()}
+    exported = exported_module(dims)
+    exported.load_state_dict(params)
+    module = tracer.to_module(PIPELINE, dims)
+    module.load_state_dict(params)
+    pipeline = tracer.load(PIPELINE)
+    x = torch.randn(1, args.T, args.d)
+    calls = {
+        "eager": lambda: eager(x),
+        "exported": lambda: exported(x),
+        "to_module": lambda: module(x),
+        "traced run": lambda: pipeline.run(dims, params=params, inputs={"x": x}).outputs["out"],
+    }
+    with torch.no_grad():
+        expected = calls["eager"]()
+        for name, call in calls.items():
+            diff = (call() - expected).abs().max().item()
+            if diff > 1e-4:
+                raise SystemExit(f"{name} computes something else than transformers' layer (max difference {diff:.2e})")
+        seconds: dict[str, list[float]] = {name: [] for name in calls}
+        faults: dict[str, list[int]] = {name: [] for name in calls}
+        for _ in range(args.rounds):
+            for name, call in calls.items():
+                before, start = _faults(), time.perf_counter()
+                call()
+                seconds[name].append(time.perf_counter() - start)
+                faults[name].append(_faults() - before)
+    print(f"Llama decoder layer: d {args.d}, heads {heads}/{kv_heads}, d_ff {d_ff}, T {args.T}, {torch.get_num_threads()} threads")
+    print(f"{'contender':<12}{'median ms':>11}{'ratio to eager (min-max)':>28}{'page faults':>13}")
+    for name in calls:
+        ratios = [s / e for s, e in zip(seconds[name], seconds["eager"])]
+        span = f"{statistics.median(ratios):.3f} ({min(ratios):.3f}-{max(ratios):.3f})"
+        print(f"{name:<12}{statistics.median(seconds[name]) * 1e3:>11.1f}{span:>28}{statistics.median(faults[name]):>13.0f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
