@@ -76,7 +76,7 @@ def diff(a: Pipeline, b: Pipeline, values: bool = False, atol: float = ATOL, rto
     labels: dict[tuple[str, str], str] = {}  # dim renames read off paired shapes: (A's label, B's) -> first step
     for step_id in (i for i in nodes_a if i in pairs):
         node_a, node_b = nodes_a[step_id], nodes_b[pairs[step_id]]
-        result.changed_op += _changes(left, right, node_a, node_b, pairs, depth)
+        result.changed_op += _changes(matching, depth, node_a, node_b)
         meta_a, meta_b = left.meta(step_id), right.meta(node_b.id)
         if _differ(meta_a, meta_b):
             result.shapes.append([_pair_name(step_id, node_b.id), *_shapes(meta_a, meta_b)])
@@ -125,10 +125,13 @@ class Matching:
     """
 
     def __init__(self, left, right):
+        self.left, self.right = left, right
         self.nodes_a, self.nodes_b = dict(left.nodes), dict(right.nodes)
-        # a kind as the step computes it: a permute that swaps two axes is a transpose
-        self.kind_a = {i: _canonical(left, n)[0] for i, n in self.nodes_a.items()}
-        self.kind_b = {i: _canonical(right, n)[0] for i, n in self.nodes_b.items()}
+        # kind and fields as the step computes them: a permute that swaps two axes is a transpose
+        self.canonical_a = {i: _canonical(left, n) for i, n in self.nodes_a.items()}
+        self.canonical_b = {i: _canonical(right, n) for i, n in self.nodes_b.items()}
+        self.kind_a = {i: c[0] for i, c in self.canonical_a.items()}
+        self.kind_b = {i: c[0] for i, c in self.canonical_b.items()}
         self.pairs: dict[str, str] = {}
         self.taken: set[str] = set()
         self.readers = defaultdict(list)  # A's tensor -> A's steps that read it
@@ -293,21 +296,21 @@ def _renames(left, pairs: dict[str, str], nodes_a: dict[str, Node]) -> list[str]
     return renamed
 
 
-def _changes(left, right, a: Node, b: Node, pairs: dict[str, str], depth: _Depths) -> list[str]:
+def _changes(matching: Matching, depth: _Depths, a: Node, b: Node) -> list[str]:
     """``weights: dim -1 -> -2``: the op, or the fields a step of the same kind changed (notes,
     groups and tensor names aside), and what it reads where that is not the partner of A's.
     Equivalent spellings are no change (:func:`_canonical`), and neither is a dim spelled by
     another name of the same size (``window: W -> 4`` where W is 4); a size that changed says so
     (``window W -> W (4 -> 8)``). A block's output read after a deeper stack is the same block's output."""
     name = _pair_name(a.id, b.id)
-    (op_a, x), (op_b, y) = _canonical(left, a), _canonical(right, b)
+    (op_a, x), (op_b, y) = matching.canonical_a[a.id], matching.canonical_b[b.id]
     if op_a != op_b:
         return [f"{name}: {a.op} -> {b.op}"]
     changed = []
     for key in dict.fromkeys([*x, *y]):
         if _sized(x.get(key), a.dims) != _sized(y.get(key), b.dims):  # 'window: W' is W's size in each file
             changed.append(f"{key} {_shown_sized(_written(a, key), a.dims)} -> {_shown_sized(_written(b, key), b.dims)}")
-    read = [depth.outputs_a.get(r) or pairs.get(r, r) for r in a.refs]
+    read = [depth.outputs_a.get(r) or matching.pairs.get(r, r) for r in a.refs]
     if read != [depth.outputs_b.get(r) or r for r in b.refs]:
         changed.append(f"reads {', '.join(a.refs)} -> {', '.join(b.refs)}")
     return [f"{name}: {', '.join(changed)}"] if changed else []
@@ -607,7 +610,7 @@ def diff_page(a: Pipeline, b: Pipeline, d: Diff) -> str:
         if position[a_id] >= shown:
             rows += removed_up_to(position[a_id])
             shown = position[a_id] + 1
-        rows.append(_paired_row(left, right, nodes_a[a_id], node_b, pairs, depth))
+        rows.append(_paired_row(matching, depth, nodes_a[a_id], node_b))
     rows += removed_up_to(len(order))
     notes = [f"block {line}" for line in d.blocks] + [r for r in d.renamed if not r.startswith("step ")]
     notes += [f"param {name}: {x} -> {y}" for name, x, y in d.params] + [f"dim {name}: {x} -> {y}" for name, x, y in d.dims]
@@ -619,8 +622,9 @@ def _side(analysis, node: Node) -> Side:
     return Side(node.id, node.op, _shape(analysis.meta(node.id)))
 
 
-def _paired_row(left, right, a: Node, b: Node, pairs: dict[str, str], depth: _Depths) -> Row:
-    change = ", ".join(text.split(": ", 1)[1] for text in _changes(left, right, a, b, pairs, depth))
+def _paired_row(matching: Matching, depth: _Depths, a: Node, b: Node) -> Row:
+    left, right = matching.left, matching.right
+    change = ", ".join(text.split(": ", 1)[1] for text in _changes(matching, depth, a, b))
     side_a, side_b = _side(left, a), _side(right, b)
     if change or _differ(left.meta(a.id), right.meta(b.id)):
         return Row(side_a, side_b, "changed", change or "shape")
