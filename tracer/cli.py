@@ -318,8 +318,8 @@ def _parser() -> argparse.ArgumentParser:
             "not load or check, a run that fails, a page that cannot be written, a bad option)."
         ),
         epilog=_examples(
-            "tracer diff pipelines/lint_examples/scale_mismatch.yaml pipelines/lint_examples/fixed/scale_mismatch.yaml --values",
-            "tracer diff a.yaml b.yaml --json > changes.json || echo 'changed (1) or trouble (2)'",
+            "tracer diff pipelines/models/llama_decoder_layer.yaml pipelines/imported/llama_decoder_layer.yaml --values  # names only: exit 0",
+            "tracer diff pipelines/encoder_stack.yaml pipelines/encoder_stack.yaml --json > diff.json",
         ),
     )
     compared.add_argument("files", nargs=2, metavar="FILE", help="the two pipeline files (YAML), the first as the baseline")
