@@ -45,6 +45,7 @@ class Diff:
     totals: dict[str, list[int]] = field(default_factory=dict)  # name -> [A, B]
     diverges: str | None = None  # the first tensor both runs make whose values differ
     values: list[dict] = field(default_factory=list)  # each such tensor: its name, max abs and relative difference, tolerance
+    unseeded: list[str] = field(default_factory=list)  # A's steps that draw from the RNG: their values and what follows are not compared
     outputs: list[str] = field(default_factory=list)  # the pipelines' paired outputs, in A's order ('a -> b' where renamed)
     compared_values: bool = False
 
@@ -102,6 +103,9 @@ def diff(a: Pipeline, b: Pipeline, values: bool = False, atol: float = ATOL, rto
     if values:
         result.compared_values = True
         result.values = _value_differences(a, b, pairs, atol, rtol)
+        result.unseeded = [
+            n.id for n in nodes_a.values() if n.step.is_random() or (n.id in pairs and nodes_b[pairs[n.id]].step.is_random())
+        ]
         result.diverges = result.values[0]["tensor"] if result.values else None
     return result
 
@@ -115,13 +119,15 @@ class Matching:
     """Which tensor of B is which tensor of A: ``pairs`` maps A's names (inputs, params, steps,
     named outputs) to B's, over the expanded steps (a block's copies included).
 
-    Same names pair first (an input, a param, a step of the same kind). Then, along A's graph, an
+    Same names pair first (an input, a param, a step of the same kind), then inputs each file
+    has one of with the same sizes and dtype. Then, along A's graph, an
     unpaired step pairs with an unpaired step of B of the same kind that reads the partners of
-    what it reads, and their params pair in field order: a renamed step is a rename, not one
-    removed and one added. Inputs left over pair in order; when the walk stops, the first
+    what it reads, and their params (and the inputs and params they read as data) pair in field
+    order: a renamed step is a rename, not one removed and one added. When the walk stops, the first
     unpaired step of A whose kind B still has pairs with B's first unpaired step of that kind,
-    and the walk goes on from it. Every step is looked up by (kind, inputs) and visited a bounded
-    number of times: linear in the steps.
+    and the walk goes on from it. Steps left over with one id pair though their kinds differ (a
+    changed op); inputs and params left over pair by sizes and dtype, then inputs in order. Every step is looked up by (kind, inputs) and visited a bounded number of times:
+    linear in the steps.
     """
 
     def __init__(self, left, right):
@@ -150,13 +156,18 @@ class Matching:
         for step_id, node in self.nodes_a.items():
             if step_id in self.nodes_b and self.kind_b[step_id] == self.kind_a[step_id]:
                 self._pair_steps(node, self.nodes_b[step_id])
-        self._pair_leftovers(_declared(left, "inputs"), _declared(right, "inputs"))
+        self._pair_alike(("inputs",), only_one=True)
         self.ready.extend(self.nodes_a.values())
         order = iter(self.nodes_a.values())
         while True:
             self._walk()
             if not self._by_position(order):
                 break
+        for step_id, node in self.nodes_a.items():  # one id, another kind: 'hidden_act: relu -> gelu'
+            if step_id not in self.pairs and step_id in self.nodes_b and step_id not in self.taken:
+                self._pair_steps(node, self.nodes_b[step_id])
+        self._pair_alike(("inputs", "params"), only_one=False)
+        self._pair_leftovers(_declared(left, "inputs"), _declared(right, "inputs"))
 
     def _pair(self, a: str, b: str) -> None:
         if a not in self.pairs and b not in self.taken:
@@ -166,11 +177,31 @@ class Matching:
 
     def _pair_steps(self, a: Node, b: Node) -> None:
         self._pair(a.id, b.id)
+        for x, y in zip(a.inputs, b.inputs, strict=False):  # an input or a param read as data, renamed
+            if _signature(self.left, x) is not None and _signature(self.left, x) == _signature(self.right, y):
+                self._pair(x, y)
         for x, y in zip(a.step.output_ids(), b.step.output_ids(), strict=False):
             self._pair(x, y)
         if len(a.params) == len(b.params):
             for x, y in zip(a.params, b.params, strict=True):
                 self._pair(x, y)
+
+    def _pair_alike(self, sections: tuple[str, ...], only_one: bool) -> None:
+        """Pair unpaired inputs (or params) by section, sizes and dtype, in file order where both
+        files have as many of a kind (``only_one``: where each has one, before the walk, so that
+        it can start from renamed inputs in any order)."""
+        alike_a, alike_b = defaultdict(list), defaultdict(list)
+        for name, declared in self.left.declared.items():
+            if name not in self.pairs and declared.section in sections:
+                alike_a[_signature(self.left, name)].append(name)
+        for name, declared in self.right.declared.items():
+            if name not in self.taken and declared.section in sections:
+                alike_b[_signature(self.right, name)].append(name)
+        for key, names in alike_a.items():
+            theirs = alike_b.get(key, [])
+            if len(names) == len(theirs) and (len(names) == 1 or not only_one):
+                for a, b in zip(names, theirs, strict=True):
+                    self._pair(a, b)
 
     def _pair_leftovers(self, names_a: list[str], names_b: list[str]) -> None:
         left = [n for n in names_a if n not in self.pairs]
@@ -202,6 +233,12 @@ class Matching:
                 self._pair_steps(node, partner)
                 return True
         return False
+
+
+def _signature(analysis, name: str) -> tuple | None:
+    """What an input or param is, names aside: its section, sizes and dtype (None for a step's tensor)."""
+    declared = analysis.declared.get(name)
+    return None if declared is None else (declared.section, declared.meta.sizes, declared.meta.dtype)
 
 
 def _first_free(candidates: deque | None, taken: set[str]) -> Node | None:
@@ -488,10 +525,15 @@ def _value_differences(a: Pipeline, b: Pipeline, pairs: dict[str, str], atol: fl
     run_b = b.run(keep_values=True, seed=0, inputs=inputs, params=params)
     found = []
     nodes_b = b.check().nodes
+    drawn: set[str] = set()  # tensors that depend on the RNG: B, given its inputs, draws less before them
     for name, node in a.check().nodes.items():
-        if name not in pairs or node.op == "block_input":  # a block's input is the tensor it is bound to
+        partner = nodes_b.get(pairs.get(name, ""))
+        if node.step.is_random() or (partner is not None and partner.step.is_random()) or drawn.intersection(node.refs):
+            drawn.update(node.step.output_ids())
             continue
-        for x_id, y_id in _tensors(node, nodes_b[pairs[name]]):
+        if partner is None or node.op == "block_input":  # a block's input is the tensor it is bound to
+            continue
+        for x_id, y_id in _tensors(node, partner):
             if x_id in run_a and y_id in run_b:
                 size = value_difference(run_a[x_id].tensor, run_b[y_id].tensor, atol, rtol)
                 if size is not None:
@@ -552,15 +594,16 @@ def format_diff(d: Diff) -> str:
 def _value_lines(d: Diff) -> list[str]:
     if not d.compared_values:
         return []
+    skipped = [f"values: not compared from '{d.unseeded[0]}' on (it draws from the RNG)"] if d.unseeded else []
     if not d.values:
-        return ["values: every shared tensor agrees"]
+        return ["values: every shared tensor agrees" + (" before it" if d.unseeded else ""), *skipped]
     first, rest = d.values[0], d.values[1:]
     lines = [f"values: the first tensor that differs is '{first['tensor']}' ({_size(first)})"]
     outputs = [v for v in rest if v["tensor"] in d.outputs]
     if len(rest) > len(outputs):
         lines.append(f"values: {len(rest) - len(outputs)} more paired tensors differ after it (--json lists each)")
     lines += [f"values: output '{v['tensor']}' differs ({_size(v)})" for v in outputs]
-    return lines
+    return lines + skipped
 
 
 def _size(v: dict) -> str:

@@ -92,8 +92,8 @@ def test_a_change_inside_the_block_file_is_named_by_its_step_and_exits_1(tmp_pat
 def test_sdpa_against_eager_attention_in_a_block_names_the_steps_and_finds_the_values_equal(tmp_path):
     a, b = _pair(tmp_path, LAYER.replace(EAGER, SDPA))
     found = diff(tracer.load(a), tracer.load(b), values=True)
-    assert found.added == ["layers/{0,1}/self_attn.out: sdpa"]
-    assert found.removed == [f"layers/{{0,1}}/self_attn.{s}" for s in ("scale: scale", "masked: mask", "weights: softmax", "out: matmul")]
+    assert found.changed_op == ["layers/{0,1}/self_attn.out: matmul -> sdpa"] and found.added == []
+    assert found.removed == [f"layers/{{0,1}}/self_attn.{s}" for s in ("scale: scale", "masked: mask", "weights: softmax")]
     assert found.values == [] and not found.same  # the same numbers, by another computation
     assert tracer_cli("diff", a, b).returncode == 1
 
@@ -160,3 +160,17 @@ def test_value_difference_scales_the_tolerance_to_the_values_magnitude():
     assert value_difference(masked, masked + torch.tensor([[1e-3, 0.0], [0.0, 0.0]])) is not None  # the fill hides nothing
     assert value_difference(torch.tensor([float("nan")]), torch.tensor([float("nan")])) is None
     assert value_difference(torch.tensor([float("nan")]), torch.tensor([1.0]))["max_abs"] == float("inf")
+
+
+def test_values_after_a_step_that_draws_from_the_rng_are_not_compared(tmp_path):
+    """B runs on A's inputs, so it draws less before its dropout: different masks are no difference."""
+    text = "name: d\n" + HEAD + "steps:\n  - {id: drop, op: dropout, input: x, p: 0.5, training: true}\n  - {id: y, op: tanh}\n"
+    (tmp_path / "a.yaml").write_text(text)
+    (tmp_path / "b.yaml").write_text(text.replace("id: drop", "id: dropped"))
+    done = tracer_cli("diff", str(tmp_path / "a.yaml"), str(tmp_path / "b.yaml"), "--values")
+    assert done.returncode == 0, done.stdout
+    assert done.stdout.splitlines()[-3:] == [
+        "values: every shared tensor agrees before it",
+        "values: not compared from 'drop' on (it draws from the RNG)",
+        "the same pipeline but for names",
+    ]

@@ -154,4 +154,4 @@ def test_diff_reads_equivalent_spellings_of_axes_as_the_same_step(tmp_path, old,
 def test_diff_still_reports_a_permute_that_moves_three_axes(tmp_path):
     (tmp_path / "b.yaml").write_text(MHA.read_text().replace(K_T, "op: permute, input: k_h, dims: [0, 3, 1, 2]"))
     data = json.loads(tracer_cli("diff", str(MHA), str(tmp_path / "b.yaml"), "--json").stdout)
-    assert data["removed"] == ["k_t: transpose"] and data["added"] == ["k_t: permute"] and not data["same"]
+    assert data["changed_op"] == ["k_t: transpose -> permute"] and data["removed"] == data["added"] == [] and not data["same"]
