@@ -85,6 +85,7 @@ def diff(a: Pipeline, b: Pipeline, values: bool = False, atol: float = ATOL, rto
             for x, y in zip(meta_a.shape, meta_b.shape, strict=True):
                 if x.label != y.label:
                     labels.setdefault((x.label, y.label), step_id)
+    result.changed_op += _output_change(left, right, pairs, depth)
     result.params = _param_changes(left, right, pairs, depth)
     result.dims = _dim_changes(left, right)
     result.renamed += [f"dim {x} -> {y} (as at {where})" for (x, y), where in labels.items()]
@@ -351,6 +352,14 @@ def _changes(matching: Matching, depth: _Depths, a: Node, b: Node) -> list[str]:
     if read != [depth.outputs_b.get(r) or r for r in b.refs]:
         changed.append(f"reads {', '.join(a.refs)} -> {', '.join(b.refs)}")
     return [f"{name}: {', '.join(changed)}"] if changed else []
+
+
+def _output_change(left, right, pairs: dict[str, str], depth: _Depths) -> list[str]:
+    """``outputs: out -> out, weights`` where B returns other tensors than the partners of A's."""
+    mine = [depth.outputs_a.get(r) or pairs.get(r, r) for r in left.outputs]
+    if mine == [depth.outputs_b.get(r) or r for r in right.outputs]:
+        return []
+    return [f"outputs: {', '.join(left.outputs)} -> {', '.join(right.outputs)}"]
 
 
 def _block_outputs(analysis, renamed: dict[str, str] | None = None) -> dict[str, str]:

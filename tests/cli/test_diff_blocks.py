@@ -174,3 +174,10 @@ def test_values_after_a_step_that_draws_from_the_rng_are_not_compared(tmp_path):
         "values: not compared from 'drop' on (it draws from the RNG)",
         "the same pipeline but for names",
     ]
+
+
+def test_other_outputs_are_a_change(tmp_path):
+    a, b = _pair(tmp_path, main_b=MAIN + "outputs: [y, layers]\n")
+    found = diff(tracer.load(a), tracer.load(b))
+    assert found.changed_op == ["outputs: y -> y, layers/1/out"] and not found.same
+    assert diff(tracer.load(a), tracer.load(a)).same
