@@ -74,21 +74,10 @@ def diff(a: Pipeline, b: Pipeline, values: bool = False, atol: float = ATOL, rto
     result.removed = [f"{i}: {n.op}" for i, n in nodes_a.items() if i not in pairs and not depth.extra_a(n.copy)]
     result.added = [f"{i}: {n.op}" for i, n in nodes_b.items() if i not in paired_b and not depth.extra_b(n.copy)]
     result.renamed = _renames(left, pairs, nodes_a)
-    labels: dict[tuple[str, str], str] = {}  # dim renames read off paired shapes: (A's label, B's) -> first step
-    for step_id in (i for i in nodes_a if i in pairs):
-        node_a, node_b = nodes_a[step_id], nodes_b[pairs[step_id]]
-        result.changed_op += _changes(matching, depth, node_a, node_b)
-        meta_a, meta_b = left.meta(step_id), right.meta(node_b.id)
-        if _differ(meta_a, meta_b):
-            result.shapes.append([_pair_name(step_id, node_b.id), *_shapes(meta_a, meta_b)])
-        elif meta_a is not None:
-            for x, y in zip(meta_a.shape, meta_b.shape, strict=True):
-                if x.label != y.label:
-                    labels.setdefault((x.label, y.label), step_id)
+    _compare_pairs(matching, depth, result)
     result.changed_op += _output_change(left, right, pairs, depth)
     result.params = _param_changes(left, right, pairs, depth)
     result.dims = _dim_changes(left, right)
-    result.renamed += [f"dim {x} -> {y} (as at {where})" for (x, y), where in labels.items()]
     result.changed_op, result.renamed, result.added, result.removed = (
         fold(lines, left, right) for lines in (result.changed_op, result.renamed, result.added, result.removed)
     )
@@ -109,6 +98,26 @@ def diff(a: Pipeline, b: Pipeline, values: bool = False, atol: float = ATOL, rto
         ]
         result.diverges = result.values[0]["tensor"] if result.values else None
     return result
+
+
+def _compare_pairs(matching: Matching, depth: _Depths, result: Diff) -> None:
+    """Each pair of steps: its changes, its shape where sizes or dtype differ, and the dims its
+    axes are named by where only the names differ (``dim T -> seq``, once, at the first step)."""
+    left, right = matching.left, matching.right
+    labels: dict[tuple[str, str], str] = {}  # (A's label, B's) -> the first step with it
+    for step_id, node_a in matching.nodes_a.items():
+        if step_id not in matching.pairs:
+            continue
+        node_b = matching.nodes_b[matching.pairs[step_id]]
+        result.changed_op += _changes(matching, depth, node_a, node_b)
+        meta_a, meta_b = left.meta(step_id), right.meta(node_b.id)
+        if _differ(meta_a, meta_b):
+            result.shapes.append([_pair_name(step_id, node_b.id), *_shapes(meta_a, meta_b)])
+        elif meta_a is not None:
+            for x, y in zip(meta_a.shape, meta_b.shape, strict=True):
+                if x.label != y.label:
+                    labels.setdefault((x.label, y.label), step_id)
+    result.renamed += [f"dim {x} -> {y} (as at {where})" for (x, y), where in labels.items()]
 
 
 def _steps(nodes: dict[str, Node]) -> int:
