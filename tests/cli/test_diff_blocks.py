@@ -181,3 +181,15 @@ def test_other_outputs_are_a_change(tmp_path):
     found = diff(tracer.load(a), tracer.load(b))
     assert found.changed_op == ["outputs: y -> y, layers/1/out"] and not found.same
     assert diff(tracer.load(a), tracer.load(a)).same
+
+
+def test_the_page_shows_every_copy_of_a_changed_block_step(tmp_path):
+    a, b = _pair(tmp_path, LAYER.replace("divide: {sqrt: D}", "divide: 3.0"), MAIN.replace("repeat: 2", "repeat: 3"))
+    page = tmp_path / "diff.html"
+    done = tracer_cli("diff", a, b, "--html", str(page))
+    assert done.returncode == 1, done.stderr
+    text = page.read_text()
+    for copy in (0, 1):
+        assert f'<tr class="changed"><td class="mark">~</td><td>layers/{copy}/self_attn.scale</td>' in text
+    assert '<tr class="added"><td class="mark">+</td><td></td><td></td><td></td><td>layers/2/self_attn.scale</td>' in text
+    assert "<li><code>block layers: repeat 2 -&gt; 3 (+ layers/2: 8 steps, 1 params)</code></li>" in text
