@@ -160,6 +160,11 @@ class Matching:
             self.by_inputs[(self.kind_b[node.id], node.inputs)].append(node)
             self.by_kind[self.kind_b[node.id]].append(node)
         self.ready: deque[Node] = deque()  # A's steps whose inputs may all be paired now
+        self._pair_everything()
+
+    def _pair_everything(self) -> None:
+        """The passes of the class docstring, in its order."""
+        left, right = self.left, self.right
         for name, declared in left.declared.items():
             if name in right.declared and right.declared[name].section == declared.section:
                 self._pair(name, name)
