@@ -73,7 +73,7 @@ def diff(a: Pipeline, b: Pipeline, values: bool = False, atol: float = ATOL, rto
     result.blocks = depth.lines
     result.removed = [f"{i}: {n.op}" for i, n in nodes_a.items() if i not in pairs and not depth.extra_a(n.copy)]
     result.added = [f"{i}: {n.op}" for i, n in nodes_b.items() if i not in paired_b and not depth.extra_b(n.copy)]
-    result.renamed = _renames(left, pairs, nodes_a)
+    result.renamed = _renames(left, pairs, nodes_a, depth)
     _compare_pairs(matching, depth, result)
     result.changed_op += _output_change(left, right, pairs, depth)
     result.params = _param_changes(left, right, pairs, depth)
@@ -336,10 +336,13 @@ def _pair_name(a: str, b: str) -> str:
     return a if a == b else f"{a} -> {b}"
 
 
-def _renames(left, pairs: dict[str, str], nodes_a: dict[str, Node]) -> list[str]:
-    renamed = []
+def _renames(left, pairs: dict[str, str], nodes_a: dict[str, Node], depth: _Depths) -> list[str]:
+    """``step a -> b: op``, ``param a -> b``, ``input a -> b``; a block of another id is one line,
+    ``block layers -> h``, and the steps and params of its copies that differ only by it are not listed."""
+    moved = {a + "/": b + "/" for a, b in depth.block_pairs.items() if a != b and "/" not in a}
+    renamed = [f"block {a[:-1]} -> {b[:-1]}" for a, b in moved.items()]
     for name, other in pairs.items():
-        if name == other:
+        if name == other or any(name.startswith(a) and other == b + name[len(a) :] for a, b in moved.items()):
             continue
         if name in nodes_a:
             renamed.append(f"step {name} -> {other}: {nodes_a[name].op}")

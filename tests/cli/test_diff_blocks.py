@@ -193,3 +193,13 @@ def test_the_page_shows_every_copy_of_a_changed_block_step(tmp_path):
         assert f'<tr class="changed"><td class="mark">~</td><td>layers/{copy}/self_attn.scale</td>' in text
     assert '<tr class="added"><td class="mark">+</td><td></td><td></td><td></td><td>layers/2/self_attn.scale</td>' in text
     assert "<li><code>block layers: repeat 2 -&gt; 3 (+ layers/2: 8 steps, 1 params)</code></li>" in text
+
+
+def test_a_block_of_another_id_is_one_rename_and_its_changes_are_named_in_b_too(tmp_path):
+    main = MAIN.replace("id: layers", "id: h").replace("input: layers", "input: h")
+    assert "self_attn.masked, dim: -1" in LAYER
+    a, b = _pair(tmp_path, LAYER.replace("self_attn.masked, dim: -1", "self_attn.masked, dim: -2"), main)
+    found = diff(tracer.load(a), tracer.load(b))
+    assert found.renamed == ["block layers -> h"]
+    assert found.changed_op == ["layers/{0,1}/self_attn.weights -> h/{0,1}/self_attn.weights: dim -1 -> -2"]
+    assert diff(tracer.load(a), tracer.load(a)).renamed == []
