@@ -640,7 +640,7 @@ def _size(v: dict) -> str:
 
 def _verdict(d: Diff) -> str:
     if d.same:
-        return "the same pipeline" if not d.renamed else "the same pipeline but for names"
+        return "the same pipeline" if not (d.renamed or d.dims) else "the same pipeline but for names"  # a dim is a name
     return "the pipelines differ" + (f"; the first tensor whose values differ is '{d.diverges}'" if d.diverges else "")
 
 

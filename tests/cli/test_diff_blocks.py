@@ -203,3 +203,10 @@ def test_a_block_of_another_id_is_one_rename_and_its_changes_are_named_in_b_too(
     assert found.renamed == ["block layers -> h"]
     assert found.changed_op == ["layers/{0,1}/self_attn.weights -> h/{0,1}/self_attn.weights: dim -1 -> -2"]
     assert diff(tracer.load(a), tracer.load(a)).renamed == []
+
+
+def test_a_dim_nothing_uses_is_listed_and_the_pipelines_are_the_same_but_for_names(tmp_path):
+    a, b = _pair(tmp_path, main_b=MAIN.replace("D: 4}", "D: 4, V: 64}"))
+    done = tracer_cli("diff", a, b)
+    assert done.returncode == 0 and "~ dim V  -  ->  64" in done.stdout
+    assert done.stdout.endswith("the same pipeline but for names\n")
