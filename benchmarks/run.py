@@ -270,6 +270,14 @@ def worker_stack(rounds: int) -> dict:
     }
 
 
+def worker_diff(rounds: int) -> dict:
+    """``tracer diff`` at 600 steps that pair by position only and at 4,000 renamed chain steps."""
+    from diff_growth import diff_seconds
+
+    diff_seconds("renamed chain", 10, 1)  # warm up
+    return {"unmatched_600": diff_seconds("unmatched", 600, rounds)[0], "renamed_4000": diff_seconds("renamed chain", 4000, rounds)[0]}
+
+
 def _run_worker(name: str, *args, timeout: int = 900) -> dict:
     cmd = [sys.executable, __file__, "--worker", json.dumps([name, *args])]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
@@ -357,7 +365,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.worker:
         name, *rest = json.loads(args.worker)
-        fn = {"speed": worker_speed, "rss": worker_rss, "meta": worker_meta, "stack": worker_stack}[name]
+        fn = {"speed": worker_speed, "rss": worker_rss, "meta": worker_meta, "stack": worker_stack, "diff": worker_diff}[name]
         rest = [tuple(r) if isinstance(r, list) and name != "speed" else r for r in rest]
         if name == "speed":
             rest[0], rest[3] = tuple(rest[0]), tuple(rest[3])
@@ -512,6 +520,14 @@ def _report(args) -> int:
         "correct" if stack["correct"] else "WRONG",
         stack["correct"],
         f"{stack['records']} records",
+    )
+    diffs = _run_worker("diff", 3 if quick else 5)
+    row(
+        "tracer diff, 600 steps pairing by position / 4,000 renamed chain steps",
+        "≤ 2 s each",
+        f"{_fmt_time(diffs['unmatched_600'])} / {_fmt_time(diffs['renamed_4000'])}",
+        max(diffs.values()) <= 2,
+        "pairing is linear (before: cubic, 132 s, and quadratic, 44 s); benchmarks/diff_growth.py shows each doubling",
     )
     for tool in tools:
         for size, label in ((TOY, "(2, 6, 4, 2)"), (GPT2, "(8, 512, 768, 12)")):

@@ -31,6 +31,7 @@ from .runtime.tensors import match, takes
 from .spec.load import load_spec
 
 DRAWINGS = ("svg", "png", "pdf", "dot", "html")  # what `tracer render -o` writes, by suffix
+DIFF_TROUBLE = 2  # `tracer diff`'s exit status for a problem, as diff(1) and `git diff --exit-code` use it
 RENDER_TIMEOUT = 120.0  # seconds; the same default as tracer.presentation.diagram.DOT_TIMEOUT (kept here: the parser imports no renderer)
 
 
@@ -312,13 +313,27 @@ def _parser() -> argparse.ArgumentParser:
 
     compared = commands.add_parser(
         "diff",
-        help="compare two pipelines: steps, shapes, params, FLOPs and peak memory",
+        help="compare two pipelines: steps (inside blocks too), shapes, params, dims, FLOPs and peak memory",
+        description=(
+            "Compare two pipelines, blocks expanded: a change inside a `use:` file is named by its step\n"
+            "(layers/1/self_attn.scale; layers/{0..1}/... when every copy has it), a depth change reads\n"
+            "'layers: repeat 2 -> 3'. Steps pair by id, else by structure, so renames are listed apart.\n"
+            "--values gives each tensor that differs its max abs and relative difference; the tolerance\n"
+            "is 1e-6 + 1e-5 x the values' magnitude.\n\n"
+            "exit status: 0 the same pipeline (names aside), 1 they differ, 2 trouble (a file that does\n"
+            "not load or check, a run that fails, a page that cannot be written, a bad option)."
+        ),
         epilog=_examples(
-            "tracer diff pipelines/lint_examples/scale_mismatch.yaml pipelines/lint_examples/fixed/scale_mismatch.yaml --values"
+            "tracer diff pipelines/models/llama_decoder_layer.yaml pipelines/imported/llama_decoder_layer.yaml --values  # names only: exit 0",
+            "tracer diff pipelines/encoder_stack.yaml pipelines/encoder_stack.yaml --json > diff.json",
         ),
     )
     compared.add_argument("files", nargs=2, metavar="FILE", help="the two pipeline files (YAML), the first as the baseline")
-    compared.add_argument("--values", action="store_true", help="also run both (seed 0) and name the first tensor whose values differ")
+    compared.add_argument(
+        "--values",
+        action="store_true",
+        help="also run both (seed 0): each tensor whose values differ, the first named, with its max abs and relative difference",
+    )
     compared.add_argument("--json", action="store_true", help="print the differences as JSON")
     compared.add_argument(
         "--html", metavar="PAGE", type=_output_name, help="also write the two side by side as one offline HTML page (PAGE.html)"
@@ -687,13 +702,19 @@ def _example(name: str, sizes: tuple[int, ...], kind: str, torch):
 
 
 def _diff(args) -> int:
-    a, b = load(args.files[0]), load(args.files[1])
-    found = diff(a, b, values=args.values)
-    if args.html:
-        write_atomic(args.html, diff_page(a, b, found), reads=args.files)
-        print(f"wrote {printable(args.html)}", file=sys.stderr)
+    """Exit as diff(1) does: 0 the same pipeline (names aside), 1 they differ, 2 trouble (a file
+    that does not load or check, a run that fails, a page that cannot be written)."""
+    try:
+        a, b = load(args.files[0]), load(args.files[1])
+        found = diff(a, b, values=args.values)
+        if args.html:
+            write_atomic(args.html, diff_page(a, b, found), reads=args.files)
+            print(f"wrote {printable(args.html)}", file=sys.stderr)
+    except TracerError as exc:
+        print(exc, file=sys.stderr)
+        return DIFF_TROUBLE
     print(diff_json(found) if args.json else format_diff(found))
-    return 0
+    return 0 if found.same else 1
 
 
 def _version() -> str:

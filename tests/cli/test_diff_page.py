@@ -42,7 +42,7 @@ def _variant(tmp_path, name="b.yaml"):
 def test_the_page_has_a_row_per_pair_marked_as_the_text_diff_marks_it_and_no_script(tmp_path):
     page = tmp_path / "diff.html"
     done = tracer_cli("diff", str(MHA), str(_variant(tmp_path)), "--values", "--html", str(page))
-    assert done.returncode == 0, done.stderr
+    assert done.returncode == 1, done.stderr
     text = page.read_text()
     parsed = Rows()
     parsed.feed(text)
@@ -51,7 +51,7 @@ def test_the_page_has_a_row_per_pair_marked_as_the_text_diff_marks_it_and_no_scr
     steps = [r for r in parsed.rows if r is not None]
     assert len(steps) == 19 and steps.count("renamed") == 2 and steps.count("added") == 1
     assert steps.count("changed") == 1 and steps[-1] == "added"  # the new last step, after its predecessor
-    assert "<td>dim -1 -&gt; -2</td>" in text and "values: the first tensor that differs is &#x27;weights&#x27;" in text
+    assert "<td>dim -1 -&gt; -2</td>" in text and "values: the first tensor that differs is &#x27;weights&#x27; (max abs" in text
 
 
 def test_a_hostile_file_name_is_text_on_the_page_in_chromium(tmp_path):

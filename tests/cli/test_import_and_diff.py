@@ -105,10 +105,11 @@ def test_diff_names_changed_fields_shapes_params_and_the_first_divergent_tensor(
     changed = MHA.read_text().replace("{id: weights, op: softmax, dim: -1", "{id: weights, op: softmax, dim: -2")
     (tmp_path / "b.yaml").write_text(changed)
     done = tracer_cli("diff", str(MHA), str(tmp_path / "b.yaml"), "--values")
-    assert done.returncode == 0, done.stderr
-    assert "~ step weights: dim -1 -> -2" in done.stdout and "values: the first tensor that differs is 'weights'" in done.stdout
-    data = json.loads(tracer_cli("diff", str(MHA), str(MHA), "--json").stdout)
-    assert data["same"] and data["totals"]["flops"][0] == data["totals"]["flops"][1] > 0
+    assert done.returncode == 1, done.stderr  # as diff(1): 1 when they differ
+    assert "~ step weights: dim -1 -> -2" in done.stdout and "values: the first tensor that differs is 'weights' (max abs " in done.stdout
+    same = tracer_cli("diff", str(MHA), str(MHA), "--json")
+    data = json.loads(same.stdout)
+    assert same.returncode == 0 and data["same"] and data["totals"]["flops"][0] == data["totals"]["flops"][1] > 0
 
 
 def test_diff_pairs_renamed_steps_and_params_by_structure_and_compares_values_through_the_pairs(tmp_path):
@@ -153,4 +154,4 @@ def test_diff_reads_equivalent_spellings_of_axes_as_the_same_step(tmp_path, old,
 def test_diff_still_reports_a_permute_that_moves_three_axes(tmp_path):
     (tmp_path / "b.yaml").write_text(MHA.read_text().replace(K_T, "op: permute, input: k_h, dims: [0, 3, 1, 2]"))
     data = json.loads(tracer_cli("diff", str(MHA), str(tmp_path / "b.yaml"), "--json").stdout)
-    assert data["removed"] == ["k_t: transpose"] and data["added"] == ["k_t: permute"] and not data["same"]
+    assert data["changed_op"] == ["k_t: transpose -> permute"] and data["removed"] == data["added"] == [] and not data["same"]

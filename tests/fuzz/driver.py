@@ -12,6 +12,7 @@ from pathlib import Path
 
 from tests.fuzz.generators import STRATEGIES, pick_strategy
 from tests.fuzz.oracle import Outcome, run_case
+from tests.fuzz.pairs import run_pair
 from tests.fuzz.pools import known_ops
 
 MEMORY_LIMIT = 8 * 1024**3  # address space of a campaign (torch itself reserves about 1 GiB)
@@ -29,6 +30,8 @@ def run_one(seed: int | str, index: int, folder: Path) -> tuple[str, bytes, Outc
         strategy, data, rng = make_case(seed, index)
     except Exception as exc:
         return "generator", b"", Outcome("crash", f"the generator failed: {type(exc).__name__}: {exc}\n{traceback.format_exc(limit=-6)}")
+    if strategy == "diff":  # a pair of files, not one
+        return strategy, data, run_pair(data, folder, rng)
     return strategy, data, run_case(data, folder, rng, cpu=True, cli=rng.random() < 0.08)  # every small runnable case runs for real
 
 

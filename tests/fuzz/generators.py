@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 from tests.fuzz.mutations import GENTLE, MUTATIONS, field_value, t_bytes, t_insert, t_lines, t_truncate
+from tests.fuzz.pairs import gen_diff
 from tests.fuzz.pools import (
     HOSTILE_EXPRS,
     HUGE,
@@ -323,7 +324,7 @@ def _renamed(node: Any, names: dict[str, str]) -> Any:
 
 
 STRATEGIES: dict[str, tuple[Callable, float]] = {
-    "typed": (gen_typed, 0.30),  # well-typed: most of the campaign's runnable cases
+    "typed": (gen_typed, 0.26),  # well-typed: most of the campaign's runnable cases
     "mutated": (gen_mutated, 0.16),
     "gentle": (gen_gentle, 0.1),
     "text": (gen_text_mutated, 0.07),
@@ -333,6 +334,7 @@ STRATEGIES: dict[str, tuple[Callable, float]] = {
     "bytes": (gen_random_bytes, 0.05),
     "hostile": (gen_hostile, 0.04),
     "named": (gen_named, 0.05),  # risky names, exported and compared with the run
+    "diff": (gen_diff, 0.04),  # two pipelines and `tracer diff`'s verdict on them (judged by tests.fuzz.pairs)
 }
 
 

@@ -291,24 +291,30 @@ def _render(trace, rng) -> None:
         check_lines(str(exc), trace.analysis.source.file)
 
 
-def _exercise_cli(path: Path, rng) -> None:
+def cli(argv: list[str]) -> tuple[int, str, str]:
+    """``tracer ARGV`` in this process: its exit status, stdout and stderr."""
     from tracer.cli import main
 
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main(argv)
+        except SystemExit as exc:  # argparse usage errors
+            code = exc.code
+    return code, out.getvalue(), err.getvalue()
+
+
+def _exercise_cli(path: Path, rng) -> None:
     name = str(path)
     commands = [["check", name], ["run", name, "--device", "meta", "--json"]]
     if rng.random() < 0.3:
         commands.append(["run", name, "--device", "meta", "--dim", f"{rng.choice(['T', 'B', 'H', 'x'])}={rng.choice([0, 1, 2**62])}"])
     for argv in commands:
-        out, err = io.StringIO(), io.StringIO()
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            try:
-                code = main(argv)
-            except SystemExit as exc:  # argparse usage errors
-                code = exc.code
+        code, _, err = cli(argv)
         if code not in (0, 1, 2):
-            raise OracleFailure(f"`tracer {' '.join(argv)}` exited {code}: {err.getvalue()[-2000:]}")
+            raise OracleFailure(f"`tracer {' '.join(argv)}` exited {code}: {err[-2000:]}")
         if code == 1:
             try:
-                check_lines(err.getvalue(), name)
+                check_lines(err, name)
             except OracleFailure as bad:
                 raise OracleFailure(f"`tracer {' '.join(argv)}`: {bad}") from None

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.fuzz import driver, generators, oracle
+from tests.fuzz import driver, generators, oracle, pairs
 
 CI = settings(deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck))
 
@@ -47,6 +47,16 @@ def test_generated_cases_end_in_success_or_a_located_error(strategy, tmp_path_fa
         _check(getattr(generators, f"gen_{strategy}"), rnd, tmp_path_factory)
 
     case()
+
+
+@settings(CI, max_examples=12)
+@given(rnd=st.randoms(use_true_random=False))
+def test_diff_pairs_get_a_true_verdict_and_exit_0_1_or_2(rnd, tmp_path_factory):
+    """A renamed copy is the same pipeline, a change in a block file is named inside its copies, a
+    stack of another depth is one repeat line, and 'the same' is never said of different outputs."""
+    data = pairs.gen_diff(rnd)
+    outcome = pairs.run_pair(data, tmp_path_factory.mktemp("pair", numbered=True), rnd)
+    assert outcome.kind not in ("crash", "hang"), f"{outcome.kind} on:\n{data.decode()[:3000]}\n{outcome.detail}"
 
 
 @settings(CI, max_examples=25)
