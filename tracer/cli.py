@@ -488,14 +488,19 @@ def _weights(args, pipeline, analysis) -> dict:
     check_budget(analysis, args.device, args.max_memory)  # a run that would be refused reads no weights
     budget = args.max_memory if args.max_memory is not None else default_budget(args.device)[0]
     if _is_folder(args.weights):
-        return checkpoints.read_params(pipeline, args.weights, args.layer, budget, dict(args.dim))
-    mapping = weights.read_map(args.weights_map) if args.weights_map else None
-    declared = takes(analysis, "params")
-    # read only what some param takes: a key the map drops, or that no param has, is never read
-    state = weights.read(args.weights, max_bytes=budget, wanted=lambda key: any(map(declared, weights.targets(mapping, key))))
-    if mapping is not None:
-        state = weights.rename(state, mapping)
-    return match(analysis, state, "params", f"--weights {printable(args.weights)}", complete=True)
+        params = checkpoints.read_params(pipeline, args.weights, args.layer, budget, dict(args.dim))
+    else:
+        mapping = weights.read_map(args.weights_map) if args.weights_map else None
+        declared = takes(analysis, "params")
+        # read only what some param takes: a key the map drops, or that no param has, is never read
+        state = weights.read(args.weights, max_bytes=budget, wanted=lambda key: any(map(declared, weights.targets(mapping, key))))
+        if mapping is not None:
+            state = weights.rename(state, mapping)
+        params = match(analysis, state, "params", f"--weights {printable(args.weights)}", complete=True)
+    layer = "" if args.layer is None else f", layer {args.layer}"
+    size = human_bytes(sum(weights.nbytes(tensor) for tensor in params.values()))
+    print(f"params: {len(params)} tensors ({size}) from {printable(args.weights)}{layer}", file=sys.stderr)
+    return params
 
 
 def _running(analysis, quiet: bool):
