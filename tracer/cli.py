@@ -187,13 +187,7 @@ def _parser() -> argparse.ArgumentParser:
         help="show a group as one row, as render --collapse draws it as one node: a group name, a group path or a glob; repeatable",
     )
     run.add_argument("--device", default="cpu", type=_device, help="torch device: cpu, cuda, meta (default: cpu)")
-    run.add_argument(
-        "--max-memory",
-        type=_size,
-        metavar="SIZE",
-        help="refuse a real run whose estimated peak exceeds SIZE, e.g. 8GiB or 500MB "
-        "(default: half of the available RAM; --device meta allocates nothing)",
-    )
+    _max_memory_option(run)
     run.add_argument(
         "--weights",
         metavar="W",
@@ -243,6 +237,7 @@ def _parser() -> argparse.ArgumentParser:
         "--expand", action="store_true", help="draw every copy of a repeated block (default: the first copy and one ×N node for the rest)"
     )
     render.add_argument("--device", default="cpu", type=_device, help="torch device for the run (meta: no memory)")
+    _max_memory_option(render)
     render.add_argument("--seed", type=int, help="override the pipeline's seed (the values --values shows)")
     render.add_argument(
         "--rankdir", choices=("TB", "LR"), default="TB", help="the diagram's direction: TB top to bottom (default), LR left to right"
@@ -314,6 +309,7 @@ def _parser() -> argparse.ArgumentParser:
     compared.add_argument("files", nargs=2, metavar="FILE", help="the two pipeline files (YAML), the first as the baseline")
     compared.add_argument("--values", action="store_true", help="also run both (seed 0) and name the first tensor whose values differ")
     compared.add_argument("--json", action="store_true", help="print the differences as JSON")
+    _max_memory_option(compared)
     compared.add_argument(
         "--html", metavar="PAGE", type=_output_name, help="also write the two side by side as one offline HTML page (PAGE.html)"
     )
@@ -339,6 +335,16 @@ def _parser() -> argparse.ArgumentParser:
 def _help(parser: argparse.ArgumentParser, commands, topic: str | None) -> int:
     (commands.choices[topic] if topic else parser).print_help()
     return 0
+
+
+def _max_memory_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--max-memory",
+        type=_size,
+        metavar="SIZE",
+        help="refuse a real run whose estimated peak, the values it keeps included, exceeds SIZE, e.g. 8GiB or 500MB "
+        "(default: half of the available RAM; --device meta allocates nothing)",
+    )
 
 
 def _quiet_option(parser: argparse.ArgumentParser) -> None:
@@ -401,14 +407,14 @@ def _run(args) -> int:
 
     pipeline = _pipeline_to_run(args)
     analysis = pipeline.check(dict(args.dim))
-    keep_values = args.values is not None
+    keep_values = _kept_values(args)
     if args.values:
         _check_record_id(analysis, args.values, args.file)
     groups = list(dict.fromkeys(node.step.group for node in analysis.nodes.values() if node.step.group))
     collapse_keys(groups, tuple(args.collapse), args.file)  # an unknown group, before the run
     if args.output:
         check_output(args.output, _reads(args, analysis), args.file)  # before the run: never the files it reads
-    params = _weights(args, pipeline, analysis) if args.weights or args.weights_map else None
+    params = _weights(args, pipeline, analysis, keep_values) if args.weights or args.weights_map else None
     with _running(analysis, args.quiet) as progress:
         trace = pipeline.run(
             dims=dict(args.dim),
@@ -423,19 +429,26 @@ def _run(args) -> int:
     for warning in trace.analysis.warnings + list(trace.value_warnings):
         print(warning, file=sys.stderr)
     if args.output:
-        text = trace.to_json(values=keep_values) if args.json else _table(trace, args, args.width) + "\n" + trace.peak_line()
+        text = trace.to_json(values=keep_values is True) if args.json else _table(trace, args, args.width) + "\n" + trace.peak_line()
         written = write_atomic(args.output, text + chr(10), error_file=args.file, reads=_reads(args, analysis))
         print(f"wrote {printable(written)}", file=sys.stderr)
         return 0
     if args.json:
-        print(trace.to_json(values=keep_values))
+        print(trace.to_json(values=keep_values is True))
         return 0
     print(_table(trace, args, args.width or _terminal_width()))
     print(trace.peak_line())
-    shown = [trace[args.values]] if args.values else trace.records if keep_values else []
+    shown = [trace[args.values]] if args.values else trace.records if keep_values is True else []
     for record in shown:
         print(f"\n{record.id} {record.symbolic}:\n{record.tensor}")
     return 0
+
+
+def _kept_values(args) -> bool | list[str]:
+    """What the run keeps: every tensor (``--values``, or ``--values ID --json``), one (``--values ID``), or none."""
+    if args.values is None:
+        return False
+    return True if args.json or not args.values else [args.values]
 
 
 def _check_record_id(analysis, record_id: str, file: str) -> None:
@@ -480,12 +493,12 @@ def _is_folder(path: str | None) -> bool:
     return path is not None and os.path.isdir(path)
 
 
-def _weights(args, pipeline, analysis) -> dict:
+def _weights(args, pipeline, analysis, keep_values: bool | list[str]) -> dict:
     """Every param from the checkpoint (renamed by the map): unknown, missing and mis-shaped keys together."""
 
     if args.weights_map and not args.weights:
         raise TracerError(Diagnostic(args.weights_map, None, "weights-map", "--weights-map renames the keys of --weights: give both"))
-    check_budget(analysis, args.device, args.max_memory)  # a run that would be refused reads no weights
+    check_budget(analysis, args.device, args.max_memory, keep_values)  # a run that would be refused reads no weights
     budget = args.max_memory if args.max_memory is not None else default_budget(args.device)[0]
     if _is_folder(args.weights):
         params = checkpoints.read_params(pipeline, args.weights, args.layer, budget, dict(args.dim))
@@ -584,7 +597,13 @@ def _draw(args) -> int:
     with _running(analysis, args.quiet) as progress:
         observe = _with_progress(None, progress)
         trace = pipeline.run(
-            dims=dict(args.dim), device=args.device, seed=args.seed, keep_values=args.values, observe=observe, check_values=True
+            dims=dict(args.dim),
+            device=args.device,
+            seed=args.seed,
+            keep_values=args.values,
+            max_memory=args.max_memory,
+            observe=observe,
+            check_values=True,
         )
     options = outputs.Options(
         collapse=tuple(args.collapse),
@@ -686,6 +705,9 @@ def _example(name: str, sizes: tuple[int, ...], kind: str, torch):
 
 def _diff(args) -> int:
     a, b = load(args.files[0]), load(args.files[1])
+    if args.values:  # both runs keep every tensor: each is held against the budget before either runs
+        for pipeline in (a, b):
+            check_budget(pipeline.check(), "cpu", args.max_memory, keep_values=True)
     found = diff(a, b, values=args.values)
     if args.html:
         write_atomic(args.html, diff_page(a, b, found), reads=args.files)
