@@ -32,6 +32,7 @@ class Pipeline:
     def __init__(self, spec: PipelineSpec, source: SourceMap):
         self.spec, self.source = spec, source
         self.files: dict[str, str] | None = None  # generated files (tracer.from_module): name -> text, the main one first
+        self.files_named: Callable[[str], dict[str, str]] | None = None  # the same files, named after another main file
         self._analyses: dict[tuple, Analysis] = {}
         self._plans: dict[tuple, Any] = {}
         self._tensors: dict[tuple, tuple[dict, Any]] = {}
@@ -134,15 +135,15 @@ class Pipeline:
 
     def to_yaml(self, path: str | Path | None = None) -> str:
         """The pipeline's YAML text; with ``path``, also written there (atomically), and the block
-        files an imported pipeline includes written beside it under their own names."""
+        files an imported pipeline includes written beside it, named after it (``OUT_layers.yaml``)."""
         texts = self.files or {Path(self.path).name: Path(self.path).read_text()}
-        main = next(iter(texts))
         if path is not None:
             path = Path(path)
+            texts = self.files_named(path.stem) if self.files else texts
             reads = [] if self.files else [self.path]
             for name, text in texts.items():
-                write_atomic(path if name == main else path.parent / name, text, reads=reads)
-        return texts[main]
+                write_atomic(path if name == next(iter(texts)) else path.parent / name, text, reads=reads)
+        return next(iter(texts.values()))
 
     def __repr__(self) -> str:
         return f"<Pipeline {self.name!r} from {self.path}: {len(self.spec.steps)} steps>"

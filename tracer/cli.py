@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import difflib
 import functools
 import math
@@ -22,7 +23,7 @@ from .core.formatting import human_bytes
 from .diff import diff, diff_json, diff_page, format_diff
 from .presentation import outputs
 from .presentation.export import export_source
-from .presentation.files import check_output, write_atomic
+from .presentation.files import OutputExists, Writes
 from .presentation.folding import collapse_keys
 from .presentation.graphviz import chosen_renderer, find_renderer
 from .presentation.progress import Progress
@@ -48,6 +49,9 @@ def main(argv: list[str] | None = None) -> int:
 def _handle(args) -> int:
     try:
         return args.handler(args)
+    except OutputExists as exc:  # the command line must say that it may replace the file: a usage error
+        print(exc, file=sys.stderr)
+        return 2
     except TracerError as exc:
         print(exc, file=sys.stderr)
         return 1
@@ -188,6 +192,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--device", default="cpu", type=_device, help="torch device: cpu, cuda, meta (default: cpu)")
     _max_memory_option(run)
+    _force_option(run)
     run.add_argument(
         "--weights",
         metavar="W",
@@ -238,6 +243,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     render.add_argument("--device", default="cpu", type=_device, help="torch device for the run (meta: no memory)")
     _max_memory_option(render)
+    _force_option(render)
     render.add_argument("--seed", type=int, help="override the pipeline's seed (the values --values shows)")
     render.add_argument(
         "--rankdir", choices=("TB", "LR"), default="TB", help="the diagram's direction: TB top to bottom (default), LR left to right"
@@ -276,6 +282,7 @@ def _parser() -> argparse.ArgumentParser:
     export.add_argument("file", metavar="FILE", help=FILE_HELP)
     export.add_argument("-o", "--output", metavar="OUT", type=_output_name, help="the .py file to write, atomically (default: stdout)")
     _dims_option(export)
+    _force_option(export)
     export.set_defaults(handler=_export)
 
     imported = commands.add_parser(
@@ -295,8 +302,14 @@ def _parser() -> argparse.ArgumentParser:
     )
     _dims_option(imported)
     imported.add_argument(
-        "-o", "--output", metavar="OUT", type=_output_name, required=True, help="the .yaml file to write (and its block files beside it)"
+        "-o",
+        "--output",
+        metavar="OUT",
+        type=_output_name,
+        required=True,
+        help="the .yaml file to write (and its block files beside it, named after it: OUT_layers.yaml)",
     )
+    _force_option(imported)
     imported.set_defaults(handler=_import)
 
     compared = commands.add_parser(
@@ -310,6 +323,7 @@ def _parser() -> argparse.ArgumentParser:
     compared.add_argument("--values", action="store_true", help="also run both (seed 0) and name the first tensor whose values differ")
     compared.add_argument("--json", action="store_true", help="print the differences as JSON")
     _max_memory_option(compared)
+    _force_option(compared)
     compared.add_argument(
         "--html", metavar="PAGE", type=_output_name, help="also write the two side by side as one offline HTML page (PAGE.html)"
     )
@@ -344,6 +358,14 @@ def _max_memory_option(parser: argparse.ArgumentParser) -> None:
         metavar="SIZE",
         help="refuse a real run whose estimated peak, the values it keeps included, exceeds SIZE, e.g. 8GiB or 500MB "
         "(default: half of the available RAM; --device meta allocates nothing)",
+    )
+
+
+def _force_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--force",
+        action="store_true",
+        help="replace an existing output that tracer did not write (never a file the command reads: the pipeline, its blocks, weights)",
     )
 
 
@@ -412,8 +434,9 @@ def _run(args) -> int:
         _check_record_id(analysis, args.values, args.file)
     groups = list(dict.fromkeys(node.step.group for node in analysis.nodes.values() if node.step.group))
     collapse_keys(groups, tuple(args.collapse), args.file)  # an unknown group, before the run
+    writes = _writes(args, analysis)
     if args.output:
-        check_output(args.output, _reads(args, analysis), args.file)  # before the run: never the files it reads
+        writes.check(args.output, "json" if args.json else "text")  # before the run: never the files it reads
     params = _weights(args, pipeline, analysis, keep_values) if args.weights or args.weights_map else None
     with _running(analysis, args.quiet) as progress:
         trace = pipeline.run(
@@ -430,8 +453,8 @@ def _run(args) -> int:
         print(warning, file=sys.stderr)
     if args.output:
         text = trace.to_json(values=keep_values is True) if args.json else _table(trace, args, args.width) + "\n" + trace.peak_line()
-        written = write_atomic(args.output, text + chr(10), error_file=args.file, reads=_reads(args, analysis))
-        print(f"wrote {printable(written)}", file=sys.stderr)
+        writes.write(args.output, text + chr(10), "json" if args.json else "text")
+        _list_written(writes)
         return 0
     if args.json:
         print(trace.to_json(values=keep_values is True))
@@ -464,9 +487,30 @@ def _check_record_id(analysis, record_id: str, file: str) -> None:
 
 
 def _reads(args, analysis) -> list[str]:
-    """Every file this command reads: none of them may be its output."""
+    """Every file this command reads: none of them may be its output (a weights folder: every file in it)."""
     given = [getattr(args, "weights", None), getattr(args, "weights_map", None)]
-    return outputs.read_files(analysis) + [f for f in given if f]
+    return outputs.read_files(analysis) + [path for f in given if f for path in _files_of(f)]
+
+
+def _files_of(path: str) -> list[str]:
+    """``path``, or every entry of it when it is a folder (a save_pretrained folder's config, index and shards)."""
+    if not _is_folder(path):
+        return [path]
+    try:
+        return [path, *(entry.path for entry in os.scandir(path))]
+    except OSError:  # unreadable: reading it fails with its own located error
+        return [path]
+
+
+def _writes(args, analysis) -> Writes:
+    """What this command may write: never a file it reads, and an existing file only when tracer
+    wrote it (or with --force)."""
+    return Writes(_reads(args, analysis), force=args.force, error_file=args.file)
+
+
+def _list_written(writes: Writes, stream=None) -> None:
+    for path in writes.written:
+        print(f"wrote {printable(path)}", file=stream or sys.stderr)
 
 
 def _pipeline_to_run(args) -> Pipeline:
@@ -593,7 +637,8 @@ def _draw(args) -> int:
         find_renderer(args.file, "the html report" if fmt.name == "html" else fmt.name)
     pipeline = _load_unchecked(args.file)
     analysis = pipeline.check(dict(args.dim))
-    check_output(output, _reads(args, analysis), args.file)  # before the run: never the files it reads
+    writes = _writes(args, analysis)
+    writes.check(output, fmt.name)  # before the run: never the files it reads
     with _running(analysis, args.quiet) as progress:
         observe = _with_progress(None, progress)
         trace = pipeline.run(
@@ -614,22 +659,23 @@ def _draw(args) -> int:
         tokens=tuple(args.tokens.split()),
     )
     with Progress(f"drawing {output.name}", quiet=args.quiet).ticking():
-        written = outputs.write(trace, output, fmt, options)  # with values: heatmaps in softmax nodes
-    print(f"wrote {printable(written)}")
+        outputs.write(trace, output, fmt, options, writes)  # with values: heatmaps in softmax nodes
+    _list_written(writes, sys.stdout)
     return 0
 
 
 def _export(args) -> int:
 
     pipeline = _load_unchecked(args.file)
-    reads = _reads(args, pipeline.check(dict(args.dim))) if args.output else []
-    if args.output:
-        check_output(args.output, reads, args.file)
+    writes = _writes(args, pipeline.check(dict(args.dim))) if args.output else None
+    if writes is not None:
+        writes.check(args.output, "python")
     source = export_source(pipeline, dict(args.dim))
-    if not args.output:
+    if writes is None:
         sys.stdout.write(source)
         return 0
-    print(f"wrote {printable(write_atomic(args.output, source, error_file=args.file, reads=reads))}", file=sys.stderr)
+    writes.write(args.output, source, "python")
+    _list_written(writes)
     return 0
 
 
@@ -653,12 +699,31 @@ def _import(args) -> int:
     from .importing import difference, from_module
 
     module = _built_module(args.target, args.args, torch)
+    writes = Writes(_sources(module, args.target), force=args.force, error_file=args.target)
+    writes.check(args.output, "yaml")  # before the capture: never the module's own source
     inputs = {name: _example(name, sizes, kind, torch) for name, sizes, kind in args.input}
     pipeline = from_module(module, dims=dict(args.dim) or None, **inputs)
-    pipeline.to_yaml(args.output)
-    print(f"wrote {printable(args.output)}", file=sys.stderr)
+    texts = pipeline.files_named(Path(args.output).stem)  # block files named after the output: OUT_layers.yaml
+    targets = {name: Path(args.output) if name == next(iter(texts)) else Path(args.output).parent / name for name in texts}
+    for target in targets.values():  # every one checked before any is written
+        writes.check(target, "yaml")
+    for name, target in targets.items():
+        writes.write(target, texts[name], "yaml")
+    _list_written(writes)
     print(f"max |pipeline - module| on the module's weights: {difference(pipeline, module, **inputs):.3g}")
     return 0
+
+
+def _sources(module, target: str) -> list[str]:
+    """The Python files the imported module comes from (its class's module, the factory's): inputs, never outputs."""
+    import inspect
+
+    found = {getattr(sys.modules.get(target.partition(":")[0]), "__file__", None)}
+    for cls in type(module).__mro__:
+        if cls.__module__ != "builtins" and not cls.__module__.startswith("torch."):
+            with contextlib.suppress(TypeError, OSError):  # a class made at run time has no file
+                found.add(inspect.getsourcefile(cls))
+    return sorted(path for path in found if path)
 
 
 def _built_module(target: str, given_args: str, torch):
@@ -705,13 +770,16 @@ def _example(name: str, sizes: tuple[int, ...], kind: str, torch):
 
 def _diff(args) -> int:
     a, b = load(args.files[0]), load(args.files[1])
+    writes = Writes(outputs.read_files(a.check()) + outputs.read_files(b.check()), force=args.force, error_file=args.files[1])
+    if args.html:
+        writes.check(args.html, "diff")  # before the runs: never a file either pipeline reads (its blocks too)
     if args.values:  # both runs keep every tensor: each is held against the budget before either runs
         for pipeline in (a, b):
             check_budget(pipeline.check(), "cpu", args.max_memory, keep_values=True)
     found = diff(a, b, values=args.values)
     if args.html:
-        write_atomic(args.html, diff_page(a, b, found), reads=args.files)
-        print(f"wrote {printable(args.html)}", file=sys.stderr)
+        writes.write(args.html, diff_page(a, b, found), "diff")
+        _list_written(writes)
     print(diff_json(found) if args.json else format_diff(found))
     return 0
 
