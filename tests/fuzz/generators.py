@@ -6,6 +6,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+from tests.fuzz.folders import gen_checkpoint, gen_import
 from tests.fuzz.mutations import GENTLE, MUTATIONS, field_value, t_bytes, t_insert, t_lines, t_truncate
 from tests.fuzz.pools import (
     HOSTILE_EXPRS,
@@ -324,7 +325,7 @@ def _renamed(node: Any, names: dict[str, str]) -> Any:
 
 STRATEGIES: dict[str, tuple[Callable, float]] = {
     "typed": (gen_typed, 0.30),  # well-typed: most of the campaign's runnable cases
-    "mutated": (gen_mutated, 0.16),
+    "mutated": (gen_mutated, 0.12),
     "gentle": (gen_gentle, 0.1),
     "text": (gen_text_mutated, 0.07),
     "dims": (gen_dims, 0.08),
@@ -333,6 +334,8 @@ STRATEGIES: dict[str, tuple[Callable, float]] = {
     "bytes": (gen_random_bytes, 0.05),
     "hostile": (gen_hostile, 0.04),
     "named": (gen_named, 0.05),  # risky names, exported and compared with the run
+    "checkpoint": (gen_checkpoint, 0.03),  # a hostile save_pretrained folder through run --weights (tests/fuzz/folders.py)
+    "import": (gen_import, 0.01),  # tracer import onto taken names, with class names that are paths
 }
 
 
