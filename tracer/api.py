@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from .analysis.expect import Layout, check_expectations
 from .analysis.memory import check_budget
 from .analysis.shapes import Analysis, analyze
-from .core.errors import Diagnostic, ExpectationError, TracerError
+from .core.errors import Diagnostic, ExpectationError, TracerError, printable
 from .presentation.files import write_atomic
 from .presentation.notebook import pipeline_html
 from .presentation.trace import Trace
@@ -31,6 +32,7 @@ class Pipeline:
     def __init__(self, spec: PipelineSpec, source: SourceMap):
         self.spec, self.source = spec, source
         self.files: dict[str, str] | None = None  # generated files (tracer.from_module): name -> text, the main one first
+        self.files_named: Callable[[str], dict[str, str]] | None = None  # the same files, named after another main file
         self._analyses: dict[tuple, Analysis] = {}
         self._plans: dict[tuple, Any] = {}
         self._tensors: dict[tuple, tuple[dict, Any]] = {}
@@ -54,7 +56,7 @@ class Pipeline:
         self,
         dims: Mapping[str, int] | None = None,
         seed: int | None = None,
-        keep_values: bool = False,
+        keep_values: bool | Collection[str] = False,
         device: str = "cpu",
         tensors: Mapping[str, Any] | None = None,
         max_memory: int | str | None = None,
@@ -75,19 +77,23 @@ class Pipeline:
         (``tracer.runtime.watch.ValueRows``): the trace's ``value_rows`` and ``value_warnings``, shown
         by its table, JSON, notebook view and report; ``tracer run`` always does.
 
-        A real run whose estimated peak (``analysis.peak_bytes``) exceeds ``max_memory`` (bytes or
-        ``'8GiB'``; default: half of the available RAM) raises ``TracerError`` before anything is
-        allocated; ``device='meta'`` traces every shape and stride without allocating at all: torch's
-        meta kernels run once per distinct step (a repeated block's later copies take the layouts
-        its first copy agreed with, a few microseconds a tensor), or for every step with
-        ``meta_kernels=True``.
+        ``keep_values`` keeps every tensor's values in the trace (``True``) or only those of the
+        tensor ids it lists (``["scores"]``: the others are freed after their last use, as without).
+
+        A real run whose estimated peak (``analysis.peak_bytes``, plus every kept tensor held to the
+        end) exceeds ``max_memory`` (bytes or ``'8GiB'``; default: half of the available RAM) raises
+        ``TracerError`` before anything is allocated; ``device='meta'`` traces every shape and
+        stride without allocating at all: torch's meta kernels run once per distinct step (a
+        repeated block's later copies take the layouts its first copy agreed with, a few
+        microseconds a tensor), or for every step with ``meta_kernels=True``.
         """
         analysis = self.check(dims)
         analysis.raise_errors()
         problem = device_problem(device)
         if problem is not None:
             raise TracerError(Diagnostic(self.path, None, "device", problem))
-        check_budget(analysis, device, max_memory)
+        kept = _kept(analysis, keep_values)
+        check_budget(analysis, device, max_memory, kept)
         seed = self.spec.seed if seed is None else seed
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not SEED_MIN <= seed <= SEED_MAX):
             raise TracerError(
@@ -117,8 +123,13 @@ class Pipeline:
         if given:
             created = with_given(created, given, plan.device)
         watch = ValueRows(analysis) if check_values else None
-        records, outputs, as_predicted = plan.run(created, keep_values, _both(watch, observe))
-        trace = Trace(self, analysis, records, outputs, seed, keep_values, as_predicted=as_predicted)
+        if isinstance(kept, bool):
+            records, outputs, as_predicted = plan.run(created, kept, _both(watch, observe))
+        else:
+            found = {rid: created[rid] for rid in kept if rid in created}  # inputs and params live for the whole run
+            records, outputs, as_predicted = plan.run(created, False, _both(_both(watch, observe), _keeping(kept, found)))
+            records = [replace(record, tensor=found[record.id]) if record.id in found else record for record in records]
+        trace = Trace(self, analysis, records, outputs, seed, kept, as_predicted=as_predicted)
         if watch is not None:
             trace.value_rows, trace.value_warnings = watch.found, tuple(watch.warnings())
         if not as_predicted:  # otherwise the static check of expect: already covers this run
@@ -127,15 +138,15 @@ class Pipeline:
 
     def to_yaml(self, path: str | Path | None = None) -> str:
         """The pipeline's YAML text; with ``path``, also written there (atomically), and the block
-        files an imported pipeline includes written beside it under their own names."""
+        files an imported pipeline includes written beside it, named after it (``OUT_layers.yaml``)."""
         texts = self.files or {Path(self.path).name: Path(self.path).read_text()}
-        main = next(iter(texts))
         if path is not None:
             path = Path(path)
+            texts = self.files_named(path.stem) if self.files else texts
             reads = [] if self.files else [self.path]
             for name, text in texts.items():
-                write_atomic(path if name == main else path.parent / name, text, reads=reads)
-        return texts[main]
+                write_atomic(path if name == next(iter(texts)) else path.parent / name, text, reads=reads)
+        return next(iter(texts.values()))
 
     def __repr__(self) -> str:
         return f"<Pipeline {self.name!r} from {self.path}: {len(self.spec.steps)} steps>"
@@ -165,6 +176,30 @@ def _enforce_expectations(trace: Trace) -> None:
 
 def _dims_key(dims: Mapping[str, int] | None) -> tuple:
     return tuple(sorted(dims.items())) if dims else ()
+
+
+def _kept(analysis, keep_values: bool | Collection[str]) -> bool | frozenset[str]:
+    """``keep_values`` as the run takes it: a bool, or the record ids of the tensors named (each
+    a tensor of this run, or a located error)."""
+    if isinstance(keep_values, bool):
+        return keep_values
+    if isinstance(keep_values, str):
+        keep_values = [keep_values]
+    unknown = [name for name in keep_values if analysis.meta(name) is None]
+    if unknown:
+        message = f"keep_values names {printable(unknown[0])!r}, which is no tensor of this run"
+        raise TracerError(Diagnostic(analysis.source.file, None, "unknown-tensor", message))
+    return frozenset(analysis.record_of(name) for name in keep_values)
+
+
+def _keeping(kept: frozenset[str], found: dict) -> Callable[[str, Any], None]:
+    """An observer holding on to the kept tensors (their storage stays until the trace is dropped)."""
+
+    def keep(record_id: str, tensor) -> None:
+        if record_id in kept:
+            found[record_id] = tensor
+
+    return keep
 
 
 def _remember(cache: dict, key: tuple, value: Any) -> None:

@@ -21,17 +21,18 @@ from typing import Any
 from pydantic import ValidationError
 
 from .api import Pipeline
+from .core.dimexpr import MAX_VALUE
 from .core.errors import Diagnostic, TracerError
 from .core.formatting import human_bytes
 from .runtime.tensors import match
 from .spec.load import load_spec
 from .spec.pipeline import Checkpoint, Split
-from .spec.source import open_regular
-from .weights import rename
+from .spec.source import control_problem, one_line_field, open_regular
+from .weights import described_tensor, nbytes, reason, rename
 
 CONFIG, SINGLE, INDEX = "config.json", "model.safetensors", "model.safetensors.index.json"
+LAYER_COUNT = "num_hidden_layers"  # transformers' name for it in every decoder config it maps
 MAX_JSON = 16 * 2**20  # the shard index of a 400-shard model is about 2 MB
-_ITEM_BYTES = {"F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "F16": 2, "BF16": 2, "I16": 2, "U16": 2}  # else 1 byte
 _MISSING = object()
 
 
@@ -57,11 +58,12 @@ def bind(pipeline: Pipeline | str | Path, folder: str | Path, layer: int | None 
     if not isinstance(config, dict):
         raise TracerError(Diagnostic(str(config_path), None, "checkpoint", "expected a JSON object, as save_pretrained writes"))
     binder = _Binder(pipeline, config, str(config_path), layer)
+    binder.check_layer()
     dims = binder.dims(section.dims)
     steps = binder.fields(section.fields)
     binder.require(section.require)
     if binder.problems:
-        raise TracerError(binder.problems)
+        raise TracerError(binder.other_model(section) or binder.problems)
     return Pipeline(pipeline.spec.model_copy(update={"dims": dims, "steps": steps}), pipeline.source)
 
 
@@ -174,6 +176,14 @@ def _read_json(path: Path) -> Any:
         raise TracerError(Diagnostic(str(path), None, "weights-folder", f"is not JSON ({str(exc)[:200]})")) from None
 
 
+def _control_problem(value: Any, one_line: bool) -> str | None:
+    """The first text in a config value that breaks the control-character rule pipeline files follow."""
+    if isinstance(value, str):
+        return control_problem(value, one_line)
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    return next((p for key, item in items for p in [_control_problem(str(key), True), _control_problem(item, one_line)] if p), None)
+
+
 def _target(target: str | list[str] | Split | None) -> Any:
     """A map entry as :func:`tracer.weights.rename` takes it."""
     return target if target is None or isinstance(target, (str, list)) else target.model_dump()
@@ -188,6 +198,13 @@ class _Binder:
 
     def value(self, key: str, path: tuple) -> Any:
         """The config's value at a dotted key (``_MISSING``, with a problem, when there is none)."""
+        found = self.lookup(key)
+        if found is _MISSING:
+            self.problem(path, f"{self.config_name} has no '{key}'" + (f" (layer {self.layer})" if "{layer}" in key else ""))
+        return found
+
+    def lookup(self, key: str) -> Any:
+        """The config's value at a dotted key, ``_MISSING`` when there is none."""
         node: Any = self.config
         for part in key.replace("{layer}", str(self.layer)).split("."):
             if isinstance(node, dict) and part in node:
@@ -195,9 +212,33 @@ class _Binder:
             elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
                 node = node[int(part)]
             else:
-                self.problem(path, f"{self.config_name} has no '{key}'" + (f" (layer {self.layer})" if "{layer}" in key else ""))
                 return _MISSING
         return node
+
+    def check_layer(self) -> None:
+        """``--layer`` past the model's last, named with the model's layer count (not a config key
+        that layer lacks, nor a prefix no tensor has)."""
+        count = self.config.get(LAYER_COUNT)
+        if self.layer is not None and type(count) is int and not 0 <= self.layer < count:
+            layers = f"layers 0 to {count - 1}" if count > 1 else "only layer 0" if count == 1 else "no layers"
+            message = (
+                f"--layer {self.layer}: the model has {count} layers ({self.config_name} {LAYER_COUNT}: {count}); give one of {layers}"
+            )
+            raise TracerError(self.pipeline.source.error(("checkpoint", "prefix"), "checkpoint", message, prefer_key=True))
+
+    def other_model(self, section: Checkpoint) -> list[Diagnostic]:
+        """One problem instead of one per key when the config has none of the dims the section
+        reads: it describes another architecture, named by its ``model_type``."""
+        keys = list(section.dims)
+        if not keys or any(self.lookup(key) is not _MISSING for key in keys):
+            return []
+        model_type = self.config.get("model_type")
+        kind = f"a '{model_type}' model (model_type)" if isinstance(model_type, str) else "a model without a model_type"
+        message = (
+            f"{self.config_name} describes {kind}, with none of the keys this pipeline reads ({', '.join(keys)}): "
+            "it is another architecture; give the folder of a model this pipeline is written for"
+        )
+        return [self.pipeline.source.error(("checkpoint", "dims"), "checkpoint", message, prefer_key=True)]
 
     def problem(self, path: tuple, message: str) -> None:
         self.problems.append(self.pipeline.source.error(("checkpoint", *path), "checkpoint", message, prefer_key=True))
@@ -211,8 +252,10 @@ class _Binder:
             value = self.value(key, ("dims", key))
             if value is _MISSING:
                 continue
-            if type(value) is not int or value < 1:  # null too: a model without a sliding window is another pipeline
-                self.problem(("dims", key), f"{self.config_name} gives {key}: {json.dumps(value)}; dim '{dim}' needs a whole number ≥ 1")
+            if type(value) is not int or not 1 <= value <= MAX_VALUE:  # null too: a model without a sliding window is another pipeline
+                self.problem(
+                    ("dims", key), f"{self.config_name} gives {key}: {json.dumps(value)}; dim '{dim}' needs a whole number from 1 to 2**62"
+                )
                 continue
             dims[dim] = value
         return dims
@@ -238,6 +281,10 @@ class _Binder:
     def field(self, step, field: str, key: str, value: Any, where: tuple):
         """``step`` with ``field`` set to ``value``, validated as the file's own value would be."""
         written = step.model_dump(exclude_unset=True)
+        text = _control_problem(value, one_line_field(field))
+        if text:
+            self.problem(where, f"{self.config_name} gives {key} a text tracer does not show: {text}")
+            return step
         try:
             return type(step).model_validate({**written, field: value})
         except ValidationError as exc:
@@ -272,7 +319,7 @@ class _Shards:
         try:
             for shard, keys in by_shard.items():
                 opened.append((shard, keys, *self._open(shard)))
-            total = sum(_nbytes(handle, key) for _, keys, _, handle in opened for key in keys)
+            total = sum(nbytes(self._described(shard, handle, key)) for shard, keys, _, handle in opened for key in keys)
             if max_bytes is not None and total > max_bytes:
                 raise TracerError(
                     Diagnostic(
@@ -283,7 +330,7 @@ class _Shards:
                         f"{human_bytes(max_bytes)}; raise it with --max-memory",
                     )
                 )
-            return {key: handle.get_tensor(key).clone() for _, keys, _, handle in opened for key in keys}
+            return {key: self._tensor(shard, handle, key) for shard, keys, _, handle in opened for key in keys}
         finally:
             for _, _, fd, _ in opened:
                 os.close(fd)
@@ -363,14 +410,18 @@ class _Shards:
             return fd, safe_open(opened, framework="pt")
         except Exception as exc:  # a truncated file or a bad header: safetensors says which
             os.close(fd)
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise TracerError(Diagnostic(str(path), None, "weights-file", f"cannot read weights ({first[:200]})")) from None
+            raise TracerError(Diagnostic(str(path), None, "weights-file", f"cannot read weights ({reason(exc)})")) from None
 
+    def _described(self, shard: str, handle: Any, key: str) -> Any:
+        """``key``'s shape and dtype from the shard's header: the index may name a shard that lacks it."""
+        path = str(self.folder / shard)
+        if key not in handle.keys():
+            message = f"does not hold the tensor '{key}', which {INDEX} says it holds"
+            raise TracerError(Diagnostic(path, None, "weights-folder", message))
+        return described_tensor(path, key, handle)
 
-def _nbytes(handle: Any, key: str) -> int:
-    """A tensor's bytes from the safetensors header, before it is read."""
-    piece = handle.get_slice(key)
-    count = 1
-    for size in piece.get_shape():
-        count *= size
-    return count * _ITEM_BYTES.get(piece.get_dtype(), 1)
+    def _tensor(self, shard: str, handle: Any, key: str) -> Any:
+        try:
+            return handle.get_tensor(key).clone()
+        except Exception as exc:  # bytes the header promised and the file does not hold, or cannot convert
+            raise TracerError(Diagnostic(str(self.folder / shard), None, "weights-file", f"cannot read '{key}' ({reason(exc)})")) from None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import difflib
 import functools
 import math
@@ -22,7 +23,7 @@ from .core.formatting import human_bytes
 from .diff import diff, diff_json, diff_page, format_diff
 from .presentation import outputs
 from .presentation.export import export_source
-from .presentation.files import check_output, write_atomic
+from .presentation.files import OutputExists, Writes
 from .presentation.folding import collapse_keys
 from .presentation.graphviz import chosen_renderer, find_renderer
 from .presentation.progress import Progress
@@ -49,6 +50,9 @@ def main(argv: list[str] | None = None) -> int:
 def _handle(args) -> int:
     try:
         return args.handler(args)
+    except OutputExists as exc:  # the command line must say that it may replace the file: a usage error
+        print(exc, file=sys.stderr)
+        return 2
     except TracerError as exc:
         print(exc, file=sys.stderr)
         return 1
@@ -194,13 +198,8 @@ def _parser() -> argparse.ArgumentParser:
         help="with --device meta, run torch's meta kernel for every step (default: a repeated block's later copies "
         "take the layouts its first copy's kernels agreed with)",
     )
-    run.add_argument(
-        "--max-memory",
-        type=_size,
-        metavar="SIZE",
-        help="refuse a real run whose estimated peak exceeds SIZE, e.g. 8GiB or 500MB "
-        "(default: half of the available RAM; --device meta allocates nothing)",
-    )
+    _max_memory_option(run)
+    _force_option(run)
     run.add_argument(
         "--weights",
         metavar="W",
@@ -250,6 +249,8 @@ def _parser() -> argparse.ArgumentParser:
         "--expand", action="store_true", help="draw every copy of a repeated block (default: the first copy and one ×N node for the rest)"
     )
     render.add_argument("--device", default="cpu", type=_device, help="torch device for the run (meta: no memory)")
+    _max_memory_option(render)
+    _force_option(render)
     render.add_argument("--seed", type=int, help="override the pipeline's seed (the values --values shows)")
     render.add_argument(
         "--rankdir", choices=("TB", "LR"), default="TB", help="the diagram's direction: TB top to bottom (default), LR left to right"
@@ -288,6 +289,7 @@ def _parser() -> argparse.ArgumentParser:
     export.add_argument("file", metavar="FILE", help=FILE_HELP)
     export.add_argument("-o", "--output", metavar="OUT", type=_output_name, help="the .py file to write, atomically (default: stdout)")
     _dims_option(export)
+    _force_option(export)
     export.set_defaults(handler=_export)
 
     imported = commands.add_parser(
@@ -307,8 +309,14 @@ def _parser() -> argparse.ArgumentParser:
     )
     _dims_option(imported)
     imported.add_argument(
-        "-o", "--output", metavar="OUT", type=_output_name, required=True, help="the .yaml file to write (and its block files beside it)"
+        "-o",
+        "--output",
+        metavar="OUT",
+        type=_output_name,
+        required=True,
+        help="the .yaml file to write (and its block files beside it, named after it: OUT_layers.yaml)",
     )
+    _force_option(imported)
     imported.set_defaults(handler=_import)
 
     compared = commands.add_parser(
@@ -335,6 +343,8 @@ def _parser() -> argparse.ArgumentParser:
         help="also run both (seed 0): each tensor whose values differ, the first named, with its max abs and relative difference",
     )
     compared.add_argument("--json", action="store_true", help="print the differences as JSON")
+    _max_memory_option(compared)
+    _force_option(compared)
     compared.add_argument(
         "--html", metavar="PAGE", type=_output_name, help="also write the two side by side as one offline HTML page (PAGE.html)"
     )
@@ -360,6 +370,24 @@ def _parser() -> argparse.ArgumentParser:
 def _help(parser: argparse.ArgumentParser, commands, topic: str | None) -> int:
     (commands.choices[topic] if topic else parser).print_help()
     return 0
+
+
+def _max_memory_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--max-memory",
+        type=_size,
+        metavar="SIZE",
+        help="refuse a real run whose estimated peak, the values it keeps included, exceeds SIZE, e.g. 8GiB or 500MB "
+        "(default: half of the available RAM; --device meta allocates nothing)",
+    )
+
+
+def _force_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--force",
+        action="store_true",
+        help="replace an existing output that tracer did not write (never a file the command reads: the pipeline, its blocks, weights)",
+    )
 
 
 def _quiet_option(parser: argparse.ArgumentParser) -> None:
@@ -422,14 +450,15 @@ def _run(args) -> int:
 
     pipeline = _pipeline_to_run(args)
     analysis = pipeline.check(dict(args.dim))
-    keep_values = args.values is not None
+    keep_values = _kept_values(args)
     if args.values:
         _check_record_id(analysis, args.values, args.file)
     groups = list(dict.fromkeys(node.step.group for node in analysis.nodes.values() if node.step.group))
     collapse_keys(groups, tuple(args.collapse), args.file)  # an unknown group, before the run
+    writes = _writes(args, analysis)
     if args.output:
-        check_output(args.output, _reads(args, analysis), args.file)  # before the run: never the files it reads
-    params = _weights(args, pipeline, analysis) if args.weights or args.weights_map else None
+        writes.check(args.output, "json" if args.json else "text")  # before the run: never the files it reads
+    params = _weights(args, pipeline, analysis, keep_values) if args.weights or args.weights_map else None
     with _running(analysis, args.quiet) as progress:
         trace = pipeline.run(
             dims=dict(args.dim),
@@ -445,19 +474,26 @@ def _run(args) -> int:
     for warning in trace.analysis.warnings + list(trace.value_warnings):
         print(warning, file=sys.stderr)
     if args.output:
-        text = trace.to_json(values=keep_values) if args.json else _table(trace, args, args.width) + "\n" + trace.peak_line()
-        written = write_atomic(args.output, text + chr(10), error_file=args.file, reads=_reads(args, analysis))
-        print(f"wrote {printable(written)}", file=sys.stderr)
+        text = trace.to_json(values=keep_values is True) if args.json else _table(trace, args, args.width) + "\n" + trace.peak_line()
+        writes.write(args.output, text + chr(10), "json" if args.json else "text")
+        _list_written(writes)
         return 0
     if args.json:
-        print(trace.to_json(values=keep_values))
+        print(trace.to_json(values=keep_values is True))
         return 0
     print(_table(trace, args, args.width or _terminal_width()))
     print(trace.peak_line())
-    shown = [trace[args.values]] if args.values else trace.records if keep_values else []
+    shown = [trace[args.values]] if args.values else trace.records if keep_values is True else []
     for record in shown:
         print(f"\n{record.id} {record.symbolic}:\n{record.tensor}")
     return 0
+
+
+def _kept_values(args) -> bool | list[str]:
+    """What the run keeps: every tensor (``--values``, or ``--values ID --json``), one (``--values ID``), or none."""
+    if args.values is None:
+        return False
+    return True if args.json or not args.values else [args.values]
 
 
 def _check_record_id(analysis, record_id: str, file: str) -> None:
@@ -473,9 +509,30 @@ def _check_record_id(analysis, record_id: str, file: str) -> None:
 
 
 def _reads(args, analysis) -> list[str]:
-    """Every file this command reads: none of them may be its output."""
+    """Every file this command reads: none of them may be its output (a weights folder: every file in it)."""
     given = [getattr(args, "weights", None), getattr(args, "weights_map", None)]
-    return outputs.read_files(analysis) + [f for f in given if f]
+    return outputs.read_files(analysis) + [path for f in given if f for path in _files_of(f)]
+
+
+def _files_of(path: str) -> list[str]:
+    """``path``, or every entry of it when it is a folder (a save_pretrained folder's config, index and shards)."""
+    if not _is_folder(path):
+        return [path]
+    try:
+        return [path, *(entry.path for entry in os.scandir(path))]
+    except OSError:  # unreadable: reading it fails with its own located error
+        return [path]
+
+
+def _writes(args, analysis) -> Writes:
+    """What this command may write: never a file it reads, and an existing file only when tracer
+    wrote it (or with --force)."""
+    return Writes(_reads(args, analysis), force=args.force, error_file=args.file)
+
+
+def _list_written(writes: Writes, stream=None) -> None:
+    for path in writes.written:
+        print(f"wrote {printable(path)}", file=stream or sys.stderr)
 
 
 def _pipeline_to_run(args) -> Pipeline:
@@ -502,22 +559,27 @@ def _is_folder(path: str | None) -> bool:
     return path is not None and os.path.isdir(path)
 
 
-def _weights(args, pipeline, analysis) -> dict:
+def _weights(args, pipeline, analysis, keep_values: bool | list[str]) -> dict:
     """Every param from the checkpoint (renamed by the map): unknown, missing and mis-shaped keys together."""
 
     if args.weights_map and not args.weights:
         raise TracerError(Diagnostic(args.weights_map, None, "weights-map", "--weights-map renames the keys of --weights: give both"))
-    check_budget(analysis, args.device, args.max_memory)  # a run that would be refused reads no weights
+    check_budget(analysis, args.device, args.max_memory, keep_values)  # a run that would be refused reads no weights
     budget = args.max_memory if args.max_memory is not None else default_budget(args.device)[0]
     if _is_folder(args.weights):
-        return checkpoints.read_params(pipeline, args.weights, args.layer, budget, dict(args.dim))
-    mapping = weights.read_map(args.weights_map) if args.weights_map else None
-    declared = takes(analysis, "params")
-    # read only what some param takes: a key the map drops, or that no param has, is never read
-    state = weights.read(args.weights, max_bytes=budget, wanted=lambda key: any(map(declared, weights.targets(mapping, key))))
-    if mapping is not None:
-        state = weights.rename(state, mapping)
-    return match(analysis, state, "params", f"--weights {printable(args.weights)}", complete=True)
+        params = checkpoints.read_params(pipeline, args.weights, args.layer, budget, dict(args.dim))
+    else:
+        mapping = weights.read_map(args.weights_map) if args.weights_map else None
+        declared = takes(analysis, "params")
+        # read only what some param takes: a key the map drops, or that no param has, is never read
+        state = weights.read(args.weights, max_bytes=budget, wanted=lambda key: any(map(declared, weights.targets(mapping, key))))
+        if mapping is not None:
+            state = weights.rename(state, mapping)
+        params = match(analysis, state, "params", f"--weights {printable(args.weights)}", complete=True)
+    layer = "" if args.layer is None else f", layer {args.layer}"
+    size = human_bytes(sum(weights.nbytes(tensor) for tensor in params.values()))
+    print(f"params: {len(params)} tensors ({size}) from {printable(args.weights)}{layer}", file=sys.stderr)
+    return params
 
 
 def _running(analysis, quiet: bool):
@@ -597,11 +659,18 @@ def _draw(args) -> int:
         find_renderer(args.file, "the html report" if fmt.name == "html" else fmt.name)
     pipeline = _load_unchecked(args.file)
     analysis = pipeline.check(dict(args.dim))
-    check_output(output, _reads(args, analysis), args.file)  # before the run: never the files it reads
+    writes = _writes(args, analysis)
+    writes.check(output, fmt.name)  # before the run: never the files it reads
     with _running(analysis, args.quiet) as progress:
         observe = _with_progress(None, progress)
         trace = pipeline.run(
-            dims=dict(args.dim), device=args.device, seed=args.seed, keep_values=args.values, observe=observe, check_values=True
+            dims=dict(args.dim),
+            device=args.device,
+            seed=args.seed,
+            keep_values=args.values,
+            max_memory=args.max_memory,
+            observe=observe,
+            check_values=True,
         )
     options = outputs.Options(
         collapse=tuple(args.collapse),
@@ -612,22 +681,23 @@ def _draw(args) -> int:
         tokens=tuple(args.tokens.split()),
     )
     with Progress(f"drawing {output.name}", quiet=args.quiet).ticking():
-        written = outputs.write(trace, output, fmt, options)  # with values: heatmaps in softmax nodes
-    print(f"wrote {printable(written)}")
+        outputs.write(trace, output, fmt, options, writes)  # with values: heatmaps in softmax nodes
+    _list_written(writes, sys.stdout)
     return 0
 
 
 def _export(args) -> int:
 
     pipeline = _load_unchecked(args.file)
-    reads = _reads(args, pipeline.check(dict(args.dim))) if args.output else []
-    if args.output:
-        check_output(args.output, reads, args.file)
+    writes = _writes(args, pipeline.check(dict(args.dim))) if args.output else None
+    if writes is not None:
+        writes.check(args.output, "python")
     source = export_source(pipeline, dict(args.dim))
-    if not args.output:
+    if writes is None:
         sys.stdout.write(source)
         return 0
-    print(f"wrote {printable(write_atomic(args.output, source, error_file=args.file, reads=reads))}", file=sys.stderr)
+    writes.write(args.output, source, "python")
+    _list_written(writes)
     return 0
 
 
@@ -651,12 +721,31 @@ def _import(args) -> int:
     from .importing import difference, from_module
 
     module = _built_module(args.target, args.args, torch)
+    writes = Writes(_sources(module, args.target), force=args.force, error_file=args.target)
+    writes.check(args.output, "yaml")  # before the capture: never the module's own source
     inputs = {name: _example(name, sizes, kind, torch) for name, sizes, kind in args.input}
     pipeline = from_module(module, dims=dict(args.dim) or None, **inputs)
-    pipeline.to_yaml(args.output)
-    print(f"wrote {printable(args.output)}", file=sys.stderr)
+    texts = pipeline.files_named(Path(args.output).stem)  # block files named after the output: OUT_layers.yaml
+    targets = {name: Path(args.output) if name == next(iter(texts)) else Path(args.output).parent / name for name in texts}
+    for target in targets.values():  # every one checked before any is written
+        writes.check(target, "yaml")
+    for name, target in targets.items():
+        writes.write(target, texts[name], "yaml")
+    _list_written(writes)
     print(f"max |pipeline - module| on the module's weights: {difference(pipeline, module, **inputs):.3g}")
     return 0
+
+
+def _sources(module, target: str) -> list[str]:
+    """The Python files the imported module comes from (its class's module, the factory's): inputs, never outputs."""
+    import inspect
+
+    found = {getattr(sys.modules.get(target.partition(":")[0]), "__file__", None)}
+    for cls in type(module).__mro__:
+        if cls.__module__ != "builtins" and not cls.__module__.startswith("torch."):
+            with contextlib.suppress(TypeError, OSError):  # a class made at run time has no file
+                found.add(inspect.getsourcefile(cls))
+    return sorted(path for path in found if path)
 
 
 def _built_module(target: str, given_args: str, torch):
@@ -706,10 +795,16 @@ def _diff(args) -> int:
     that does not load or check, a run that fails, a page that cannot be written)."""
     try:
         a, b = load(args.files[0]), load(args.files[1])
-        found = diff(a, b, values=args.values)
+        writes = Writes(outputs.read_files(a.check()) + outputs.read_files(b.check()), force=args.force, error_file=args.files[1])
         if args.html:
-            write_atomic(args.html, diff_page(a, b, found), reads=args.files)
-            print(f"wrote {printable(args.html)}", file=sys.stderr)
+            writes.check(args.html, "diff")  # before the runs: never a file either pipeline reads (its blocks too)
+        if args.values:  # both runs keep every tensor: each is held against the budget before either runs
+            for pipeline in (a, b):
+                check_budget(pipeline.check(), "cpu", args.max_memory, keep_values=True)
+        found = diff(a, b, values=args.values, max_memory=args.max_memory)
+        if args.html:
+            writes.write(args.html, diff_page(a, b, found), "diff")
+            _list_written(writes)
     except TracerError as exc:
         print(exc, file=sys.stderr)
         return DIFF_TROUBLE

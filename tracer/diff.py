@@ -56,12 +56,15 @@ class Diff:
         return not (self.added or self.removed or self.changed_op or self.blocks or self.shapes or self.params or self.diverges)
 
 
-def diff(a: Pipeline, b: Pipeline, values: bool = False, atol: float = ATOL, rtol: float = RTOL) -> Diff:
+def diff(
+    a: Pipeline, b: Pipeline, values: bool = False, atol: float = ATOL, rtol: float = RTOL, max_memory: int | str | None = None
+) -> Diff:
     """The differences between two loaded pipelines (each checked at its own dims, blocks expanded).
 
     With ``values``, both run from seed 0 (B on A's inputs and params, passed to their partners)
     and every paired tensor whose values differ by more than ``atol + rtol * magnitude`` is
-    listed (``magnitude``: the largest finite value of either, a mask's fill aside)."""
+    listed (``magnitude``: the largest finite value of either, a mask's fill aside); each run is
+    held to ``max_memory`` (as ``Pipeline.run``), every kept tensor counted."""
     left, right = a.check(), b.check()
     left.raise_errors()
     right.raise_errors()
@@ -92,7 +95,7 @@ def diff(a: Pipeline, b: Pipeline, values: bool = False, atol: float = ATOL, rto
     }
     if values:
         result.compared_values = True
-        result.values = _value_differences(a, b, pairs, atol, rtol)
+        result.values = _value_differences(a, b, pairs, atol, rtol, max_memory)
         result.unseeded = [
             n.id for n in nodes_a.values() if n.step.is_random() or (n.id in pairs and nodes_b[pairs[n.id]].step.is_random())
         ]
@@ -536,10 +539,10 @@ def _fold_rows(rows: list[list[str]], left, right) -> list[list[str]]:
 # ---------------------------------------------------------------- values
 
 
-def _value_differences(a: Pipeline, b: Pipeline, pairs: dict[str, str], atol: float, rtol: float) -> list[dict]:
+def _value_differences(a: Pipeline, b: Pipeline, pairs: dict[str, str], atol: float, rtol: float, max_memory) -> list[dict]:
     """Every paired tensor (in A's run order) whose values differ beyond ``atol + rtol x magnitude``,
     B run on A's inputs and params (seed 0) passed to their partners."""
-    run_a = a.run(keep_values=True, seed=0)
+    run_a = a.run(keep_values=True, seed=0, max_memory=max_memory)
     declared_b = b.check().declared
     given = {
         pairs[r.id]: r.tensor
@@ -548,7 +551,7 @@ def _value_differences(a: Pipeline, b: Pipeline, pairs: dict[str, str], atol: fl
     }  # a param stored transposed (layout: in_out) is B's own: its values then differ, as they would
     inputs = {n: t for n, t in given.items() if declared_b[n].section == "inputs"}
     params = {n: t for n, t in given.items() if declared_b[n].section == "params"}
-    run_b = b.run(keep_values=True, seed=0, inputs=inputs, params=params)
+    run_b = b.run(keep_values=True, seed=0, inputs=inputs, params=params, max_memory=max_memory)
     found = []
     nodes_b = b.check().nodes
     drawn: set[str] = set()  # tensors that depend on the RNG: B, given its inputs, draws less before them

@@ -37,10 +37,10 @@ class Document:
     seed: int | None = None  # the main file's: a run without the module's weights is reproducible
 
     def text(self) -> str:
-        lines = [f"# {_comment(line)}" for line in self.header] + [_entry("name", self.name)]
+        lines = [f"# {plain_line(line)}" for line in self.header] + [_entry("name", self.name)]
         lines += [] if self.seed is None else [_entry("seed", self.seed)]
         lines.append("dims:")
-        lines += [f"  {_entry(name, written)}  # {_comment(note)}" for name, (written, note) in self.dims.items()]
+        lines += [f"  {_entry(name, written)}  # {plain_line(note)}" for name, (written, note) in self.dims.items()]
         for section in ("inputs", "params"):
             entries = getattr(self, section)
             lines += [f"{section}:"] + [f"  {_entry(name, value)}" for name, value in entries.items()] if entries else []
@@ -48,7 +48,7 @@ class Document:
         last = None
         for step in self.steps:
             if step.comment and step.comment != last:
-                lines.append(f"  # {_comment(step.comment)}")
+                lines.append(f"  # {plain_line(step.comment)}")
             last = step.comment
             lines.append(f"  - {_flow(step.fields)}")
         if self.outputs:
@@ -56,19 +56,29 @@ class Document:
         return "\n".join(lines) + "\n"
 
 
-def files(document: Document) -> dict[str, str]:
-    """{file name: text}, the main file first; repeated layers folded into block files (in a copy:
-    the document stays unfolded, to be written again)."""
+def files(document: Document, stem: str | None = None) -> dict[str, str]:
+    """{file name: text}, the main file ``STEM.yaml`` first (default: the document's name, made a
+    file name), then one block file per folded container, ``STEM_CONTAINER.yaml``: named after the
+    main file, so that two imports into one folder never share a block file. Repeated layers are
+    folded in a copy: the document stays unfolded, to be written again under another name."""
+    stem = file_stem(stem or document.name)
     document = replace(document, steps=list(document.steps), params=dict(document.params), outputs=list(document.outputs or []))
     blocks = {}
     for container in dict.fromkeys(s.layer[0] for s in document.steps if s.layer):
-        block = _fold(document, container)
+        block = _fold(document, container, stem)
         if block is not None:
-            blocks[f"{block.name}.yaml"] = block.text()
-    return {f"{document.name}.yaml": document.text(), **blocks}
+            blocks[f"{file_stem(block.name)}.yaml"] = block.text()
+    return {f"{stem}.yaml": document.text(), **blocks}
 
 
-def _fold(document: Document, container: str) -> Document | None:
+def file_stem(name: str) -> str:
+    """A name as a file name in the output's folder: letters, digits, ``_``, ``-`` and inner dots
+    only (a class named ``../x`` or ``/etc/y`` writes nowhere else), at most 100 characters."""
+    stem = re.sub(r"[^A-Za-z0-9_.-]", "_", name)[:100].strip(".")
+    return stem or "pipeline"
+
+
+def _fold(document: Document, container: str, stem: str) -> Document | None:
     """Replace the layers of ``container`` by one block step if they are equal and chained."""
     layers = _layers(document.steps, container)
     if layers is None:
@@ -79,8 +89,8 @@ def _fold(document: Document, container: str) -> Document | None:
     chained = all(externals[j][0] == lasts[j - 1] and externals[j][1:] == externals[0][1:] for j in range(1, len(layers)))
     if any(body != bodies[0] for body in bodies) or not chained or not _only_last_leaves(document, layers):
         return None
-    block = _block_document(document, container, layers[0], bodies[0], externals[0])
-    _replace_layers(document, container, layers, externals[0], f"{block.name}.yaml")
+    block = _block_document(document, container, layers[0], bodies[0], externals[0], stem)
+    _replace_layers(document, container, layers, externals[0], f"{file_stem(block.name)}.yaml")
     return block
 
 
@@ -153,7 +163,7 @@ def _names_read(fields: dict) -> list[str]:
     return found
 
 
-def _block_document(document: Document, container: str, layer, body: list[dict], externals: list[str]) -> Document:
+def _block_document(document: Document, container: str, layer, body: list[dict], externals: list[str], stem: str) -> Document:
     index, steps = layer
     prefix = f"{container}.{index}."
     own = {name for fields in body for name in _names_read(fields)}
@@ -164,8 +174,9 @@ def _block_document(document: Document, container: str, layer, body: list[dict],
         Step(_rename(fields, lambda n: names[int(n[1:])] if n.startswith("$") else n), step.node, step.comment, None, step.shape)
         for fields, step in zip(body, steps, strict=True)
     ]
-    header = [f"One layer of {document.name}: '{container}' repeats it {len(_layers(document.steps, container) or [])} times."]
-    return Document(f"{document.name}_{container.replace('.', '_')}", header, document.dims, inputs, params, placed)
+    repeats = len(_layers(document.steps, container) or [])
+    header = [f"Imported by tracer.from_module: one layer of {document.name}; '{container}' repeats it {repeats} times."]
+    return Document(f"{stem}_{container.replace('.', '_')}", header, document.dims, inputs, params, placed)
 
 
 def _free(name: str, taken: set[str]) -> str:
@@ -208,7 +219,7 @@ def _entry(key: str, value) -> str:
     return _flow({key: value})[1:-1]
 
 
-def _comment(text: str) -> str:
+def plain_line(text: str) -> str:
     """One line of text that stays a comment: no line breaks or control characters, at most 120 characters."""
     return "".join(ch if ch.isprintable() else " " for ch in text)[:120]
 

@@ -15,6 +15,7 @@ Capturing runs the module's own code (its ``forward`` with fake tensors), as cal
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import tempfile
 from pathlib import Path
@@ -29,7 +30,7 @@ from .core.errors import Diagnostic, TracerError
 from .import_dims import Namer, model_dims
 from .import_graph import Graph
 from .import_rules import Translator
-from .import_yaml import Document, dims_of, drop_unused_dims, files
+from .import_yaml import Document, dims_of, drop_unused_dims, files, plain_line
 
 
 def from_module(
@@ -48,7 +49,7 @@ def from_module(
     namer = Namer(model_dims(module, dims), {symbol: dim for symbol, (dim, _) in symbols.items()})
     translator = Translator(graph, module, namer)
     translator.translate()
-    name = name or type(module).__name__
+    name = plain_line(name or type(module).__name__)  # a class name is any string: one printable line in the file
     header = [
         f"Imported by tracer.from_module from {type(module).__module__}.{type(module).__qualname__}:",
         f"torch.export (non-strict), {'symbolic batch and sequence sizes' if dynamic else 'the example sizes'}; weights: module.state_dict().",
@@ -56,7 +57,7 @@ def from_module(
     dims_section = dims_of(dict(symbols.values()), namer.dims)
     document = Document(name, header, dims_section, translator.inputs, translator.params, translator.steps, translator.outputs, seed=0)
     drop_unused_dims(document)
-    pipeline = _load(files(document))
+    pipeline = _load(document)
     unread = unread_declarations(pipeline.check())
     if not unread:
         return pipeline
@@ -64,7 +65,7 @@ def from_module(
     for section, reason in ((document.params, UNREAD_REASON), (document.inputs, UNREAD_INPUT_REASON)):
         for name in (n for n in unread if n in section):
             section[name] = {**section[name], "allow": {"unused-tensor": reason}}
-    return _load(files(document))
+    return _load(document)
 
 
 UNREAD_REASON = "a state_dict entry of the module that no captured op reads"
@@ -142,13 +143,16 @@ def _symbols(graph: Graph) -> dict[str, tuple[str, int]]:
     return found
 
 
-def _load(texts: dict[str, str]) -> Pipeline:
-    """Write the files to a folder the pipeline keeps, and load the main one (blocks are read from beside it)."""
+def _load(document: Document) -> Pipeline:
+    """Write the files to a folder the pipeline keeps, and load the main one (blocks are read from
+    beside it); ``pipeline.files_named(stem)`` gives the files again, named after another main file."""
+    texts = files(document)
     folder = tempfile.TemporaryDirectory(prefix="tracer-import-")
     for file_name, text in texts.items():
         Path(folder.name, file_name).write_text(text)
     pipeline = load(Path(folder.name, next(iter(texts))))
     pipeline.files, pipeline._folder = texts, folder
+    pipeline.files_named = functools.partial(files, document)
     return pipeline
 
 

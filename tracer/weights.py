@@ -54,7 +54,7 @@ def _every_key(key: str) -> bool:
 def _take(name: str, described: Mapping[str, Any], max_bytes: int | None, wanted: Callable[[str], bool], load: Callable[[str], Any]):
     """The wanted keys loaded (once their bytes fit the budget), the others as placeholders."""
     taken = {key for key in described if wanted(key)}
-    _check_size(name, sum(described[key].numel() * described[key].element_size() for key in taken), max_bytes)
+    _check_size(name, sum(nbytes(described[key]) for key in taken), max_bytes)
     return {key: load(key) if key in taken else _placeholder(tensor) for key, tensor in described.items()}
 
 
@@ -88,7 +88,7 @@ def _load_safetensors(opened: str, name: str, max_bytes: int | None, wanted: Cal
 
     try:
         with safe_open(opened, framework="pt") as file:
-            described = {key: _described(name, key, file.get_slice(key)) for key in file.keys()}
+            described = {key: described_tensor(name, key, file) for key in file.keys()}
             return _take(name, described, max_bytes, wanted, file.get_tensor)
     except TracerError:
         raise
@@ -96,7 +96,7 @@ def _load_safetensors(opened: str, name: str, max_bytes: int | None, wanted: Cal
         raise _unreadable(name, exc) from None
 
 
-#: safetensors' dtype names, as torch names them
+#: safetensors' dtype names, as torch names them (its F4, F6 and F8_E8M0 kinds have no torch dtype)
 _SAFETENSORS_DTYPES = {
     "BOOL": "bool",
     "U8": "uint8",
@@ -113,20 +113,34 @@ _SAFETENSORS_DTYPES = {
     "F64": "float64",
     "C64": "complex64",
     "F8_E4M3": "float8_e4m3fn",
+    "F8_E4M3FNUZ": "float8_e4m3fnuz",
     "F8_E5M2": "float8_e5m2",
+    "F8_E5M2FNUZ": "float8_e5m2fnuz",
 }
 
 
-def _described(name: str, key: str, header) -> Any:
-    """A meta tensor of the shape and dtype the header gives ``key``."""
+def described_tensor(name: str, key: str, file) -> Any:
+    """A meta tensor of the shape and dtype the safetensors header of ``file`` gives ``key``: its
+    bytes are torch's own element size times its elements. A dtype torch does not read, or a key
+    the file does not hold, is an error located at the file ``name``, never a guess."""
     import torch
 
-    dtype = _SAFETENSORS_DTYPES.get(header.get_dtype())
+    try:
+        header = file.get_slice(key)
+        dtype_name, shape = header.get_dtype(), header.get_shape()
+    except Exception as exc:  # safetensors says which: a key the file lacks, a header it cannot read
+        raise _unreadable(name, exc) from None
+    dtype = _SAFETENSORS_DTYPES.get(dtype_name)
     if dtype is None:
         raise TracerError(
-            Diagnostic(name, None, "weights-file", f"cannot read weights: '{key}' is {header.get_dtype()}, a dtype torch does not read")
+            Diagnostic(name, None, "weights-file", f"cannot read weights: '{key}' is {dtype_name}, a dtype torch does not read")
         )
-    return torch.empty(header.get_shape(), dtype=getattr(torch, dtype), device="meta")
+    return torch.empty(shape, dtype=getattr(torch, dtype), device="meta")
+
+
+def nbytes(tensor) -> int:
+    """The bytes a (meta) tensor's elements take once read."""
+    return tensor.numel() * tensor.element_size()
 
 
 def _load_pt(opened: str, name: str) -> dict[str, Any]:
@@ -172,8 +186,13 @@ def _check_zip(opened: str, name: str) -> None:
 
 
 def _unreadable(name: str, exc: Exception) -> TracerError:
+    return TracerError(Diagnostic(name, None, "weights-file", f"cannot read weights ({reason(exc)}); {_EXPECTED}"))
+
+
+def reason(exc: Exception) -> str:
+    """The first line of what a reader (safetensors, torch) raised: it says what is wrong with the file."""
     first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    return TracerError(Diagnostic(name, None, "weights-file", f"cannot read weights ({first}); {_EXPECTED}"))
+    return first[:200]
 
 
 class WeightsMap(dict):

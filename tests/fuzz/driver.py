@@ -10,6 +10,7 @@ import time
 import traceback
 from pathlib import Path
 
+from tests.fuzz.folders import RUNNERS
 from tests.fuzz.generators import STRATEGIES, pick_strategy
 from tests.fuzz.oracle import Outcome, run_case
 from tests.fuzz.pairs import run_pair
@@ -32,6 +33,8 @@ def run_one(seed: int | str, index: int, folder: Path) -> tuple[str, bytes, Outc
         return "generator", b"", Outcome("crash", f"the generator failed: {type(exc).__name__}: {exc}\n{traceback.format_exc(limit=-6)}")
     if strategy == "diff":  # a pair of files, not one
         return strategy, data, run_pair(data, folder, rng)
+    if strategy in RUNNERS:  # a folder, not a pipeline file: its own runner and oracles
+        return strategy, data, RUNNERS[strategy](data, folder)
     return strategy, data, run_case(data, folder, rng, cpu=True, cli=rng.random() < 0.08)  # every small runnable case runs for real
 
 

@@ -6,6 +6,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+from tests.fuzz.folders import gen_checkpoint, gen_import
 from tests.fuzz.mutations import GENTLE, MUTATIONS, field_value, t_bytes, t_insert, t_lines, t_truncate
 from tests.fuzz.pairs import gen_diff
 from tests.fuzz.pools import (
@@ -325,7 +326,7 @@ def _renamed(node: Any, names: dict[str, str]) -> Any:
 
 STRATEGIES: dict[str, tuple[Callable, float]] = {
     "typed": (gen_typed, 0.26),  # well-typed: most of the campaign's runnable cases
-    "mutated": (gen_mutated, 0.16),
+    "mutated": (gen_mutated, 0.12),
     "gentle": (gen_gentle, 0.1),
     "text": (gen_text_mutated, 0.07),
     "dims": (gen_dims, 0.08),
@@ -335,6 +336,8 @@ STRATEGIES: dict[str, tuple[Callable, float]] = {
     "hostile": (gen_hostile, 0.04),
     "named": (gen_named, 0.05),  # risky names, exported and compared with the run
     "diff": (gen_diff, 0.04),  # two pipelines and `tracer diff`'s verdict on them (judged by tests.fuzz.pairs)
+    "checkpoint": (gen_checkpoint, 0.03),  # a hostile save_pretrained folder through run --weights (tests/fuzz/folders.py)
+    "import": (gen_import, 0.01),  # tracer import onto taken names, with class names that are paths
 }
 
 

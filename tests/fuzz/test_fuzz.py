@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.fuzz import driver, generators, oracle, pairs
+from tests.fuzz import driver, folders, generators, oracle, pairs
 
 CI = settings(deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck))
 
@@ -65,6 +65,23 @@ def test_random_bytes(data, tmp_path_factory):
     folder = tmp_path_factory.mktemp("case", numbered=True)
     outcome = oracle.run_case(data, folder, random.Random(0))
     assert outcome.kind not in ("crash", "hang"), f"{outcome.kind} on {data!r}\n{outcome.detail}"
+
+
+# folder strategies -> cases per CI run: a checkpoint case takes a fraction of a second, an import one torch.export
+FOLDERS = {"checkpoint": 30, "import": 4}
+
+
+@pytest.mark.parametrize("strategy", FOLDERS)
+def test_folder_cases_exit_cleanly_and_write_only_what_they_list(strategy, tmp_path_factory):
+    @settings(CI, max_examples=FOLDERS[strategy])
+    @given(rnd=st.randoms(use_true_random=False))
+    def case(rnd):
+        folder = tmp_path_factory.mktemp("case", numbered=True)
+        data = getattr(folders, f"gen_{strategy}")(rnd)
+        outcome = folders.RUNNERS[strategy](data, folder)
+        assert outcome.kind not in ("crash", "hang"), f"{outcome.kind} on:\n{data.decode()}\n{outcome.detail}"
+
+    case()
 
 
 @settings(CI, max_examples=15)

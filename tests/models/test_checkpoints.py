@@ -159,9 +159,9 @@ def refusal(*argv) -> str:
 
 def test_per_layer_keys_need_a_layer_and_a_missing_layer_is_named(llama_folder):
     assert "give the layer, --layer N" in refusal(MODELS / "llama_decoder_layer.yaml", "--weights", llama_folder)
-    assert "has no tensor whose key starts with 'model.layers.7.'" in refusal(
-        MODELS / "llama_decoder_layer.yaml", "--weights", llama_folder, "--layer", "7"
-    )
+    past = refusal(MODELS / "llama_decoder_layer.yaml", "--weights", llama_folder, "--layer", "7")
+    assert "--layer 7: the model has 2 layers (" in past and "num_hidden_layers: 2); give one of layers 0 to 1" in past
+    assert past.count("error[") == 1
     assert "--layer picks a layer of a save_pretrained folder" in refusal(MODELS / "llama_decoder_layer.yaml", "--layer", "0")
 
 
@@ -292,3 +292,92 @@ def test_a_template_of_many_layer_marks_matches_without_backtracking():
     assert re.fullmatch(_copy_pattern("a/{layer}/b/{layer}/W"), "a/3/b/3/W")["layer"] == "3"
     assert re.fullmatch(_copy_pattern("a/{layer}/b/{layer}/W"), "a/3/b/4/W") is None
     assert re.fullmatch(_copy_pattern("h/{layer}/W"), "h/012/W") is None  # a copy number has no leading zero
+
+
+def copied(folder, into):
+    for item in folder.iterdir():
+        (into / item.name).write_bytes(item.read_bytes())
+    return into
+
+
+def crafted_shard(path, key: str, dtype: str, shape: list[int], item_bits: int) -> None:
+    """A .safetensors file holding one tensor of ``dtype`` (sparse: its bytes are never written)."""
+    size = -(-item_bits * int(torch.tensor(shape).prod()) // 8)
+    header = json.dumps({key: {"dtype": dtype, "shape": shape, "data_offsets": [0, size]}}).encode()
+    header += b" " * (-len(header) % 8)
+    with open(path, "wb") as file:
+        file.write(len(header).to_bytes(8, "little") + header)
+        file.truncate(8 + len(header) + size)
+
+
+def with_shard(llama_folder, tmp_path, dtype: str, shape: list[int], item_bits: int):
+    """The llama folder with layer 0's input norm moved to a crafted shard of its own."""
+    folder = copied(llama_folder, tmp_path)
+    index = json.loads((folder / "model.safetensors.index.json").read_text())
+    index["weight_map"]["model.layers.0.input_layernorm.weight"] = "odd.safetensors"
+    (folder / "model.safetensors.index.json").write_text(json.dumps(index))
+    crafted_shard(folder / "odd.safetensors", "model.layers.0.input_layernorm.weight", dtype, shape, item_bits)
+    return folder
+
+
+def test_a_shard_dtype_is_counted_at_its_real_size_against_the_budget(llama_folder, tmp_path):
+    # complex64 is 8 bytes an element: 2**27 of them are 1 GiB (once counted as 1 byte each: 128 MiB, under 300 MiB)
+    folder = with_shard(llama_folder, tmp_path, "C64", [2**27], 64)
+    message = refusal(MODELS / "llama_decoder_layer.yaml", "--weights", folder, "--layer", "0", "--max-memory", "300MiB")
+    assert "error[weights-too-large]" in message and "need 1.0 GiB" in message
+
+
+@pytest.mark.parametrize("dtype, bits", [("F6_E2M3", 6), ("F4", 4), ("F8_E8M0", 8)])
+def test_a_shard_dtype_torch_cannot_read_is_a_located_error(llama_folder, tmp_path, dtype, bits):
+    folder = with_shard(llama_folder, tmp_path, dtype, [64], bits)
+    message = refusal(MODELS / "llama_decoder_layer.yaml", "--weights", folder, "--layer", "0")
+    assert f"odd.safetensors: error[weights-file]: cannot read weights: 'model.layers.0.input_layernorm.weight' is {dtype}" in message
+
+
+def test_an_index_naming_a_shard_that_lacks_the_tensor_is_a_located_error(llama_folder, tmp_path):
+    folder = copied(llama_folder, tmp_path)
+    index = json.loads((folder / "model.safetensors.index.json").read_text())
+    key = "model.layers.0.input_layernorm.weight"
+    index["weight_map"][key] = next(shard for name, shard in index["weight_map"].items() if shard != index["weight_map"][key])
+    (folder / "model.safetensors.index.json").write_text(json.dumps(index))
+    message = refusal(MODELS / "llama_decoder_layer.yaml", "--weights", folder, "--layer", "0")
+    assert f"error[weights-folder]: does not hold the tensor '{key}', which model.safetensors.index.json says it holds" in message
+
+
+def test_a_tensor_name_with_nul_is_escaped_not_an_internal_error(llama_folder, tmp_path):
+    folder = copied(llama_folder, tmp_path)
+    index = json.loads((folder / "model.safetensors.index.json").read_text())
+    index["weight_map"]["model.layers.0.x\u0000\u001b[2J"] = index["weight_map"]["model.layers.0.input_layernorm.weight"]
+    (folder / "model.safetensors.index.json").write_text(json.dumps(index))
+    message = refusal(MODELS / "llama_decoder_layer.yaml", "--weights", folder, "--layer", "0")
+    assert "'model.layers.0.x\\x00\\x1b[2J'" in message and "\x1b" not in message
+
+
+def test_a_dim_past_the_limit_in_the_config_is_a_located_error(llama_folder, tmp_path):
+    folder = copied(llama_folder, tmp_path)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "hidden_size": 2**70}))
+    message = refusal(MODELS / "llama_decoder_layer.yaml", "--weights", folder, "--layer", "0")
+    assert "llama_decoder_layer.yaml:96:5: error[checkpoint]:" in message and "needs a whole number from 1 to 2**62" in message
+
+
+def test_a_checkpoint_of_another_architecture_is_one_error_naming_its_model_type(tmp_path):
+    gpt2(tmp_path)
+    message = refusal(MODELS / "llama_decoder_layer.yaml", "--weights", tmp_path, "--layer", "0")
+    assert message.count("error[") == 1 and "describes a 'gpt2' model (model_type)" in message and "another architecture" in message
+
+
+def test_config_text_goes_through_the_control_character_rule(llama_folder, tmp_path):
+    folder = copied(llama_folder, tmp_path)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "group_name": "attn\u001b[31m\u202e"}))
+    text = (MODELS / "llama_decoder_layer.yaml").read_text().replace("  fields:\n", "  fields:\n    group_name: [q.group]\n")
+    (tmp_path / "p.yaml").write_text(text)
+    message = refusal(tmp_path / "p.yaml", "--weights", folder, "--layer", "0")
+    assert "control character U+001B" in message and "\x1b" not in message and "\u202e" not in message
+
+
+def test_the_run_says_which_checkpoint_and_layer_filled_the_params(llama_folder):
+    done = tracer_cli("run", MODELS / "llama_decoder_layer.yaml", "--weights", llama_folder, "--layer", "1", "-q")
+    assert done.returncode == 0, done.stderr
+    assert f"params: 9 tensors (84.5 KiB) from {llama_folder}, layer 1" in done.stderr

@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import re
 import time
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 
 from ..core.errors import Diagnostic, TracerError
@@ -57,8 +58,9 @@ def last_reads(analysis) -> dict[str, int]:
     return last
 
 
-def estimate_peak(analysis) -> MemoryEstimate:
-    """The peak bytes of tensor storage of a real run of ``analysis`` (see the module docstring)."""
+def estimate_peak(analysis, kept: Iterable[str] = ()) -> MemoryEstimate:
+    """The peak bytes of tensor storage of a real run of ``analysis`` (see the module docstring);
+    the tensors ``kept`` (their values kept for the trace) live to the end, as outputs do."""
     metas = analysis.metas
     nodes = list(analysis.nodes.values())
     persistent = sum(d.meta.nbytes for d in analysis.declared.values())
@@ -66,7 +68,7 @@ def estimate_peak(analysis) -> MemoryEstimate:
     created_at = created_at_steps(analysis)
     last = last_reads(analysis)
     end = len(nodes) - 1
-    for name in analysis.outputs:  # outputs live to the end of the run
+    for name in [*analysis.outputs, *kept]:  # outputs and kept values live to the end of the run
         rid = analysis.record_of(name)
         if rid in last:
             last[rid] = end
@@ -192,11 +194,25 @@ def default_budget(device: str = "cpu") -> tuple[int, str]:
     return max(available_memory() // 2, MIN_DEFAULT_BUDGET), "half of the available RAM"
 
 
-def check_budget(analysis, device: str = "cpu", max_memory: int | str | None = None) -> None:
-    """Refuse a real run whose estimated peak exceeds the budget; meta runs allocate nothing."""
+def kept_records(analysis, keep_values: bool | Collection[str]) -> tuple[str, ...]:
+    """The records whose values a run keeps: every one (``True``), none, or those named."""
+    if isinstance(keep_values, bool):
+        return tuple(analysis.metas) if keep_values else ()
+    return tuple(keep_values)
+
+
+def memory_of(analysis, keep_values: bool | Collection[str] = False) -> MemoryEstimate:
+    """The estimate of a run that keeps these values (a kept tensor is never freed)."""
+    kept = kept_records(analysis, keep_values)
+    return estimate_peak(analysis, kept) if kept else analysis.memory
+
+
+def check_budget(analysis, device: str = "cpu", max_memory: int | str | None = None, keep_values: bool | Collection[str] = False) -> None:
+    """Refuse a real run whose estimated peak, the values it keeps included, exceeds the budget;
+    meta runs allocate nothing."""
     if str(device) == "meta":
         return
-    estimate = analysis.memory
+    estimate = memory_of(analysis, keep_values)
     if max_memory is not None:
         budget, what = parse_bytes(max_memory), "max_memory"
         if estimate.peak_bytes <= budget:
@@ -208,8 +224,9 @@ def check_budget(analysis, device: str = "cpu", max_memory: int | str | None = N
         if estimate.peak_bytes <= budget:
             return
     largest = ", ".join(f"{rid} {human_bytes(n)}" for rid, n in estimate.largest())
+    kept = " with every tensor's values kept" if keep_values is True else " with the values it keeps" if keep_values else ""
     message = (
-        f"a real run at {analysis.bindings()} needs an estimated {human_bytes(estimate.peak_bytes)} of tensors "
+        f"a real run at {analysis.bindings()}{kept} needs an estimated {human_bytes(estimate.peak_bytes)} of tensors "
         f"(peak at step '{estimate.peak_step}'; largest: {largest}), over the budget of {human_bytes(budget)} ({what}); "
         f"trace it without allocating anything with --device meta (device='meta'), "
         f"or raise the budget with --max-memory (max_memory=)"

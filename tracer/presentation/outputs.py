@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 
 from ..core.errors import Diagnostic, TracerError
 from .diagram import dot_source
-from .files import check_output, write_atomic
+from .files import Writes
 from .graphviz import DOT_TIMEOUT, render_bytes
 from .report import report_html
 
@@ -125,12 +125,14 @@ def by_suffix(path: str | Path, allowed: tuple[str, ...], default: str) -> tuple
     fail(f"cannot write '{path.suffix}': use one of {known}")
 
 
-def write(trace: Trace, path: str | Path, fmt: Writer, options: Options = Options()) -> Path:
+def write(trace: Trace, path: str | Path, fmt: Writer, options: Options = Options(), writes: Writes | None = None) -> Path:
     """Write ``trace`` in format ``fmt`` to ``path``, atomically: a failure leaves every existing
-    file as it was. Returns the path."""
+    file as it was. Returns the path. A command passes its ``writes`` (what it may replace); the
+    API's caller named the file, and may replace anything but the files the trace was made from."""
     analysis = trace.analysis
-    check_output(path, read_files(analysis), analysis.source.file)  # before the work of drawing
-    return write_atomic(path, fmt.write(trace, options), error_file=analysis.source.file, reads=read_files(analysis))
+    writes = writes or Writes(read_files(analysis), force=True, error_file=analysis.source.file)
+    writes.check(path, fmt.name)  # before the work of drawing
+    return writes.write(path, fmt.write(trace, options), fmt.name)
 
 
 def read_files(analysis) -> list[str]:

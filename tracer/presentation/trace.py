@@ -10,6 +10,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+from ..analysis.memory import memory_of
 from ..core.formatting import human_bytes
 from ..runtime.records import TensorRecord
 from . import diagram as diagrams
@@ -29,7 +30,7 @@ class Trace:
         records: list[TensorRecord],
         outputs: dict,
         seed: int | None,
-        keep_values: bool,
+        keep_values: bool | frozenset[str],  # True: every tensor's values; a set: only those records
         as_predicted: bool = True,
     ):
         self.pipeline, self.analysis = pipeline, analysis
@@ -169,7 +170,7 @@ class Trace:
 
     def peak_line(self) -> str:
         """``estimated peak: 2.0 KiB (while 'scores' runs)``: the table's last line."""
-        memory = self.analysis.memory
+        memory = memory_of(self.analysis, self.keep_values)  # a kept tensor is never freed
         where = f" (while '{memory.peak_step}' runs)" if memory.peak_step else ""
         note = "; this meta run allocated none of it" if self.records and self.records[0].device == "meta" else ""
         return f"estimated peak: {human_bytes(memory.peak_bytes)}{where}{note}"

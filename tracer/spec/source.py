@@ -50,6 +50,22 @@ _ONE_LINE_FIELDS = frozenset({"name", "group", "id", "use", "op", "input"})
 _ODD_BREAKS = re.compile(r"\r(?!\n)|[\x85\u2028\u2029]")
 
 
+def control_problem(text: str, one_line: bool = False) -> str | None:
+    """What makes ``text`` unfit to reach a terminal, a table or a diagram (None: nothing): the one
+    rule for every text read from a file, a pipeline's or a checkpoint's ``config.json``."""
+    bad = _CONTROL.search(text) or (_ONE_LINE.search(text) if one_line else None)
+    if not bad:
+        return None
+    char = bad.group()
+    fix = "write it on one line without tabs" if char in "\t\n" else "remove it (names, ids, notes and groups are plain text)"
+    return f"the text holds the control character U+{ord(char):04X} ({char!r}); {fix}"
+
+
+def one_line_field(name: str) -> bool:
+    """Whether a field's text must be one line (names, ids, groups, ops)."""
+    return name in _ONE_LINE_FIELDS
+
+
 class _Loader(_BaseLoader):  # type: ignore[misc,valid-type]
     """The safe loader with scalar tag resolution memoized: resolving runs several regexes in
     Python per scalar, and a pipeline repeats the same short scalars (B, T, -1) hundreds of times."""
@@ -311,15 +327,9 @@ class _Walker:
         return value
 
     def _check_text(self, node: yaml.Node, text: str, one_line: bool) -> None:
-        bad = _CONTROL.search(text) or (_ONE_LINE.search(text) if one_line else None)
-        if bad:
-            char = bad.group()
-            self._fail(
-                node,
-                "control-character",
-                f"the text holds the control character U+{ord(char):04X} ({char!r}); "
-                + ("write it on one line without tabs" if char in "\t\n" else "remove it (names, ids, notes and groups are plain text)"),
-            )
+        problem = control_problem(text, one_line)
+        if problem:
+            self._fail(node, "control-character", problem)
 
     def _mapping(self, node: yaml.MappingNode, path: tuple, depth: int) -> dict:
         self._check_tag(node, _MAP_TAG)
