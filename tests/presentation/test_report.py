@@ -458,28 +458,3 @@ def test_sdpa_weights_are_recomputed_for_the_page_and_are_what_sdpa_applied(fiel
     assert heatmap["recomputed"].startswith("recomputed from q, k, mask, scale") and heatmap["axes"] == ["3", "6"]
     assert heatmap["lead"] == [[b, h] for b in range(2) for h in range(4)] and page["attention"][0]["recomputed"] == "o"
     assert trace["o"].tensor is data.by_id["o"].tensor  # the run's records are left as they were
-
-
-def test_an_imported_transformers_model_with_sdpa_has_attention_weights_on_its_page():
-    """transformers' default attention is sdpa: the report of an imported model has a map per head
-    of every layer, each the weights that model applied."""
-    transformers = pytest.importorskip("transformers")
-    from tracer.importing import from_module
-
-    torch.manual_seed(0)
-    config = transformers.GPT2Config(n_embd=8, n_layer=2, n_head=2, n_positions=16, vocab_size=32, bos_token_id=0, eos_token_id=0)
-    config._attn_implementation, config.use_cache = "sdpa", False
-    model = transformers.GPT2Model(config).eval()
-    ids = torch.randint(0, 32, (1, 5))
-    trace = from_module(model, ids, name="gpt2").run(inputs={"input_ids": ids}, params=model.state_dict(), keep_values=True)
-    page = report_data(trace)
-    assert [s["fused"] for s in page["attention"]] == [True, True]
-    shown = next(t for t in page["tensors"] if t["id"] == page["attention"][0]["recomputed"])
-    assert shown["heatmap"]["recomputed"].startswith("recomputed from q, k, mask, scale") and len(shown["heatmap"]["maps"]) == 2
-    model.set_attn_implementation("eager")  # transformers' own weights, to compare with
-    with torch.no_grad():
-        eager = model(ids, output_attentions=True).attentions
-    for site, expected in zip(page["attention"], eager):
-        node = trace.analysis.producer(site["recomputed"])
-        weights = _Data(trace).recomputed_weights(node)
-        assert torch.allclose(weights, expected, atol=1e-5)

@@ -178,16 +178,16 @@ class _Builder:
         group = self.fold.get(producer)
         return self.group_nodes[group] if group else self.analysis.record_of(producer)
 
-    def _head(self, step_id: str, rid: str) -> str:
+    def _head(self, step_id: str, rid: str) -> str | None:
         """The node an arrow carrying record ``rid`` into the step ends at: the step's own, its
-        collapsed group's, or a composite's first inner op that reads it."""
+        collapsed group's, or a composite's first inner op that reads it (None if none does)."""
         group = self.fold.get(step_id)
         if group:
             return self.group_nodes[group]
         node = self.nodes[step_id]
         if node.form != CHAIN:
             return step_id
-        return next(out.id for out in node.outs if rid in out.reads)
+        return next((out.id for out in node.outs if rid in out.reads), None)
 
     def _edges(self) -> list[_Edge]:
         edges, seen = [], set()
@@ -377,8 +377,10 @@ class _Builder:
                 continue  # drawn inside a folded or collapsed node
             siblings: dict[str, list[str]] = {}
             for node in self.analysis.users(tensor_id):
-                head = self._head(node.id, node.reads[0]) if node.reads else None
-                if node.refs[0] == tensor_id and node.id not in self.fold and head not in sum(siblings.values(), []):
+                if node.refs[0] != tensor_id or node.id in self.fold:
+                    continue
+                head = self._head(node.id, node.reads[0])
+                if head is not None and head not in sum(siblings.values(), []):
                     siblings.setdefault(node.step.op, []).append(head)
             for heads in siblings.values():
                 if len(heads) > 1:
