@@ -166,8 +166,7 @@ def _enforce_expectations(trace: Trace) -> None:
     layouts differ from the prediction."""
 
     def layout_of(record_id: str) -> Layout | None:
-        record = trace[record_id] if record_id in trace else None
-        return None if record is None else Layout(f"{record.symbolic} {list(record.shape)}", record.shape, record.stride)
+        return trace.layout(record_id) if record_id in trace else None
 
     problems = check_expectations(trace.analysis, layout_of)
     if problems:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from .analysis.expect import contiguity_problem
 from .api import load
 from .core import dimexpr
 from .core.errors import Diagnostic, ExpectationError
@@ -21,6 +22,7 @@ from .presentation.trace import Trace
 def assert_shape(trace: Trace, tensor_id: str, expected: str | Sequence[int | str]) -> None:
     """``expected`` is symbolic (``"B H T T"``, ``"B, T, d_model // H"``) bound against the run's
     dims, or a tuple of ints."""
+    __tracebackhide__ = True
     record = trace[tensor_id]
     parts = _parts(expected)
     try:
@@ -35,16 +37,17 @@ def assert_shape(trace: Trace, tensor_id: str, expected: str | Sequence[int | st
 
 
 def assert_contiguous(trace: Trace, tensor_id: str, contiguous: bool = True) -> None:
-    record = trace[tensor_id]
-    if record.contiguous != contiguous:
-        state = "contiguous" if contiguous else "non-contiguous"
-        raise _failure(
-            trace, tensor_id, f"expected a {state} tensor, found {record.symbolic} {list(record.shape)} with stride {record.stride}"
-        )
+    """The rule of ``expect: {contiguous: ...}``: torch's ``is_contiguous()``, and a layout that is
+    row-major only because of size-1 dims meets both (a transposed (B, H, T, Dh) at T = 1)."""
+    __tracebackhide__ = True  # a failure shows the test's line, not this helper's source
+    problem = contiguity_problem(tensor_id, trace.layout(tensor_id), contiguous)
+    if problem:
+        raise _failure(trace, tensor_id, problem)
 
 
 def assert_view_of(trace: Trace, tensor_id: str, source_id: str | None) -> None:
     """``source_id`` is the tensor whose storage it must share; ``None`` asserts a fresh copy."""
+    __tracebackhide__ = True
     record = trace[tensor_id]
     if record.view_of != source_id:
         want = f"a view of '{source_id}'" if source_id else "its own storage (a copy)"

@@ -1,6 +1,7 @@
 """tracer.from_module against the modules' own numbers: nanoGPT's attention, nn.MultiheadAttention,
 nn.TransformerEncoder and transformers' GPT-2 and Llama (tiny random configs, no downloads)."""
 
+import functools
 import math
 
 import pytest
@@ -11,6 +12,7 @@ from torch.nn import functional as F
 
 import tracer
 from tracer.importing import difference, from_module
+from tracer.presentation.report import _Data, report_data
 
 B, T, D = 2, 7, 32
 
@@ -110,14 +112,37 @@ def _transformers(family, attention):
     return model_class(config).eval(), torch.randint(0, 64, (B, T))
 
 
+@functools.cache
+def _imported(family, attention):
+    model, ids = _transformers(family, attention)
+    return model, ids, from_module(model, ids, name=family)
+
+
 @pytest.mark.parametrize("attention", ["eager", "sdpa"])
 @pytest.mark.parametrize("family", ["gpt2", "llama"])
 def test_transformers_models_fold_their_layers_and_run_equal(family, attention):
-    model, ids = _transformers(family, attention)
-    pipeline = from_module(model, ids, name=family)
+    model, ids, pipeline = _imported(family, attention)
     (block,) = [s for s in _steps(pipeline) if s["op"] == "block"]
     assert block["repeat"] == 2
     assert difference(pipeline, model, ids) <= 1e-5
     layer_ops = {s["op"] for s in _steps(pipeline, 1)}
     expected = {"rmsnorm", "rope", "repeat_interleave"} if family == "llama" else {"layernorm", "gelu", "split"}
     assert expected <= layer_ops
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_the_report_of_a_model_with_sdpa_shows_the_weights_the_model_applied(family):
+    """transformers' default attention is sdpa, which stores no weights: the report recomputes
+    them (labelled so) for a map per head of each layer, equal to the model's eager attentions."""
+    model, ids, pipeline = _imported(family, "sdpa")
+    trace = pipeline.run(inputs={"input_ids": ids}, params=model.state_dict(), keep_values=True)
+    page = report_data(trace)
+    assert [site["fused"] for site in page["attention"]] == [True, True]
+    shown = next(t for t in page["tensors"] if t["id"] == page["attention"][0]["recomputed"])
+    assert shown["heatmap"]["recomputed"].startswith("recomputed from q, k, mask, scale")
+    eager, _ = _transformers(family, "eager")  # the same weights (seed 0), attention written out
+    with torch.no_grad():
+        expected = eager(ids, output_attentions=True).attentions
+    for site, weights in zip(page["attention"], expected):
+        node = trace.analysis.producer(site["recomputed"])
+        assert torch.allclose(_Data(trace).recomputed_weights(node), weights, atol=1e-5)

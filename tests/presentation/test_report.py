@@ -12,10 +12,11 @@ import torch
 import tracer
 from tests.browser import Browser, find_chromium
 from tests.conftest import PIPELINES, ROOT, pipeline_text
+from tests.kinds import SDPA_CASES, SDPA_INPUTS, sdpa_step
 from tracer.cli import main
 from tracer.gallery import build
 from tracer.presentation.diagram import dot_source
-from tracer.presentation.report import LEVELS, MAX_CELLS, MAX_MAPS, MAX_SIDE, _Data, moved, report_data, script_json
+from tracer.presentation.report import LEVELS, MAX_CELLS, MAX_MAPS, MAX_SIDE, _Data, _stats, moved, report_data, script_json
 
 CAUSAL = PIPELINES / "causal_mha.yaml"
 
@@ -139,6 +140,7 @@ def test_the_attention_core_is_described_and_each_of_its_tensors_knows_its_role(
             "values": "v_h",
             "scores": "scores",
             "weights": "weights",
+            "recomputed": None,  # only a fused kernel's weights are recomputed
             "context": "context",
             "scale": "1/√Dh (Dh=2)",
             "multiplier": 0.7071,
@@ -426,3 +428,33 @@ def test_browser_the_summary_shows_a_layer_by_head_grid_of_attention_maps(browse
     browser.evaluate("document.querySelectorAll('#attention-grid canvas.thumb')[13].click()")
     browser.wait_for("document.getElementById('record-id')?.textContent === 'layers/3/attn_weights'")
     assert browser.problems() == []
+
+
+def test_statistics_are_the_same_whatever_order_the_machine_summed_in():
+    """A LayerNorm's output averages to 0 up to rounding; two machines (SIMD width, threads) round
+    its values differently in the last place. The page shows the same numbers for both."""
+    x = torch.randn(2, 8, 16, generator=torch.Generator().manual_seed(0)) * 3 + 1
+    here = torch.nn.functional.layer_norm(x, (16,))
+    there = torch.nn.functional.layer_norm(x.double(), (16,)).float()  # the same values, rounded another way
+    assert not torch.equal(here, there) and here.double().mean() != there.double().mean()
+    assert _stats(here) == _stats(there)
+    assert _stats(here)["mean"] == 0.0 and _stats(here)["std"] == pytest.approx(1.0, abs=0.01)
+    assert _stats(here + 0.5)["mean"] == pytest.approx(0.5)  # a mean above the noise is kept
+
+
+@pytest.mark.parametrize("fields", SDPA_CASES)
+def test_sdpa_weights_are_recomputed_for_the_page_and_are_what_sdpa_applied(fields):
+    """sdpa never stores its weights: the page shows them recomputed from its q, k, mask and scale,
+    labelled so, and they are the ones torch used: applied to the values they give sdpa's output."""
+    text = pipeline_text(sdpa_step(fields), inputs=SDPA_INPUTS)
+    trace = tracer.loads(text, "t.yaml").run(keep_values=True)
+    data = _Data(trace)
+    weights = data.recomputed_weights(trace.analysis.nodes["o"])
+    values = trace["v"].tensor.repeat_interleave(2, -3)
+    assert weights.shape == (2, 4, 3, 6) and torch.allclose(weights.sum(-1), torch.ones(2, 4, 3))
+    assert torch.allclose(weights @ values, trace["o"].tensor, atol=1e-5)
+    page = report_data(trace)
+    heatmap = next(t for t in page["tensors"] if t["id"] == "o")["heatmap"]
+    assert heatmap["recomputed"].startswith("recomputed from q, k, mask, scale") and heatmap["axes"] == ["3", "6"]
+    assert heatmap["lead"] == [[b, h] for b in range(2) for h in range(4)] and page["attention"][0]["recomputed"] == "o"
+    assert trace["o"].tensor is data.by_id["o"].tensor  # the run's records are left as they were

@@ -9,7 +9,7 @@ import torch
 
 import tracer
 from tests.conftest import covers, pipeline_text, refused
-from tests.kinds import agrees, close, trace_of, unfused
+from tests.kinds import SDPA_CASES, SDPA_INPUTS, agrees, close, sdpa_step, trace_of, unfused
 from tracer.core.errors import TracerError
 
 
@@ -89,28 +89,9 @@ def test_mask_causal_alignment_and_sliding_window():
 
 
 @covers("sdpa")
-@pytest.mark.parametrize(
-    "fields",
-    [
-        "causal: true",
-        "causal: true, window: 3",
-        "causal: true, align: top-left",
-        "mask: keep, polarity: keep",
-        "mask: add, causal: true",
-        "scale: 0.3",
-    ],
-)
+@pytest.mark.parametrize("fields", SDPA_CASES)
 def test_sdpa_equals_the_unfused_computation(fields):
-    t = trace_of(
-        f"- {{id: o, op: sdpa, inputs: [q, k, v], gqa: true, {fields}}}",
-        inputs="""
-        q: {shape: [2, 4, 3, 8], init: randn}
-        k: {shape: [2, 2, 6, 8], init: randn}
-        v: {shape: [2, 2, 6, 8], init: randn}
-        keep: {shape: [2, 1, 1, 6], values: [[[[true, true, false, true, true, true]]], [[[true, true, true, true, true, false]]]]}
-        add: {shape: [2, 1, 1, 6], init: randn}
-        """,
-    )
+    t = trace_of(sdpa_step(fields), inputs=SDPA_INPUTS)
     q, k, v = (t[n].tensor for n in "qkv")
     qi, kj = torch.arange(3)[:, None] + 3, torch.arange(6)[None]  # bottom-right: query i is key i + 3
     hide, additive, scale = None, None, None

@@ -8,7 +8,7 @@ import pytest
 
 import tracer
 from tests.conftest import INVALID_EXAMPLES, PIPELINES, ROOT, bundled_pipelines, shared_pipeline, tracer_cli
-from tracer.core.errors import ExpectationError
+from tracer.core.errors import ExpectationError, TracerError
 from tracer.testing import assert_contiguous, assert_shape, assert_view_of
 
 CAUSAL = PIPELINES / "causal_mha.yaml"
@@ -54,7 +54,7 @@ def test_assert_contiguous_and_view_of(mha):
     assert_view_of(mha, "merged/contiguous", None)
     with pytest.raises(ExpectationError, match="expected a view of 'k', found its own storage"):
         assert_view_of(mha, "scores", "k")
-    with pytest.raises(ExpectationError, match=r"expected a contiguous tensor, found \(B, H, T, Dh\)"):
+    with pytest.raises(ExpectationError, match=r"expected 'k_h' to be contiguous, found stride \(\d+, \d+, \d+, 1\) for \(B, H, T, Dh\)"):
         assert_contiguous(mha, "k_h", True)
 
 
@@ -173,3 +173,53 @@ def test_an_inner_record_expect_is_quiet_when_an_upstream_error_explains_it():
     with pytest.raises(tracer.TracerError) as info:
         tracer.loads(broken, "m.yaml")
     assert [d.code for d in info.value.diagnostics] == ["matmul-shape"]
+
+
+@pytest.mark.parametrize("tokens", [1, 5])
+@pytest.mark.parametrize("contiguous", [True, False])
+def test_assert_contiguous_follows_the_rule_of_expect(tokens, contiguous, tmp_path):
+    """At T = 1 a transposed (B, H, T, Dh) is row-major but for a size-1 axis: torch calls it
+    contiguous, and both `expect:` and assert_contiguous accept either answer."""
+    text = CAUSAL.read_text().replace("\n  T: 6 ", f"\n  T: {tokens} ")
+    entry = f"q_h: {{contiguous: {str(contiguous).lower()}}}"
+    (tmp_path / "mha.yaml").write_text(text.replace("q_h: {shape: [B, H, T, Dh], contiguous: false}", entry))
+    try:
+        tracer.load(tmp_path / "mha.yaml")
+    except TracerError as failure:
+        assert "error[expect]" in str(failure)
+        expect_holds = False
+    else:
+        expect_holds = True
+    trace = tracer.run(CAUSAL, dims={"T": tokens})
+    try:
+        assert_contiguous(trace, "q_h", contiguous)
+    except ExpectationError as failure:
+        assert str(failure).count("expected 'q_h' to be") == 1
+        helper_holds = False
+    else:
+        helper_holds = True
+    assert helper_holds == expect_holds == (tokens == 1 or not contiguous)
+
+
+def test_a_failing_helper_shows_the_test_line_not_the_helpers_source(pytester):
+    pytester.makepyfile(
+        test_mine=f"""
+import tracer
+from tracer.testing import assert_contiguous, assert_shape, assert_view_of
+
+def test_layout():
+    trace = tracer.run({str(CAUSAL)!r}, dims={{"T": 5}})
+    assert_contiguous(trace, "q_h", True)
+
+def test_shape():
+    assert_shape(tracer.run({str(CAUSAL)!r}), "scores", "B T")
+
+def test_view():
+    assert_view_of(tracer.run({str(CAUSAL)!r}), "scores", "k")
+"""
+    )
+    result = pytester.runpytest("-p", "no:cacheprovider", "-p", "no:hypothesispytest")
+    result.assert_outcomes(failed=3)
+    output = result.stdout.str()
+    assert "expected 'q_h' to be contiguous, found stride" in output
+    assert "def assert_contiguous" not in output and "_failure(" not in output and "__tracebackhide__" not in output

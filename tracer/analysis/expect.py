@@ -87,11 +87,19 @@ def expectation_problem(entry: Expectation, found: Layout) -> str | None:
         differ = _different_names(want, found.dims)
         if differ:
             return f"expected '{name}' to be {wanted}, found {found.symbolic}: {differ} — the sizes agree only at these dims"
-    if entry.contiguous is not None and not meets_contiguity(found.sizes, found.stride, entry.contiguous):
-        rule = f" ({CONTIGUITY_RULE})" if 1 in found.sizes else ""
-        state = "contiguous" if entry.contiguous else "non-contiguous"
-        return f"expected '{name}' to be {state}, found stride {found.stride} for {found.symbolic}{rule}"
+    if entry.contiguous is not None:
+        return contiguity_problem(name, found, entry.contiguous)
     return None
+
+
+def contiguity_problem(name: str, found: Layout, contiguous: bool) -> str | None:
+    """Why a layout does not meet ``contiguous`` (None when it does): the one rule, for ``expect:``
+    and ``tracer.testing.assert_contiguous`` alike (see ``meets_contiguity``)."""
+    if meets_contiguity(found.sizes, found.stride, contiguous):
+        return None
+    rule = f" ({CONTIGUITY_RULE})" if 1 in found.sizes else ""
+    state = "contiguous" if contiguous else "non-contiguous"
+    return f"expected '{name}' to be {state}, found stride {found.stride} for {found.symbolic}{rule}"
 
 
 def _different_names(want: tuple[Dim, ...], found: tuple[Dim, ...] | None) -> str:

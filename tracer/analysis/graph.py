@@ -23,7 +23,7 @@ from ..core.symbolic import DimAlgebra
 from ..spec.pipeline import PipelineSpec
 from ..spec.source import SourceMap
 
-ONE, CHAIN, OUTPUTS = "one", "chain", "outputs"  # what a step makes: one tensor, a chain of inner ops, named outputs
+ONE, CHAIN, OUTPUTS = "one", "chain", "outputs"  # what a step makes: one tensor, a composite's inner ops, named outputs
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,7 +33,7 @@ class Out:
     id: str
     op: str
     meta: Meta
-    reads: tuple[str, ...]  # record ids: a chain's inner op reads the one before, anything else the step's inputs
+    reads: tuple[str, ...]  # record ids it is computed from: a composite's inner op what its Inner names, anything else the step's inputs
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,7 +48,7 @@ class Node:
     copy: str | None = None  # the block copy it belongs to ('layers/3'), None at the top
     reads: tuple[str, ...] = ()  # the records its kernel reads, in argument order (a composite's id: its last record)
     outs: tuple[Out, ...] = ()  # what it made, once the shape pass has run (empty if its rule failed)
-    form: str = ONE  # ONE, CHAIN (a composite's inner ops, each reading the one before) or OUTPUTS
+    form: str = ONE  # ONE, CHAIN (a composite's inner ops, each reading what its Inner names) or OUTPUTS
     flops: int = 0  # of its kernel, as FlopCounterMode counts them
 
     @property

@@ -371,7 +371,7 @@ class _ShapePass:
                 self.causes.setdefault(exc.cause, []).append(step.id)
             return node
         form, made = _made(step, result)
-        large = next(filter(None, (too_large(meta.sizes, meta.dtype) for _, _, meta in made)), None)
+        large = next(filter(None, (too_large(meta.sizes, meta.dtype) for _, _, meta, _ in made)), None)
         if large:
             message = f"{large} {self.bindings(ctx.alg)}"
             self.diagnostics.append(self.source.error(("steps", i), "tensor-too-large", message, step.id, prefer_key=True))
@@ -380,8 +380,8 @@ class _ShapePass:
             self.diagnostics.append(self.source.error(("steps", i, field_name), "dim-mismatch", message, step.id, severity="warning"))
         inputs = tuple(self._value(ref) for ref in node.refs)
         outs = []
-        for j, (record, op, meta) in enumerate(made):
-            out = Out(record, op, with_root(meta, record), (outs[j - 1].id,) if form == CHAIN and j else inputs)
+        for record, op, meta, named in made:
+            out = Out(record, op, with_root(meta, record), _resolve(form, named, inputs, step.id, outs))
             metas[record] = out.meta
             outs.append(out)
         if form == CHAIN:
@@ -394,13 +394,24 @@ class _ShapePass:
         return self.values.get(ref, ref)
 
 
-def _made(step, result: Shape) -> tuple[str, list[tuple[str, str, Meta]]]:
-    """What a shape rule returned, as (form, [(record id, op, meta)])."""
+def _made(step, result: Shape) -> tuple[str, list[tuple[str, str, Meta, tuple | None]]]:
+    """What a shape rule returned, as (form, [(record id, op, meta, what it reads)])."""
     if isinstance(result, Composite):
-        return CHAIN, [(f"{step.id}/{inner.suffix}", inner.op, inner.meta) for inner in result]
+        return CHAIN, [(f"{step.id}/{inner.suffix}", inner.op, inner.meta, inner.reads) for inner in result]
     if isinstance(result, Outputs):
-        return OUTPUTS, [(name, step.op, meta) for name, meta in result.metas.items()]
-    return ONE, [(step.id, step.op, result)]
+        return OUTPUTS, [(name, step.op, meta, None) for name, meta in result.metas.items()]
+    return ONE, [(step.id, step.op, result, None)]
+
+
+def _resolve(form: str, reads: tuple | None, inputs: tuple[str, ...], step_id: str, before: list[Out]) -> tuple[str, ...]:
+    """The record ids a record was computed from: every tensor of the step for one op or named
+    outputs; for a composite's inner op what ``Inner.reads`` names (by default the one before it,
+    the step's tensors for the first one)."""
+    if form != CHAIN:
+        return inputs
+    if reads is None:
+        return (before[-1].id,) if before else inputs
+    return tuple(inputs[r] if isinstance(r, int) else f"{step_id}/{r}" for r in reads)
 
 
 def _source_problem(name: str, decl: TensorDecl, sizes: tuple[int, ...], section: str, dtype: str) -> tuple[str, str] | None:

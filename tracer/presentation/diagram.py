@@ -178,18 +178,21 @@ class _Builder:
         group = self.fold.get(producer)
         return self.group_nodes[group] if group else self.analysis.record_of(producer)
 
-    def _head(self, step_id: str) -> str:
+    def _head(self, step_id: str, rid: str) -> str | None:
+        """The node an arrow carrying record ``rid`` into the step ends at: the step's own, its
+        collapsed group's, or a composite's first inner op that reads it (None if none does)."""
         group = self.fold.get(step_id)
         if group:
             return self.group_nodes[group]
         node = self.nodes[step_id]
-        return node.outs[0].id if node.form == CHAIN else step_id
+        if node.form != CHAIN:
+            return step_id
+        return next((out.id for out in node.outs if rid in out.reads), None)
 
     def _edges(self) -> list[_Edge]:
         edges, seen = [], set()
-        for step_id, node in self.nodes.items():
-            for ref, rid in zip(node.refs, node.reads):
-                edge = _Edge(self._tail(ref), self._head(step_id), self.records[rid])
+        for node in self.nodes.values():
+            for edge in self._edges_into(node):
                 key = (edge.tail, edge.head, edge.record.id)
                 if edge.tail == edge.head:
                     continue  # both ends inside one collapsed group
@@ -197,15 +200,22 @@ class _Builder:
                     continue  # a collapsed group reads each outside tensor once
                 seen.add(key)
                 edges.append(edge)
-            edges += self._inner_edges(node)
         for name in self.analysis.outputs:
             edges.append(_Edge(self._tail(name), _output_node(name), self.records[self.analysis.record_of(name)]))
         return edges
 
-    def _inner_edges(self, node) -> list[_Edge]:
+    def _edges_into(self, node) -> list[_Edge]:
+        """One arrow per tensor the step reads; into a composite's cluster, one per tensor each
+        inner op is computed from (rope's tables read no input, its rotation reads x, cos and sin)."""
+        ref_of = dict(zip(node.reads, node.refs))
         if node.id in self.fold or node.form != CHAIN:
-            return []
-        return [_Edge(a.id, b.id, self.records[a.id]) for a, b in zip(node.outs, node.outs[1:])]
+            return [_Edge(self._tail(ref), self._head(node.id, rid), self.records[rid]) for ref, rid in zip(node.refs, node.reads)]
+        edges = []
+        for out in node.outs:
+            for rid in out.reads:
+                tail = self._tail(ref_of[rid]) if rid in ref_of else rid  # else an earlier inner record of the step
+                edges.append(_Edge(tail, out.id, self.records[rid]))
+        return edges
 
     # nodes
 
@@ -367,8 +377,10 @@ class _Builder:
                 continue  # drawn inside a folded or collapsed node
             siblings: dict[str, list[str]] = {}
             for node in self.analysis.users(tensor_id):
-                head = self._head(node.id)
-                if node.refs[0] == tensor_id and node.id not in self.fold and head not in sum(siblings.values(), []):
+                if node.refs[0] != tensor_id or node.id in self.fold:
+                    continue
+                head = self._head(node.id, node.reads[0])
+                if head is not None and head not in sum(siblings.values(), []):
                     siblings.setdefault(node.step.op, []).append(head)
             for heads in siblings.values():
                 if len(heads) > 1:

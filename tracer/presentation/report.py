@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..core.errors import Diagnostic, TracerError, display
 from ..core.formatting import human_bytes
+from ..runtime.interpreter import KernelContext
 from ..runtime.records import TensorRecord
 from .diagram import diagram
 from .folding import repeat_folds
@@ -37,6 +38,7 @@ if TYPE_CHECKING:
 MAX_SIDE = 64  # a heatmap keeps at most 64 x 64 cells: longer sequences are mean-pooled into blocks
 MAX_MAPS = 16  # ... and at most 16 (batch, head) maps per tensor, the first ones in row-major order
 MAX_CELLS = 1 << 18  # ... and a page at most 262,144 cells in all (one byte each), in run order
+RECOMPUTED = "recomputed from q, k, mask, scale: the fused kernel never stores its weights (the run is unchanged)"
 DIGITS = 4  # significant digits of the statistics and of each map's largest weight
 LEVELS = 254  # a cell is a byte: 0..254 of its map's largest weight, 255 for NaN
 _ASSETS = resources.files("tracer.presentation") / "report_assets"
@@ -119,6 +121,7 @@ class _Data:
         self.copy_prefixes = {copy: fold for fold in blocks for copy in fold.hidden}
         self._full: dict[str, dict] = {}
         self.sites = [_site(site) for site in self.analysis.attention]
+        self.fused = {site.product for site in self.analysis.attention if site.fused}
         self.roles: dict[str, list[list]] = {}  # record id -> [[site index, its role there]]
         for n, site in enumerate(self.sites):
             for role in ROLES:
@@ -202,8 +205,25 @@ class _Data:
         if record.tensor is not None and record.tensor.device.type != "meta":
             data["stats"] = _stats(record.tensor)
             if node is not None and is_attention_weights(node.step, record):
-                data["heatmap"] = self.heatmap(record)
+                data["heatmap"] = self.heatmap(record, leading_maps(record.tensor), record.symbolic_shape)
+            elif node is not None and record.id == node.value and node.id in self.fused:
+                weights = self.recomputed_weights(node)
+                if weights is not None and weights.numel():
+                    symbolic = self.by_id[node.reads[0]].symbolic_shape[:-1] + self.by_id[node.reads[1]].symbolic_shape[-2:-1]
+                    data["heatmap"] = {**self.heatmap(record, leading_maps(weights), symbolic, weights.shape), "recomputed": RECOMPUTED}
         return data
+
+    def recomputed_weights(self, node: Any) -> Any:
+        """A fused kernel's weights, recomputed from the tensors it read (the run is not touched);
+        None when one of them was not kept."""
+        import torch
+
+        args = [self.by_id[rid].tensor for rid in node.reads]
+        if any(arg is None for arg in args):
+            return None
+        context = KernelContext(self.analysis, node, args[0].device, training=False)
+        with torch.no_grad():
+            return node.step.fused_weights(context)(*args)
 
     def same_in_every_copy(self, record: TensorRecord, node: Any) -> dict:
         """What every copy of a repeated block shares: the copies are one block file with one set of dims."""
@@ -230,12 +250,13 @@ class _Data:
             data["flops"] = flops
         return data
 
-    def heatmap(self, record: TensorRecord) -> dict:
-        """Every (batch, head) map of (…, T_q, T_kv) weights, mean-pooled to at most MAX_SIDE a side,
-        as long as the page's budget of cells lasts."""
+    def heatmap(self, record: TensorRecord, maps: Any, symbolic: tuple[str, ...], shape: tuple[int, ...] | None = None) -> dict:
+        """Every (batch, head) map of (…, T_q, T_kv) weights (``maps``, of ``record`` or of the
+        fused step that made it), mean-pooled to at most MAX_SIDE a side, as long as the page's
+        budget of cells lasts."""
         import torch
 
-        maps = leading_maps(record.tensor)
+        shape = tuple(record.shape if shape is None else shape)
         total, (rows, cols) = maps.shape[0], maps.shape[-2:]
         side = (min(rows, MAX_SIDE), min(cols, MAX_SIDE))
         kept = min(total, MAX_MAPS, self.cells_left // (side[0] * side[1]))
@@ -243,15 +264,15 @@ class _Data:
         pooled = torch.nn.functional.adaptive_avg_pool2d(maps[:kept], side) if kept else []
         words = self.labels(record)
         return {
-            "lead_dims": list(record.symbolic_shape[:-2]),
-            "lead": [list(_unravel(i, record.shape[:-2])) for i in range(kept)],
+            "lead_dims": list(symbolic[:-2]),
+            "lead": [list(_unravel(i, shape[:-2])) for i in range(kept)],
             "total": total,
             "rows": rows,
             "cols": cols,
             "side": list(side),
             "row_labels": words if words and len(words) == rows <= MAX_SIDE else None,
             "col_labels": words if words and len(words) == cols <= MAX_SIDE else None,
-            "axes": list(record.symbolic_shape[-2:]),
+            "axes": list(symbolic[-2:]),
             "maps": [_encode_map(m) for m in pooled],
         }
 
@@ -343,6 +364,7 @@ def _site(site) -> dict:
         "values": site.values,
         "scores": site.scores,
         "weights": None if site.softmax is None else site.softmax,
+        "recomputed": site.context if site.fused else None,  # its record carries the weights recomputed, with values
         "context": site.context,
         "scale": scale,
         "multiplier": _round(site.multiplier),
@@ -361,6 +383,11 @@ def _round(value: float) -> float | None:
 
 
 def _stats(tensor: Any) -> dict:
+    """Counts, and the finite values' min, max, mean and std to ``DIGITS`` digits (summed in
+    float64, so the order of the sum does not matter). A mean below the tensor's own rounding
+    noise is 0: a LayerNorm's output averages to 0 up to one unit in the last place of its
+    values, and which tiny number that noise makes depends on the machine's SIMD width and
+    thread count (-2.6e-08 on one, -3.7e-09 on another), not on the pipeline."""
     import torch
 
     values = tensor.detach().to("cpu", torch.float64).reshape(-1)
@@ -373,8 +400,16 @@ def _stats(tensor: Any) -> dict:
     }
     if finite.numel():
         std = float(finite.std()) if finite.numel() > 1 else 0.0
-        stats.update(min=_round(float(finite.min())), max=_round(float(finite.max())), mean=_round(float(finite.mean())), std=_round(std))
+        mean = float(finite.mean())
+        noise = _resolution(tensor.dtype, torch) * float(finite.abs().max())
+        mean = 0.0 if abs(mean) <= noise else mean
+        stats.update(min=_round(float(finite.min())), max=_round(float(finite.max())), mean=_round(mean), std=_round(std))
     return stats
+
+
+def _resolution(dtype: Any, torch) -> float:
+    """The relative spacing of a dtype's values (its epsilon); 0 for integers, which are exact."""
+    return torch.finfo(dtype).eps if dtype.is_floating_point else 0.0
 
 
 def _encode_map(weights: Any) -> dict:

@@ -10,6 +10,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+from ..analysis.expect import Layout
 from ..analysis.memory import memory_of
 from ..core.formatting import human_bytes
 from ..runtime.records import TensorRecord
@@ -78,6 +79,11 @@ class Trace:
         if record is None:
             raise KeyError(f"no tensor '{tensor_id}' in this trace (tensors: {', '.join(self._by_id)})")
         return record
+
+    def layout(self, tensor_id: str) -> Layout:
+        """What ``expect:`` and ``tracer.testing`` hold a recorded tensor against."""
+        record = self[tensor_id]
+        return Layout(f"{record.symbolic} {list(record.shape)}", record.shape, record.stride)
 
     def __contains__(self, tensor_id: str) -> bool:
         return tensor_id in self._by_id or self.analysis.record_of(tensor_id) in self._by_id

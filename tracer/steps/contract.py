@@ -109,17 +109,27 @@ class EmitContext(Protocol):
         ...
 
 
+CHAINED = None  # an inner op that reads the one before it (the first one: all the step's tensors)
+
+
 @dataclass(frozen=True)
 class Inner:
-    """One torch op inside a composite step, recorded as ``STEP/suffix``."""
+    """One torch op inside a composite step, recorded as ``STEP/suffix``.
+
+    ``reads`` says which tensors its kernel computes it from, as diagrams draw them and ``run
+    --json`` records them: the step's own tensors by position in the kernel's arguments (``0``,
+    the first input; params follow the inputs) and earlier inner records by suffix. rope's tables
+    read only its positions (``(1,)``, or nothing), its ``rotated`` reads ``(0, "cos", "sin")``.
+    """
 
     suffix: str
     op: str
     meta: Meta
+    reads: tuple[int | str, ...] | None = CHAINED
 
 
 class Composite(tuple):
-    """A shape rule's result for a step that is several ops in a chain: ``Composite([Inner, ...])``.
+    """A shape rule's result for a step that is several torch ops: ``Composite([Inner, ...])``.
 
     Each inner tensor is a record (``merged/contiguous``); the last one is the step's value.
     """
@@ -297,6 +307,12 @@ class StepBase(Strict):
         return None
 
     def fused_attention(self) -> FusedAttention | None:
+        return None
+
+    def fused_weights(self, k: KernelContext) -> Callable | None:
+        """A fused attention kind's weights, ``softmax(q·kᵀ·scale + mask)`` before dropout, which
+        its kernel computes and never stores: a function of the kernel's arguments, for the
+        report to draw (labelled recomputed). None for every other kind."""
         return None
 
     def rotation(self) -> Rotation | None:

@@ -164,21 +164,18 @@ class Sdpa(StepBase):
             or k.sizes[-2] == 0
         )
 
-    def kernel(self, k):
-        torch, F = k.torch, k.F
-        q, key = k.ins[0], k.ins[1]
-        t_q, t_k = q.sizes[-2], key.sizes[-2]
+    def _attn_mask(self, k):
+        """``(q, mask) -> attn_mask``: what the kernel passes SDPA as ``attn_mask`` (a bool mask,
+        True attends, or a float one added to the scores; None for none)."""
+        torch = k.torch
+        t_q, t_k = k.ins[0].sizes[-2], k.ins[1].sizes[-2]
         window = k.value(self.window) if self.window is not None else None
         top_left = self.align == "top-left"
-        plain = self.is_causal_flag(t_q == t_k)
-        pattern = self.causal and not plain
+        pattern = self.causal and not self.is_causal_flag(t_q == t_k)
         as_bool = self.mask is not None and k.ins[3].dtype in ("bool", "int32", "int64")
         keep = self.polarity == "keep"
-        scale = self.scale if self.scale is None else float(self.scale)
-        p = self.dropout if (self.training if k.training is None else k.training) else 0.0
-        gqa = self.gqa
 
-        def sdpa(q, k, v, mask=None):
+        def attn_mask(q, mask):
             if mask is not None and as_bool:
                 mask = mask.bool() if keep else ~mask.bool()  # SDPA's bool mask: True attends
             if pattern:  # built per call: workspace the memory estimate counts, no constant outliving the run
@@ -189,9 +186,43 @@ class Sdpa(StepBase):
                     mask = mask & ~hidden
                 else:
                     mask = torch.where(hidden, -math.inf, mask)  # broadcasts, as masked_fill would not
+            return mask
+
+        return attn_mask
+
+    def kernel(self, k):
+        F, attn_mask = k.F, self._attn_mask(k)
+        plain = self.is_causal_flag(k.ins[0].sizes[-2] == k.ins[1].sizes[-2])
+        scale = self.scale if self.scale is None else float(self.scale)
+        p = self.dropout if (self.training if k.training is None else k.training) else 0.0
+        gqa = self.gqa
+
+        def sdpa(q, k, v, mask=None):
+            mask = attn_mask(q, mask)
             return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, is_causal=plain, scale=scale, enable_gqa=gqa)
 
         return sdpa
+
+    def fused_weights(self, k):
+        """SDPA's reference semantics (its documented math path): the scores of q and the keys
+        (each kv head repeated for its query heads with gqa), scaled, masked, softmaxed."""
+        torch, attn_mask = k.torch, self._attn_mask(k)
+        t_q, t_k = k.ins[0].sizes[-2], k.ins[1].sizes[-2]
+        plain = self.is_causal_flag(t_q == t_k)  # torch's is_causal: top-left
+        scale = self.scale
+
+        def weights(q, key, v, mask=None):
+            if self.gqa:
+                key = key.repeat_interleave(q.shape[-3] // key.shape[-3], -3)
+            scores = q @ key.transpose(-2, -1) * (1 / math.sqrt(q.shape[-1]) if scale is None else scale)
+            mask = attn_mask(q, mask)
+            if plain:
+                mask = torch.ones(t_q, t_k, dtype=torch.bool, device=q.device).tril()
+            if mask is not None:
+                scores = scores.masked_fill(~mask, -math.inf) if mask.dtype == torch.bool else scores + mask
+            return torch.softmax(scores, dim=-1)
+
+        return weights
 
     def emit(self, e):
         q, k = e.ins[0], e.ins[1]

@@ -117,7 +117,10 @@ class Rope(StepBase):
         with_sin = pointwise([fresh(part.shape, x.dtype), broadcast], part.shape, x.dtype)
         rotated = pointwise([with_cos, with_sin], part.shape, x.dtype)
         out = rotated if rot.value == head.value else fresh(x.shape, x.dtype)
-        return Composite((Inner("cos", "cos", table), Inner("sin", "sin", table), Inner("rotated", "rope", out)))
+        tables = () if self.positions is None else (1,)  # computed from the positions alone: x gives them a size and dtype
+        return Composite(
+            (Inner("cos", "cos", table, tables), Inner("sin", "sin", table, tables), Inner("rotated", "rope", out, (0, "cos", "sin")))
+        )
 
     def _check_scaling(self, rot) -> None:
         scaling = self.rope_scaling
@@ -335,7 +338,8 @@ class Alibi(StepBase):
         if heads.value < 1:
             raise StepError("alibi-shape", f"alibi needs at least one head, got {heads}={heads.value}", "input")
         bias = fresh((heads, t_q if self.relative else ctx.alg.const(1), t_k), scores.dtype)
-        return Composite((Inner("bias", "alibi", bias), Inner("biased", "alibi", pointwise([scores, bias], scores.shape, scores.dtype))))
+        biased = pointwise([scores, bias], scores.shape, scores.dtype)
+        return Composite((Inner("bias", "alibi", bias, ()), Inner("biased", "alibi", biased, (0, "bias"))))  # slopes and positions only
 
     def kernel(self, k):
         torch, relative = k.torch, self.relative
@@ -452,10 +456,10 @@ class RelativeBias(StepBase):
         bias = view(values, (ctx.alg.const(1), heads, t_q, t_k), (heads.value * along_h, along_h, along_q, along_k))
         return Composite(
             (
-                Inner("buckets", "relative_bias", fresh((t_q, t_k), "int64")),
-                Inner("values", "embedding", values),
-                Inner("bias", "permute", bias),
-                Inner("biased", "add", pointwise([scores, bias], broadcast_dims(scores.shape, bias.shape), scores.dtype)),
+                Inner("buckets", "relative_bias", fresh((t_q, t_k), "int64"), ()),  # from positions alone
+                Inner("values", "embedding", values, ("buckets", 1)),
+                Inner("bias", "permute", bias, ("values",)),
+                Inner("biased", "add", pointwise([scores, bias], broadcast_dims(scores.shape, bias.shape), scores.dtype), (0, "bias")),
             )
         )
 

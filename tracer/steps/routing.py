@@ -140,7 +140,8 @@ class Moe(StepBase):
         self._check_experts(x, gate_up, down)
         n_experts = gate_up.shape[0]
         counts = fresh((n_experts,), "int64")
-        return Composite((Inner("tokens_per_expert", "bincount", counts), Inner("sum", "index_add", fresh(x.shape, x.dtype))))
+        counts_of_experts = Inner("tokens_per_expert", "bincount", counts, (2,))
+        return Composite((counts_of_experts, Inner("sum", "index_add", fresh(x.shape, x.dtype), (0, 1, 2, 3, 4))))
 
     def _check_experts(self, x, gate_up, down) -> None:
         if len(gate_up.shape) != 3 or gate_up.sizes[1] % 2 or gate_up.sizes[2] != x.sizes[-1]:

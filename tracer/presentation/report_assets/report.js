@@ -361,8 +361,15 @@
     for (const [n, role] of t.attention || []) attentionSection(data.attention[n], role);
   }
 
+  // a fused kernel's weights, recomputed for the page from its q, k, mask and scale (report.py)
+  function recomputed(site) {
+    const t = site.recomputed && record(site.recomputed);
+    return t && t.heatmap ? t : undefined;
+  }
+
   function attentionSection(site, role) {
     const ref = (id) => (id ? link(id) : undefined);
+    const again = recomputed(site);
     panel.append(
       el("h3", {}, `attention: the ${role}`),
       table([
@@ -371,7 +378,7 @@
         ["keys", ref(site.keys)],
         ["values", ref(site.values)],
         ["scores", ref(site.scores)],
-        ["weights", ref(site.weights)],
+        ["weights", again ? el("span", {}, link(again.id), ` (${again.heatmap.recomputed})`) : ref(site.weights)],
         ["context", ref(site.context)],
         ["scale", `${site.scale} = ${site.multiplier}`],
         ["masks", site.masks.map((m) => `${m.step}: ${m.pattern}`).join("; ") || "none"],
@@ -398,6 +405,7 @@
     const h = t.heatmap;
     const section = el("div", { id: "heatmap" });
     section.append(el("h3", {}, `attention weights (${h.axes[0]} queries × ${h.axes[1]} keys)`));
+    if (h.recomputed) section.append(el("p", { class: "muted" }, h.recomputed));
     if (!h.maps.length) {
       panel.append(section, el("p", { class: "muted" }, `not embedded: the page's ${data.caps.cells} heatmap cells are spent`));
       return;
@@ -430,7 +438,7 @@
   // bertviz's overview: one row per attention site (a layer), one thumbnail per head of the first
   // batch item, every map on one colour scale; a click opens that site's weights
   function attentionGrid() {
-    const rows = data.attention.map((s) => s.weights && record(s.weights)).filter((t) => t && t.heatmap && t.heatmap.maps.length);
+    const rows = data.attention.map((s) => (s.weights && record(s.weights)) || recomputed(s)).filter((t) => t && t.heatmap && t.heatmap.maps.length);
     if (!rows.length) return "";
     const grid = el("div", { id: "attention-grid" });
     for (const t of rows) {
