@@ -58,3 +58,15 @@ def test_testing_md_describes_the_lint_examples_as_they_are():
     assert examples == {lint.example for lint in LINTS.values()} | {"view_non_contiguous"}
     errors = [p.stem for p in (ROOT / "pipelines/lint_examples").glob("*.yaml") if tracer_cli("check", p).returncode]
     assert errors == ["view_non_contiguous"]
+
+
+def test_readme_links_are_absolute_into_the_projects_source_and_name_files_that_exist():
+    """The README is the package index's page too, where a relative link leads nowhere: every link
+    is absolute, and one into the project names a file of this tree at the pyproject's Source URL."""
+    import tomllib
+
+    source = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["urls"]["Source"]
+    links = re.findall(r"\]\(([^)]+)\)", (ROOT / "README.md").read_text())
+    assert links and all(link.startswith("https://") for link in links), [link for link in links if not link.startswith("https://")]
+    ours = [link.removeprefix(f"{source}/blob/main/").partition("#")[0] for link in links if link.startswith(source)]
+    assert ours and all((ROOT / path).is_file() for path in ours), [p for p in ours if not (ROOT / p).is_file()]

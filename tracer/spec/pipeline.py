@@ -22,6 +22,7 @@ Init = Literal[tuple(INITS)]  # type: ignore[valid-type]  # every init of the re
 Scalar = StrictBool | StrictInt | StrictFloat
 MAX_VALUES = 1_000_000
 DIM_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
+MODULE_PATH = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)+$"  # package.module.Class: `matches:`
 SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1  # what torch.manual_seed accepts
 
 
@@ -180,6 +181,12 @@ class PipelineSpec(Strict):
 
     name: str = Field(max_length=120, description="the pipeline's name")
     description: str = Field("", max_length=20_000, description="what it computes, for people")
+    matches: list[Annotated[str, Field(pattern=MODULE_PATH, max_length=200)]] = Field(
+        default_factory=list,
+        max_length=20,
+        description="the library modules this pipeline computes the same as, by import path, e.g. "
+        "[transformers.models.llama.modeling_llama.LlamaDecoderLayer] (`tracer models` lists them)",
+    )
     dims: dict[Annotated[str, Field(pattern=DIM_PATTERN)], DimText] = Field(
         default_factory=dict, description="name -> int or expression over other dims"
     )
