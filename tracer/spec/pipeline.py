@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import Field, PrivateAttr, StrictBool, StrictFloat, StrictInt, field_validator, model_validator
+from pydantic import ConfigDict, Field, PrivateAttr, StrictBool, StrictFloat, StrictInt, field_validator, model_validator
 from pydantic.json_schema import GenerateJsonSchema
 
 from .. import steps  # noqa: F401  (registers every step kind)
@@ -178,6 +178,10 @@ Step = _step_union()
 
 class PipelineSpec(Strict):
     """A declared attention pipeline (the file format)."""
+
+    # the validator (every step kind's schema, ~100 ms) is built at the first validation, not at
+    # import: `tracer --version`, `help`, `models`, `schema` and `import tracer` never build it
+    model_config = ConfigDict(defer_build=True)
 
     name: str = Field(max_length=120, description="the pipeline's name")
     description: str = Field("", max_length=20_000, description="what it computes, for people")
