@@ -21,7 +21,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from .api import Pipeline
-from .core.errors import Diagnostic, TracerError
+from .core.errors import Diagnostic, TracerError, printable
 from .core.formatting import human_bytes
 from .runtime.tensors import match
 from .spec.load import load_spec
@@ -374,3 +374,27 @@ def _nbytes(handle: Any, key: str) -> int:
     for size in piece.get_shape():
         count *= size
     return count * _ITEM_BYTES.get(piece.get_dtype(), 1)
+
+
+def tokenized(text: str, folder: str | Path) -> list[str]:
+    """``text`` as the tokenizer of a ``save_pretrained`` folder splits it, special tokens included
+    (what the model reads): one label per position for the report's heatmaps. transformers reads
+    the folder offline, and runs no code from it (trust_remote_code stays off)."""
+    where = f"--tokenizer {folder}"
+
+    def fail(message: str):
+        raise TracerError(Diagnostic(where, None, "tokenizer", message))
+
+    if not os.path.isdir(folder):
+        fail("not a folder: give the folder a tokenizer's save_pretrained wrote (tokenizer.json, tokenizer_config.json)")
+    try:
+        from transformers import AutoTokenizer
+    except ImportError:
+        fail("reading a tokenizer needs transformers: pip install transformers (or give the words with --tokens alone)")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True, trust_remote_code=False)
+    except Exception as exc:  # whatever the folder holds: its problem, said in transformers' words, never a traceback
+        fail(
+            f"transformers cannot read a tokenizer here: {printable(str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__)}"
+        )
+    return tokenizer.convert_ids_to_tokens(tokenizer(text)["input_ids"])

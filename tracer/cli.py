@@ -262,6 +262,12 @@ def _parser() -> argparse.ArgumentParser:
         help='label the .html report\'s attention heatmaps with these words, one per position: --tokens "The cat sat"',
     )
     render.add_argument(
+        "--tokenizer",
+        metavar="FOLDER",
+        help="with --tokens: split TEXT as the tokenizer of this save_pretrained folder does, special tokens included "
+        "(read offline with transformers; no code from the folder runs)",
+    )
+    render.add_argument(
         "--values",
         action="store_true",
         help="run on real data and show it: per-head attention heatmaps in softmax nodes; in an .html report also per-tensor statistics",
@@ -617,6 +623,7 @@ def _draw(args) -> int:
     pipeline = _load_unchecked(args.file)
     analysis = pipeline.check(dict(args.dim))
     check_output(output, _reads(args, analysis), args.file)  # before the run: never the files it reads
+    tokens = _tokens(args)  # a tokenizer folder that cannot be read, before the run
     with _running(analysis, args.quiet) as progress:
         observe = _with_progress(None, progress)
         trace = pipeline.run(
@@ -628,12 +635,20 @@ def _draw(args) -> int:
         timeout=args.timeout,
         rankdir=args.rankdir,
         legend=args.legend,
-        tokens=tuple(args.tokens.split()),
+        tokens=tokens,
     )
     with Progress(f"drawing {output.name}", quiet=args.quiet).ticking():
         written = outputs.write(trace, output, fmt, options)  # with values: heatmaps in softmax nodes
     print(f"wrote {printable(written)}")
     return 0
+
+
+def _tokens(args) -> tuple[str, ...]:
+    if args.tokenizer is None:
+        return tuple(args.tokens.split())
+    if not args.tokens:
+        raise TracerError(Diagnostic(f"--tokenizer {args.tokenizer}", None, "tokenizer", 'give the text to split with --tokens "..."'))
+    return tuple(checkpoints.tokenized(args.tokens, args.tokenizer))
 
 
 def _export(args) -> int:
