@@ -227,6 +227,7 @@ def _parser() -> argparse.ArgumentParser:
             "tracer render causal_mha -o mha.svg",
             "tracer render causal_mha --values -o report.html  # the interactive report",
             "tracer render encoder_stack --collapse 'layers/*' -o stack.svg",
+            "tracer render llama_decoder_layer --collapse '*' --no-legend -o slide.svg  # every group one node: a layer on a slide",
         ),
     )
     render.add_argument("file", metavar="FILE", type=_pipeline_file, help=FILE_HELP)
@@ -243,7 +244,7 @@ def _parser() -> argparse.ArgumentParser:
         action="append",
         default=[],
         metavar="GROUP",
-        help="draw a group as one node: a group name, a group path ('layers' folds all copies of a block, 'layers/3' one) or a glob ('layers/*': one node per copy); repeatable",
+        help="draw a group as one node: a group name, a group path ('layers' folds all copies of a block, 'layers/3' one) or a glob ('layers/*': one node per copy; '*': every top-level group, '*/*' the level below); repeatable",
     )
     _quiet_option(render)
     render.add_argument(
