@@ -8,7 +8,10 @@ stays invisible, so what runs is the wheel's copy. Marked ``dist``: a plain ``py
 pytest-xdist builds the wheel once.
 """
 
+import json
 import os
+import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -61,19 +64,76 @@ def installed(tmp_path_factory) -> Path:
 
 
 def test_the_wheel_installs_works_outside_the_repo_and_carries_license_types_and_assets(installed, tmp_path):
-    shutil.copy(PIPELINES / "causal_mha.yaml", tmp_path)
     where = _run(installed / "python", "-c", "import tracer; print(tracer.__file__)", cwd=tmp_path).stdout
     assert Path(where).is_relative_to(installed.parent), where
     assert _run(installed / "tracer", "--version", cwd=tmp_path).stdout.startswith("tracer 0.")
-    assert _run(installed / "tracer", "check", "causal_mha.yaml", cwd=tmp_path).stderr == ""
-    _run(installed / "tracer", "render", "causal_mha.yaml", "-o", "x.dot", cwd=tmp_path)
+    assert _run(installed / "tracer", "check", "causal_mha", "llama_decoder_layer", "--strict", cwd=tmp_path).stderr == ""
+    _run(installed / "tracer", "render", "causal_mha", "-o", "x.dot", cwd=tmp_path)
     assert (tmp_path / "x.dot").read_text().startswith("digraph pipeline")
-    _run(installed / "tracer", "render", "causal_mha.yaml", "-o", "x.html", cwd=tmp_path)
+    _run(installed / "tracer", "render", "causal_mha", "--values", "-o", "x.html", cwd=tmp_path)
     assert "attentionSection" in (tmp_path / "x.html").read_text()  # the report's script came from the wheel
     assert _run(installed / "tracer", "schema", cwd=tmp_path).stdout == PACKAGED_SCHEMA.read_text()
     shipped = Path(_run(installed / "tracer", "schema", "--path", cwd=tmp_path).stdout.strip())
     assert shipped.is_relative_to(installed.parent) and shipped.read_text() == PACKAGED_SCHEMA.read_text()
     _carries_license_types_and_assets(Path(where).parent)
+    _runs_every_help_example(installed, tmp_path / "examples")
+    _runs_a_bundled_model_by_name_on_a_saved_checkpoint(installed, tmp_path / "checkpoint")
+    _runs_the_pytest_plugin(installed, tmp_path / "plugin")
+
+
+# Runs the examples in one process of the fresh venv (one torch import, not one per example):
+# each as `tracer ARGS`, with a `> FILE` redirection written as the shell would.
+_EXAMPLES = """
+import contextlib, io, json, sys
+from tracer.cli import main
+for words in json.loads(sys.argv[1]):
+    target = words[words.index(">") + 1] if ">" in words else None
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = main(words[1 : words.index(">") if target else None])
+    assert code == 0, (words, code)
+    if target:
+        open(target, "w").write(out.getvalue())
+"""
+
+
+def _runs_every_help_example(installed: Path, folder: Path) -> None:
+    """Each example of `tracer help COMMAND`, as the installed command prints it, in an empty folder."""
+    folder.mkdir()
+    overview = _run(installed / "tracer", "help", cwd=folder).stdout
+    listing = overview.partition("COMMAND\n")[2].partition("\noptions:")[0]
+    commands = re.findall(r"^    (\w+) ", listing, re.M)
+    assert "run" in commands and "models" in commands, overview
+    examples = []
+    for command in commands:
+        text = _run(installed / "tracer", "help", command, cwd=folder).stdout
+        examples += [shlex.split(line, comments=True) for line in text.partition("\nexamples:\n")[2].splitlines()]
+    assert {words[1] for words in examples} == set(commands)  # every command shows an example
+    _run(installed / "python", "-c", _EXAMPLES, json.dumps(examples), cwd=folder)
+    assert (folder / "nanogpt.yaml").is_file() and (folder / "report.html").is_file()
+
+
+def _runs_a_bundled_model_by_name_on_a_saved_checkpoint(installed: Path, folder: Path) -> None:
+    """README's `tracer run llama_decoder_layer --weights ./my-llama --layer 3`, as written."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        hidden_size=32, num_attention_heads=4, num_key_value_heads=2, intermediate_size=24, num_hidden_layers=4, vocab_size=16
+    )
+    LlamaForCausalLM(config).save_pretrained(folder / "my-llama")
+    done = _run(installed / "tracer", "run", "llama_decoder_layer", "--weights", "./my-llama", "--layer", "3", "-q", cwd=folder)
+    assert "W_q" in done.stdout and "[32, 32]" in done.stdout, done.stdout  # the config's size, not the file's 16
+
+
+def _runs_the_pytest_plugin(installed: Path, folder: Path) -> None:
+    """The pytest11 entry point of the wheel: a pipeline file as a test item, and the fixture."""
+    folder.mkdir()
+    (folder / "attention.yaml").write_text((PIPELINES / "causal_mha.yaml").read_text())
+    (folder / "test_shapes.py").write_text(
+        "def test_scores(trace_pipeline):\n    assert trace_pipeline('causal_mha')['scores'].symbolic == '(B, H, T, T)'\n"
+    )
+    done = _run(installed / "python", "-m", "pytest", "-q", "-p", "no:cacheprovider", "--tracer-pipelines=*.yaml", cwd=folder)
+    assert "2 passed" in done.stdout, done.stdout
 
 
 def _carries_license_types_and_assets(package: Path) -> None:

@@ -22,9 +22,10 @@ from pydantic import ValidationError
 
 from .api import Pipeline
 from .core.dimexpr import MAX_VALUE
-from .core.errors import Diagnostic, TracerError
+from .core.errors import Diagnostic, TracerError, printable
 from .core.formatting import human_bytes
 from .runtime.tensors import match
+from .spec.bundled import locate
 from .spec.load import load_spec
 from .spec.pipeline import Checkpoint, Split
 from .spec.source import control_problem, one_line_field, open_regular
@@ -50,7 +51,7 @@ def bind(pipeline: Pipeline | str | Path, folder: str | Path, layer: int | None 
     """A new pipeline whose dims and step fields are the values ``config.json`` gives them; a
     config that differs from what the pipeline ``require:``s is refused, every problem at once."""
     if not isinstance(pipeline, Pipeline):
-        pipeline = Pipeline(*load_spec(pipeline))
+        pipeline = Pipeline(*load_spec(locate(pipeline)))  # a file, or a bundled model's name
     section = _section(pipeline)
     _prefix(pipeline, section, layer)  # a missing or stray --layer before anything is read
     config_path = Path(folder) / CONFIG
@@ -425,3 +426,27 @@ class _Shards:
             return handle.get_tensor(key).clone()
         except Exception as exc:  # bytes the header promised and the file does not hold, or cannot convert
             raise TracerError(Diagnostic(str(self.folder / shard), None, "weights-file", f"cannot read '{key}' ({reason(exc)})")) from None
+
+
+def tokenized(text: str, folder: str | Path) -> list[str]:
+    """``text`` as the tokenizer of a ``save_pretrained`` folder splits it, special tokens included
+    (what the model reads): one label per position for the report's heatmaps. transformers reads
+    the folder offline, and runs no code from it (trust_remote_code stays off)."""
+    where = f"--tokenizer {folder}"
+
+    def fail(message: str):
+        raise TracerError(Diagnostic(where, None, "tokenizer", message))
+
+    if not os.path.isdir(folder):
+        fail("not a folder: give the folder a tokenizer's save_pretrained wrote (tokenizer.json, tokenizer_config.json)")
+    try:
+        from transformers import AutoTokenizer
+    except ImportError:
+        fail("reading a tokenizer needs transformers: pip install transformers (or give the words with --tokens alone)")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True, trust_remote_code=False)
+    except Exception as exc:  # whatever the folder holds: its problem, said in transformers' words, never a traceback
+        fail(
+            f"transformers cannot read a tokenizer here: {printable(str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__)}"
+        )
+    return tokenizer.convert_ids_to_tokens(tokenizer(text)["input_ids"])

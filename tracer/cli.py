@@ -29,6 +29,7 @@ from .presentation.graphviz import chosen_renderer, find_renderer
 from .presentation.progress import Progress
 from .runtime.interpreter import device_problem
 from .runtime.tensors import match, takes
+from .spec.bundled import locate, models
 from .spec.load import load_spec
 
 DRAWINGS = ("svg", "png", "pdf", "dot", "html")  # what `tracer render -o` writes, by suffix
@@ -112,7 +113,7 @@ class _Help(argparse.RawDescriptionHelpFormatter):
         return f"{', '.join(action.option_strings)} {self._format_args(action, self._get_default_metavar_for_optional(action))}"
 
 
-FILE_HELP = "a pipeline file (YAML)"
+FILE_HELP = "a pipeline file (YAML), or the name of a bundled one: causal_mha, llama_decoder_layer (`tracer models` lists the models)"
 
 
 def _examples(*lines: str) -> str:
@@ -134,12 +135,17 @@ def _parser() -> argparse.ArgumentParser:
         "check",
         help="validate pipelines and infer every shape without running them",
         epilog=_examples(
-            "tracer check pipelines/causal_mha.yaml",
-            "tracer check pipelines/*.yaml --strict              # lint warnings fail too",
-            "tracer check pipelines/causal_mha.yaml --dim T=4096  # at other sizes",
+            "tracer check causal_mha llama_decoder_layer --strict  # lint warnings fail too",
+            "tracer check causal_mha --dim T=4096               # at other sizes",
         ),
     )
-    check.add_argument("files", nargs="+", metavar="FILE", help="pipeline files (YAML); every error of each is reported")
+    check.add_argument(
+        "files",
+        nargs="+",
+        metavar="FILE",
+        type=_pipeline_file,
+        help="pipeline files (YAML) or bundled names; every error of each is reported",
+    )
     check.add_argument("--strict", action="store_true", help="treat warnings (lints) as errors")
     _dims_option(check)
     check.set_defaults(handler=_check)
@@ -148,14 +154,15 @@ def _parser() -> argparse.ArgumentParser:
         "run",
         help="run a pipeline on torch and print every tensor's record",
         epilog=_examples(
-            "tracer run pipelines/causal_mha.yaml",
-            "tracer run pipelines/causal_mha.yaml --values scores           # one tensor's values",
-            "tracer run pipelines/causal_mha.yaml --device meta --dim T=65536  # shapes only, nothing allocated",
-            "tracer run pipelines/causal_mha.yaml --json -o trace.json",
-            "tracer run pipelines/causal_mha.yaml --collapse 'attention core'  # one row for the group",
+            "tracer run causal_mha",
+            "tracer run causal_mha --values scores           # one tensor's values",
+            "tracer run causal_mha --device meta --dim T=65536  # shapes only, nothing allocated",
+            "tracer run causal_mha --json -o trace.json",
+            "tracer run causal_mha --collapse 'attention core'  # one row for the group",
+            "tracer run llama_decoder_layer --dim T=32        # a bundled model (tracer models lists them)",
         ),
     )
-    run.add_argument("file", metavar="FILE", help=FILE_HELP)
+    run.add_argument("file", metavar="FILE", type=_pipeline_file, help=FILE_HELP)
     _dims_option(run)
     run.add_argument("--seed", type=int, help="override the pipeline's seed")
     run.add_argument(
@@ -223,12 +230,13 @@ def _parser() -> argparse.ArgumentParser:
         "render",
         help="draw the dataflow with shapes on every edge (svg, png, pdf, dot, or the html report)",
         epilog=_examples(
-            "tracer render pipelines/causal_mha.yaml -o mha.svg",
-            "tracer render pipelines/causal_mha.yaml --values -o report.html  # the interactive report",
-            "tracer render pipelines/encoder_stack.yaml --collapse 'layers/*' -o stack.svg",
+            "tracer render causal_mha -o mha.svg",
+            "tracer render causal_mha --values -o report.html  # the interactive report",
+            "tracer render encoder_stack --collapse 'layers/*' -o stack.svg",
+            "tracer render llama_decoder_layer --collapse '*' --no-legend -o slide.svg  # every group one node: a layer on a slide",
         ),
     )
-    render.add_argument("file", metavar="FILE", help=FILE_HELP)
+    render.add_argument("file", metavar="FILE", type=_pipeline_file, help=FILE_HELP)
     render.add_argument(
         "-o",
         "--output",
@@ -242,7 +250,7 @@ def _parser() -> argparse.ArgumentParser:
         action="append",
         default=[],
         metavar="GROUP",
-        help="draw a group as one node: a group name, a group path ('layers' folds all copies of a block, 'layers/3' one) or a glob ('layers/*': one node per copy); repeatable",
+        help="draw a group as one node: a group name, a group path ('layers' folds all copies of a block, 'layers/3' one) or a glob ('layers/*': one node per copy; '*': every top-level group, '*/*' the level below); repeatable",
     )
     _quiet_option(render)
     render.add_argument(
@@ -261,6 +269,12 @@ def _parser() -> argparse.ArgumentParser:
         default="",
         metavar="TEXT",
         help='label the .html report\'s attention heatmaps with these words, one per position: --tokens "The cat sat"',
+    )
+    render.add_argument(
+        "--tokenizer",
+        metavar="FOLDER",
+        help="with --tokens: split TEXT as the tokenizer of this save_pretrained folder does, special tokens included "
+        "(read offline with transformers; no code from the folder runs)",
     )
     render.add_argument(
         "--values",
@@ -284,9 +298,9 @@ def _parser() -> argparse.ArgumentParser:
     export = commands.add_parser(
         "export",
         help="write the pipeline as a standalone PyTorch module (nn.Module source)",
-        epilog=_examples("tracer export pipelines/causal_mha.yaml -o causal_mha.py"),
+        epilog=_examples("tracer export causal_mha -o causal_mha.py"),
     )
-    export.add_argument("file", metavar="FILE", help=FILE_HELP)
+    export.add_argument("file", metavar="FILE", type=_pipeline_file, help=FILE_HELP)
     export.add_argument("-o", "--output", metavar="OUT", type=_output_name, help="the .py file to write, atomically (default: stdout)")
     _dims_option(export)
     _force_option(export)
@@ -295,9 +309,15 @@ def _parser() -> argparse.ArgumentParser:
     imported = commands.add_parser(
         "import",
         help="write a PyTorch module as a pipeline file (runs MODULE:FACTORY: your own code)",
-        epilog=_examples("tracer import mymodel:make_attention --args '[64, 4]' --input x=2,16,64 -o attention.yaml"),
+        epilog=_examples(
+            "tracer import tracer.pipelines.imported.modules:nanogpt_attention --input x=2,6,8 -o nanogpt.yaml  # nanoGPT's attention",
+        ),
     )
-    imported.add_argument("target", metavar="MODULE:FACTORY", help="a Python import path and a callable returning the nn.Module")
+    imported.add_argument(
+        "target",
+        metavar="MODULE:FACTORY",
+        help="a Python import path and a callable returning the nn.Module, e.g. mymodel:make_attention with --args '[64, 4]'",
+    )
     imported.add_argument("--args", default="[]", metavar="JSON", help="the factory's arguments: a JSON list, or an object of keywords")
     imported.add_argument(
         "--input",
@@ -332,11 +352,17 @@ def _parser() -> argparse.ArgumentParser:
             "not load or check, a run that fails, a page that cannot be written, a bad option)."
         ),
         epilog=_examples(
-            "tracer diff pipelines/models/llama_decoder_layer.yaml pipelines/imported/llama_decoder_layer.yaml --values  # names only: exit 0",
-            "tracer diff pipelines/encoder_stack.yaml pipelines/encoder_stack.yaml --json > diff.json",
+            "tracer diff models/llama_decoder_layer imported/llama_decoder_layer --values  # names only: exit 0",
+            "tracer diff lint_examples/scale_mismatch lint_examples/fixed/scale_mismatch --values  # exit 1",
         ),
     )
-    compared.add_argument("files", nargs=2, metavar="FILE", help="the two pipeline files (YAML), the first as the baseline")
+    compared.add_argument(
+        "files",
+        nargs=2,
+        metavar="FILE",
+        type=_pipeline_file,
+        help="the two pipeline files (YAML) or bundled names, the first as the baseline",
+    )
     compared.add_argument(
         "--values",
         action="store_true",
@@ -360,6 +386,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     schema.add_argument("--path", action="store_true", help="print where the installed schema file is instead, for a $schema line")
     schema.set_defaults(handler=_schema)
+
+    listed = commands.add_parser(
+        "models",
+        help="list the bundled models, the transformers modules each matches, and which read a save_pretrained folder",
+        epilog=_examples("tracer models  # then: tracer run NAME, tracer run NAME --weights FOLDER --layer N"),
+    )
+    listed.set_defaults(handler=_models)
 
     helped = commands.add_parser("help", help="show this help, or a command's: tracer help run", epilog=_examples("tracer help render"))
     helped.add_argument("topic", nargs="?", metavar="COMMAND", choices=sorted(commands.choices), help="the command to explain")
@@ -427,6 +460,23 @@ def _device(text: str) -> str:
     if problem is not None:
         raise argparse.ArgumentTypeError(problem)
     return text
+
+
+def _pipeline_file(text: str) -> str:
+    """A FILE argument: the file, or the bundled pipeline of that name when no such file exists here."""
+    return str(locate(text))
+
+
+def _models(args) -> int:
+    """One line per bundled model: its name (what FILE takes), the classes it matches, whether
+    ``--weights FOLDER`` fills it, and its description."""
+    listed = models()
+    width = max(len(m.name) for m in listed)
+    for model in listed:
+        classes = ", ".join(path.rpartition(".")[2] for path in model.matches) or "-"
+        weights = "  (--weights FOLDER)" if model.takes_checkpoint else ""
+        print(f"{model.name:<{width}}  {classes}{weights}\n{'':<{width}}  {model.description}")
+    return 0
 
 
 def _check(args) -> int:
@@ -661,6 +711,7 @@ def _draw(args) -> int:
     analysis = pipeline.check(dict(args.dim))
     writes = _writes(args, analysis)
     writes.check(output, fmt.name)  # before the run: never the files it reads
+    tokens = _tokens(args)  # a tokenizer folder that cannot be read, before the run
     with _running(analysis, args.quiet) as progress:
         observe = _with_progress(None, progress)
         trace = pipeline.run(
@@ -678,12 +729,20 @@ def _draw(args) -> int:
         timeout=args.timeout,
         rankdir=args.rankdir,
         legend=args.legend,
-        tokens=tuple(args.tokens.split()),
+        tokens=tokens,
     )
     with Progress(f"drawing {output.name}", quiet=args.quiet).ticking():
         outputs.write(trace, output, fmt, options, writes)  # with values: heatmaps in softmax nodes
     _list_written(writes, sys.stdout)
     return 0
+
+
+def _tokens(args) -> tuple[str, ...]:
+    if args.tokenizer is None:
+        return tuple(args.tokens.split())
+    if not args.tokens:
+        raise TracerError(Diagnostic(f"--tokenizer {args.tokenizer}", None, "tokenizer", 'give the text to split with --tokens "..."'))
+    return tuple(checkpoints.tokenized(args.tokens, args.tokenizer))
 
 
 def _export(args) -> int:

@@ -58,3 +58,11 @@ def test_testing_md_describes_the_lint_examples_as_they_are():
     assert examples == {lint.example for lint in LINTS.values()} | {"view_non_contiguous"}
     errors = [p.stem for p in (ROOT / "pipelines/lint_examples").glob("*.yaml") if tracer_cli("check", p).returncode]
     assert errors == ["view_non_contiguous"]
+
+
+def test_readme_links_name_files_that_exist():
+    """Every link of the README into the project names a file of this tree (the README has no
+    absolute links while the project has no public address: see pyproject.toml)."""
+    links = re.findall(r"\]\(([^)]+)\)", (ROOT / "README.md").read_text())
+    ours = [link.partition("#")[0] for link in links if not link.startswith(("https://", "http://", "#"))]
+    assert ours and all((ROOT / path).is_file() for path in ours), [p for p in ours if not (ROOT / p).is_file()]

@@ -65,22 +65,30 @@ def _python(block: Block, where: str, request) -> None:
 
 
 def _commands(body: str) -> list[list[str]]:
-    return [words for words in (shlex.split(line, comments=True) for line in body.splitlines()) if words]
+    """Each line's words as the shell reads them, quotes kept (the shell globs unquoted words only)."""
+    return [words for words in (_words(line) for line in body.splitlines()) if words]
+
+
+def _words(line: str) -> list[str]:
+    lexer = shlex.shlex(line, posix=False)
+    lexer.whitespace_split, lexer.commenters = True, "#"
+    return list(lexer)
 
 
 def _expand(words: list[str], scratch: Path) -> list[str]:
-    """The shell's globbing: a word that names files becomes their names, one that names none stays
-    as written (a quoted glob such as 'layers/*' never names files here)."""
+    """The shell's globbing and unquoting: an unquoted word that names files becomes their names,
+    one that names none stays as written; a quoted one ('layers/*', '*') is never globbed."""
     out = []
     for word in words:
-        found = sorted(str(p.relative_to(scratch)) for p in scratch.glob(word)) if "*" in word and not word.startswith("-") else []
-        out.extend(found or [word])
+        plain = word[:1] not in "'\"" and "*" in word and not word.startswith("-")
+        found = sorted(str(p.relative_to(scratch)) for p in scratch.glob(word)) if plain else []
+        out.extend(found or shlex.split(word))
     return out
 
 
 def _shell(words: list[str], scratch: Path, pytester, where: str) -> None:
-    command = " ".join(words)
     words = _expand(words, scratch)
+    command = " ".join(words)
     target = None
     if ">" in words:  # `tracer schema > pipeline.schema.json`
         words, target = words[: words.index(">")], words[words.index(">") + 1]

@@ -145,8 +145,8 @@ def llama_folder(tmp_path_factory):
     return folder
 
 
-def test_the_command_line_runs_a_layer_of_a_saved_model(llama_folder):
-    done = tracer_cli("run", MODELS / "llama_decoder_layer.yaml", "--weights", llama_folder, "--layer", "0", "-q")
+def test_the_command_line_runs_a_layer_of_a_saved_model_by_the_bundled_models_name(llama_folder, tmp_path):
+    done = tracer_cli("run", "llama_decoder_layer", "--weights", llama_folder, "--layer", "0", "-q", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert "W_q" in done.stdout and "[64, 64]" in done.stdout  # d_model from config.json, not the file's 16
 

@@ -293,3 +293,27 @@ def test_rankdir_and_no_legend_for_slides(tmp_path, capsys):
     assert (tmp_path / "slide.dot").read_text() == wide
     trace.save(tmp_path / "api.dot", rankdir="LR", legend=False)
     assert (tmp_path / "api.dot").read_text() == wide
+
+
+def _slide_scale(svg: str, width_px: int = 1920, height_px: int = 1080) -> float:
+    """The size a 16:9 slide shows the whole drawing at (1 = as drawn; Graphviz's pt are 4/3 px)."""
+    root = ET.fromstring(svg)
+    width, height = (float(root.get(side).removesuffix("pt")) * 4 / 3 for side in ("width", "height"))
+    return min(width_px / width, height_px / height)
+
+
+@needs_dot
+def test_collapse_star_draws_a_30_step_layer_as_one_node_per_group_that_fits_a_slide():
+    """`--collapse '*'`, the first nesting level: llama_decoder_layer's self_attn and mlp each one
+    box with its in → out shapes, the layer legible on a 1920 × 1080 slide (the report's legible
+    zoom, 0.75), where the full drawing would be shown at a quarter of its size."""
+    trace = shared_pipeline(PIPELINES / "models" / "llama_decoder_layer.yaml").run(device="meta")
+    assert len(trace.analysis.nodes) == 30
+    compact = trace.diagram(collapse=["*"], legend=False)
+    boxes = re.findall(r"<B>([^<]+)</B></TD></TR><TR><TD><FONT COLOR=\"#666666\">(\d+) steps", compact.source)
+    assert sorted(boxes) == [("mlp", "5"), ("self_attn", "21")]
+    assert compact.source.count("(B, T, d_model) → (B, T, d_model)") == 2
+    nodes = {end for tail, head, _ in edges(compact.source) for end in (tail, head)}
+    assert len(nodes) <= 10, nodes
+    assert _slide_scale(compact._repr_image_svg_xml()) >= 0.75
+    assert _slide_scale(trace.diagram(legend=False)._repr_image_svg_xml()) < 0.3

@@ -5,6 +5,7 @@ import json
 import re
 import struct
 import zlib
+from pathlib import Path
 
 import pytest
 import torch
@@ -458,3 +459,94 @@ def test_sdpa_weights_are_recomputed_for_the_page_and_are_what_sdpa_applied(fiel
     assert heatmap["recomputed"].startswith("recomputed from q, k, mask, scale") and heatmap["axes"] == ["3", "6"]
     assert heatmap["lead"] == [[b, h] for b in range(2) for h in range(4)] and page["attention"][0]["recomputed"] == "o"
     assert trace["o"].tensor is data.by_id["o"].tensor  # the run's records are left as they were
+
+
+GEOMETRY = """(() => {
+  const box = (e) => { const r = e.getBoundingClientRect(); return [r.left, r.top, r.right, r.bottom]; };
+  const titled = (name) => [...document.querySelectorAll('g.node')].find((g) => g.querySelector('title')?.textContent === name);
+  const panel = document.getElementById('panel'), style = getComputedStyle(panel);
+  const inner = box(panel);
+  inner[0] += parseFloat(style.paddingLeft); inner[2] -= parseFloat(style.paddingRight);
+  return {
+    view: box(document.getElementById('viewport')),
+    legend: box(titled('legend')),
+    clusters: [...document.querySelectorAll('g.cluster')].map(box),
+    panel: inner,
+    heatmap: document.querySelector('canvas.heatmap') && box(document.querySelector('canvas.heatmap')),
+    scroller: document.querySelector('.heat-scroll') && [document.querySelector('.heat-scroll').scrollWidth, document.querySelector('.heat-scroll').clientWidth],
+    labels: [...document.querySelectorAll('#attention-grid .grid-label')].map((l) => {
+      const pen = document.createElement('canvas').getContext('2d');
+      pen.font = getComputedStyle(l).font;
+      return [pen.measureText(l.textContent).width, l.getBoundingClientRect().width, l.textContent];
+    }),
+  };
+})()"""
+
+
+def _inside(inner, outer) -> bool:
+    return outer[0] <= inner[0] and inner[2] <= outer[2] and outer[1] <= inner[1] and inner[3] <= outer[3]
+
+
+def test_browser_at_1400_by_900_opens_fitted_with_the_legend_clusters_heatmap_and_grid_labels_whole(tmp_path):
+    """A 10-token causal_mha and a two-layer stack, as a laptop shows them: the first view holds
+    the leftmost cluster and the legend (no part under the side panel), the 10 × 10 heatmap fits
+    the panel with its last key column, and the layer × head grid prints its row labels whole."""
+    executable = find_chromium()
+    if executable is None:
+        pytest.skip("no Chromium on PATH: install Debian's chromium (`make install` does, as root with apt-get)")
+    words = "the quick brown fox jumps over the lazy dog again"
+    mha = tracer.load(CAUSAL).run(dims={"T": 10}, keep_values=True).save(tmp_path / "mha.html", tokens=words)
+    named = tmp_path / "named.yaml"  # a site id as long as a real model's
+    named.write_text(Path(stack_of(2, tmp_path).source.file).read_text().replace("layers", "transformer_layers"))
+    stack = tracer.load(named).run(keep_values=True).save(tmp_path / "stack.html")
+    browser = Browser(executable, 1400, 900)
+    try:
+        browser.open(mha.as_uri())
+        seen = browser.evaluate(GEOMETRY)
+        assert _inside(seen["legend"], seen["view"]), seen
+        assert seen["clusters"] and all(seen["view"][0] <= c[0] and c[2] <= seen["view"][2] for c in seen["clusters"]), seen
+        browser.evaluate("location.hash = '#weights'")
+        browser.wait_for("document.querySelector('canvas.heatmap') !== null")
+        seen = browser.evaluate(GEOMETRY)
+        assert seen["heatmap"][0] >= seen["panel"][0] and seen["heatmap"][2] <= seen["panel"][2] + 0.5, seen  # the last key column
+        assert seen["scroller"][0] <= seen["scroller"][1], seen  # nothing to scroll to at 10 tokens
+        browser.open(stack.as_uri())
+        seen = browser.evaluate(GEOMETRY)
+        assert len(seen["labels"]) == 2 and all(text <= shown for text, shown, _ in seen["labels"]), seen["labels"]
+        assert browser.problems() == []
+    finally:
+        browser.close()
+
+
+def _word_tokenizer(folder):
+    """A save_pretrained tokenizer folder made here (no download): words, and [CLS] in front."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {word: i for i, word in enumerate(["[UNK]", "[CLS]", "the", "cat", "sat", "on", "mat"])}
+    core = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    core.pre_tokenizer = pre_tokenizers.Whitespace()
+    core.post_processor = processors.TemplateProcessing(single="[CLS] $A", special_tokens=[("[CLS]", 1)])
+    PreTrainedTokenizerFast(tokenizer_object=core, unk_token="[UNK]", cls_token="[CLS]").save_pretrained(folder)
+    return folder
+
+
+def test_tokenizer_splits_the_tokens_text_as_the_model_reads_it(tmp_path):
+    folder = _word_tokenizer(tmp_path / "tok")
+    out = tmp_path / "r.html"
+    argv = ["render", str(CAUSAL), "--values", "--tokens", "the cat sat on mat", "--tokenizer", str(folder), "-o", str(out), "-q"]
+    assert main(argv) == 0
+    assert '"tokens":["[CLS]","the","cat","sat","on","mat"]' in out.read_text()  # 6 positions: T = 6
+
+
+def test_tokenizer_problems_are_located_errors(tmp_path, capsys):
+    base = ["render", str(CAUSAL), "--values", "-o", str(tmp_path / "r.html"), "-q"]
+    assert main([*base, "--tokenizer", str(tmp_path)]) == 1  # tokens missing
+    assert main([*base, "--tokens", "a b", "--tokenizer", str(tmp_path / "none")]) == 1
+    (tmp_path / "empty").mkdir()
+    assert main([*base, "--tokens", "a b", "--tokenizer", str(tmp_path / "empty")]) == 1
+    err = capsys.readouterr().err.splitlines()
+    assert err[0] == f'--tokenizer {tmp_path}: error[tokenizer]: give the text to split with --tokens "..."'
+    assert err[1].startswith(f"--tokenizer {tmp_path / 'none'}: error[tokenizer]: not a folder")
+    assert err[2].startswith(f"--tokenizer {tmp_path / 'empty'}: error[tokenizer]: transformers cannot read a tokenizer here: ")
+    assert not (tmp_path / "r.html").exists()

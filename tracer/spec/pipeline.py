@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import Field, PrivateAttr, StrictBool, StrictFloat, StrictInt, field_validator, model_validator
+from pydantic import ConfigDict, Field, PrivateAttr, StrictBool, StrictFloat, StrictInt, field_validator, model_validator
 from pydantic.json_schema import GenerateJsonSchema
 
 from .. import steps  # noqa: F401  (registers every step kind)
@@ -22,6 +22,7 @@ Init = Literal[tuple(INITS)]  # type: ignore[valid-type]  # every init of the re
 Scalar = StrictBool | StrictInt | StrictFloat
 MAX_VALUES = 1_000_000
 DIM_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
+MODULE_PATH = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)+$"  # package.module.Class: `matches:`
 SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1  # what torch.manual_seed accepts
 
 
@@ -189,8 +190,18 @@ Step = _step_union()
 class PipelineSpec(Strict):
     """A declared attention pipeline (the file format)."""
 
+    # the validator (every step kind's schema, ~100 ms) is built at the first validation, not at
+    # import: `tracer --version`, `help`, `models`, `schema` and `import tracer` never build it
+    model_config = ConfigDict(defer_build=True)
+
     name: str = Field(max_length=120, description="the pipeline's name")
     description: str = Field("", max_length=20_000, description="what it computes, for people")
+    matches: list[Annotated[str, Field(pattern=MODULE_PATH, max_length=200)]] = Field(
+        default_factory=list,
+        max_length=20,
+        description="the library modules this pipeline computes the same as, by import path, e.g. "
+        "[transformers.models.llama.modeling_llama.LlamaDecoderLayer] (`tracer models` lists them)",
+    )
     dims: dict[Annotated[str, Field(pattern=DIM_PATTERN)], DimText] = Field(
         default_factory=dict, description="name -> int or expression over other dims"
     )

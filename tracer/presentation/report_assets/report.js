@@ -143,21 +143,31 @@
     apply();
   }
 
-  function fit() {
+  // the diagram at `scale`, centred across, and down too when it fits (else from its top)
+  function place(scale) {
     const box = viewport.getBoundingClientRect();
     const width = svg.width.baseVal.value, height = svg.height.baseVal.value;
-    view.scale = Math.min(1, box.width / width, box.height / height) * 0.97;
-    view.x = (box.width - width * view.scale) / 2;
-    view.y = 4;
+    view.scale = scale;
+    view.x = (box.width - width * scale) / 2;
+    view.y = Math.max(4, (box.height - height * scale) / 2);
     apply();
   }
 
-  // the page opens on the whole diagram when it is legible that small, else at a legible zoom
-  // (Graphviz's 11 pt text at 8 px or more) with the inputs in view: where a reader starts
-  const LEGIBLE = 0.75;
+  function fit() {
+    const box = viewport.getBoundingClientRect();
+    place(Math.min(1, box.width / svg.width.baseVal.value, box.height / svg.height.baseVal.value) * 0.97);
+  }
+
+  // the page opens on the whole diagram, centred, when it is legible that small (Graphviz's 11 pt
+  // text at 8 px or more); else on its whole width from the top, down to a smaller zoom (text at
+  // 6 px): the leftmost cluster and the legend both in view, none of it under the side panel, the
+  // inputs first; else, a diagram too wide even for that, at a legible zoom with the inputs in view
+  const LEGIBLE = 0.75, ACROSS = 0.55;
   function start() {
     fit();
     if (view.scale >= LEGIBLE) return;
+    const across = Math.min(1, viewport.getBoundingClientRect().width / svg.width.baseVal.value) * 0.97;
+    if (across >= ACROSS) return place(across);
     const inputs = data.tensors.filter((t) => t.op === "input").flatMap((t) => shownBy(t.id));
     if (!inputs.length) return;
     view.scale = LEGIBLE;
@@ -420,7 +430,7 @@
     });
     const drawing = el("canvas", { class: "heatmap" });
     const readout = el("div", { id: "heat-value" });
-    section.append(controls, drawing, readout);
+    section.append(controls, el("div", { class: "heat-scroll" }, drawing), readout);
     const [rows, cols] = h.side;
     if (rows < h.rows || cols < h.cols) section.append(el("p", { class: "muted" }, `${h.rows}×${h.cols} mean-pooled to ${rows}×${cols} (cap ${data.caps.side})`));
     if (h.total > h.maps.length) section.append(el("p", { class: "muted" }, `the first ${h.maps.length} of ${h.total} maps are embedded`));
@@ -491,12 +501,15 @@
   function drawMap(drawing, readout, h, map) {
     const [rows, cols] = h.side;
     const levels = Uint8Array.from(atob(map.cells), (c) => c.charCodeAt(0));
-    const cell = Math.max(3, Math.min(36, Math.floor(320 / Math.max(rows, cols))));
-    const left = h.row_labels ? 64 : 4, top = h.col_labels ? 64 : 4;
+    // as wide as the panel allows (the last key column and its slanted word included); past the
+    // smallest legible cell the map scrolls sideways inside .heat-scroll
+    const left = h.row_labels ? 64 : 4, top = h.col_labels ? 64 : 4, right = h.col_labels ? 36 : 4;
+    const room = drawing.parentElement.clientWidth - left - right;
+    const cell = Math.max(3, Math.min(36, Math.floor(room / cols), Math.floor(320 / rows)));
     const ratio = window.devicePixelRatio || 1;
-    drawing.width = (left + cols * cell + 4) * ratio;
+    drawing.width = (left + cols * cell + right) * ratio;
     drawing.height = (top + rows * cell + 4) * ratio;
-    drawing.style.width = `${left + cols * cell + 4}px`;
+    drawing.style.width = `${left + cols * cell + right}px`;
     drawing.style.height = `${top + rows * cell + 4}px`;
     const ctx = drawing.getContext("2d");
     ctx.scale(ratio, ratio);

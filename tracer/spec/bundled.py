@@ -1,0 +1,61 @@
+"""The pipelines that ship with tracer, addressable by name wherever it is installed.
+
+They live in the repository's ``pipelines/`` folder, and the wheel carries that folder as
+``tracer/pipelines/`` (setup.py maps it): one copy in git. ``tracer run llama_decoder_layer``
+and ``tracer.load("causal_mha")`` find them when no file of that name exists where they run.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import NamedTuple
+
+import yaml
+
+_PACKAGE = Path(__file__).resolve().parents[1]
+SUFFIX = ".yaml"
+MODELS = "models"
+
+
+def folder() -> Path:
+    """``tracer/pipelines`` in an installed package, else the checkout's ``pipelines/`` beside ``tracer/``."""
+    installed = _PACKAGE / "pipelines"
+    return installed if installed.is_dir() else _PACKAGE.parent / "pipelines"
+
+
+def locate(name: str | Path) -> str | Path:
+    """``name`` itself when it is a path that exists, else the bundled pipeline it names, else
+    ``name`` (so that reading it says the file is missing). A name is looked up as written, with
+    ``.yaml`` added, then among the models: ``causal_mha``, ``lint_examples/scale_mismatch``,
+    ``llama_decoder_layer``; the docs' ``pipelines/causal_mha.yaml`` finds the bundled file too."""
+    if Path(name).exists():
+        return name
+    found = find(str(name))
+    return name if found is None else found
+
+
+def find(name: str) -> Path | None:
+    root = folder()
+    relative = name.removeprefix("pipelines/")
+    for candidate in (root / relative, root / (relative + SUFFIX), root / MODELS / (relative + SUFFIX)):
+        if candidate.suffix == SUFFIX and candidate.is_file() and candidate.resolve().is_relative_to(root.resolve()):
+            return candidate
+    return None
+
+
+class Model(NamedTuple):
+    name: str
+    matches: list[str]
+    takes_checkpoint: bool
+    description: str
+
+
+def models() -> list[Model]:
+    """The bundled models, by name: the modules each computes the same as (its ``matches:``), and
+    whether a ``save_pretrained`` folder fills it (a ``checkpoint:`` section). Read as plain YAML:
+    listing them validates nothing."""
+    found = []
+    for path in sorted((folder() / MODELS).glob("*" + SUFFIX)):
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        found.append(Model(path.stem, list(data.get("matches") or []), "checkpoint" in data, data.get("description", "")))
+    return found
