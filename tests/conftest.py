@@ -202,3 +202,10 @@ def special_files(tmp_path):
 
 def including(use: str) -> str:
     return f"name: inc\ninputs: {{x: {{shape: [2], init: randn}}}}\nsteps:\n  - {{id: b, op: block, use: '{use}', input: x}}\n"
+
+
+def expected_exit(line: str) -> int:
+    """The exit status a documented command line ends with: 0, or what its trailing comment says
+    (``tracer diff a.yaml b.yaml  # exit 1: they differ``)."""
+    said = re.search(r"#\s*exit (\d+)\b", line)
+    return int(said.group(1)) if said else 0

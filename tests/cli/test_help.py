@@ -8,7 +8,7 @@ import shlex
 import pytest
 
 import tracer
-from tests.conftest import PIPELINES, tracer_cli
+from tests.conftest import PIPELINES, expected_exit, tracer_cli
 from tracer.cli import _parser
 
 COMMANDS = _parser()._subparsers._group_actions[0].choices  # name -> its parser
@@ -28,9 +28,10 @@ def test_help_spells_each_option_once_and_points_at_no_file_of_the_repository(na
         assert "-o, --output OUT" in text
 
 
-def _examples(name: str) -> list[list[str]]:
+def _examples(name: str) -> list[tuple[list[str], int]]:
+    """Each example's words and the exit status it ends with (0, or a trailing ``# exit N``)."""
     epilog = COMMANDS[name].epilog or ""
-    return [shlex.split(line, comments=True) for line in epilog.splitlines()[1:] if line.strip()]
+    return [(shlex.split(line, comments=True), expected_exit(line)) for line in epilog.splitlines()[1:] if line.strip()]
 
 
 @pytest.mark.parametrize("name", sorted(COMMANDS))
@@ -38,13 +39,13 @@ def test_every_command_shows_examples_and_they_run_as_written_in_an_empty_folder
     """The examples name bundled pipelines, so they run wherever tracer is installed (test_dist
     runs them from the wheel, `tracer import` of the bundled modules included)."""
     examples = _examples(name)
-    assert examples and all(words[:2] == ["tracer", name] for words in examples)
+    assert examples and all(words[:2] == ["tracer", name] for words, _ in examples)
     if name == "import":
         return  # tracer.pipelines is the installed package's: tests/test_dist.py runs it from the wheel
-    for words in examples:
+    for words, expected in examples:
         words = words[: words.index(">")] if ">" in words else words
         done = tracer_cli(*words[1:], cwd=tmp_path)
-        assert done.returncode == 0, f"`{shlex.join(words)}` exited {done.returncode}: {done.stderr[-1000:]}"
+        assert done.returncode == expected, f"`{shlex.join(words)}` exited {done.returncode}: {done.stderr[-1000:]}"
 
 
 def test_tracer_help_prints_the_overview_or_a_commands_help():

@@ -7,7 +7,7 @@ import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 import pytest
-from tests.conftest import ROOT, tracer_cli
+from tests.conftest import ROOT, expected_exit, tracer_cli
 
 
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -64,9 +64,10 @@ def _python(block: Block, where: str, request) -> None:
             test(**{arg: request.getfixturevalue(arg) for arg in test.__code__.co_varnames[: test.__code__.co_argcount]})
 
 
-def _commands(body: str) -> list[list[str]]:
-    """Each line's words as the shell reads them, quotes kept (the shell globs unquoted words only)."""
-    return [words for words in (_words(line) for line in body.splitlines()) if words]
+def _commands(body: str) -> list[tuple[list[str], int]]:
+    """Each line's words as the shell reads them, quotes kept (the shell globs unquoted words only),
+    with the exit status it must end with: 0, or what a trailing comment says (``# exit 1``)."""
+    return [(words, expected_exit(line)) for line in body.splitlines() if (words := _words(line))]
 
 
 def _words(line: str) -> list[str]:
@@ -86,7 +87,7 @@ def _expand(words: list[str], scratch: Path) -> list[str]:
     return out
 
 
-def _shell(words: list[str], scratch: Path, pytester, where: str) -> None:
+def _shell(words: list[str], scratch: Path, pytester, where: str, expected: int = 0) -> None:
     words = _expand(words, scratch)
     command = " ".join(words)
     target = None
@@ -94,7 +95,7 @@ def _shell(words: list[str], scratch: Path, pytester, where: str) -> None:
         words, target = words[: words.index(">")], words[words.index(">") + 1]
     if words[0] == "tracer":
         done = tracer_cli(*words[1:], cwd=scratch)
-        assert done.returncode == 0, f"{where}: `{command}` exited {done.returncode}: {done.stderr[-1500:]}"
+        assert done.returncode == expected, f"{where}: `{command}` exited {done.returncode}: {done.stderr[-1500:]}"
         if target:
             (scratch / target).write_text(done.stdout)
     elif words[0] == "pytest":
@@ -122,5 +123,5 @@ def test_every_block_of_a_document_runs(doc: Path, pytester, request):
         if RUN[block.lang] == "python":
             _python(block, where, request)
         else:
-            for line in _commands(block.body):
-                _shell(line, scratch, pytester, where)
+            for line, expected in _commands(block.body):
+                _shell(line, scratch, pytester, where, expected)
