@@ -20,6 +20,7 @@ from .rules import StepError, norm_dim, require_float, show
 class Topk(StepBase):
     """``torch.topk(x, k, dim)``: the ``k`` largest (or smallest) entries along ``dim`` and where they
     are, as two tensors named in ``outputs``: the values (x's dtype) and their indices (int64).
+    Not of a bool tensor: torch has no topk for it.
 
     A router's choice of experts: ``{op: topk, input: router_probs, k: K, outputs: [top_w, top_i]}``.
     ``normalize: true`` divides the values by their sum over the ``k`` (Mixtral renormalises the
@@ -55,6 +56,8 @@ class Topk(StepBase):
         x = ins[0]
         if self.normalize:
             require_float(x, ctx.input_ids[0], "topk with normalize")
+        if x.dtype == "bool":
+            raise StepError("dtype", f"torch has no topk of bool tensor '{ctx.input_ids[0]}'", "input", "cast it to int64 or float32 first")
         if not x.shape:
             raise StepError("shape", f"topk needs at least one dim, '{ctx.input_ids[0]}' is 0-d", "input")
         d = norm_dim(self.dim, len(x.shape))
