@@ -152,3 +152,45 @@ def test_report_tokens_that_are_not_utf8_are_a_usage_error(tmp_path):
     done = tracer_cli("render", PIPELINES / "causal_mha.yaml", "--values", "-o", tmp_path / "r.html", "--tokens", "a \udcff b c d e")
     assert done.returncode == 2 and "the tokens must be UTF-8 text; \\xff (character 2)" in done.stderr, done.stderr
     assert not (tmp_path / "r.html").exists()
+
+
+def test_a_scatter_value_the_base_cannot_hold_is_refused(tmp_path):
+    inputs = "x: {shape: [2, 3], init: zeros, dtype: float16}\ni: {shape: [2, 2], init: zeros, dtype: int64}"
+    assert "does not fit the float16 result" in located(
+        "- {id: s, op: scatter, inputs: [x, i], dim: 1, value: 1.0e+23}", tmp_path, "number-range", inputs=inputs
+    )
+    with pytest.raises(RuntimeError, match="overflow"):
+        torch.zeros(2, 3, dtype=torch.float16).scatter(1, torch.zeros(2, 2, dtype=torch.int64), 1e23)
+
+
+EINSUMS = [
+    ("ij->", [[2, 3]]),
+    ("ij->i", [[2, 3]]),
+    ("ii->i", [[3, 3]]),
+    ("ij,ij->i", [[2, 3], [2, 3]]),
+    ("ij,kj->ik", [[2, 3], [4, 3]]),
+    ("ij,k->ik", [[2, 3], [4]]),
+    ("ij,jk->", [[2, 3], [3, 4]]),
+    ("ij,jk->k", [[2, 3], [3, 4]]),
+    ("ij,ij->ij", [[2, 3], [2, 3]]),
+]
+
+
+@pytest.mark.parametrize("dtype", ["int32", "int64", "bool"])
+def test_einsum_of_integers_and_bool_has_torchs_dtype_or_a_located_refusal(dtype):
+    """A letter summed out of one operand goes through torch.sum (int64); a contraction through
+    bmm, which has no bool kernel and refuses int64 with int32."""
+    for equation, shapes in EINSUMS:
+        names = "ab"[: len(shapes)]
+        inputs = "\n".join(f"{n}: {{shape: {s}, init: zeros, dtype: {dtype}}}" for n, s in zip(names, shapes))
+        steps = f"- {{id: e, op: einsum, inputs: [{', '.join(names)}], equation: '{equation}'}}"
+        operands = [torch.zeros(s, dtype=getattr(torch, dtype)) for s in shapes]
+        try:
+            expected = torch.einsum(equation, *operands)
+        except (RuntimeError, NotImplementedError):
+            with pytest.raises(tracer.TracerError) as info:
+                tracer.loads(pipeline_text(steps, inputs=inputs), "t.yaml").check()
+            assert info.value.code == "dtype", equation
+            continue
+        trace = tracer.loads(pipeline_text(steps, inputs=inputs), "t.yaml").run(keep_values=True)
+        assert trace["e"].tensor.dtype == expected.dtype and trace.as_predicted, equation

@@ -13,7 +13,7 @@ from ..core.fields import DimText, TensorId
 from ..core.layout import fresh, pointwise
 from ..core.pysource import py_float
 from .contract import Composite, Inner, Outputs, StepBase, register
-from .rules import StepError, norm_dim, require_float, show
+from .rules import StepError, norm_dim, require_float, require_number_fits, show
 
 
 @register
@@ -311,6 +311,8 @@ class Scatter(StepBase):
             raise StepError("arity", f"scatter takes inputs {form}, got {len(ins)}", "inputs")
         base, index = ins[0], ins[1]
         _check_index(base, index, self.dim, names, "scatter", compare_all=False)
+        if self.value is not None:
+            require_number_fits(self.value, base.dtype, "scatter's value", "value")
         if len(ins) == 3:
             src = ins[2]
             if src.dtype != base.dtype:
