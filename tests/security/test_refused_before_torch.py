@@ -194,3 +194,18 @@ def test_einsum_of_integers_and_bool_has_torchs_dtype_or_a_located_refusal(dtype
             continue
         trace = tracer.loads(pipeline_text(steps, inputs=inputs), "t.yaml").run(keep_values=True)
         assert trace["e"].tensor.dtype == expected.dtype and trace.as_predicted, equation
+
+
+def test_a_yarn_ramp_edge_that_overflows_is_refused(tmp_path):
+    """original / (2π·beta_slow) overflows to inf: the ramp's edge ceil(inf) fails in the kernel
+    (transformers' _compute_yarn_parameters computes the same and fails the same way)."""
+    scaling = "{type: yarn, factor: 2.0, original_max_position_embeddings: 4611686018427387904, beta_slow: 1.0e-300}"
+    message = located(
+        f"- {{id: r, op: rope, input: q, rope_scaling: {scaling}}}",
+        tmp_path,
+        "rope-scaling",
+        inputs="q: {shape: [1, 2, 5, 8], init: randn}",
+    )
+    assert "beta_slow=1e-300" in message
+    with pytest.raises(OverflowError):
+        math.ceil(8 * math.log(2**62 / (1e-300 * 2 * math.pi)) / (2 * math.log(10000.0)))
