@@ -139,3 +139,10 @@ def test_dropout_on_the_weights_is_clean():
         "- {id: context, op: matmul, inputs: [weights, v]}", dropout + "- {id: context, op: matmul, inputs: [dropped, v]}"
     )
     assert warnings_of(steps) == []
+
+
+def test_the_attention_core_follows_scores_through_a_cast_to_float32_and_back():
+    """transformers' eager attention: softmax(scores, dtype=torch.float32).to(q.dtype)."""
+    (site,) = tracer.load(EXAMPLES / "half_scores_overflow.yaml").check().attention
+    assert site.product == "scores" and site.chain == ("scaled", "scores_f") and site.softmax == "weights_f"
+    assert site.after == ("weights",) and site.context == "context" and site.values == "v"
