@@ -16,9 +16,9 @@ from pathlib import Path
 
 from . import __version__, checkpoints, weights
 from .analysis.memory import check_budget, default_budget, parse_bytes
-from .analysis.shapes import analyze
+from .analysis.shapes import MAX_TENSOR_BYTES, analyze
 from .api import Pipeline, load
-from .core.errors import Diagnostic, InternalError, TracerError, printable
+from .core.errors import Diagnostic, InternalError, TracerError, display, printable
 from .core.formatting import human_bytes
 from .diff import diff, diff_json, diff_page, format_diff
 from .presentation import outputs
@@ -267,6 +267,7 @@ def _parser() -> argparse.ArgumentParser:
     render.add_argument(
         "--tokens",
         default="",
+        type=_tokens,
         metavar="TEXT",
         help='label the .html report\'s attention heatmaps with these words, one per position: --tokens "The cat sat"',
     )
@@ -679,6 +680,18 @@ def _output_name(text: str) -> str:
     return text
 
 
+def _tokens(text: str) -> str:
+    """The words, which the report writes as UTF-8: a byte the terminal passed that is not UTF-8
+    (Python keeps it as a lone surrogate) is refused here, not when the page is written."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise argparse.ArgumentTypeError(
+            f"the tokens must be UTF-8 text; {display(text[exc.start : exc.end])} (character {exc.start}) is not UTF-8"
+        ) from None
+    return text
+
+
 def _size(text: str) -> int:
 
     try:
@@ -840,6 +853,12 @@ def _built_module(target: str, given_args: str, torch):
 def _example(name: str, sizes: tuple[int, ...], kind: str, torch):
     """An example input for forward: random token ids (0 or 1) or randn, refused over the memory budget."""
     budget, what = default_budget("cpu")
+    if math.prod(max(size, 1) for size in sizes) > MAX_TENSOR_BYTES // 8:  # torch's int64 strides overflow, even with a 0 size
+        raise TracerError(
+            Diagnostic(
+                f"--input {name}", None, "import-input", f"{list(sizes)} overflows torch's sizes: their product must stay under 2**59"
+            )
+        )
     if math.prod(sizes) * 8 > budget:
         raise TracerError(
             Diagnostic(

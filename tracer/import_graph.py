@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from torch.fx.passes.utils.matcher_utils import SubgraphMatcher
 
+from .core.errors import Diagnostic, TracerError
 from .steps.attention import causal_hidden
 
 aten = torch.ops.aten
@@ -159,17 +160,33 @@ def _same_meta(a: torch.fx.Node, b: torch.fx.Node) -> bool:
 
 
 def _evaluate(module: torch.fx.GraphModule, example: list) -> dict[torch.fx.Node, Any]:
-    values = {}
+    values: dict[torch.fx.Node, Any] = {}
+    running: list[torch.fx.Node] = []
 
     class Recording(torch.fx.Interpreter):
         def run_node(self, node):
+            running[:] = [node]
             values[node] = super().run_node(node)
             return values[node]
 
     module.recompile()
     with torch.no_grad():
-        Recording(module).run(*example)
+        try:
+            Recording(module).run(*example)
+        except Exception as exc:  # capture ran on fake tensors, which skip kernels' dtype checks (softmax of int64)
+            raise TracerError(Diagnostic("<module>", None, "import-capture", _refusal(exc, running))) from None
     return values
+
+
+def _refusal(exc: Exception, running: list[torch.fx.Node]) -> str:
+    """What torch said running the captured graph on the example inputs, at the module's line that called it."""
+    first = next(iter(str(exc).strip().splitlines()), "")
+    frames = [ln.strip() for ln in (running[0].meta.get("stack_trace") or "").splitlines()] if running else []
+    at = next((f" at {ln}" for ln in reversed(frames) if ln.startswith("File ")), "")
+    return (
+        f"the module fails on the example inputs{at}: {type(exc).__name__}: {first} — "
+        "give --input the dtype its forward expects (:int for token ids, :float otherwise)"
+    )
 
 
 # ------------------------------------------------------------------ idioms written as patterns

@@ -93,12 +93,38 @@ def test_a_bad_target_or_arguments_or_a_failing_factory_is_a_located_error(tmp_p
     [
         ("x=2,-5,8", "expected NAME=SIZE,SIZE", 2),
         ("x=100000000000,100000,8", "error[import-input]: [100000000000, 100000, 8] is over the memory budget", 1),
+        ("x=0,99999999999999999999999,8", "error[import-input]: [0, 99999999999999999999999, 8] overflows torch's sizes", 1),
+        ("x=0,4611686018427387904,8", "error[import-input]: [0, 4611686018427387904, 8] overflows torch's sizes", 1),
     ],
 )
 def test_an_example_input_of_no_size_or_too_large_a_size_is_refused_before_it_is_made(tmp_path, spec, problem, code):
     (tmp_path / "mymodel.py").write_text(textwrap.dedent(FACTORY))
     done = tracer_cli("import", "mymodel:make", "--args", "[8, 2]", "--input", spec, "-o", "a.yaml", cwd=tmp_path)
     assert done.returncode == code and problem in done.stderr, done.stderr
+
+
+SOFTMAX_OF_INPUT = """
+import torch
+
+
+class Weights(torch.nn.Module):
+    def forward(self, x):
+        return torch.softmax(x, dim=-1)
+
+
+def make():
+    return Weights()
+"""
+
+
+def test_an_example_input_of_a_dtype_the_module_rejects_is_a_located_error(tmp_path):
+    """torch.export captures on fake tensors, which accept a softmax of int64; the real example
+    run that follows is where torch refuses it, and that is the input's fault, not tracer's."""
+    (tmp_path / "weights.py").write_text(SOFTMAX_OF_INPUT)
+    done = tracer_cli("import", "weights:make", "--input", "x=2,4,8:int", "-o", "a.yaml", cwd=tmp_path)
+    assert done.returncode == 1 and "error[import-capture]: the module fails on the example inputs at File" in done.stderr, done.stderr
+    assert 'weights.py", line 7, in forward' in done.stderr and "give --input the dtype its forward expects" in done.stderr
+    assert tracer_cli("import", "weights:make", "--input", "x=2,4,8", "-o", "a.yaml", cwd=tmp_path).returncode == 0
 
 
 def test_diff_names_changed_fields_shapes_params_and_the_first_divergent_tensor(tmp_path):

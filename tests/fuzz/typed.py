@@ -698,11 +698,15 @@ def rope(b: Builder, x: str) -> str | None:
         fields["seq_dim"] = b.rng.choice([-3, 0])
     if b.rng.random() < 0.2:
         fields["theta"] = 500000.0
-    if b.rng.random() < 0.3 and "offset" not in fields:
+    listable = t.shape[fields.get("seq_dim", -2) % t.rank].value <= MAX_LISTED  # positions are written out, one per token
+    if b.rng.random() < 0.3 and "offset" not in fields and listable:
         fields["positions"] = _positions(b, t, fields.get("seq_dim", -2))
     if b.rng.random() < 0.3:
         fields["rope_scaling"] = _rope_scaling(b, fields.get("rotary_dim", head), dynamic="positions" not in fields)
     return b.add("rope", fields, Tensor(t.shape, t.dtype, False), x)
+
+
+MAX_LISTED = 4096  # the longest axis a case writes values for (a hostile dim of 2**40 would not fit in memory)
 
 
 def _positions(b: Builder, t: Tensor, seq_dim: int) -> str:

@@ -166,3 +166,28 @@ steps:
     a, b, i = (trace[n].tensor for n in "abi")
     assert trace["ab"].dtype == str(join([a, b], 0).dtype).removeprefix("torch.") == "float64"
     assert trace["ai"].dtype == str(join([i, a], 0).dtype).removeprefix("torch.") == "float32"
+
+
+@pytest.mark.parametrize(
+    "sizes, perm, op, dim",
+    [
+        ([1, 1, 1, 6], [0, 3, 1, 2], "stack", 3),  # the fuzz case: (1, 6, 1, 1) suggests channels_last
+        ([1, 1, 1, 6], [0, 3, 1, 2], "stack", 4),  # the new dim last: cat of the unsqueezed inputs
+        ([2, 3, 2, 2], [0, 2, 3, 1], "cat", 1),  # channels_last inputs, a channels_last result
+        ([3, 2, 3, 2, 2], [0, 4, 1, 2, 3], "stack", 2),  # channels_last_3d
+        ([3, 2, 3, 2, 2], [0, 4, 1, 2, 3], "cat", 0),
+        ([2, 3, 2], [2, 0, 1], "cat", 1),  # 3-d: always row-major
+    ],
+)
+def test_cat_and_stack_lay_out_channels_last_inputs_as_torch(sizes, perm, op, dim):
+    """torch.cat keeps the memory format every input suggests (channels_last(_3d)); stack is a cat
+    along dim followed by a view, or a cat of the inputs unsqueezed at the end."""
+    inputs = f"a: {{shape: {sizes}, init: randn}}\nb: {{shape: {sizes}, init: randn}}"
+    steps = f"""
+    - {{id: pa, op: permute, input: a, dims: {perm}}}
+    - {{id: pb, op: permute, input: b, dims: {perm}}}
+    - {{id: y, op: {op}, inputs: [pa, pb], dim: {dim}}}
+    """
+    t = agrees(steps, inputs)
+    expected = getattr(torch, op)([torch.randn(sizes).permute(perm), torch.randn(sizes).permute(perm)], dim)
+    assert t["y"].stride == expected.stride()

@@ -235,16 +235,27 @@ def _channels_last(sizes: tuple[int, ...], strides: tuple[int, ...]) -> bool:
 
 
 def suggests_channels_last(sizes: tuple[int, ...], strides: tuple[int, ...]) -> bool:
-    """torch's ``suggest_memory_format() == channels_last`` for a 4-d tensor: a port of
-    ``is_channels_last_strides_2d_s4`` (what convolutions read to pick their output's layout)."""
-    if len(sizes) != 4 or strides[1] == 0:
+    """torch's ``suggest_memory_format()`` is ``channels_last`` (4-d) or ``channels_last_3d``
+    (5-d): a port of ``is_channels_last_strides_2d_s4`` and ``_3d_s5`` (what convolutions and
+    ``cat`` read to pick their output's layout)."""
+    if len(sizes) not in _CHANNELS_LAST_ORDER or strides[1] == 0:
         return False
     smallest = 0
-    for d in (1, 3, 2, 0):
+    for d in _CHANNELS_LAST_ORDER[len(sizes)]:
         if sizes[d] == 0 or strides[d] < smallest or (d == 0 and smallest == strides[1]):
             return False
         smallest = strides[d] * (sizes[d] if sizes[d] > 1 else 1)
     return True
+
+
+def cat_layout(metas: list[Meta], shape, dtype: str) -> Meta:
+    """``torch.cat``'s output: channels_last(_3d) when every input suggests it (ATen's
+    ``cat_compute_output_memory_format``, which skips 1-d empty inputs), else row-major."""
+    sizes = tuple(d.value for d in shape)
+    considered = [m for m in metas if m.sizes != (0,)]
+    if considered and len(sizes) in _CHANNELS_LAST_ORDER and all(suggests_channels_last(m.sizes, m.stride) for m in considered):
+        return Meta(tuple(shape), channels_last_strides(sizes), dtype)
+    return fresh(shape, dtype)
 
 
 def channels_last_strides(sizes: tuple[int, ...]) -> tuple[int, ...]:

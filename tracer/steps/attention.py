@@ -95,6 +95,7 @@ class Softcap(StepBase):
     op: Literal["softcap"] = "softcap"
     cap: float = Field(gt=0, allow_inf_nan=False, description="the bound (config.attn_logit_softcapping, final_logit_softcapping)")
     passes_scores = True
+    squashes = True
     elementwise = True
     example = """\
 - id: capped
@@ -395,6 +396,7 @@ class Dropout(StepBase):
 
     op: Literal["dropout"] = "dropout"
     passes_scores = True
+    drops = True
     elementwise = True
     p: float = Field(0.1, ge=0.0, le=1.0)
     training: StrictBool = Field(False, description="apply dropout (uses the RNG); false returns the input unchanged")

@@ -241,6 +241,8 @@ class StepBase(Strict):
     passes_scores: ClassVar[bool] = False  # keeps attention scores (shape and meaning) between QK and softmax
     adds_bias: ClassVar[str | None] = None  # the inner record of a bias it adds to the scores it passes (T5, ALiBi)
     sums_inputs: ClassVar[bool] = False  # its output is the sum of its inputs (add)
+    squashes: ClassVar[bool] = False  # maps its input into a bounded range (softcap's tanh): a mask's -inf comes out finite
+    drops: ClassVar[bool] = False  # zeroes random elements when it trains (dropout), whether or not this file trains
     makes_scores: ClassVar[bool] = False  # may compute attention scores (a product of queries and keys)
     elementwise: ClassVar[bool] = False  # output element i reads input element i only (after broadcasting)
     includes_file: ClassVar[bool] = False  # another pipeline file, expanded into its steps before analysis (op: block)

@@ -13,7 +13,9 @@ from ..core.symbolic import Dim, DimAlgebra, Poly
 from .contract import StepBase, register
 from .rules import StepError, require_float, show
 
-Pair = DimText | list[DimText]  # one for every spatial dim, or one each
+Pair = DimText | list[DimText]
+INT64_MAX = 2**63 - 1
+TORCH_MAX_PADDING = 2**62 - 1  # F.conv*d: "expected padding to be at most 4611686018427387903"  # one for every spatial dim, or one each
 
 
 class _Conv(StepBase):
@@ -117,6 +119,13 @@ class _Conv(StepBase):
             return size
         alg = ctx.alg
         pad = alg.const(0) if self.padding == "valid" else self._per_dim(ctx, "padding")[i]
+        if pad.value > TORCH_MAX_PADDING or size.value + 2 * pad.value > INT64_MAX:  # torch's CPU kernel refuses or overflows
+            raise StepError(
+                "conv-field",
+                f"padding {_shown(pad)} on spatial dim {i} ({size}={size.value}) is beyond torch's limits: padding at most 2**62 - 1, "
+                "and the padded length L + 2·padding within int64",
+                "padding",
+            )
         # (L + 2p - d*K + d - 1 + s) // s, one floor division so an exact one (H // P) stays a clean dim
         grown = alg.add(alg.add(alg.mul(alg.const(2), pad), dilation), alg.add(stride, alg.const(-1)))
         numerator = alg.add(alg.add(size, alg.mul(alg.mul(alg.const(-1), dilation), kernel)), grown)

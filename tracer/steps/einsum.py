@@ -7,6 +7,7 @@ from typing import Literal
 
 from pydantic import Field
 
+from ..core.dtypes import FLOAT_DTYPES
 from ..core.layout import fresh
 from .contract import StepBase, register
 from .rules import Mismatch, StepError, broadcast_dims, show
@@ -42,7 +43,9 @@ class Einsum(StepBase):
     Letters name dims (size-1 dims broadcast), ``...`` stands for any leading dims, and without
     ``->`` the output is the letters used once, in alphabetical order. The result is a contiguous
     copy of torch's (whose strides, and whether it is a view of an input, depend on how torch plans
-    the contraction), so its layout is known before running.
+    the contraction), so its layout is known before running. Integer and bool operands get torch's
+    dtype: int64 when a letter is summed out of one operand (torch.sum), and a contraction of
+    bool operands (bmm has no bool kernel) is refused.
     """
 
     op: Literal["einsum"] = "einsum"
@@ -106,7 +109,27 @@ class Einsum(StepBase):
         shape = []
         for letter in out:
             shape.extend(ellipsis if letter == "." else [letters[letter]])
-        return fresh(tuple(shape), ins[0].dtype)
+        return fresh(tuple(shape), self._dtype(terms, out, ins[0].dtype, ctx.input_ids[0]))
+
+    def _dtype(self, terms: list[str], out: str, dtype: str, name: str) -> str:
+        """torch's result dtype: a letter only one operand has and the output lacks is summed out
+        of it first (torch.sum: integers and bool become int64); letters several share are then
+        contracted by bmm, which has no bool kernel and refuses int64 with int32."""
+        if dtype in FLOAT_DTYPES:
+            return dtype
+        gone = {c for t in terms for c in t if c != "." and c not in out}
+        alone = [any(c in gone and sum(c in u for u in terms) == 1 for c in t) for t in terms]
+        if any(sum(c in t for t in terms) > 1 for c in gone):
+            mixed = dtype != "int64" and any(alone) and not all(alone)
+            if mixed or (dtype == "bool" and not any(alone)):
+                found = "int64 (summed) and " + dtype if mixed else "bool"
+                raise StepError(
+                    "dtype",
+                    f"einsum '{self.equation}' contracts {found} operands with a matmul, which torch refuses",
+                    "inputs",
+                    f"cast '{name}' and the others to float32 (or int64) first",
+                )
+        return "int64" if any(alone) else dtype
 
     def score_axes(self, ndim: int) -> tuple[int | None, int | None]:
         """(query axis, key axis) of two-operand scores: the last output letter only the first

@@ -25,7 +25,8 @@ class Sdpa(StepBase):
     default: a decode query sees the whole cache); square, window-less causal attention is passed
     to torch as ``is_causal=True``, any other pattern as an explicit mask. A bool/int ``mask`` needs
     a ``polarity`` (keep: True attends, as SDPA's bool ``attn_mask``; block: True is hidden); a
-    float mask is added to the scores (transformers' additive masks). ``gqa: true`` is
+    float mask is added to the scores (transformers' additive masks), and is float32 or the query's
+    dtype, the two torch takes. ``gqa: true`` is
     ``enable_gqa=True``: kv head ``h`` serves query heads ``h*n_rep … h*n_rep+n_rep-1``.
     """
 
@@ -100,6 +101,14 @@ class Sdpa(StepBase):
                 )
             if mask.dtype not in ("bool", "int32", "int64") and self.polarity is not None:
                 raise StepError("mask-polarity", f"a {mask.dtype} mask is added to the scores; polarity applies to bool masks", "polarity")
+            if mask.dtype not in ("bool", "int32", "int64", "float32", q.dtype):  # torch takes float32 or the query's dtype
+                raise StepError(
+                    "dtype",
+                    f"float mask '{self.mask}' is {mask.dtype}, query '{names[0]}' is {q.dtype}: torch adds a float mask only "
+                    f"in float32 or in the query's dtype",
+                    "mask",
+                    f"cast the mask to {q.dtype} (op: cast) before the sdpa",
+                )
             out = broadcast(fresh(scores, q.dtype), mask, f"mask '{self.mask}' against the scores", "mask", ctx)
             if tuple(d.value for d in out) != tuple(d.value for d in scores):
                 raise StepError(

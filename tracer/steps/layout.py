@@ -10,7 +10,7 @@ from pydantic import Field, StrictInt, model_validator
 from ..core import dimexpr
 from ..core.dtypes import promote
 from ..core.fields import DimText, TensorId
-from ..core.layout import fresh, view, view_strides, with_root
+from ..core.layout import Meta, cat_layout, fresh, view, view_strides, with_root
 from ..core.pysource import py_tuple
 from .contract import Composite, Inner, Outputs, Slicing, StepBase, register
 from .rules import DimCause, StepError, norm_dim, py_shape, show
@@ -431,7 +431,7 @@ class Cat(StepBase):
         total = first.shape[d]
         for other in ins[1:]:
             total = ctx.alg.add(total, other.shape[d])
-        return fresh(first.shape[:d] + (total,) + first.shape[d + 1 :], promote(ins))  # torch.cat promotes: f32 + f64 is f64
+        return cat_layout(ins, first.shape[:d] + (total,) + first.shape[d + 1 :], promote(ins))  # torch.cat promotes: f32 + f64 is f64
 
     def kernel(self, k):
         cat, d = k.torch.cat, self.dim
@@ -467,7 +467,12 @@ class Stack(StepBase):
                     "stack-shape", f"stack needs equal shapes: '{ctx.input_ids[0]}' {show(first)} vs '{name}' {show(other)}", "inputs"
                 )
         d = norm_dim(self.dim, len(first.shape) + 1)
-        return fresh(first.shape[:d] + (ctx.alg.const(len(ins)),) + first.shape[d:], promote(ins))
+        shape, dtype = first.shape[:d] + (ctx.alg.const(len(ins)),) + first.shape[d:], promote(ins)
+        if d == len(first.shape):  # ATen: cat of the inputs unsqueezed at the end (the new dim's stride is 1)
+            return cat_layout([Meta(m.shape + (ctx.alg.const(1),), m.stride + (1,), m.dtype) for m in ins], shape, dtype)
+        # ATen: cat along d, then a view that splits d into (len(ins), size)
+        joined = cat_layout(ins, first.shape[:d] + (ctx.alg.const(len(ins) * first.sizes[d]),) + first.shape[d + 1 :], dtype)
+        return Meta(shape, view_strides(joined.sizes, joined.stride, tuple(x.value for x in shape)), dtype)
 
     def kernel(self, k):
         stack, d = k.torch.stack, self.dim

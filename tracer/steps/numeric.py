@@ -17,7 +17,7 @@ from ..core.pysource import py_float
 from ..core.symbolic import Dim
 from .contract import StepBase, register
 from .pointwise import DType, _Binary
-from .rules import StepError, broadcast, norm_dim, show
+from .rules import StepError, broadcast, norm_dim, require_number_fits, show
 
 Number = StrictInt | StrictFloat
 
@@ -95,7 +95,8 @@ MATH_KINDS = (Abs, Floor, Ceil, Trunc, Square, Log, Log1p, Sqrt, Rsqrt, Sin, Cos
 
 @register
 class Clamp(StepBase):
-    """``torch.clamp(x, min, max)`` with numbers; a float bound makes an integer tensor float32, as in torch."""
+    """``torch.clamp(x, min, max)`` with numbers; a float bound makes an integer tensor float32, as in torch.
+    A bound the result cannot hold (``max: 1.0e+39`` on float32, an integer beyond int64) is refused, as torch refuses it."""
 
     op: Literal["clamp"] = "clamp"
     min: Number | None = Field(None, description="the lower bound (none: no lower bound)")
@@ -121,6 +122,9 @@ class Clamp(StepBase):
         dtype = x.dtype
         for bound in (self.min, self.max):
             dtype = dtype if bound is None else promote_number(dtype, bound)
+        for field, bound in (("min", self.min), ("max", self.max)):
+            if bound is not None:
+                require_number_fits(bound, dtype, f"clamp's {field}", field)
         return pointwise([x], x.shape, dtype)
 
     def kernel(self, k):
@@ -165,7 +169,8 @@ _COMPARISONS = {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": 
 @register
 class Compare(StepBase):
     """``a OP b`` as a bool tensor, OP one of ``eq ne lt le gt ge``: two tensors (broadcast), or one
-    tensor and a number (``value``)."""
+    tensor and a number (``value``; an integer must lie within int64, beyond which torch overflows or
+    compares wrongly)."""
 
     op: Literal["compare"] = "compare"
     cmp: Literal["eq", "ne", "lt", "le", "gt", "ge"] = Field(description="==, !=, <, <=, >, >=")
@@ -188,6 +193,7 @@ class Compare(StepBase):
             given = "a tensor and 'value'" if self.value is not None else "two tensors (or one and 'value')"
             raise StepError("arity", f"compare takes {given}, got {len(ins)} input{'s' if len(ins) != 1 else ''}", "inputs")
         if wanted == 1:
+            require_number_fits(self.value, None, "compare's value", "value")  # compared as is: no dtype to fit
             return pointwise(ins, ins[0].shape, "bool")
         a, b = ins
         return pointwise(ins, broadcast(a, b, f"compare '{ctx.input_ids[0]}' {self.cmp} '{ctx.input_ids[1]}'", "inputs"), "bool")
@@ -212,7 +218,8 @@ class Compare(StepBase):
 class Where(StepBase):
     """``torch.where(cond, a, b)``: ``a`` where the bool ``cond`` is True, else ``b``. ``then`` and
     ``otherwise`` give a branch as a number instead of a tensor; ``inputs`` lists ``cond`` and then
-    the branches that are tensors, in order. The dtype is torch's promotion of the branches."""
+    the branches that are tensors, in order. The dtype is torch's promotion of the branches; a
+    number branch must fit it (torch refuses ``otherwise: 70000`` for float16)."""
 
     op: Literal["where"] = "where"
     then: Number | None = Field(None, description="the value where cond is True, as a number (else the second input)")
@@ -241,7 +248,11 @@ class Where(StepBase):
         shape = cond.shape
         for meta, name in zip(branches, ctx.input_ids[1:]):
             shape = broadcast(fresh(shape, "bool"), meta, f"where '{ctx.input_ids[0]}' with '{name}'", "inputs")
-        return pointwise(ins, shape, self._dtype(branches))
+        dtype = self._dtype(branches)
+        for field in ("then", "otherwise"):
+            if getattr(self, field) is not None:
+                require_number_fits(getattr(self, field), dtype, f"where's {field}", field)
+        return pointwise(ins, shape, dtype)
 
     def _dtype(self, branches) -> str:
         numbers = [v for v in (self.then, self.otherwise) if v is not None]
@@ -318,7 +329,7 @@ def _sum_dtype(dtype: str) -> str:
 @register
 class Cumsum(StepBase):
     """``torch.cumsum(x, dim, dtype)``: running sums along ``dim`` (integers and bool sum in int64,
-    as in torch). Positions from a padding mask: ``cumsum(mask) - 1``."""
+    as in torch; torch cannot sum in ``dtype: bool``). Positions from a padding mask: ``cumsum(mask) - 1``."""
 
     op: Literal["cumsum"] = "cumsum"
     dim: StrictInt = -1
@@ -335,6 +346,8 @@ class Cumsum(StepBase):
     def infer(self, ins, ctx):
         x = ins[0]
         norm_dim(self.dim, max(len(x.shape), 1))
+        if self.dtype == "bool":
+            raise StepError("dtype", "torch's cumsum cannot sum in bool", "dtype", "leave 'dtype' out: bool tensors sum in int64")
         return fresh(x.shape, self.dtype or _sum_dtype(x.dtype))
 
     def kernel(self, k):
@@ -357,7 +370,8 @@ _REDUCED_DTYPE = {"sum": _sum_dtype, "prod": _sum_dtype, "any": lambda d: "bool"
 class Reduce(StepBase):
     """``x.FN(dim, keepdim)``, FN one of ``sum mean prod amax amin any all``, over one dim or
     several; a dim is an int or the NAME of one of the input's dims (``dim: [H, T]``), resolved
-    against its symbolic shape. No ``dim``: over every dim. Integers sum in int64; ``mean`` needs
+    against its symbolic shape. No ``dim``: over every dim (``dim: []`` is refused: torch reads it
+    as every dim too). Integers sum in int64; ``mean`` needs
     floats; ``amax``/``amin`` are torch's values-only max and min; ``prod`` takes one dim."""
 
     op: Literal["reduce"] = "reduce"
@@ -395,6 +409,10 @@ class Reduce(StepBase):
         return fresh(tuple(shape), _REDUCED_DTYPE.get(self.fn, lambda d: d)(x.dtype))
 
     def axes(self, shape: tuple[Dim, ...], name: str) -> tuple[int, ...]:
+        if self.dim == []:  # torch reduces over every dim for an empty list: the opposite of what it reads as
+            raise StepError(
+                "dim", "dim: [] names no dim, and torch reduces over every dim for it", "dim", "leave 'dim' out to reduce over every dim"
+            )
         written = list(range(len(shape))) if self.dim is None else self.dim if isinstance(self.dim, list) else [self.dim]
         axes = [self._axis(d, shape, name) for d in written]
         if len(set(axes)) != len(axes):
@@ -428,7 +446,7 @@ class Reduce(StepBase):
 
 @register
 class Arange(StepBase):
-    """``torch.arange(start, stop)`` from dim expressions, with no input: positions inside the
+    """``torch.arange(start, stop)`` from dim expressions, with no input, in any dtype but bool: positions inside the
     graph (``start: past, stop: past + T`` is a decode step's query positions)."""
 
     op: Literal["arange"] = "arange"
@@ -449,6 +467,8 @@ class Arange(StepBase):
         return self.start
 
     def infer(self, ins, ctx):
+        if self.dtype == "bool":
+            raise StepError("dtype", "torch has no arange of bool", "dtype", "count in int64 and compare (op: compare) for a bool tensor")
         start, stop = ctx.dim(self.start, "start"), ctx.dim(self.stop, "stop")
         if stop.value < start.value:
             raise StepError("value", f"arange from {start} = {start.value} to {stop} = {stop.value} counts down", "stop", "stop >= start")

@@ -199,6 +199,7 @@ class Cast(StepBase):
 
     op: Literal["cast"] = "cast"
     keeps_values = True
+    passes_scores = True  # scores upcast to float32 for the softmax (transformers' eager attention) are still scores
     dtype: DType = Field(description="the dtype to convert to")
     elementwise = True
     example = """\

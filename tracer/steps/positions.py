@@ -122,6 +122,21 @@ class Rope(StepBase):
             (Inner("cos", "cos", table, tables), Inner("sin", "sin", table, tables), Inner("rotated", "rope", out, (0, "cos", "sin")))
         )
 
+    def _check_yarn_ramp(self, scaling, rot) -> None:
+        """The dims where YaRN's ramp starts and ends (yarn_ramp's correction dims) must be finite
+        numbers: floor and ceil of an infinite one fail in the kernel, as in transformers."""
+        for name in ("beta_fast", "beta_slow"):
+            rotations = getattr(scaling, name)
+            turns = scaling.original_max_position_embeddings / (rotations * 2 * math.pi)
+            if not (math.isfinite(turns) and turns > 0 and math.isfinite(rot.value * math.log(turns) / (2 * math.log(self.theta)))):
+                raise StepError(
+                    "rope-scaling",
+                    f"yarn's ramp edge for {name}={rotations:g} (original_max_position_embeddings={scaling.original_max_position_embeddings}) "
+                    "is not a finite dim: original / (2π·rotations) overflows",
+                    "rope_scaling",
+                    "use beta_fast and beta_slow of the model's config (32 and 1)",
+                )
+
     def _check_scaling(self, rot) -> None:
         scaling = self.rope_scaling
         if scaling is None:
@@ -134,6 +149,8 @@ class Rope(StepBase):
             )
         if scaling.type == "yarn" and self.theta == 1:
             raise StepError("rope-scaling", "yarn scaling divides by ln(theta): theta 1 has no frequencies to blend", "theta")
+        if scaling.type == "yarn":
+            self._check_yarn_ramp(scaling, rot)
         if scaling.type == "longrope" and len(scaling.short_factor) * 2 != rot.value:
             raise StepError(
                 "rope-scaling",

@@ -13,13 +13,14 @@ from ..core.fields import DimText, TensorId
 from ..core.layout import fresh, pointwise
 from ..core.pysource import py_float
 from .contract import Composite, Inner, Outputs, StepBase, register
-from .rules import StepError, norm_dim, require_float, show
+from .rules import StepError, norm_dim, require_float, require_number_fits, show
 
 
 @register
 class Topk(StepBase):
     """``torch.topk(x, k, dim)``: the ``k`` largest (or smallest) entries along ``dim`` and where they
     are, as two tensors named in ``outputs``: the values (x's dtype) and their indices (int64).
+    Not of a bool tensor: torch has no topk for it.
 
     A router's choice of experts: ``{op: topk, input: router_probs, k: K, outputs: [top_w, top_i]}``.
     ``normalize: true`` divides the values by their sum over the ``k`` (Mixtral renormalises the
@@ -55,6 +56,8 @@ class Topk(StepBase):
         x = ins[0]
         if self.normalize:
             require_float(x, ctx.input_ids[0], "topk with normalize")
+        if x.dtype == "bool":
+            raise StepError("dtype", f"torch has no topk of bool tensor '{ctx.input_ids[0]}'", "input", "cast it to int64 or float32 first")
         if not x.shape:
             raise StepError("shape", f"topk needs at least one dim, '{ctx.input_ids[0]}' is 0-d", "input")
         d = norm_dim(self.dim, len(x.shape))
@@ -309,6 +312,8 @@ class Scatter(StepBase):
             raise StepError("arity", f"scatter takes inputs {form}, got {len(ins)}", "inputs")
         base, index = ins[0], ins[1]
         _check_index(base, index, self.dim, names, "scatter", compare_all=False)
+        if self.value is not None:
+            require_number_fits(self.value, base.dtype, "scatter's value", "value")
         if len(ins) == 3:
             src = ins[2]
             if src.dtype != base.dtype:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from ..core.dtypes import FLOAT_DTYPES
+from ..core.dtypes import DTYPE_MAX, FLOAT_DTYPES, fits
 from ..core.layout import Meta
 from ..core.symbolic import Dim
 
@@ -118,6 +118,29 @@ def lined_up(small, large) -> list | None:
             return None
         placed[at] = dim
     return None if placed == list(small) else placed
+
+
+INT64_RANGE = range(-(2**63), 2**63)  # the integers torch takes as a number; larger ones overflow its int64 scalars
+
+
+def require_number_fits(value: int | float, dtype: str | None, what: str, field: str) -> None:
+    """A number written in the file that torch can take: an integer within int64 (beyond it torch
+    overflows converting it, or reads it as uint64 and compares wrongly), and, with ``dtype``, a
+    value the ``dtype`` result holds (torch refuses to write an out-of-range number into it)."""
+    if isinstance(value, int) and value not in INT64_RANGE:
+        raise StepError(
+            "number-range",
+            f"{what} {value} is outside int64 (-2**63 .. 2**63 - 1), the widest integer torch takes as a number",
+            field,
+            "write it as a float (1e30), or bring it within int64",
+        )
+    if dtype is not None and not fits(value, dtype):
+        raise StepError(
+            "number-range",
+            f"{what} {value} does not fit the {dtype} result (its largest finite value is {DTYPE_MAX[dtype]:.8g}): torch refuses it",
+            field,
+            "use a number within that range, or cast the tensor to a wider dtype first (op: cast)",
+        )
 
 
 def require_float(meta: Meta, name: str, what: str) -> None:
