@@ -7,38 +7,27 @@ from typing import Literal
 from pydantic import Field
 
 from ..core.fields import TensorId
-from ..core.layout import fresh, pointwise, same_layout
+from ..core.layout import fresh, same_layout
 from ..core.pysource import py_float
 from .contract import StepBase, register
-from .rules import StepError, broadcast, require_float, show, trailing_weight
+from .operands import _Arithmetic
+from .rules import StepError, require_float, show, trailing_weight
 
 
 @register
-class Add(StepBase):
-    """``a + b`` with broadcasting (residual connections, biases, additive attention masks)."""
+class Add(_Arithmetic):
+    """``a + b`` with broadcasting and torch's type promotion (residual connections, biases,
+    additive attention masks), or ``x + value``: a number or a dim expression (``x + 1``)."""
 
     op: Literal["add"] = "add"
-    elementwise = True
+    symbol = "+"
+    torch_name = "add"
     passes_scores = True  # scores + an additive mask or position bias (BERT, T5, ALiBi) are still scores
     sums_inputs = True
-    arity = 2
     example = """\
 - id: residual_1
   op: add
   inputs: [x_in, mha_out]  # (B, T, d) + (B, T, d)"""
-
-    def infer(self, ins, ctx):
-        a, b = ins
-        if a.dtype != b.dtype:
-            raise StepError("dtype", f"add of {a.dtype} and {b.dtype}", "inputs")
-        shape = broadcast(a, b, f"add '{ctx.input_ids[0]}' + '{ctx.input_ids[1]}'", "inputs", ctx)
-        return pointwise([a, b], shape, a.dtype)
-
-    def kernel(self, k):
-        return lambda a, b: a + b
-
-    def emit(self, e):
-        return f"{e.args[0]} + {e.args[1]}"
 
 
 @register

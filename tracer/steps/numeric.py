@@ -15,7 +15,8 @@ from ..core.layout import fresh, pointwise
 from ..core.pysource import py_float
 from ..core.symbolic import Dim
 from .contract import StepBase, register
-from .pointwise import DType, _Binary
+from .operands import OPERAND_DESCRIPTION, Operand, _Binary, operand_source, operand_text, operand_value
+from .pointwise import DType
 from .rules import StepError, broadcast, norm_dim, show
 
 Number = StrictInt | StrictFloat
@@ -164,11 +165,11 @@ _COMPARISONS = {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": 
 @register
 class Compare(StepBase):
     """``a OP b`` as a bool tensor, OP one of ``eq ne lt le gt ge``: two tensors (broadcast), or one
-    tensor and a number (``value``)."""
+    tensor and a number (``value``: a dim expression too, ``T - W``)."""
 
     op: Literal["compare"] = "compare"
     cmp: Literal["eq", "ne", "lt", "le", "gt", "ge"] = Field(description="==, !=, <, <=, >, >=")
-    value: Number | None = Field(None, description="compare the one input with this number instead of a second tensor")
+    value: Operand | None = Field(None, description=f"compare the one input with this instead of a second tensor: {OPERAND_DESCRIPTION}")
     arity: ClassVar[int | None] = None
     elementwise = True
     example = """\
@@ -179,7 +180,7 @@ class Compare(StepBase):
   value: 0"""
 
     def args(self):
-        return [self.cmp] + ([py_number(self.value)] if self.value is not None else [])
+        return [self.cmp] + ([operand_text(self.value)] if self.value is not None else [])
 
     def infer(self, ins, ctx):
         wanted = 1 if self.value is not None else 2
@@ -187,17 +188,20 @@ class Compare(StepBase):
             given = "a tensor and 'value'" if self.value is not None else "two tensors (or one and 'value')"
             raise StepError("arity", f"compare takes {given}, got {len(ins)} input{'s' if len(ins) != 1 else ''}", "inputs")
         if wanted == 1:
+            operand_value(self.value, lambda text: ctx.dim(text, "value").value)  # a bad dim expression is located here
             return pointwise(ins, ins[0].shape, "bool")
         a, b = ins
         return pointwise(ins, broadcast(a, b, f"compare '{ctx.input_ids[0]}' {self.cmp} '{ctx.input_ids[1]}'", "inputs"), "bool")
 
     def kernel(self, k):
-        name, value = self.cmp, self.value
-        compare = getattr(k.torch, name)
-        return (lambda a: compare(a, value)) if value is not None else compare
+        compare = getattr(k.torch, self.cmp)
+        if self.value is None:
+            return compare
+        value = operand_value(self.value, k.value)
+        return lambda a: compare(a, value)
 
     def emit(self, e):
-        right = py_number(self.value) if self.value is not None else e.args[1]
+        right = operand_source(self.value, e.dim) if self.value is not None else e.args[1]
         return f"{e.args[0]} {_COMPARISONS[self.cmp]} {right}"
 
 
