@@ -111,6 +111,11 @@ WORKSPACES = {
         "x: {shape: [1, 1024], init: randn}",
         "",
     ),
+    "layernorm with Nemotron's unit offset (weight + 1)": (
+        "- {id: y, op: layernorm, weight: w, bias: b, unit_offset: true}",
+        "x: {shape: [4, 65536], init: randn}",
+        "w: {shape: [65536], init: zeros}\nb: {shape: [65536], init: zeros}",
+    ),
     "rmsnorm of a transposed input": (
         "- {id: t, op: transpose, input: x, dims: [0, 1]}\n- {id: y, op: rmsnorm}",
         "x: {shape: [1024, 1024], init: randn}",

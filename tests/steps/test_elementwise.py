@@ -56,6 +56,22 @@ def test_binary_ops_broadcast_and_promote_like_torch():
     assert t["mixed"].dtype == "float64" and close(t["mixed"].tensor, i * torch.tensor(0.5, dtype=torch.float64))
 
 
+def test_layernorm_unit_offset_is_nemotrons_layernorm1p():
+    t = trace_of(
+        "- {id: n, op: layernorm, input: x, weight: g, bias: b, unit_offset: true, eps: 1.0e-5}",
+        params="g: {shape: [4], init: randn}\nb: {shape: [4], init: randn}",
+    )
+    from transformers.models.nemotron.modeling_nemotron import NemotronLayerNorm1P
+
+    norm = NemotronLayerNorm1P(4, eps=1e-5)
+    norm.load_state_dict({"weight": t["g"].tensor, "bias": t["b"].tensor})
+    assert torch.equal(t["n"].tensor, norm(t["x"].tensor))
+    with pytest.raises(tracer.TracerError, match="give a weight"):
+        tracer.loads(
+            pipeline_text("- {id: n, op: layernorm, input: x, unit_offset: true}", inputs="x: {shape: [2], init: randn}"), "t.yaml"
+        )
+
+
 def test_numbers_and_dim_expressions_as_operands_promote_like_python_scalars():
     t = trace_of(
         """

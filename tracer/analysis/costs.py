@@ -511,10 +511,11 @@ def _softmax_workspace(step, ins, outs):
 def _layernorm_workspace(step, ins, outs):
     """native_layer_norm also returns each row's mean and 1/std (in float32 at least), and reads a
     dense copy of a non-contiguous input; per-head params apply after it, to a normalised copy
-    (and, with both, to the scaled one)."""
+    (and, with both, to the scaled one). Nemotron's unit offset also makes weight + 1."""
     x = ins[0]
     after = len(ins) - 1 if step.per_head(ins) else 0
-    return 2 * math.prod(x.sizes[:-1]) * max(4, DTYPE_BYTES[x.dtype]) + dense_copy(x) + after * x.nbytes
+    offset = ins[1].nbytes if step.unit_offset else 0
+    return 2 * math.prod(x.sizes[:-1]) * max(4, DTYPE_BYTES[x.dtype]) + dense_copy(x) + after * x.nbytes + offset
 
 
 @_counts(_WORKSPACE, RMSNorm)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, StrictBool
 
 from ..core.fields import TensorId
 from ..core.layout import fresh, same_layout
@@ -36,23 +36,32 @@ class LayerNorm(StepBase):
 
     A weight (and bias) of shape (H, D) on a (B, T, H, D) tensor is one per head (Cohere's
     ``CohereLayerNorm((num_heads, head_dim))`` on its queries and keys): the rows are normalised
-    over D, then multiplied by the weight and shifted by the bias, broadcast over (B, T)."""
+    over D, then multiplied by the weight and shifted by the bias, broadcast over (B, T).
+
+    ``unit_offset: true`` scales by ``1 + weight`` (Nemotron's ``LayerNorm1P``: ``F.layer_norm(x,
+    shape, self.weight + 1, self.bias, eps)``), the weight stored as an offset from one."""
 
     op: Literal["layernorm"] = "layernorm"
     weight: TensorId | None = Field(None, description="(D,) scale param, or (H, D) per head (default: ones, as nn.LayerNorm starts)")
     bias: TensorId | None = Field(None, description="shift param of the weight's shape (default: zeros)")
     eps: float = Field(1e-5, gt=0)
+    unit_offset: StrictBool = Field(False, description="scale by (weight + 1), as Nemotron's LayerNorm1P does")
     param_fields = ("weight", "bias")
     example = """\
 - id: normed_1
   op: layernorm
   input: residual_1        # (B, T, d), normalised over d"""
 
+    def args(self):
+        return ["1+w"] if self.unit_offset else []
+
     def infer(self, ins, ctx):
         x = ins[0]
         require_float(x, ctx.input_ids[0], "layernorm")
         if not x.shape:
             raise StepError("shape", "layernorm needs at least one dim", "input")
+        if self.unit_offset and self.weight is None:
+            raise StepError("layernorm-weight", "unit_offset scales by (weight + 1): give a weight", "unit_offset")
         params = ins[1:]
         for name, field, p in zip(self.param_refs(), [f for f in self.param_fields if getattr(self, f)], params):
             trailing_weight(p, x, name, field)
@@ -70,10 +79,12 @@ class LayerNorm(StepBase):
         layer_norm, eps = k.F.layer_norm, self.eps
         last = (k.ins[0].sizes[-1],)
         has_weight, has_bias, per_head = self.weight is not None, self.bias is not None, self.per_head(k.ins)
+        offset = self.unit_offset
 
         def norm(x, *params):
             params = list(params)
             weight = params.pop(0) if has_weight else None
+            weight = weight + 1 if offset else weight
             bias = params.pop(0) if has_bias else None
             if not per_head:
                 return layer_norm(x, last, weight, bias, eps)
@@ -86,6 +97,7 @@ class LayerNorm(StepBase):
     def emit(self, e):
         x, eps = e.args[0], py_float(self.eps)
         weight = e.args[1] if self.weight is not None else None
+        weight = f"({weight} + 1)" if self.unit_offset else weight
         bias = e.args[-1] if self.bias is not None else None
         last = f"({e.size(e.ins[0].shape[-1])},)"
         if not self.per_head(e.ins):
