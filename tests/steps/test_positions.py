@@ -105,6 +105,15 @@ def test_alibi_slopes_and_bias(heads):
     assert close(t["rel"].tensor, s + slopes[:, None, None] * distance)
 
 
+@pytest.mark.parametrize("heads", [8, 6])
+def test_alibi_bias_max_is_mpts_bias(heads):
+    from transformers.models.mpt.modeling_mpt import build_mpt_alibi_tensor
+
+    t = trace_of("- {id: b, op: alibi, input: s, bias_max: 8.0}", inputs=f"s: {{shape: [2, {heads}, 3, 5], init: randn}}")
+    bias = build_mpt_alibi_tensor(heads, 16)[:, -3:, -5:]  # MptAttention slices a max_seq_len table to the last keys
+    assert torch.equal(t["b"].tensor, t["s"].tensor + bias)
+
+
 def test_alibi_on_meta_allocates_nothing_for_many_heads():
     pipeline = tracer.loads(
         pipeline_text("- {id: y, op: alibi, input: x}", dims="H: 67108864", inputs="x: {shape: [H, 1, 1], init: randn}")

@@ -292,6 +292,16 @@ def alibi_slopes(torch, heads: int, device=None):
     return slopes
 
 
+def mpt_alibi_slopes(torch, heads: int, bias_max: float, device=None):
+    """MPT's ALiBi slopes, as transformers' ``build_mpt_alibi_tensor`` computes them: ``1 / 2^(k ·
+    bias_max / n)`` for n the power of two at or above ``heads``; for another head count the odd
+    then the even ones of those n, cut to ``heads``."""
+    n = 2 ** math.ceil(math.log2(heads))
+    base = torch.arange(1, n + 1, dtype=torch.int64, device=device).float() * (bias_max / n)
+    slopes = 1.0 / torch.pow(2, base)
+    return slopes if n == heads else torch.cat([slopes[1::2], slopes[::2]])[:heads]
+
+
 @register
 class Alibi(StepBase):
     """ALiBi: add a per-head linear bias to (…, H, T_q, T_kv) scores (Press et al.; BLOOM, MPT).
@@ -300,10 +310,17 @@ class Alibi(StepBase):
     ``build_alibi_tensor``; softmax is unchanged by a per-row shift), or with ``relative: true``
     the paper's ``slope[h] * (j - i)`` with query ``i`` aligned bottom-right (the last query is the
     last key). Slopes: :func:`alibi_slopes`. The bias is recorded as ``ID/bias``.
+
+    ``bias_max`` is MPT's ``alibi_bias_max`` (its config's 8): MPT's slopes
+    (:func:`mpt_alibi_slopes`) and its key positions counted back from the last key,
+    ``slope[h] * (j - (T_kv - 1))``, as transformers' ``build_mpt_alibi_tensor`` makes them.
     """
 
     op: Literal["alibi"] = "alibi"
     relative: StrictBool = Field(False, description="bias slope * (j - i) instead of slope * j")
+    bias_max: float | None = Field(
+        None, gt=0, le=1024, description="MPT's alibi_bias_max: its slopes, keys counted back from the last (none: BLOOM's slopes)"
+    )
     passes_scores = True
     adds_bias = "bias"  # ID/bias
     example = """\
@@ -312,7 +329,7 @@ class Alibi(StepBase):
   input: scores            # (B, H, T, T), H of any size (slopes as in the ALiBi paper)"""
 
     def args(self):
-        return ["j - i"] if self.relative else []
+        return (["j - i"] if self.relative else []) + ([f"bias_max={self.bias_max:g}"] if self.bias_max is not None else [])
 
     def infer(self, ins, ctx):
         scores = ins[0]
@@ -326,13 +343,17 @@ class Alibi(StepBase):
         return Composite((Inner("bias", "alibi", bias), Inner("biased", "alibi", pointwise([scores, bias], scores.shape, scores.dtype))))
 
     def kernel(self, k):
-        torch, relative = k.torch, self.relative
+        torch, relative, bias_max = k.torch, self.relative, self.bias_max
         heads, t_q, t_k = k.ins[0].sizes[-3:]
         dtype = getattr(torch, k.ins[0].dtype)
+        last = t_k - 1 if bias_max is not None and not relative else 0
 
         def alibi(scores):
-            slopes = alibi_slopes(torch, heads, scores.device)  # on meta, no real memory for 2**33 heads
-            keys = torch.arange(t_k, device=scores.device)
+            if bias_max is None:
+                slopes = alibi_slopes(torch, heads, scores.device)  # on meta, no real memory for 2**33 heads
+            else:
+                slopes = mpt_alibi_slopes(torch, heads, bias_max, scores.device)
+            keys = torch.arange(t_k, device=scores.device) - last
             if relative:
                 distance = keys[None, :] - (torch.arange(t_q, device=scores.device)[:, None] + (t_k - t_q))
                 bias = slopes[:, None, None] * distance[None]
@@ -348,13 +369,19 @@ class Alibi(StepBase):
         heads, t_q, t_k = (e.size(d) for d in meta.shape[-3:])
         slopes, bias = e.local("slopes"), e.local("bias")
         keys = f"torch.arange({t_k}, device={scores}.device)"
+        if self.bias_max is not None and not self.relative:
+            keys = f"({keys} - ({t_k} - 1))"
         if self.relative:
             shift = "" if meta.shape[-2].same_symbol(meta.shape[-1]) else f" + ({t_k} - {atom(t_q)})"
             distance = f"({keys}[None, :] - (torch.arange({t_q}, device={scores}.device)[:, None]{shift}))[None]"
         else:
             distance = f"{keys}[None, None, :]"
+        if self.bias_max is None:
+            made = f"{e.helper('alibi_slopes', inspect.getsource(alibi_slopes))}(torch, {heads})"
+        else:
+            made = f"{e.helper('mpt_alibi_slopes', inspect.getsource(mpt_alibi_slopes))}(torch, {heads}, {py_float(self.bias_max)})"
         return [
-            f"{slopes} = {e.helper('alibi_slopes', inspect.getsource(alibi_slopes))}(torch, {heads}).to({scores}.device)",
+            f"{slopes} = {made}.to({scores}.device)",
             f"{bias} = ({slopes}[:, None, None] * {distance}).to({scores}.dtype)",
             f"{e.targets[0]} = {scores} + {bias}",
         ]
