@@ -51,6 +51,12 @@ class Rope(StepBase):
         {type: longrope, short_factor, long_factor, original_max_position_embeddings, factor, attention_factor}
 
     ``dynamic`` and ``longrope`` read the largest position + 1 over the batch, as transformers does.
+
+    ``mrope_section`` is Qwen2-VL's multimodal rope (M-RoPE): ``positions`` is (S, B, T), one
+    stream of positions per section (temporal, height, width), and the frequencies of section i
+    come from stream i, as ``apply_multimodal_rotary_pos_emb`` picks them::
+
+        emb = cat([m[i % S] for i, m in enumerate(emb.split(mrope_section * 2, dim=-1))], dim=-1)
     """
 
     op: Literal["rope"] = "rope"
@@ -63,6 +69,12 @@ class Rope(StepBase):
     seq_dim: StrictInt = Field(-2, description="the axis of token positions (default -2: (…, T, Dh))")
     positions: TensorId | None = Field(None, description="an integer (T,) or (B, T) tensor of token positions, instead of offset")
     rope_scaling: Scaling | None = Field(None, description="frequency scaling, {type: linear, factor: 8.0} and the others above")
+    mrope_section: list[StrictInt] | None = Field(
+        None,
+        min_length=1,
+        max_length=8,
+        description="M-RoPE (Qwen2-VL): frequencies per position stream of (S, B, T) positions; sums to R/2",
+    )
     param_fields = ("positions",)
     example = """\
 - id: q_rot
@@ -76,6 +88,8 @@ class Rope(StepBase):
     def _one_origin(self):
         if self.positions is not None and self.offset != 0:
             raise ValueError("give 'offset' or a 'positions' tensor, not both (positions already say where each token is)")
+        if self.mrope_section is not None and (self.positions is None or self.style != "half" or min(self.mrope_section) < 1):
+            raise ValueError("mrope_section needs (S, B, T) 'positions', style half and positive sections")
         return self
 
     def args(self):
@@ -107,6 +121,12 @@ class Rope(StepBase):
         if ctx.dim(self.offset, "offset").value < 0:
             raise StepError("rope-offset", f"offset {self.offset} is negative", "offset")
         self._check_scaling(rot)
+        if self.mrope_section is not None and 2 * sum(self.mrope_section) != rot.value:
+            raise StepError(
+                "rope-dim",
+                f"mrope_section {self.mrope_section} sums to {sum(self.mrope_section)}, not R/2 = {rot.value // 2}",
+                "mrope_section",
+            )
         lead = () if self.positions is None else self._positions_batch(x, seq, ins[1])
         table = fresh(lead + (x.shape[seq], rot), x.dtype)
         part = x if rot.value == head.value else Meta(x.shape[:-1] + (rot,), x.stride, x.dtype, x.offset, x.root)
@@ -141,6 +161,15 @@ class Rope(StepBase):
     def _positions_batch(self, x: Meta, seq: int, pos: Meta) -> tuple:
         """The batch dims the tables take from a (B, T) ``positions`` (none for (T,))."""
         name, length = self.positions, x.shape[seq]
+        if self.mrope_section is not None:
+            streams = len(self.mrope_section)
+            if len(pos.shape) != 3 or pos.sizes[0] != streams:
+                raise StepError(
+                    "rope-positions",
+                    f"M-RoPE positions '{name}' must be ({streams}, B, T), one stream per section, found {show(pos)}",
+                    "positions",
+                )
+            pos = Meta(pos.shape[1:], pos.stride[1:], pos.dtype)
         if pos.dtype not in ("int64", "int32"):
             raise StepError(
                 "rope-positions",
@@ -166,6 +195,7 @@ class Rope(StepBase):
         length, head = x.sizes[seq], x.sizes[-1]
         rot = head if self.rotary_dim is None else k.value(self.rotary_dim)
         start, half, scaled = k.value(self.offset), self.style == "half", self.rope_scaling is not None
+        section = self.mrope_section
         frequencies = self._frequencies(k, rot, start + length)
         dtype = getattr(torch, x.dtype)
         table_shape = _table_view(k.outs[0].sizes, seq, len(x.sizes), 1)
@@ -177,6 +207,7 @@ class Rope(StepBase):
             else:
                 freqs = positions[..., None].float() * inv_freq
             emb = torch.cat((freqs, freqs), dim=-1) if half else torch.repeat_interleave(freqs, 2, dim=-1)
+            emb = emb if section is None else _mrope(torch, emb, section)
             cos, sin = (emb.cos() * factor, emb.sin() * factor) if scaled else (emb.cos(), emb.sin())
             cos, sin = cos.to(dtype), sin.to(dtype)
             part = x if rot == head else x[..., :rot]
@@ -229,6 +260,11 @@ class Rope(StepBase):
             f"{emb} = torch.cat(({freqs}, {freqs}), dim=-1)"
             if self.style == "half"
             else f"{emb} = torch.repeat_interleave({freqs}, 2, dim=-1)",
+            *(
+                []
+                if self.mrope_section is None
+                else [f"{emb} = {e.helper('_mrope', inspect.getsource(_mrope))}(torch, {emb}, {self.mrope_section!r})"]
+            ),
             f"{cos}, {sin} = {cast}" if self.rope_scaling else f"{cos}, {sin} = {emb}.cos().to({x}.dtype), {emb}.sin().to({x}.dtype)",
             f"{e.targets[0]} = torch.cat(({rotated}, {x}[..., {rot}:]), dim=-1)" if partial else f"{e.targets[0]} = {rotated}",
         ]
@@ -248,6 +284,11 @@ class Rope(StepBase):
             kwargs.insert(0, f"seq_len={largest}")
         call = f"{FREQUENCIES[self.rope_scaling.type].__name__}(torch, {rot}, {theta}, {x}.device, {', '.join(kwargs)})"
         return [f"{inv_freq}, {factor} = {call}"]
+
+
+def _mrope(torch, emb, section):
+    """Qwen2-VL's M-RoPE: the features of section i from position stream i (``emb`` is (S, …, R))."""
+    return torch.cat([m[i % len(section)] for i, m in enumerate(emb.split(section * 2, dim=-1))], dim=-1)
 
 
 def _largest(torch, positions):
