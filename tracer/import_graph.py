@@ -30,6 +30,7 @@ MHA_CLASS = "torch.nn.modules.activation.MultiheadAttention"
 ORS = {aten.__or__.Tensor, aten.bitwise_or.Tensor, aten.logical_or.default}
 NOTS = {aten.bitwise_not.default, aten.logical_not.default}
 ANDS = {aten.__and__.Tensor, aten.bitwise_and.Tensor, aten.logical_and.default}
+MASK_READERS = {aten.where.ScalarOther, aten.scaled_dot_product_attention.default}  # what _kept_masks reads a mask for
 
 
 @dataclass
@@ -503,7 +504,8 @@ def _kept_masks(graph: Graph) -> None:
     index comparisons (causal, a sliding window: constants) and ``padding_mask[batch_idx, kv_idx]``
     (the given mask), True where a key is kept, broadcast with ``expand``. Read as a pattern and the
     given mask: added to eager scores as ``where(keep, 0, min)`` (one ``mask`` step), or an SDPA's
-    ``attn_mask`` (its ``sdpa`` step's pattern and mask, in ``graph.kept``)."""
+    ``attn_mask`` (its ``sdpa`` step's pattern and mask, in ``graph.kept``). Every layer reads the
+    same mask: each gets its own step, and nothing else may read the nodes it stands for."""
     for node in graph.calls():
         if node in graph.consumed or node in graph.constant:
             continue
@@ -515,12 +517,12 @@ def _kept_masks(graph: Graph) -> None:
                 graph.consumed.update(inner)
         elif node.target == aten.add.Tensor and len(node.args) == 2 and all(isinstance(a, torch.fx.Node) for a in node.args):
             scores, where = node.args
-            if where.op != "call_function" or where.target != aten.where.ScalarOther or len(where.users) != 1:
+            if where.op != "call_function" or where.target != aten.where.ScalarOther:
                 continue
             cond, zero, fill = where.args[:3]
             if zero not in graph.constant or bool(graph.values[zero].any()) or not isinstance(fill, int | float):
                 continue
-            found = _kept(graph, cond)
+            found = _kept(graph, cond) if all(u.target == aten.add.Tensor and u.args[1] is where for u in where.users) else None
             if found is not None:
                 facts, inner = found
                 graph.claim(Idiom("mask", node, {"x": scores, "fill": fill, **facts}), [*inner, where])
@@ -530,13 +532,16 @@ def _kept(graph: Graph, node: torch.fx.Node) -> tuple[dict, list[torch.fx.Node]]
     """({mask: the given mask, polarity: keep, the pattern's fields}, the nodes they stand for) of a
     bool mask that ands constant patterns with exactly one mask computed from the inputs."""
     inner = []
-    while node.op == "call_function" and node.target == aten.expand.default and len(node.users) == 1:
+    while node.op == "call_function" and node.target == aten.expand.default:
         inner.append(node)
         node = node.args[0]
-    terms, ands = _and_terms(graph, node)
+    terms, ands = _terms(graph, node, ANDS, shared=True)
     fixed, given = [t for t in terms if t in graph.constant], [t for t in terms if t not in graph.constant]
     if len(given) != 1 or not fixed or given[0].meta["val"].dtype != torch.bool:
         return None
+    region = set(inner + ands)
+    if any(u not in region and u.target not in MASK_READERS for n in region for u in n.users):
+        return None  # another op reads the mask itself: it stays as the module computes it
     keep = functools.reduce(operator.and_, (graph.values[t].bool() for t in fixed))
     if bool(keep.all()):  # BERT's bidirectional mask: `True & padding`, the padding alone
         pattern = {}
@@ -553,17 +558,13 @@ def _or_terms(graph: Graph, node: torch.fx.Node) -> tuple[list[torch.fx.Node], l
     return _terms(graph, node, ORS)
 
 
-def _and_terms(graph: Graph, node: torch.fx.Node) -> tuple[list[torch.fx.Node], list[torch.fx.Node]]:
-    """(the terms ``a & b & …`` ands, the and nodes); a constant is one term, however it is built."""
-    return _terms(graph, node, ANDS)
-
-
-def _terms(graph: Graph, node: torch.fx.Node, ops: set) -> tuple[list[torch.fx.Node], list[torch.fx.Node]]:
-    if node in graph.constant or node.op != "call_function" or node.target not in ops or len(node.users) != 1:
+def _terms(graph: Graph, node: torch.fx.Node, ops: set, shared: bool = False) -> tuple[list[torch.fx.Node], list[torch.fx.Node]]:
+    """``shared``: a node read by several others is walked too (a mask every layer reads)."""
+    if node in graph.constant or node.op != "call_function" or node.target not in ops or (len(node.users) != 1 and not shared):
         return [node], []
     terms, inner = [], [node]
     for arg in node.args[:2]:
-        more, nested = _terms(graph, arg, ops)
+        more, nested = _terms(graph, arg, ops, shared)
         terms, inner = terms + more, inner + nested
     return terms, inner
 
