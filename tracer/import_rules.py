@@ -55,8 +55,8 @@ REDUCTIONS = {
 WHERES = (aten.where.self, aten.where.ScalarSelf, aten.where.ScalarOther, aten.where.Scalar)
 CASTS = (aten.to.dtype, aten.to.device, aten.to.dtype_layout, aten.type_as.default, aten._to_copy.default)
 ADVANCED_INDEXING = (
-    "; advanced indexing (a list or tensor of positions) has no step: where the positions are a range, "
-    "slice instead (x[:, -1:] for x[:, [-1]]), which imports as op: index with start/stop"
+    "; advanced indexing by a tensor of positions, or by a list that is not a run of consecutive positions, has no step "
+    "(a run, as x[:, [-1]] or x[:, [2, 3]], imports as op: index with start/stop)"
 )
 UNMAPPED_HINTS = {aten.index_select.default: ADVANCED_INDEXING}
 SPLITS = (aten.split.Tensor, aten.split_with_sizes.default, aten.chunk.default)
@@ -337,6 +337,12 @@ class Translator:
         axis in order (masking_utils' ``padding_mask[batch_idx, kv_idx]``): x with size-1 axes between."""
         x, indices = node.args[:2]
         value, out = self.graph.values[x], self.graph.values[node]
+        run = _consecutive_positions(self.graph, indices, value.shape)
+        if run is not None:  # x[:, [-1]] or x[:, [2, 3]]: a slice of consecutive positions
+            dim, first, count = run
+            start, stop = self._from_end(x.meta["val"].shape[dim], first, count) if first < 0 else (first, first + count)
+            fields = {"op": "index", "input": self.ref(x), "dim": dim, **({"start": start} if start else {}), "stop": stop}
+            return self.emit(node, fields)
         axes = [
             _range_axis(self.graph.values[i], n) if i in self.graph.constant else None for i, n in zip(indices, value.shape, strict=False)
         ]
@@ -346,6 +352,13 @@ class Translator:
         indexed = INDEXED.search(line[2]) if line else None  # `return padding_mask[batch_idx, kv_idx]`: padding_mask
         fields = {"op": "reshape", "input": self.ref(x), "shape": self.namer.shape(node.meta["val"])}
         self.emit(node, fields, indexed.group(1) if indexed and not _assigned(line[2]) else None)
+
+    def _from_end(self, size, first: int, count: int) -> tuple[int | str, int | str]:
+        """(start, stop) of positions counted from the end (``[-1]``), in the dim's name where it has one (``T - 1``)."""
+        end = self.size(size)
+        if isinstance(end, int):
+            return end + first, end + first + count
+        return f"{end} - {-first}", end if first + count == 0 else f"{end} - {-(first + count)}"
 
     def _compare(self, node):
         a, b = node.args[:2]
@@ -870,6 +883,25 @@ def _head_width(x: torch.fx.Node) -> int:
 def _neutral(value: torch.Tensor, fn: str) -> bool:
     """True everywhere for ``and``, False everywhere for ``or``: the other operand comes through."""
     return bool(value.all()) if fn == "and" else fn == "or" and not bool(value.any())
+
+
+def _consecutive_positions(graph: Graph, indices: list, shape) -> tuple[int, int, int] | None:
+    """(dim, first, count) of ``x[..., [i, i+1, …], ...]``: one constant list of consecutive positions
+    along one dim (all from the start, or all from the end: ``[-2, -1]``), every other index ``:``;
+    None for any other indexing."""
+    given = [(dim, i) for dim, i in enumerate(indices) if i is not None]
+    if len(given) != 1 or given[0][1] not in graph.constant:
+        return None
+    dim, node = given[0]
+    positions = graph.values[node]
+    if positions.dtype.is_floating_point or positions.dtype == torch.bool or positions.ndim != 1 or not positions.numel():
+        return None
+    positions = positions.tolist()
+    if positions != list(range(positions[0], positions[0] + len(positions))) or (positions[0] < 0 <= positions[-1]):
+        return None
+    if positions[0] < 0 and positions[0] < -int(shape[dim]) or positions[-1] >= int(shape[dim]):
+        return None
+    return dim, positions[0], len(positions)
 
 
 def _range_axis(index: torch.Tensor, size: int) -> int | None:

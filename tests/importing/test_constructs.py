@@ -191,7 +191,7 @@ class EverydayOps(nn.Module):
         positions = torch.cumsum(ids.ne(0).int(), dim=1) * ids.ne(0).int() + 1  # RoBERTa: padding_idx + 1 onwards
         steps = torch.diff(x.sign(), dim=1)
         biased = scores.baddbmm(q, k.transpose(1, 2), beta=1.0, alpha=0.5)  # Bloom's ALiBi scores
-        return rolled @ framed, images, positions, steps, biased
+        return rolled @ framed, images, positions, steps, biased, x[:, [-1]], x[:, :, [2, 3]]
 
 
 def test_numbers_unbind_flatten_cumsum_roll_einsum_conv_sign_diff_and_baddbmm_import_as_steps():
@@ -200,6 +200,8 @@ def test_numbers_unbind_flatten_cumsum_roll_einsum_conv_sign_diff_and_baddbmm_im
     ops = {s["op"] for s in steps}
     assert {"unbind", "einsum", "roll", "conv1d", "conv2d", "cumsum", "sign", "diff", "pow", "reshape", "bmm"} <= ops, ops
     assert any(s["op"] == "scale" and s.get("multiply") == 0.5 for s in steps)  # baddbmm's alpha
+    slices = [(s["dim"], s.get("start"), s["stop"]) for s in steps if s["op"] == "index" and s["input"] == "x"]
+    assert (1, "T - 1", "T") in slices and (2, 2, 4) in slices, slices  # x[:, [-1]] and x[:, :, [2, 3]]: lists of positions
     numbers = {(s["op"], s.get("value"), s.get("value_first", False)) for s in steps if "value" in s and s["op"] != "compare"}
     assert {("sub", 1, False), ("sub", 1.0, True), ("add", 1, False)} <= numbers, numbers
     assert any(s["op"] == "scale" and s.get("multiply") == 0.25 for s in steps)
