@@ -63,16 +63,13 @@ def from_module(
     if not unread:
         return pipeline
     # declared all the same, so that run(params=module.state_dict(), inputs=forward's arguments) takes every one
-    buffers = {name for name, _ in module.named_buffers()}
     for section, reason in ((document.params, UNREAD_REASON), (document.inputs, UNREAD_INPUT_REASON)):
         for name in (n for n in unread if n in section):
-            said = UNREAD_BUFFER_REASON if section is document.params and name in buffers else reason
-            section[name] = {**section[name], "allow": {"unused-tensor": said}}
+            section[name] = {**section[name], "allow": {"unused-tensor": reason}}
     return _load(files(document))
 
 
 UNREAD_REASON = "a state_dict entry of the module that no captured op reads"
-UNREAD_BUFFER_REASON = "a buffer of the module (not a learned param) that no captured op reads"
 UNREAD_INPUT_REASON = "an argument of forward that no captured op reads (a mask dropped for is_causal=True)"
 
 
