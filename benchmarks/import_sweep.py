@@ -1,7 +1,9 @@
 """`tracer.from_module` on public architectures: transformers models from tiny random configs (no
-downloads), with eager and sdpa attention, and torch's TransformerDecoderLayer. For each: does the
-import check clean under ``--strict`` and run equal to the module on its weights? Prints the
-markdown table docs/import.md shows; tests/importing/test_architectures.py runs some rows.
+downloads, the configs' defaults kept: ``use_cache=True`` too), with eager and sdpa attention, and
+torch's TransformerDecoderLayer. For each: does the import check clean under ``--strict`` and run
+equal to the module on its weights, and how long does it take beside a static
+``torch.export.export`` of the same module? Prints the markdown table docs/import.md shows;
+tests/importing/test_architectures.py runs some rows.
 
     .venv/bin/python benchmarks/import_sweep.py [--layers N] [FAMILY ...]
 """
@@ -10,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -26,7 +29,10 @@ CONFIGS = {  # family: (model class, config class, config arguments besides SIZE
     "phi3": ("Phi3Model", "Phi3Config", {"num_key_value_heads": 2, "pad_token_id": 0}),
     "gpt_neox": ("GPTNeoXModel", "GPTNeoXConfig", {}),  # rotary_pct 0.25: rope on 2 of 8 dims
     "bert": ("BertModel", "BertConfig", {"max_position_embeddings": 16}),
+    "llama": ("LlamaModel", "LlamaConfig", {"num_key_value_heads": 2}),  # a padded batch: causal and padding masks
+    "qwen3": ("Qwen3Model", "Qwen3Config", {"num_key_value_heads": 2, "head_dim": 8, "use_sliding_window": True, "sliding_window": 4}),
 }
+PADDED = ("bert", "llama", "qwen3")  # given an attention_mask: the second sequence ends after 4 tokens
 BART = {"d_model": D, "encoder_attention_heads": 4, "decoder_attention_heads": 4, "encoder_ffn_dim": 56, "decoder_ffn_dim": 56}
 
 
@@ -46,10 +52,12 @@ def build(family: str, attention: str, layers: int):
         model_name, config_name, extra = CONFIGS[family]
         config = getattr(transformers, config_name)(num_hidden_layers=layers, **SIZES, **extra)
         model_class = getattr(transformers, model_name)
-    config._attn_implementation, config.use_cache = attention, False
+    config._attn_implementation = attention  # use_cache stays the config's default (True): import turns it off itself
+    if family == "qwen3":
+        config.layer_types = ["sliding_attention"] * layers
     model = model_class(config).eval()
     kwargs = {"decoder_input_ids": torch.randint(1, 64, (B, 5))} if family == "bart" else {}
-    if family == "bert":  # a padding mask: the second sequence ends after 4 tokens
+    if family in PADDED:  # a padding mask: the second sequence ends after 4 tokens
         kwargs["attention_mask"] = (torch.arange(T) < torch.tensor([[T], [4]])).long()
     return model, (torch.randint(1, 64, (B, T)),), kwargs
 
@@ -59,14 +67,28 @@ def row(family: str, attention: str, layers: int) -> str:
     from tracer.importing import difference, from_module
 
     module, args, kwargs = build(family, attention, layers)
+    exported = _static_export_seconds(module, args, kwargs)
+    started = time.perf_counter()
     try:
         pipeline = from_module(module, *args, name=family, **kwargs)
     except TracerError as error:
-        return f"| {family} | {attention} | not mapped: {str(error).splitlines()[0]} | | |"
+        return f"| {family} | {attention} | not mapped: {str(error).splitlines()[0]} | | | |"
+    imported = time.perf_counter() - started
     problems = [d for d in pipeline.check().diagnostics if d.severity in ("error", "warning")]
     verdict = "ok" if not problems else f"{len(problems)} warnings under --strict: {problems[0].code}"
     folded = ", ".join(f"{s.id}: repeat {s.repeat}" for s in pipeline.spec.steps if s.op == "block") or "-"
-    return f"| {family} | {attention} | {verdict} | {folded} | {difference(pipeline, module, *args, **kwargs):.1e} |"
+    seconds = f"{imported:.1f} s / {exported:.1f} s"
+    return f"| {family} | {attention} | {verdict} | {folded} | {difference(pipeline, module, *args, **kwargs):.1e} | {seconds} |"
+
+
+def _static_export_seconds(module, args, kwargs) -> float:
+    """A plain ``torch.export.export(strict=False)`` at the example sizes, as tracer captures (cache off, no grad)."""
+    from tracer.importing import _capturing
+
+    with _capturing(module):
+        started = time.perf_counter()
+        torch.export.export(module, tuple(args), dict(kwargs), strict=False)
+        return time.perf_counter() - started
 
 
 def main() -> None:
@@ -74,7 +96,7 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("families", nargs="*", default=[*CONFIGS, "bart", "decoder_layer"])
     options = parser.parse_args()
-    print("| model | attention | --strict | layers folded | max diff |\n|---|---|---|---|---|")
+    print("| model | attention | --strict | layers folded | max diff | import / static torch.export |\n|---|---|---|---|---|---|")
     for family in options.families:
         for attention in ("torch",) if family == "decoder_layer" else ("eager", "sdpa"):
             print(row(family, attention, options.layers), flush=True)

@@ -328,6 +328,18 @@ def _parser() -> argparse.ArgumentParser:
         type=_input_spec,
         help="an example input for forward's parameter NAME: x=2,16,64 (randn) or ids=2,16:int (token ids); repeatable",
     )
+    imported.add_argument(
+        "--config",
+        default="{}",
+        metavar="JSON",
+        help='settings for the module\'s config before capture: a JSON object, e.g. \'{"_attn_implementation": "eager"}\'',
+    )
+    imported.add_argument(
+        "--forward",
+        default="{}",
+        metavar="JSON",
+        help="forward's keyword arguments that are not tensors: a JSON object, e.g. '{\"output_attentions\": false}'",
+    )
     _dims_option(imported)
     imported.add_argument(
         "-o",
@@ -795,7 +807,9 @@ def _import(args) -> int:
     module = _built_module(args.target, args.args, torch)
     writes = Writes(_sources(module, args.target), force=args.force, error_file=args.target)
     writes.check(args.output, "yaml")  # before the capture: never the module's own source
+    _configure(module, _json_object(args.config, "--config", args.target), args.target)
     inputs = {name: _example(name, sizes, kind, torch) for name, sizes, kind in args.input}
+    inputs.update(_json_object(args.forward, "--forward", args.target))
     pipeline = from_module(module, dims=dict(args.dim) or None, **inputs)
     texts = pipeline.files_named(Path(args.output).stem)  # block files named after the output: OUT_layers.yaml
     targets = {name: Path(args.output) if name == next(iter(texts)) else Path(args.output).parent / name for name in texts}
@@ -818,6 +832,32 @@ def _sources(module, target: str) -> list[str]:
             with contextlib.suppress(TypeError, OSError):  # a class made at run time has no file
                 found.add(inspect.getsourcefile(cls))
     return sorted(path for path in found if path)
+
+
+def _json_object(text: str, option: str, target: str) -> dict:
+    """A JSON object given on the command line, or a located usage error."""
+    import json
+
+    try:
+        given = json.loads(text)
+    except (ValueError, RecursionError) as exc:
+        raise TracerError(Diagnostic(target, None, "import-target", f"{option} is not JSON ({exc})")) from None
+    if not isinstance(given, dict) or not all(isinstance(key, str) and key.isidentifier() for key in given):
+        raise TracerError(
+            Diagnostic(target, None, "import-target", f"{option} must be a JSON object of names, not {json.dumps(given)[:40]}")
+        )
+    return given
+
+
+def _configure(module, settings: dict, target: str) -> None:
+    """``--config``: attributes of the module's ``config`` (a transformers model's), set before capture."""
+    if not settings:
+        return
+    config = getattr(module, "config", None)
+    if config is None:
+        raise TracerError(Diagnostic(target, None, "import-target", f"--config: {type(module).__name__} has no config to set"))
+    for key, value in settings.items():
+        setattr(config, key, value)
 
 
 def _built_module(target: str, given_args: str, torch):

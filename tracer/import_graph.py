@@ -30,6 +30,8 @@ VIEWS = {aten.view.default, aten.reshape.default}
 MHA_CLASS = "torch.nn.modules.activation.MultiheadAttention"
 ORS = {aten.__or__.Tensor, aten.bitwise_or.Tensor, aten.logical_or.default}
 NOTS = {aten.bitwise_not.default, aten.logical_not.default}
+ANDS = {aten.__and__.Tensor, aten.bitwise_and.Tensor, aten.logical_and.default}
+MASK_READERS = {aten.where.ScalarOther, aten.scaled_dot_product_attention.default}  # what _kept_masks reads a mask for
 
 
 @dataclass
@@ -54,6 +56,7 @@ class Graph:
         self.live = self._live()
         self.idioms: dict[torch.fx.Node, Idiom] = {}
         self.consumed: set[torch.fx.Node] = set()
+        self.kept: dict[torch.fx.Node, dict] = {}  # an SDPA's bool mask read as a pattern and a given mask: _kept_masks
 
     def kind(self, node: torch.fx.Node) -> str | None:
         """PARAMETER, BUFFER, CONSTANT_TENSOR or USER_INPUT for a placeholder."""
@@ -103,7 +106,7 @@ class Graph:
                 facts = VERIFY[kind](self, match)
                 if facts is not None and not self.consumed & set(inner):
                     self.claim(Idiom(kind, match.returning_nodes[0], facts), inner)
-        for walker in (_multi_head_attention, _complex_ropes, _merges, _conv1d, _in_out_linears, _mask_fills, _softcaps):
+        for walker in (_multi_head_attention, _complex_ropes, _merges, _conv1d, _in_out_linears, _mask_fills, _kept_masks, _softcaps):
             walker(self)
 
 
@@ -443,11 +446,16 @@ def _conv1d(graph: Graph) -> None:
 
 def _in_out_linears(graph: Graph) -> None:
     """``x @ W`` [``+ b``] with W a 2-D parameter and b a 1-D one: ``linear layout: in_out``, the
-    weight stored (in, out) as GPT-2's Conv1D and `tracer export` write it."""
+    weight stored (in, out) as GPT-2's Conv1D and `tracer export` write it; ``x @ W.T`` [``+ b``]
+    (Falcon's ``FalconLinear``) is a plain ``linear``, the weight stored (out, in) as nn.Linear's."""
     for node in graph.calls():
-        if node.target != aten.matmul.default or node in graph.consumed or not _parameter(graph, node.args[1], 2):
+        if node.target != aten.matmul.default or node in graph.consumed:
             continue
-        facts, inner, last = {"x": node.args[0], "weight": node.args[1]}, [node], node
+        weight, transposed = node.args[1], _transposed_parameter(graph, node.args[1])
+        if transposed is None and not _parameter(graph, weight, 2):
+            continue
+        facts, inner, last = {"x": node.args[0], "weight": transposed or weight, "in_out": transposed is None}, [node], node
+        inner += [weight] if transposed is not None else []
         (user,) = node.users if len(node.users) == 1 else (None,)
         if user is not None and user.target == aten.add.Tensor and len(user.args) == 2:
             bias = user.args[1] if user.args[0] is node else user.args[0]
@@ -455,6 +463,19 @@ def _in_out_linears(graph: Graph) -> None:
                 facts["bias"], last = bias, user
                 inner.append(user)
         graph.claim(Idiom("in_out_linear", last, facts), inner)
+
+
+def _transposed_parameter(graph: Graph, node) -> torch.fx.Node | None:
+    """The 2-D parameter ``node`` transposes (``W.T``, ``W.t()``, ``W.transpose(0, 1)``), read by this node only."""
+    if not isinstance(node, torch.fx.Node) or node.op != "call_function" or len(node.users) != 1:
+        return None
+    if node.target in (aten.t.default, aten.numpy_T.default):
+        swaps = True
+    elif node.target == aten.transpose.int:
+        swaps = node.args[1] % 2 != node.args[2] % 2
+    else:
+        swaps = node.target == aten.permute.default and [d % 2 for d in node.args[1]] == [1, 0]
+    return node.args[0] if swaps and _parameter(graph, node.args[0], 2) else None
 
 
 def _softcaps(graph: Graph) -> None:
@@ -495,15 +516,74 @@ def _mask_fills(graph: Graph) -> None:
         graph.claim(Idiom("mask", node, facts), inner)
 
 
+def _kept_masks(graph: Graph) -> None:
+    """transformers' ``masking_utils`` masks of a padded batch: the vmapped ``and_masks`` of
+    index comparisons (causal, a sliding window: constants) and ``padding_mask[batch_idx, kv_idx]``
+    (the given mask), True where a key is kept, broadcast with ``expand``. Read as a pattern and the
+    given mask: added to eager scores as ``where(keep, 0, min)`` (one ``mask`` step), or an SDPA's
+    ``attn_mask`` (its ``sdpa`` step's pattern and mask, in ``graph.kept``). Every layer reads the
+    same mask: each gets its own step, and nothing else may read the nodes it stands for."""
+    for node in graph.calls():
+        if node in graph.consumed or node in graph.constant:
+            continue
+        if node.target == aten.scaled_dot_product_attention.default and len(node.args) > 3 and isinstance(node.args[3], torch.fx.Node):
+            found = _kept(graph, node.args[3])
+            if found is not None:
+                facts, inner = found
+                graph.kept[node] = facts
+                graph.consumed.update(inner)
+        elif node.target == aten.add.Tensor and len(node.args) == 2 and all(isinstance(a, torch.fx.Node) for a in node.args):
+            scores, where = node.args
+            if where.op != "call_function" or where.target != aten.where.ScalarOther:
+                continue
+            cond, zero, fill = where.args[:3]
+            if zero not in graph.constant or bool(graph.values[zero].any()) or not isinstance(fill, int | float):
+                continue
+            found = _kept(graph, cond) if all(u.target == aten.add.Tensor and u.args[1] is where for u in where.users) else None
+            if found is not None:
+                facts, inner = found
+                graph.claim(Idiom("mask", node, {"x": scores, "fill": fill, **facts}), [*inner, where])
+
+
+def _kept(graph: Graph, node: torch.fx.Node) -> tuple[dict, list[torch.fx.Node]] | None:
+    """({mask: the given mask, polarity: keep, the pattern's fields}, the nodes they stand for) of a
+    bool mask that ands constant patterns with exactly one mask computed from the inputs."""
+    inner = []
+    while node.op == "call_function" and node.target == aten.expand.default:
+        inner.append(node)
+        node = node.args[0]
+    terms, ands = _terms(graph, node, ANDS, shared=True)
+    fixed, given = [t for t in terms if t in graph.constant], [t for t in terms if t not in graph.constant]
+    if len(given) != 1 or not fixed or given[0].meta["val"].dtype != torch.bool:
+        return None
+    region = set(inner + ands)
+    if any(u not in region and u.target not in MASK_READERS for n in region for u in n.users):
+        return None  # another op reads the mask itself: it stays as the module computes it
+    keep = functools.reduce(operator.and_, (graph.values[t].bool() for t in fixed))
+    if bool(keep.all()):  # BERT's bidirectional mask: `True & padding`, the padding alone
+        pattern = {}
+    else:  # a pattern is read off the (queries, keys) planes: a constant that broadcasts over them is no pattern
+        full = tuple(node.meta["val"].shape[-2:])
+        pattern = hidden_pattern(~keep) if keep.ndim >= 2 and tuple(keep.shape[-2:]) == full else None
+    if pattern is None:
+        return None
+    return {"mask": given[0], "polarity": "keep", **pattern}, inner + ands
+
+
 def _or_terms(graph: Graph, node: torch.fx.Node) -> tuple[list[torch.fx.Node], list[torch.fx.Node]]:
     """(the terms ``a | b | …`` ors, the or nodes); a constant is one term, however it is built."""
-    if node in graph.constant or node.op != "call_function" or node.target not in ORS or len(node.users) != 1:
+    return _terms(graph, node, ORS)
+
+
+def _terms(graph: Graph, node: torch.fx.Node, ops: set, shared: bool = False) -> tuple[list[torch.fx.Node], list[torch.fx.Node]]:
+    """``shared``: a node read by several others is walked too (a mask every layer reads)."""
+    if node in graph.constant or node.op != "call_function" or node.target not in ops or (len(node.users) != 1 and not shared):
         return [node], []
-    terms, ors = [], [node]
+    terms, inner = [], [node]
     for arg in node.args[:2]:
-        more, inner = _or_terms(graph, arg)
-        terms, ors = terms + more, ors + inner
-    return terms, ors
+        more, nested = _terms(graph, arg, ops, shared)
+        terms, inner = terms + more, inner + nested
+    return terms, inner
 
 
 def hidden_pattern(hidden: torch.Tensor) -> dict | None:

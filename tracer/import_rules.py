@@ -26,10 +26,11 @@ from .presentation.export import HEADER as EXPORT_HEADER
 FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)\n\s+(.*)')
 # the tag `tracer export` ends each line of forward with: "  # (B, T, d_model) layer.q_proj" or "  # layer.q_proj"
 EXPORT_TAG = re.compile(r"  # (?:\(.*\) )?([^\s#]+)$")
+INDEXED = re.compile(r"([A-Za-z_]\w*)\[")
 ASSIGNED = re.compile(r"^\s*([A-Za-z_][\w.]*(?:\s*,\s*[A-Za-z_][\w.]*)*)\s*(?::[^=]+)?=(?!=)")
 UNARY = {
     getattr(aten, name).default: name
-    for name in ("silu", "relu", "tanh", "neg", "exp", "sigmoid", "abs", "cos", "sin", "log", "log1p", "floor", "ceil", "trunc")
+    for name in ("silu", "relu", "tanh", "neg", "exp", "sigmoid", "abs", "cos", "sin", "log", "log1p", "floor", "ceil", "trunc", "sign")
     + ("rsqrt", "sqrt", "reciprocal", "square")
 }
 BINARY = {aten.add.Tensor: "add", aten.mul.Tensor: "mul", aten.sub.Tensor: "sub", aten.div.Tensor: "div"}
@@ -54,8 +55,8 @@ REDUCTIONS = {
 WHERES = (aten.where.self, aten.where.ScalarSelf, aten.where.ScalarOther, aten.where.Scalar)
 CASTS = (aten.to.dtype, aten.to.device, aten.to.dtype_layout, aten.type_as.default, aten._to_copy.default)
 ADVANCED_INDEXING = (
-    "; advanced indexing (a list or tensor of positions) has no step: where the positions are a range, "
-    "slice instead (x[:, -1:] for x[:, [-1]]), which imports as op: index with start/stop"
+    "; advanced indexing by a tensor of positions, or by a list that is not a run of consecutive positions, has no step "
+    "(a run, as x[:, [-1]] or x[:, [2, 3]], imports as op: index with start/stop)"
 )
 UNMAPPED_HINTS = {aten.index_select.default: ADVANCED_INDEXING}
 SPLITS = (aten.split.Tensor, aten.split_with_sizes.default, aten.chunk.default)
@@ -106,6 +107,7 @@ class Translator:
         self.params: dict[str, dict] = {}
         self.outputs: list[str] = []
         self.taken: set[str] = set()
+        self.module_paths = {path for path, _ in module.named_modules() if path}
 
     def translate(self) -> None:
         self.graph.find_idioms()
@@ -172,7 +174,14 @@ class Translator:
 
     def step_id(self, node: torch.fx.Node, op: str) -> str:
         leaf = self._leaf_module(node)
-        return self._unique(leaf if leaf is not None else _join(_module_path(node), self._variable(node, op) or op))
+        if leaf is not None:
+            return self._unique(leaf)
+        base = _join(_module_path(node), self._variable(node, op) or op)
+        line = source_line(node)
+        tagged = line is not None and _exported_step(line[0], line[2]) is not None  # `tracer export`'s own ids stay
+        if base in self.module_paths and not tagged:  # `down_proj = self.down_proj(a * b)`: the product is not the Linear
+            base = f"{base}_{op}"
+        return self._unique(base)
 
     def _leaf_module(self, node: torch.fx.Node) -> str | None:
         """The path of a childless module whose output this node is (a Linear, an Embedding, a norm)."""
@@ -250,18 +259,32 @@ class Translator:
             return self._additive_mask(node, a, b)
         self.emit(node, {"op": BINARY[node.target], "inputs": [self.ref(a), self.ref(b)]})
 
+    def _rsub(self, node):
+        """``number - x`` (BERT's ``1.0 - mask``): a ``sub`` with the number first."""
+        x, number = node.args[:2]
+        if isinstance(number, torch.fx.Node):
+            raise Unmapped(f"{_label(node)} of two tensors")
+        self.emit(node, {"op": "sub", "input": self.ref(x), "value": _number(number), "value_first": True})
+
     def _constant_scalar(self, node) -> bool:
         """A one-element tensor the module computes or keeps out of its state_dict (Gemma's ``embed_scale``): a number."""
         value = self.graph.values.get(node) if isinstance(node, torch.fx.Node) else None
         return node in self.graph.constant and node not in self.names and isinstance(value, torch.Tensor) and value.numel() == 1
 
     def _scale(self, node, x, number):
+        """``x OP number``: a ``scale`` for a product or a quotient (by ``{sqrt: Dh}`` or ``{rsqrt:
+        Dh}`` where the number is the head width's root as Python computes it), else ``add``/``sub``
+        with the number as ``value`` (``x - 1``)."""
         if node.target not in (aten.mul.Tensor, aten.div.Tensor):
-            raise Unmapped(f"{_label(node)} of a number ({number}): tracer adds and subtracts tensors only")
+            self.emit(node, {"op": BINARY[node.target], "input": self.ref(x), "value": _number(number)})
+            return
         key = "multiply" if node.target == aten.mul.Tensor else "divide"
         head = _head_width(x)
-        if math.isclose(float(number), head ** (-0.5 if key == "multiply" else 0.5), rel_tol=1e-6):
-            fields = {"op": "scale", "input": self.ref(x), "divide": {"sqrt": self.size(head, ("Dh",))}}
+        dh = self.size(head, ("Dh",))
+        if key == "multiply" and float(number) == head**-0.5:  # transformers' `scaling = head_dim ** -0.5`, bit for bit
+            fields = {"op": "scale", "input": self.ref(x), "multiply": {"rsqrt": dh}}
+        elif math.isclose(float(number), head ** (-0.5 if key == "multiply" else 0.5), rel_tol=1e-6):
+            fields = {"op": "scale", "input": self.ref(x), "divide": {"sqrt": dh}}
         else:
             fields = {"op": "scale", "input": self.ref(x), key: float(number)}
         self.emit(node, fields, "scaled")
@@ -288,8 +311,8 @@ class Translator:
     def _pow(self, node):
         x, exponent = node.args[:2]
         kind = POWERS.get(exponent) if isinstance(exponent, int | float) else None
-        if kind is None:
-            raise Unmapped(f"{_label(node)} to the power {exponent}: tracer has square (2), sqrt (0.5), rsqrt (-0.5) and reciprocal (-1)")
+        if kind is None:  # x ** 3 (GELU's cubic term): a pow step
+            return self.emit(node, {"op": "pow", "input": self.ref(x), "exponent": _number(exponent)})
         self.emit(node, {"op": kind, "input": self.ref(x)})
 
     def _logical(self, node):
@@ -314,12 +337,28 @@ class Translator:
         axis in order (masking_utils' ``padding_mask[batch_idx, kv_idx]``): x with size-1 axes between."""
         x, indices = node.args[:2]
         value, out = self.graph.values[x], self.graph.values[node]
+        run = _consecutive_positions(self.graph, indices, value.shape)
+        if run is not None:  # x[:, [-1]] or x[:, [2, 3]]: a slice of consecutive positions
+            dim, first, count = run
+            start, stop = self._from_end(x.meta["val"].shape[dim], first, count) if first < 0 else (first, first + count)
+            fields = {"op": "index", "input": self.ref(x), "dim": dim, **({"start": start} if start else {}), "stop": stop}
+            return self.emit(node, fields)
         axes = [
             _range_axis(self.graph.values[i], n) if i in self.graph.constant else None for i, n in zip(indices, value.shape, strict=False)
         ]
         if len(indices) != value.ndim or None in axes or axes != sorted(set(axes)) or out.numel() != value.numel():
             raise Unmapped(f"no tracer step for {_label(node)}{ADVANCED_INDEXING}")
-        self.emit(node, {"op": "reshape", "input": self.ref(x), "shape": self.namer.shape(node.meta["val"])})
+        line = source_line(node)
+        indexed = INDEXED.search(line[2]) if line else None  # `return padding_mask[batch_idx, kv_idx]`: padding_mask
+        fields = {"op": "reshape", "input": self.ref(x), "shape": self.namer.shape(node.meta["val"])}
+        self.emit(node, fields, indexed.group(1) if indexed and not _assigned(line[2]) else None)
+
+    def _from_end(self, size, first: int, count: int) -> tuple[int | str, int | str]:
+        """(start, stop) of positions counted from the end (``[-1]``), in the dim's name where it has one (``T - 1``)."""
+        end = self.size(size)
+        if isinstance(end, int):
+            return end + first, end + first + count
+        return f"{end} - {-first}", end if first + count == 0 else f"{end} - {-(first + count)}"
 
     def _compare(self, node):
         a, b = node.args[:2]
@@ -407,6 +446,57 @@ class Translator:
             fields["sizes"] = [self.size(s) for s in sizes] if isinstance(sizes, list | tuple) else self.size(sizes)
         self.emit(node, {**fields, "outputs": outputs}, "split")
 
+    def _unbind(self, node):
+        """``q, k, v = qkv.unbind(2)``: one ``unbind`` step, its outputs named as the line names them."""
+        line = source_line(node)
+        assigned = _exported_outputs(line[0], line[2]) if line else []
+        count = len(node.meta["val"])
+        bases = assigned if len(assigned) == count else [f"part{i}" for i in range(count)]
+        outputs = [self._unique(_join(_module_path(node), base)) for base in bases]
+        for piece in node.users:
+            self.names[piece] = outputs[piece.args[1]]
+        fields = {"op": "unbind", "input": self.ref(node.args[0]), "dim": _arg(node, 1, 0, "dim"), "outputs": outputs}
+        self.emit(node, fields, "unbind")
+
+    def _flatten(self, node):
+        self.emit(node, {"op": "reshape", "input": self.ref(node.args[0]), "shape": self.namer.shape(node.meta["val"])}, "flattened")
+
+    def _cumsum(self, node):
+        fields = {"op": "cumsum", "input": self.ref(node.args[0]), "dim": node.args[1]}
+        dtype = node.kwargs.get("dtype")
+        if dtype is not None:
+            fields["dtype"] = str(dtype).removeprefix("torch.")
+        self.emit(node, fields)
+
+    def _roll(self, node):
+        shifts, dims = node.args[1], _arg(node, 2, [], "dims")
+        if not dims:
+            raise Unmapped("torch.roll without dims (it rolls the flattened tensor): tracer rolls along named dims")
+        fields = {"op": "roll", "input": self.ref(node.args[0]), "shifts": [self.size(s) for s in shifts], "dims": list(dims)}
+        self.emit(node, fields)
+
+    def _diff(self, node):
+        if _arg(node, 3, None, "prepend") is not None or _arg(node, 4, None, "append") is not None:
+            raise Unmapped("torch.diff with prepend or append: tracer's diff takes the tensor alone")
+        self.emit(node, {"op": "diff", "input": self.ref(node.args[0]), "n": _arg(node, 1, 1, "n"), "dim": _arg(node, 2, -1, "dim")})
+
+    def _einsum(self, node):
+        self.emit(node, {"op": "einsum", "inputs": [self.ref(x) for x in node.args[1]], "equation": node.args[0]})
+
+    def _conv(self, node):
+        """``F.conv1d``/``F.conv2d`` (an nn.Conv's forward), with the options that differ from torch's defaults."""
+        x, weight = node.args[:2]
+        fields = {"op": "conv1d" if node.target == aten.conv1d.default else "conv2d", "input": self.ref(x), "weight": self.ref(weight)}
+        bias = _arg(node, 2, None, "bias")
+        if bias is not None:
+            fields["bias"] = self.ref(bias)
+        for position, key, default in ((3, "stride", 1), (4, "padding", 0), (5, "dilation", 1), (6, "groups", 1)):
+            value = _arg(node, position, default, key)
+            value = value[0] if isinstance(value, list | tuple) and len(set(value)) == 1 else value
+            if value != default:
+                fields[key] = list(value) if isinstance(value, list | tuple) else value
+        self.emit(node, fields)
+
     def _shaped(self, node):
         op = {aten.view.default: "view", aten.reshape.default: "reshape", aten.expand.default: "expand"}[node.target]
         self.emit(node, {"op": op, "input": self.ref(node.args[0]), "shape": self.namer.shape(node.meta["val"])})
@@ -448,6 +538,19 @@ class Translator:
         op = "matmul" if node.target == aten.matmul.default else "bmm"
         self.emit(node, {"op": op, "inputs": [self.ref(node.args[0]), self.ref(node.args[1])]})
 
+    def _baddbmm(self, node):
+        """``bias.baddbmm(q, k, beta=1, alpha=a)`` (Bloom's ALiBi scores): ``bmm``, ``scale`` by a, ``add`` the bias."""
+        bias, left, right = node.args[:3]
+        beta, alpha = node.kwargs.get("beta", 1), node.kwargs.get("alpha", 1)
+        if beta != 1:
+            raise Unmapped(f"{_label(node)} with beta={beta}: tracer adds the bias as it is (beta 1)")
+        base = self.step_id(node, "scores")
+        product = self.emit(node, {"op": "bmm", "inputs": [self.ref(left), self.ref(right)]}, step_id=self._unique(f"{base}_bmm"))
+        if alpha != 1:
+            fields = {"op": "scale", "input": product.fields["id"], "multiply": float(alpha)}
+            self.emit(node, fields, step_id=self._unique(f"{base}_scaled"))
+        self.emit(node, {"op": "add", "inputs": [self.names[node], self.ref(bias)]}, step_id=base)
+
     def _softmax(self, node):
         self.emit(node, {"op": "softmax", "input": self.ref(node.args[0]), "dim": node.args[1]})
 
@@ -479,7 +582,10 @@ class Translator:
     def _sdpa_options(self, node) -> dict:
         options = {}
         mask, causal = _arg(node, 3, None, "attn_mask"), _arg(node, 5, False, "is_causal")
-        if mask is not None and mask not in self.graph.constant:
+        if node in self.graph.kept:  # a padding mask anded with a causal or window pattern
+            kept = self.graph.kept[node]
+            options.update(mask=self.ref(kept["mask"]), **self._pattern({k: v for k, v in kept.items() if k != "mask"}))
+        elif mask is not None and mask not in self.graph.constant:
             if mask.meta["val"].dtype != torch.bool:
                 raise Unmapped(
                     f"scaled_dot_product_attention with '{mask.name}', a float mask the module is given: tracer's sdpa takes a bool one"
@@ -526,9 +632,10 @@ class Translator:
         self.emit(idiom.node, fields)
 
     def _repeat_kv(self, idiom: Idiom):
-        repeats = self.size(idiom.facts["repeats"], ("n_rep",))
-        fields = {"op": "repeat_interleave", "input": self.ref(idiom.facts["x"]), "repeats": repeats, "dim": idiom.facts["dim"]}
-        self.emit(idiom.node, fields)
+        """GQA's ``repeat_kv(key_states, n_rep)``: named after the keys or values it repeats."""
+        repeats, source = self.size(idiom.facts["repeats"], ("n_rep",)), self.ref(idiom.facts["x"])
+        fields = {"op": "repeat_interleave", "input": source, "repeats": repeats, "dim": idiom.facts["dim"]}
+        self.emit(idiom.node, fields, step_id=self._unique(f"{source}_repeated"))
 
     def _gelu_tanh(self, idiom: Idiom):
         self.emit(idiom.node, {"op": "gelu", "input": self.ref(idiom.facts["x"]), "approximate": "tanh"})
@@ -541,7 +648,7 @@ class Translator:
         fields = {"op": "linear", "input": self.ref(facts["x"]), "weight": self.ref(facts["weight"])}
         if "bias" in facts:
             fields["bias"] = self.ref(facts["bias"])
-        self.emit(idiom.node, {**fields, "layout": "in_out"})
+        self.emit(idiom.node, {**fields, **({"layout": "in_out"} if facts.get("in_out", True) else {})})
 
     def _mask(self, idiom: Idiom):
         facts = idiom.facts
@@ -640,6 +747,16 @@ RULES = {
     **dict.fromkeys(WHERES, Translator._where),
     **dict.fromkeys(CASTS, Translator._cast),
     aten.pow.Tensor_Scalar: Translator._pow,
+    aten.rsub.Scalar: Translator._rsub,
+    aten.baddbmm.default: Translator._baddbmm,
+    aten.unbind.int: Translator._unbind,
+    aten.flatten.using_ints: Translator._flatten,
+    aten.cumsum.default: Translator._cumsum,
+    aten.roll.default: Translator._roll,
+    aten.diff.default: Translator._diff,
+    aten.einsum.default: Translator._einsum,
+    aten.conv1d.default: Translator._conv,
+    aten.conv2d.default: Translator._conv,
     aten.repeat.default: Translator._repeat,
     aten.index.Tensor: Translator._index,
     aten.stack.default: Translator._stack,
@@ -673,6 +790,11 @@ IDIOMS = {
 
 
 # -------------------------------------------------------------- helpers
+
+
+def _number(value) -> int | float:
+    """A Python number of the graph as YAML writes it: an int stays an int (its dtype promotion is an int's)."""
+    return int(value) if isinstance(value, int | bool) and not isinstance(value, float) else float(value)
 
 
 def _reads(names: list[str]) -> dict:
@@ -761,6 +883,25 @@ def _head_width(x: torch.fx.Node) -> int:
 def _neutral(value: torch.Tensor, fn: str) -> bool:
     """True everywhere for ``and``, False everywhere for ``or``: the other operand comes through."""
     return bool(value.all()) if fn == "and" else fn == "or" and not bool(value.any())
+
+
+def _consecutive_positions(graph: Graph, indices: list, shape) -> tuple[int, int, int] | None:
+    """(dim, first, count) of ``x[..., [i, i+1, …], ...]``: one constant list of consecutive positions
+    along one dim (all from the start, or all from the end: ``[-2, -1]``), every other index ``:``;
+    None for any other indexing."""
+    given = [(dim, i) for dim, i in enumerate(indices) if i is not None]
+    if len(given) != 1 or given[0][1] not in graph.constant:
+        return None
+    dim, node = given[0]
+    positions = graph.values[node]
+    if positions.dtype.is_floating_point or positions.dtype == torch.bool or positions.ndim != 1 or not positions.numel():
+        return None
+    positions = positions.tolist()
+    if positions != list(range(positions[0], positions[0] + len(positions))) or (positions[0] < 0 <= positions[-1]):
+        return None
+    if positions[0] < 0 and positions[0] < -int(shape[dim]) or positions[-1] >= int(shape[dim]):
+        return None
+    return dim, positions[0], len(positions)
 
 
 def _range_axis(index: torch.Tensor, size: int) -> int | None:

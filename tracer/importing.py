@@ -54,6 +54,8 @@ def from_module(
         f"Imported by tracer.from_module from {type(module).__module__}.{type(module).__qualname__}:",
         f"torch.export (non-strict), {'symbolic batch and sequence sizes' if dynamic else 'the example sizes'}; weights: module.state_dict().",
     ]
+    if caching_configs(module):
+        header.append("config.use_cache was off for the capture: the pipeline is one forward without a KV cache.")
     dims_section = dims_of(dict(symbols.values()), namer.dims)
     document = Document(name, header, dims_section, translator.inputs, translator.params, translator.steps, translator.outputs, seed=0)
     drop_unused_dims(document)
@@ -74,11 +76,15 @@ UNREAD_INPUT_REASON = "an argument of forward that no captured op reads (a mask 
 
 @contextlib.contextmanager
 def _capturing(module: torch.nn.Module):
-    """Eval mode, no grad, no fused MHA fast path, and every frame outside torch in the stack traces."""
+    """Eval mode, no grad, no fused MHA fast path, no KV cache, and every frame outside torch in the
+    stack traces; the module as it was afterwards."""
     fastpath, training = torch.backends.mha.get_fastpath_enabled(), module.training
     anchors = getattr(torch.fx.proxy, "_STACK_TRACE_ANCHORS", None)  # private: without it only forward() frames are kept
+    cached = caching_configs(module)
     torch.backends.mha.set_fastpath_enabled(False)
     module.eval()
+    for config in cached:
+        config.use_cache = False
     if anchors is not None:
         torch.fx.proxy._STACK_TRACE_ANCHORS = _OutsideTorch()
     try:
@@ -87,8 +93,23 @@ def _capturing(module: torch.nn.Module):
     finally:
         torch.backends.mha.set_fastpath_enabled(fastpath)
         module.train(training)
+        for config in cached:
+            config.use_cache = True
         if anchors is not None:
             torch.fx.proxy._STACK_TRACE_ANCHORS = anchors
+
+
+def caching_configs(module: torch.nn.Module) -> list:
+    """The configs of the module and its children with ``use_cache=True`` (every transformers
+    config's default): the ``DynamicCache`` a forward then returns is no tensor torch.export can
+    output, and the pipeline computes one forward, not a cache. They are off while tracer captures
+    and compares, and on again afterwards."""
+    found: dict[int, object] = {}
+    for child in module.modules():
+        config = getattr(child, "config", None)
+        if getattr(config, "use_cache", None) is True:
+            found[id(config)] = config
+    return list(found.values())
 
 
 class _OutsideTorch(set):

@@ -111,6 +111,11 @@ WORKSPACES = {
         "x: {shape: [1, 1024], init: randn}",
         "",
     ),
+    "layernorm with Nemotron's unit offset (weight + 1)": (
+        "- {id: y, op: layernorm, weight: w, bias: b, unit_offset: true}",
+        "x: {shape: [4, 65536], init: randn}",
+        "w: {shape: [65536], init: zeros}\nb: {shape: [65536], init: zeros}",
+    ),
     "rmsnorm of a transposed input": (
         "- {id: t, op: transpose, input: x, dims: [0, 1]}\n- {id: y, op: rmsnorm}",
         "x: {shape: [1024, 1024], init: randn}",
@@ -306,6 +311,13 @@ WORKSPACES = {
         "- {id: r, op: topk, input: p, k: 2, outputs: [w, i]}\n- {id: y, op: moe, inputs: [h, w, i], gate_up: gu, down: dn}",
         "h: {shape: [4096, 256], init: randn}\np: {shape: [4096, 8], init: rand}",
         "gu: {shape: [8, 1024, 256], init: randn}\ndn: {shape: [8, 256, 512], init: randn}",
+    ),
+    "moe as GPT-OSS computes it (x @ W + b, interleaved clamped SwiGLU)": (
+        "- {id: r, op: topk, input: p, k: 2, outputs: [w, i]}\n- {id: y, op: moe, inputs: [h, w, i], gate_up: gu, down: dn,"
+        " gate_up_bias: gub, down_bias: dnb, layout: in_out, interleave: true, activation: clamped_swiglu}",
+        "h: {shape: [4096, 256], init: randn}\np: {shape: [4096, 8], init: arange}",
+        "gu: {shape: [8, 256, 1024], init: randn}\ndn: {shape: [8, 512, 256], init: randn}\n"
+        "gub: {shape: [8, 1024], init: randn}\ndnb: {shape: [8, 256], init: randn}",
     ),
     "dropout in training": ("- {id: y, op: dropout, input: x, p: 0.5, training: true}", "x: {shape: [32, 256, 128], init: randn}", ""),
 }

@@ -181,3 +181,36 @@ def test_diff_still_reports_a_permute_that_moves_three_axes(tmp_path):
     (tmp_path / "b.yaml").write_text(MHA.read_text().replace(K_T, "op: permute, input: k_h, dims: [0, 3, 1, 2]"))
     data = json.loads(tracer_cli("diff", str(MHA), str(tmp_path / "b.yaml"), "--json").stdout)
     assert data["changed_op"] == ["k_t: transpose -> permute"] and data["removed"] == data["added"] == [] and not data["same"]
+
+
+CONFIGURED = """
+import types
+
+import torch
+from torch import nn
+
+
+class Scaled(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.config = types.SimpleNamespace(factor=1.0)
+
+    def forward(self, x, negate=False):
+        y = x * self.config.factor
+        return -y if negate else y
+
+
+def make():
+    return Scaled()
+"""
+
+
+def test_import_sets_config_and_forward_keywords_from_json(tmp_path):
+    (tmp_path / "configured.py").write_text(textwrap.dedent(CONFIGURED))
+    given = ("--config", '{"factor": 3.0}', "--forward", '{"negate": true}', "--input", "x=2,5,8")
+    done = tracer_cli("import", "configured:make", *given, "-o", "scaled.yaml", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    written = (tmp_path / "scaled.yaml").read_text()
+    assert "multiply: 3.0" in written and "op: neg" in written
+    bad = tracer_cli("import", "configured:make", "--config", "[1]", "--input", "x=2,5,8", "-o", "b.yaml", cwd=tmp_path)
+    assert bad.returncode == 1 and "--config must be a JSON object of names" in bad.stderr

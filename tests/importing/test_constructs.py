@@ -171,3 +171,53 @@ def test_x_at_w_plus_b_is_a_linear_with_the_in_out_layout():
         ("relu", None, None),
         ("linear", "in_out", None),
     ]
+
+
+class EverydayOps(nn.Module):
+    """Ops people run that map to steps: numbers as operands, unbind, flatten, cumsum position ids
+    (RoBERTa's), roll, einsum, conv1d and conv2d, sign, diff, a cubic power and baddbmm."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv1d(D, D, 3, padding=1)
+        self.patches = nn.Conv2d(1, 4, 2, stride=2)
+
+    def forward(self, x, ids):
+        q, k = torch.stack((x, x - 1), dim=0).unbind(0)
+        scores = torch.einsum("btd,bsd->bts", q, k) * 0.25
+        rolled = torch.roll(1.0 - scores.softmax(-1), 1, 2)
+        framed = self.conv(x.transpose(1, 2)).transpose(1, 2) ** 3
+        images = self.patches(x[:, None, :6, :]).flatten(2)
+        positions = torch.cumsum(ids.ne(0).int(), dim=1) * ids.ne(0).int() + 1  # RoBERTa: padding_idx + 1 onwards
+        steps = torch.diff(x.sign(), dim=1)
+        biased = scores.baddbmm(q, k.transpose(1, 2), beta=1.0, alpha=0.5)  # Bloom's ALiBi scores
+        return rolled @ framed, images, positions, steps, biased, x[:, [-1]], x[:, :, [2, 3]]
+
+
+def test_numbers_unbind_flatten_cumsum_roll_einsum_conv_sign_diff_and_baddbmm_import_as_steps():
+    ids = torch.randint(0, 5, (B, T))
+    steps = _imported(EverydayOps(), torch.randn(B, T, D), ids)
+    ops = {s["op"] for s in steps}
+    assert {"unbind", "einsum", "roll", "conv1d", "conv2d", "cumsum", "sign", "diff", "pow", "reshape", "bmm"} <= ops, ops
+    assert any(s["op"] == "scale" and s.get("multiply") == 0.5 for s in steps)  # baddbmm's alpha
+    slices = [(s["dim"], s.get("start"), s["stop"]) for s in steps if s["op"] == "index" and s["input"] == "x"]
+    assert (1, "T - 1", "T") in slices and (2, 2, 4) in slices, slices  # x[:, [-1]] and x[:, :, [2, 3]]: lists of positions
+    numbers = {(s["op"], s.get("value"), s.get("value_first", False)) for s in steps if "value" in s and s["op"] != "compare"}
+    assert {("sub", 1, False), ("sub", 1.0, True), ("add", 1, False)} <= numbers, numbers
+    assert any(s["op"] == "scale" and s.get("multiply") == 0.25 for s in steps)
+
+
+class TransposedWeight(nn.Module):
+    """Falcon's ``FalconLinear``: ``x @ self.weight.T + self.bias``."""
+
+    def __init__(self):
+        super().__init__()
+        self.weight, self.bias = nn.Parameter(torch.randn(8, D)), nn.Parameter(torch.randn(8))
+
+    def forward(self, x):
+        return x @ self.weight.T + self.bias
+
+
+def test_x_at_a_transposed_param_is_a_plain_linear():
+    (step,) = _imported(TransposedWeight(), torch.randn(B, T, D))
+    assert step == {"id": step["id"], "op": "linear", "input": "x", "weight": "weight", "bias": "bias"}

@@ -56,6 +56,66 @@ def test_binary_ops_broadcast_and_promote_like_torch():
     assert t["mixed"].dtype == "float64" and close(t["mixed"].tensor, i * torch.tensor(0.5, dtype=torch.float64))
 
 
+def test_layernorm_unit_offset_is_nemotrons_layernorm1p():
+    t = trace_of(
+        "- {id: n, op: layernorm, input: x, weight: g, bias: b, unit_offset: true, eps: 1.0e-5}",
+        params="g: {shape: [4], init: randn}\nb: {shape: [4], init: randn}",
+    )
+    from transformers.models.nemotron.modeling_nemotron import NemotronLayerNorm1P
+
+    norm = NemotronLayerNorm1P(4, eps=1e-5)
+    norm.load_state_dict({"weight": t["g"].tensor, "bias": t["b"].tensor})
+    assert torch.equal(t["n"].tensor, norm(t["x"].tensor))
+    with pytest.raises(tracer.TracerError, match="give a weight"):
+        tracer.loads(
+            pipeline_text("- {id: n, op: layernorm, input: x, unit_offset: true}", inputs="x: {shape: [2], init: randn}"), "t.yaml"
+        )
+
+
+def test_numbers_and_dim_expressions_as_operands_promote_like_python_scalars():
+    t = trace_of(
+        """
+        - {id: shifted, op: add, input: i, value: T - W}
+        - {id: mask_f, op: cast, input: mask, dtype: float32}
+        - {id: inverted, op: sub, input: mask_f, value: 1.0, value_first: true}
+        - {id: halved, op: div, input: i, value: 2}
+        - {id: reciprocal, op: div, input: x, value: 2 * W - 1, value_first: true}
+        - {id: scaled, op: mul, input: x, value: {rsqrt: T}}
+        - {id: rooted, op: mul, input: i, value: {sqrt: W}}
+        - {id: promoted, op: add, inputs: [i, x]}
+        - {id: near, op: compare, input: i, cmp: ge, value: T - W}
+        """,
+        dims="T: 5\nW: 2",
+        inputs="""
+        x: {shape: [2, T], init: randn}
+        i: {shape: [T], init: arange, dtype: int64}
+        mask: {shape: [2, T], init: ones, dtype: bool}
+        """,
+    )
+    x, i, mask = (t[n].tensor for n in ("x", "i", "mask"))
+    assert torch.equal(t["shifted"].tensor, i + 3) and t["shifted"].dtype == "int64"
+    assert close(t["inverted"].tensor, 1.0 - mask.float()) and t["inverted"].dtype == "float32"
+    assert close(t["halved"].tensor, i / 2) and close(t["reciprocal"].tensor, 3 / x)
+    assert torch.equal(t["scaled"].tensor, x * 5**-0.5)  # bit for bit: transformers' head_dim ** -0.5
+    assert close(t["rooted"].tensor, i * 2**0.5) and t["rooted"].dtype == "float32"
+    assert close(t["promoted"].tensor, i + x) and t["promoted"].dtype == "float32"
+    assert torch.equal(t["near"].tensor, i >= 3)
+
+
+def test_a_number_operand_is_one_input_and_a_bad_expression_is_located():
+    x = "x: {shape: [2], init: randn}\nb: {shape: [2], init: ones, dtype: bool}"
+    for body, code in (
+        ("- {id: y, op: mul, inputs: [x, x], value: 2}", "arity"),
+        ("- {id: y, op: add, input: x, value: T + Q}", "unknown-dim"),
+        ("- {id: y, op: sub, input: x, value_first: true}", "needs a 'value'"),
+        ("- {id: y, op: sub, input: b, value: 1}", "bool"),  # torch refuses a bool tensor in any subtraction
+    ):
+        with pytest.raises(tracer.TracerError) as info:
+            tracer.loads(pipeline_text(body, dims="T: 2", inputs=x), "t.yaml")
+        assert "t.yaml:" in str(info.value), body
+        assert code in str(info.value) or info.value.code == code, (body, str(info.value))
+
+
 @covers("silu", "sigmoid", "tanh", "exp", "neg", "cast")
 def test_unary_ops_and_cast():
     t = trace_of(

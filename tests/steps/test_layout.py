@@ -191,3 +191,24 @@ def test_cat_and_stack_lay_out_channels_last_inputs_as_torch(sizes, perm, op, di
     t = agrees(steps, inputs)
     expected = getattr(torch, op)([torch.randn(sizes).permute(perm), torch.randn(sizes).permute(perm)], dim)
     assert t["y"].stride == expected.stride()
+
+
+@covers("roll", "unbind")
+def test_roll_copies_and_unbind_makes_views():
+    t = trace_of(
+        """
+        - {id: xt, op: transpose, input: x, dims: [0, 2]}
+        - {id: r, op: roll, input: xt, shifts: 1, dims: 0}
+        - {id: r2, op: roll, input: x, shifts: [-1, T - 1], dims: [1, -1]}
+        - {id: pieces, op: unbind, input: x, dim: 1, outputs: [a, b, c]}
+        """,
+        dims="T: 4",
+    )
+    x = t["x"].tensor
+    xt = x.transpose(0, 2)
+    assert close(t["r"].tensor, torch.roll(xt, 1, 0)) and t["r"].stride == torch.roll(xt, 1, 0).stride()
+    assert close(t["r2"].tensor, torch.roll(x, (-1, 3), (1, -1)))
+    for name, piece in zip("abc", x.unbind(1)):
+        assert close(t[name].tensor, piece) and t[name].view_of == "x" and t[name].stride == piece.stride()
+    with pytest.raises(tracer.TracerError, match="names 2"):
+        run_text(pipeline_text("- {id: u, op: unbind, input: x, dim: 0, outputs: [p, q]}", inputs="x: {shape: [3], init: randn}"))

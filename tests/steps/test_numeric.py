@@ -212,3 +212,37 @@ def test_a_reduce_with_no_identity_over_an_empty_dim_is_a_located_error(fn, refu
     torch.zeros(0, 3).sum(dim=0)  # the reference: sum has an identity
     with pytest.raises((RuntimeError, IndexError)):  # what torch itself says
         getattr(torch.zeros(0, 3), fn)(dim=0)
+
+
+@covers("sign", "pow", "diff")
+def test_sign_pow_diff_with_torchs_dtypes_and_strides():
+    t = trace_of(
+        """
+        - {id: xt, op: transpose, input: x, dims: [0, 2]}
+        - {id: s, op: sign, input: i}
+        - {id: sb, op: sign, input: b}
+        - {id: cube, op: pow, input: xt, exponent: 3}
+        - {id: root, op: pow, input: i, exponent: 0.5}
+        - {id: squared, op: pow, input: i, exponent: W}
+        - {id: dx, op: diff, input: xt, dim: 0}
+        - {id: d2, op: diff, input: i, dim: -1, n: 2}
+        - {id: changes, op: diff, input: b}
+        """,
+        inputs=MIXED,
+        dims="W: 2",
+    )
+    x, i, b = t["x"].tensor, t["i"].tensor, t["b"].tensor
+    xt = x.transpose(0, 2)
+    assert equal(t["s"].tensor, torch.sign(i)) and equal(t["sb"].tensor, torch.sign(b))
+    assert close(t["cube"].tensor, xt**3) and t["cube"].stride == (xt**3).stride()
+    assert close(t["root"].tensor, i**0.5) and equal(t["squared"].tensor, i**2)
+    assert close(t["dx"].tensor, torch.diff(xt, dim=0)) and t["dx"].stride == torch.diff(xt, dim=0).stride()
+    assert equal(t["d2"].tensor, torch.diff(i, n=2)) and equal(t["changes"].tensor, torch.diff(b))
+
+
+def test_pow_refuses_what_torch_refuses():
+    with pytest.raises(tracer.TracerError) as info:
+        tracer.loads(pipeline_text("- {id: p, op: pow, input: i, exponent: -1}", inputs=MIXED), "t.yaml")
+    assert info.value.code == "dtype" and "t.yaml:" in str(info.value)
+    with pytest.raises(RuntimeError, match="negative integer powers"):
+        torch.arange(3) ** -1

@@ -87,6 +87,29 @@ def test_rope_matches_llama_neox_and_gptj():
     assert t["decode/cos"].shape == (5, 8) and t["decode/cos"].view_of is None
 
 
+def test_mrope_section_is_qwen2_vls_multimodal_rope():
+    from transformers import Qwen2VLTextConfig
+    from transformers.models.qwen2_vl.modeling_qwen2_vl import Qwen2VLRotaryEmbedding, apply_rotary_pos_emb
+
+    parameters = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]}
+    rotary = Qwen2VLRotaryEmbedding(Qwen2VLTextConfig(hidden_size=32, num_attention_heads=2, rope_parameters=parameters))
+    t = trace_of(
+        "- {id: q_rot, op: rope, input: q, positions: position_ids, mrope_section: [2, 3, 3]}",
+        inputs="q: {shape: [2, 2, 5, 16], init: randn}\nposition_ids: {shape: [3, 2, 5], init: arange, dtype: int64}",
+    )
+    q = t["q"].tensor
+    cos, sin = rotary(q, t["position_ids"].tensor)
+    assert torch.equal(t["q_rot"].tensor, apply_rotary_pos_emb(q, q, cos, sin)[0])
+    with pytest.raises(tracer.TracerError, match="sums to 3"):
+        tracer.loads(
+            pipeline_text(
+                "- {id: r, op: rope, input: q, positions: p, mrope_section: [1, 2]}",
+                inputs="q: {shape: [1, 1, 2, 8], init: randn}\np: {shape: [2, 1, 2], init: zeros, dtype: int64}",
+            ),
+            "t.yaml",
+        )
+
+
 @covers("alibi")
 @pytest.mark.parametrize("heads", [8, 6, 1, 12])
 def test_alibi_slopes_and_bias(heads):
@@ -103,6 +126,15 @@ def test_alibi_slopes_and_bias(heads):
     assert torch.allclose(t["b/bias"].tensor[:, 0, 1], slopes)
     distance = (torch.arange(5)[None] - torch.arange(5)[:, None]).float()
     assert close(t["rel"].tensor, s + slopes[:, None, None] * distance)
+
+
+@pytest.mark.parametrize("heads", [8, 6])
+def test_alibi_bias_max_is_mpts_bias(heads):
+    from transformers.models.mpt.modeling_mpt import build_mpt_alibi_tensor
+
+    t = trace_of("- {id: b, op: alibi, input: s, bias_max: 8.0}", inputs=f"s: {{shape: [2, {heads}, 3, 5], init: randn}}")
+    bias = build_mpt_alibi_tensor(heads, 16)[:, -3:, -5:]  # MptAttention slices a max_seq_len table to the last keys
+    assert torch.equal(t["b"].tensor, t["s"].tensor + bias)
 
 
 def test_alibi_on_meta_allocates_nothing_for_many_heads():

@@ -79,6 +79,49 @@ def test_moe_is_mixtralexperts_bit_for_bit_and_counts_tokens():
     assert close(trace["y"].tensor, torch.einsum("bte,bted->btd", dense, y), atol=1e-5)
 
 
+GPT_OSS_PARAMS = "gu: {shape: [4, 8, 12], init: randn}\ndn: {shape: [4, 6, 8], init: randn}\ngub: {shape: [4, 12], init: randn}\ndnb: {shape: [4, 8], init: randn}"
+
+
+@torch.no_grad()
+def test_moe_with_biases_interleaved_in_out_and_clamped_swiglu_is_gptossexperts_bit_for_bit():
+    from transformers import GptOssConfig
+    from transformers.models.gpt_oss.modeling_gpt_oss import GptOssExperts
+
+    config = GptOssConfig(hidden_size=8, intermediate_size=6, num_local_experts=4, swiglu_limit=0.8)
+    experts = GptOssExperts(config)
+    torch.manual_seed(0)
+    for p in experts.parameters():  # standalone, the expert weights are torch.empty: garbage
+        torch.nn.init.normal_(p, std=0.5)
+    h = torch.randn(7, 8)
+    w, i = torch.topk(torch.rand(7, 4).softmax(-1), 2)
+    step = (
+        "- {id: y, op: moe, inputs: [h, w, i], gate_up: gu, down: dn, gate_up_bias: gub, down_bias: dnb, layout: in_out,"
+        " interleave: true, activation: clamped_swiglu, alpha: 1.702, limit: 0.8}"
+    )
+    text = pipeline_text(
+        step,
+        inputs="h: {shape: [7, 8], init: randn}\nw: {shape: [7, 2], init: rand}\ni: {shape: [7, 2], dtype: int64, init: zeros}",
+        params=GPT_OSS_PARAMS,
+    )
+    tensors = {"h": h, "w": w, "i": i, "gu": experts.gate_up_proj, "dn": experts.down_proj}
+    tensors.update(gub=experts.gate_up_proj_bias, dnb=experts.down_proj_bias)
+    trace = tracer.loads(text, "m.yaml").run(tensors=tensors, keep_values=True)
+    assert torch.equal(trace["y"].tensor, experts(h, i, w))
+    routed = "i: {shape: [7, 2], dtype: int64, values: [[0, 1], [1, 2], [2, 3], [3, 0], [0, 2], [1, 3], [2, 0]]}"
+    trace_of(step, inputs=f"h: {{shape: [7, 8], init: randn}}\nw: {{shape: [7, 2], init: rand}}\n{routed}", params=GPT_OSS_PARAMS)
+
+
+def test_ungated_relu2_experts_against_plain_torch():
+    t = trace_of(
+        "- {id: y, op: moe, inputs: [h, w, i], gate_up: up, down: dn, gated: false, activation: relu2}",
+        inputs="h: {shape: [3, 4], init: randn}\nw: {shape: [3, 1], init: rand}\ni: {shape: [3, 1], dtype: int64, values: [[1], [0], [1]]}",
+        params="up: {shape: [2, 5, 4], init: randn}\ndn: {shape: [2, 4, 5], init: randn}",
+    )
+    h, w, i, up, dn = (t[n].tensor for n in ("h", "w", "i", "up", "dn"))
+    expected = torch.stack([dn[e] @ torch.relu(up[e] @ h[n]) ** 2 * w[n, 0] for n, e in enumerate(i[:, 0].tolist())])
+    assert close(t["y"].tensor, expected, atol=1e-5)
+
+
 def test_moe_runs_through_trace_of_checks():
     """Shapes, strides, export and FLOPs (6·N·K·d·F, whatever the routing) as the kernel tests check them."""
     trace_of(

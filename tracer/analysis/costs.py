@@ -188,23 +188,25 @@ def _takes_onednn(step, x: Meta, weight: Meta) -> bool:
 @_counts(_FLOPS, Moe)
 def _moe_flops(step, ins, outs):
     """Each token's K experts, two products each (gate and up together, then down): 2·(2F·d + d·F)
-    per token and expert, whatever the router chose (a token takes an expert at most once)."""
-    weights, gate_up = ins[1], ins[3]
-    two_f, d = gate_up.sizes[1], gate_up.sizes[2]
-    return 2 * weights.numel * (two_f * d + d * two_f // 2)
+    per token and expert (2·(F·d + d·F) ungated), whatever the router chose (a token takes an
+    expert at most once). Bias adds are elementwise: not counted."""
+    d, f, pieces = step.widths(ins)
+    return 2 * ins[1].numel * (pieces * f * d + d * f)
 
 
 @_counts(_WORKSPACE, Moe)
 def _moe_workspace(step, ins, outs):
     """At most every token goes to one expert: its tokens, the gate-and-up product, the activated
-    gate and the gated product alive together, and the previous expert's weighted output (at most
+    gate and the gated product alive together (GPT-OSS's clamped SwiGLU and ``x @ W + b`` more), and the previous expert's weighted output (at most
     every token's too), beside the (rank, token) indices, their contiguous copies and the weights
     they pick; then the expert's output times the weights and its cast."""
     x, weights = ins[0], ins[1]
     tokens = math.prod(x.sizes[:-1])
-    d, f = x.sizes[-1], ins[3].sizes[1] // 2
+    d, f, pieces = step.widths(ins)
     item, weight_item = DTYPE_BYTES[x.dtype], DTYPE_BYTES[weights.dtype]
-    inside = tokens * (2 * d + 4 * f) * item
+    # GPT-OSS's clamps, sigmoid and products, and x @ W before its bias is added, are more of them
+    extra = (4 * f if step.activation == "clamped_swiglu" else 0) + (pieces * f + d if step.layout == "in_out" else 0)
+    inside = tokens * (2 * d + 4 * f + extra) * item
     after = tokens * d * (2 * item + max(item, weight_item))
     copies = sum(dense_copy(meta) for meta in ins[:3])  # reshaped to (N, …) rows: a copy unless contiguous
     # where's (rank, token), the index copies that indexing and index_add_ make, the picked weights
@@ -511,10 +513,11 @@ def _softmax_workspace(step, ins, outs):
 def _layernorm_workspace(step, ins, outs):
     """native_layer_norm also returns each row's mean and 1/std (in float32 at least), and reads a
     dense copy of a non-contiguous input; per-head params apply after it, to a normalised copy
-    (and, with both, to the scaled one)."""
+    (and, with both, to the scaled one). Nemotron's unit offset also makes weight + 1."""
     x = ins[0]
     after = len(ins) - 1 if step.per_head(ins) else 0
-    return 2 * math.prod(x.sizes[:-1]) * max(4, DTYPE_BYTES[x.dtype]) + dense_copy(x) + after * x.nbytes
+    offset = ins[1].nbytes if step.unit_offset else 0
+    return 2 * math.prod(x.sizes[:-1]) * max(4, DTYPE_BYTES[x.dtype]) + dense_copy(x) + after * x.nbytes + offset
 
 
 @_counts(_WORKSPACE, RMSNorm)

@@ -170,7 +170,7 @@ def _doc_path(loc: tuple, data: Any) -> tuple:
 
 def _is_type_tag(part: Any) -> bool:
     return isinstance(part, str) and (
-        part in ("int", "str", "float", "bool", "list", "Sqrt", "Expect", "function-after")
+        part in ("int", "str", "float", "bool", "list", "Sqrt", "Rsqrt", "Expect", "function-after")
         or part.startswith(("list[", "function-", "constrained-", "lax-", "strict-"))
     )
 

@@ -7,29 +7,28 @@ import math
 import operator
 from typing import Literal
 
-from pydantic import Field, StrictBool, StrictFloat, StrictInt, field_validator, model_validator
+from pydantic import Field, StrictBool, StrictInt, field_validator, model_validator
 
 from ..core.dtypes import DTYPE_MAX, fits
-from ..core.fields import DimText, Strict, TensorId
+from ..core.fields import DimText, TensorId
 from ..core.layout import fresh, pointwise, preserve_format
 from ..core.pysource import atom, py_float
 from .contract import Masking, StepBase, register
+from .operands import OPERAND_DESCRIPTION, Operand, Rsqrt, Sqrt, operand_source, operand_text, operand_value
 from .rules import StepError, broadcast, norm_dim, require_float, show
-
-
-class Sqrt(Strict):
-    sqrt: DimText = Field(description="a dim expression, e.g. Dh")
 
 
 @register
 class Scale(StepBase):
-    """Multiply or divide by a number or by ``sqrt`` of a dim: ``scores / sqrt(Dh)``."""
+    """Multiply or divide by a number, a dim expression, ``{sqrt: DIM}`` or ``{rsqrt: DIM}``:
+    ``scores / sqrt(Dh)``, or ``scores * Dh ** -0.5`` as transformers writes it (``multiply:
+    {rsqrt: Dh}`` rounds exactly as ``head_dim ** -0.5`` does, which ``divide: {sqrt: Dh}`` need not)."""
 
     op: Literal["scale"] = "scale"
     passes_scores = True
     elementwise = True
-    divide: StrictFloat | StrictInt | Sqrt | None = Field(None, description="divide by a number or by {sqrt: DIM}")
-    multiply: StrictFloat | StrictInt | Sqrt | None = Field(None, description="multiply by a number or by {sqrt: DIM}")
+    divide: Operand | None = Field(None, description=f"divide by {OPERAND_DESCRIPTION}")
+    multiply: Operand | None = Field(None, description=f"multiply by {OPERAND_DESCRIPTION}")
     example = """\
 - id: scaled
   op: scale
@@ -42,26 +41,27 @@ class Scale(StepBase):
             raise ValueError("give exactly one of 'divide' or 'multiply'")
         return self
 
+    @property
+    def _by(self) -> Operand:
+        return self.divide if self.divide is not None else self.multiply
+
     def args(self):
-        mode, by = ("/", self.divide) if self.divide is not None else ("*", self.multiply)
-        return [f"{mode} √{by.sqrt}" if isinstance(by, Sqrt) else f"{mode} {by:g}"]
+        return [f"{'/' if self.divide is not None else '*'} {operand_text(self._by)}"]
 
     def factor(self, value) -> float:
         """The number written (``divide`` by it or ``multiply`` by it); ``value`` evaluates dim expressions."""
-        by = self.divide if self.divide is not None else self.multiply
-        return math.sqrt(value(by.sqrt)) if isinstance(by, Sqrt) else float(by)
+        return float(operand_value(self._by, value))
 
     def scaling(self, value):
         return self.multiplier(value)
 
     def multiplier(self, value) -> tuple[float, str]:
         """What the scores are multiplied by, and how the file wrote it: ``(0.577, '1/√d_k (d_k=3)')``."""
-        by = self.divide if self.divide is not None else self.multiply
-        number = self.factor(value)
-        if isinstance(by, Sqrt):
-            text = f"√{by.sqrt}" + ("" if str(by.sqrt) == str(value(by.sqrt)) else f" ({by.sqrt}={value(by.sqrt)})")
-        else:
-            text = f"{by:g}"
+        by, number = self._by, self.factor(value)
+        text = operand_text(by)
+        written = by.sqrt if isinstance(by, Sqrt) else by.rsqrt if isinstance(by, Rsqrt) else by if isinstance(by, str) else None
+        if written is not None and str(written) != str(value(written)):
+            text += f" ({written}={value(written)})"
         if self.divide is not None:
             return (1.0 / number if number else math.inf), f"1/{text}"
         return number, text
@@ -82,8 +82,8 @@ class Scale(StepBase):
         return lambda x: x * number
 
     def emit(self, e):
-        by = self.divide if self.divide is not None else self.multiply
-        number = f"math.sqrt({e.dim(by.sqrt)})" if isinstance(by, Sqrt) else py_float(by)
+        number = operand_source(self._by, e.dim)
+        number = number if isinstance(self._by, Sqrt | Rsqrt | str) else py_float(float(self._by))
         return f"{e.args[0]} {'/' if self.divide is not None else '*'} {number}"
 
 

@@ -393,6 +393,53 @@ class Index(StepBase):
         return f"{e.args[0]}[{':, ' * (self.dim % len(e.ins[0].shape))}{cut}]"
 
 
+@register
+class Unbind(StepBase):
+    """``x.unbind(dim)``: every position along ``dim`` as a tensor of its own, the dim dropped
+    (views): ``q, k, v = qkv.unbind(2)`` of a stacked (B, T, 3, H, Dh) projection. ``outputs``
+    names one tensor per position."""
+
+    op: Literal["unbind"] = "unbind"
+    keeps_values = True
+    dim: StrictInt = 0
+    outputs: list[TensorId] = Field(min_length=1, max_length=64, description="the names of the pieces, one per position along dim")
+    output_field = "outputs"
+    example = """\
+- id: qkv_unbind
+  op: unbind
+  input: qkv               # (3, B, H, T, Dh)
+  dim: 0
+  outputs: [q, k, v]       # three (B, H, T, Dh) views"""
+
+    @model_validator(mode="after")
+    def _distinct(self):
+        if len(set(self.outputs)) != len(self.outputs):
+            raise ValueError("every name in 'outputs' must be different")
+        return self
+
+    def args(self):
+        return [f"dim={self.dim}"]
+
+    def infer(self, ins, ctx):
+        x = ins[0]
+        d = norm_dim(self.dim, len(x.shape))
+        if x.shape[d].value != len(self.outputs):
+            raise StepError(
+                "split-outputs",
+                f"dim {self.dim} of {show(x)} has {x.shape[d].value} positions, but 'outputs' names {len(self.outputs)}",
+                "outputs",
+            )
+        shape, stride = x.shape[:d] + x.shape[d + 1 :], x.stride[:d] + x.stride[d + 1 :]
+        return Outputs({name: view(x, shape, stride, x.offset + i * x.stride[d]) for i, name in enumerate(self.outputs)})
+
+    def kernel(self, k):
+        d = self.dim
+        return lambda x: x.unbind(d)
+
+    def emit(self, e):
+        return f"{e.args[0]}.unbind({self.dim})"
+
+
 def _clamp(i: int, size: int) -> int:
     return max(0, min(i, size))
 
@@ -439,6 +486,51 @@ class Cat(StepBase):
 
     def emit(self, e):
         return f"torch.cat({py_tuple(e.args)}, dim={self.dim})"
+
+
+@register
+class Roll(StepBase):
+    """``torch.roll(x, shifts, dims)``: elements shifted along each dim, those that leave one end
+    coming back at the other (a copy). Each shift is a dim expression (``-1``, ``W``)."""
+
+    op: Literal["roll"] = "roll"
+    copies_data = True
+    keeps_values = True
+    shifts: DimText | list[DimText] = Field(description="how far along each dim (negative: towards the start)")
+    dims: StrictInt | list[StrictInt] = Field(description="the dim or dims, one per shift")
+    axis_fields = ("dims",)
+    example = """\
+- id: previous_token
+  op: roll
+  input: x                 # (B, T, d)
+  shifts: 1
+  dims: 1                  # token t reads token t - 1 (the first reads the last)"""
+
+    def _pairs(self) -> list[tuple[int | str, int]]:
+        shifts = self.shifts if isinstance(self.shifts, list) else [self.shifts]
+        dims = self.dims if isinstance(self.dims, list) else [self.dims]
+        if len(shifts) != len(dims):
+            raise StepError("roll", f"{len(shifts)} shifts for {len(dims)} dims: give one shift per dim", "shifts")
+        return list(zip(shifts, dims))
+
+    def args(self):
+        return [f"shifts={self.shifts}", f"dims={self.dims}"]
+
+    def infer(self, ins, ctx):
+        x = ins[0]
+        for shift, dim in self._pairs():
+            norm_dim(dim, len(x.shape), "dims")
+            ctx.dim(shift, "shifts")
+        return fresh(x.shape, x.dtype)
+
+    def kernel(self, k):
+        roll, pairs = k.torch.roll, self._pairs()
+        shifts, dims = tuple(k.value(s) for s, _ in pairs), tuple(d for _, d in pairs)
+        return lambda x: roll(x, shifts, dims)
+
+    def emit(self, e):
+        pairs = self._pairs()
+        return f"torch.roll({e.args[0]}, {py_tuple([e.dim(s) for s, _ in pairs])}, {py_tuple([str(d) for _, d in pairs])})"
 
 
 @register

@@ -12,11 +12,12 @@ from pydantic import Field, StrictBool, StrictFloat, StrictInt, model_validator
 
 from ..core.dtypes import FLOAT_DTYPES, promote, promote_number
 from ..core.fields import DimText
-from ..core.layout import fresh, pointwise
+from ..core.layout import fresh, pointwise, view
 from ..core.pysource import py_float
 from ..core.symbolic import Dim
 from .contract import StepBase, register
-from .pointwise import DType, _Binary
+from .operands import OPERAND_DESCRIPTION, Operand, _Binary, operand_kind, operand_source, operand_text, operand_value
+from .pointwise import DType
 from .rules import StepError, broadcast, norm_dim, require_number_fits, show
 
 Number = StrictInt | StrictFloat
@@ -36,7 +37,7 @@ class _Math(StepBase):
     elementwise = True
     torch_name: ClassVar[str] = ""
     integers: ClassVar[str] = "float32"  # what an int tensor becomes: "float32" or "same"
-    booleans: ClassVar[str] = "float32"  # what a bool tensor becomes: "float32", "int64" or "refused"
+    booleans: ClassVar[str] = "float32"  # what a bool tensor becomes: "float32", "int64", "same" or "refused"
 
     def result_dtype(self, dtype: str, name: str) -> str:
         if dtype in FLOAT_DTYPES:
@@ -44,7 +45,7 @@ class _Math(StepBase):
         if dtype == "bool":
             if self.booleans == "refused":
                 raise StepError("dtype", f"torch has no {self.op} of bool tensor '{name}'", "input", "cast it to int64 or float32 first")
-            return self.booleans
+            return dtype if self.booleans == "same" else self.booleans
         return dtype if self.integers == "same" else self.integers
 
     def infer(self, ins, ctx):
@@ -90,7 +91,47 @@ Rsqrt = _math("rsqrt", "``torch.rsqrt(x) = 1 / sqrt(x)`` (integers and bool beco
 Sin = _math("sin", "``torch.sin(x)`` (integers and bool become float32; sinusoidal position tables).", "angles")
 Cos = _math("cos", "``torch.cos(x)`` (integers and bool become float32; sinusoidal position tables).", "angles")
 Reciprocal = _math("reciprocal", "``torch.reciprocal(x) = 1 / x`` (integers and bool become float32).", "x")
-MATH_KINDS = (Abs, Floor, Ceil, Trunc, Square, Log, Log1p, Sqrt, Rsqrt, Sin, Cos, Reciprocal)
+Sign = _math("sign", "``torch.sign(x)``: -1, 0 or 1 (integers stay integers, bool stays bool; Bloom's ALiBi slopes).", "x", "same", "same")
+MATH_KINDS = (Abs, Floor, Ceil, Trunc, Square, Log, Log1p, Sqrt, Rsqrt, Sin, Cos, Reciprocal, Sign)
+
+
+@register
+class Pow(StepBase):
+    """``x ** exponent`` with a number (a dim expression too): ``x ** 3`` (GELU's cubic term),
+    ``positions ** 2``. The dtype is torch's promotion of the tensor and the number: an integer
+    tensor to a float power is float32; torch refuses an integer tensor to a negative integer power."""
+
+    op: Literal["pow"] = "pow"
+    exponent: Operand = Field(description=f"the power: {OPERAND_DESCRIPTION}")
+    elementwise = True
+    example = """\
+- id: cubed
+  op: pow
+  input: hidden            # (B, T, d_ff)
+  exponent: 3"""
+
+    def args(self):
+        return [f"** {operand_text(self.exponent)}"]
+
+    def infer(self, ins, ctx):
+        x = ins[0]
+        power = operand_value(self.exponent, lambda text: ctx.dim(text, "exponent").value)
+        dtype = promote_number(x.dtype, operand_kind(self.exponent))
+        if dtype not in FLOAT_DTYPES and power < 0:
+            raise StepError(
+                "dtype",
+                f"torch refuses {x.dtype} '{ctx.input_ids[0]}' to the negative integer power {power}",
+                "exponent",
+                "cast it to float32 first",
+            )
+        return pointwise([x, fresh((), dtype)], x.shape, dtype)
+
+    def kernel(self, k):
+        power = operand_value(self.exponent, k.value)
+        return lambda x: x**power
+
+    def emit(self, e):
+        return f"{e.args[0]} ** {operand_source(self.exponent, e.dim)}"
 
 
 @register
@@ -169,12 +210,12 @@ _COMPARISONS = {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": 
 @register
 class Compare(StepBase):
     """``a OP b`` as a bool tensor, OP one of ``eq ne lt le gt ge``: two tensors (broadcast), or one
-    tensor and a number (``value``; an integer must lie within int64, beyond which torch overflows or
-    compares wrongly)."""
+    tensor and a number (``value``: a dim expression too, ``T - W``; an integer must lie within
+    int64, beyond which torch overflows or compares wrongly)."""
 
     op: Literal["compare"] = "compare"
     cmp: Literal["eq", "ne", "lt", "le", "gt", "ge"] = Field(description="==, !=, <, <=, >, >=")
-    value: Number | None = Field(None, description="compare the one input with this number instead of a second tensor")
+    value: Operand | None = Field(None, description=f"compare the one input with this instead of a second tensor: {OPERAND_DESCRIPTION}")
     arity: ClassVar[int | None] = None
     elementwise = True
     example = """\
@@ -185,7 +226,7 @@ class Compare(StepBase):
   value: 0"""
 
     def args(self):
-        return [self.cmp] + ([py_number(self.value)] if self.value is not None else [])
+        return [self.cmp] + ([operand_text(self.value)] if self.value is not None else [])
 
     def infer(self, ins, ctx):
         wanted = 1 if self.value is not None else 2
@@ -193,23 +234,26 @@ class Compare(StepBase):
             given = "a tensor and 'value'" if self.value is not None else "two tensors (or one and 'value')"
             raise StepError("arity", f"compare takes {given}, got {len(ins)} input{'s' if len(ins) != 1 else ''}", "inputs")
         if wanted == 1:
-            require_number_fits(self.value, None, "compare's value", "value")  # compared as is: no dtype to fit
+            number = operand_value(self.value, lambda text: ctx.dim(text, "value").value)  # a bad dim expression is located here
+            require_number_fits(number, None, "compare's value", "value")  # compared as is: no dtype to fit
             return pointwise(ins, ins[0].shape, "bool")
         a, b = ins
         return pointwise(ins, broadcast(a, b, f"compare '{ctx.input_ids[0]}' {self.cmp} '{ctx.input_ids[1]}'", "inputs"), "bool")
 
     def kernel(self, k):
-        name, value = self.cmp, self.value
-        compare = getattr(k.torch, name)
-        return (lambda a: compare(a, value)) if value is not None else compare
+        compare = getattr(k.torch, self.cmp)
+        if self.value is None:
+            return compare
+        value = operand_value(self.value, k.value)
+        return lambda a: compare(a, value)
 
     def emit(self, e):
-        right = py_number(self.value) if self.value is not None else e.args[1]
+        right = operand_source(self.value, e.dim) if self.value is not None else e.args[1]
         return f"{e.args[0]} {_COMPARISONS[self.cmp]} {right}"
 
     def on_binary(self):
-        if self.value is None:
-            return None
+        if not isinstance(self.value, int | float) or isinstance(self.value, bool):
+            return None  # a second tensor, or a dim expression: no fixed number to judge a 0/1 mask by
         compare = getattr(operator, self.cmp)
         return {(False, True): "same", (True, False): "not"}.get((compare(0, self.value), compare(1, self.value)))
 
@@ -361,6 +405,43 @@ class Cumsum(StepBase):
     def emit(self, e):
         dtype = f", dtype=torch.{self.dtype}" if self.dtype else ""
         return f"torch.cumsum({e.args[0]}, {self.dim}{dtype})"
+
+
+@register
+class Diff(StepBase):
+    """``torch.diff(x, n, dim)``: differences of neighbours along ``dim``, ``n`` times; the dim
+    shrinks by ``n``. bool tensors differ by xor, as in torch (where a padding mask changes)."""
+
+    op: Literal["diff"] = "diff"
+    dim: StrictInt = -1
+    n: StrictInt = Field(1, ge=1, le=64, description="how many times to take differences")
+    example = """\
+- id: steps
+  op: diff
+  input: positions         # (B, T) -> (B, T - 1)
+  dim: -1"""
+
+    def args(self):
+        return [f"dim={self.dim}"] + ([f"n={self.n}"] if self.n != 1 else [])
+
+    def infer(self, ins, ctx):
+        x = ins[0]
+        if not x.shape:
+            raise StepError("shape", f"diff needs a tensor with dims, '{ctx.input_ids[0]}' is 0-d", "input")
+        d = norm_dim(self.dim, len(x.shape))
+        if x.shape[d].value < self.n:
+            raise StepError("shape", f"diff {self.n} times along dim {self.dim} of '{ctx.input_ids[0]}' {show(x)}: too short", "n")
+        for _ in range(self.n):  # torch: x.narrow(d, 1, len - 1) - x.narrow(d, 0, len - 1), n times
+            shape = x.shape[:d] + (ctx.alg.add(x.shape[d], ctx.alg.const(-1)),) + x.shape[d + 1 :]
+            x = pointwise([view(x, shape, x.stride)] * 2, shape, x.dtype)
+        return x
+
+    def kernel(self, k):
+        diff, n, d = k.torch.diff, self.n, self.dim
+        return lambda x: diff(x, n=n, dim=d)
+
+    def emit(self, e):
+        return f"torch.diff({e.args[0]}, n={self.n}, dim={self.dim})"
 
 
 _REDUCED_DTYPE = {"sum": _sum_dtype, "prod": _sum_dtype, "any": lambda d: "bool", "all": lambda d: "bool"}

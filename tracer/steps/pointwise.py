@@ -1,6 +1,7 @@
-"""Elementwise arithmetic and activations: mul, sub, div with broadcasting; silu, sigmoid, tanh,
-exp, neg; cast. Result dtypes follow torch's type promotion and result strides follow
-TensorIterator (``_rules.pointwise``), so the static trace equals torch's."""
+"""Elementwise arithmetic and activations: mul, sub, div with broadcasting, of two tensors or of a
+tensor and a number (``value``: a dim expression too); silu, sigmoid, tanh, exp, neg; cast. Result
+dtypes follow torch's type promotion and result strides follow TensorIterator
+(``_rules.pointwise``), so the static trace equals torch's."""
 
 from __future__ import annotations
 
@@ -8,50 +9,16 @@ from typing import ClassVar, Literal
 
 from pydantic import Field
 
-from ..core.dtypes import promote
 from ..core.layout import pointwise, preserve_format
 from .contract import StepBase, register
-from .rules import StepError, broadcast, require_float
+from .operands import _Arithmetic
+from .rules import StepError, require_float
 
 DType = Literal["float32", "float64", "float16", "bfloat16", "int64", "int32", "bool"]
 
 
-class _Binary(StepBase):
-    """``a OP b`` with numpy/torch broadcasting and torch's type promotion."""
-
-    arity = 2
-    elementwise = True
-    symbol: ClassVar[str] = ""
-    torch_name: ClassVar[str] = ""
-
-    def result_dtype(self, dtype: str) -> str:
-        return dtype
-
-    def infer(self, ins, ctx):
-        a, b = ins
-        names = ctx.input_ids
-        shape = broadcast(a, b, f"{self.op} '{names[0]}' {self.symbol} '{names[1]}'", "inputs", ctx)
-        dtype = promote([a, b])
-        if dtype == "bool" and self.op == "sub":
-            raise StepError(
-                "dtype",
-                f"torch refuses to subtract bool tensors ('{names[0]}' - '{names[1]}')",
-                "inputs",
-                "cast one to int64 or float32 first",
-            )
-        return pointwise([a, b], shape, self.result_dtype(dtype))
-
-    def kernel(self, k):
-        return getattr(k.torch, self.torch_name)
-
-    def emit(self, e):
-        if self.symbol.isidentifier():  # minimum, maximum: a function, not an operator
-            return f"torch.{self.torch_name}({e.args[0]}, {e.args[1]})"
-        return f"{e.args[0]} {self.symbol} {e.args[1]}"
-
-
 @register
-class Mul(_Binary):
+class Mul(_Arithmetic):
     """``a * b`` with broadcasting: gates (SwiGLU's ``act(gate) * up``), RoPE's ``x * cos``, masks as numbers."""
 
     op: Literal["mul"] = "mul"
@@ -65,8 +32,8 @@ class Mul(_Binary):
 
 
 @register
-class Sub(_Binary):
-    """``a - b`` with broadcasting (BERT's ``1.0 - mask``)."""
+class Sub(_Arithmetic):
+    """``a - b`` with broadcasting, or with a number on either side (BERT's ``1.0 - mask``)."""
 
     op: Literal["sub"] = "sub"
     symbol = "-"
@@ -74,11 +41,13 @@ class Sub(_Binary):
     example = """\
 - id: inverted
   op: sub
-  inputs: [one, pad_mask]  # () - (B, 1, 1, T): 1 where a key is padding"""
+  input: pad_mask          # (B, 1, 1, T)
+  value: 1.0
+  value_first: true        # 1.0 - pad_mask: 1 where a key is padding"""
 
 
 @register
-class Div(_Binary):
+class Div(_Arithmetic):
     """``a / b`` with broadcasting: true division (integers divide to float32, as in torch)."""
 
     op: Literal["div"] = "div"

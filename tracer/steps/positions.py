@@ -51,6 +51,12 @@ class Rope(StepBase):
         {type: longrope, short_factor, long_factor, original_max_position_embeddings, factor, attention_factor}
 
     ``dynamic`` and ``longrope`` read the largest position + 1 over the batch, as transformers does.
+
+    ``mrope_section`` is Qwen2-VL's multimodal rope (M-RoPE): ``positions`` is (S, B, T), one
+    stream of positions per section (temporal, height, width), and the frequencies of section i
+    come from stream i, as ``apply_multimodal_rotary_pos_emb`` picks them::
+
+        emb = cat([m[i % S] for i, m in enumerate(emb.split(mrope_section * 2, dim=-1))], dim=-1)
     """
 
     op: Literal["rope"] = "rope"
@@ -63,6 +69,12 @@ class Rope(StepBase):
     seq_dim: StrictInt = Field(-2, description="the axis of token positions (default -2: (…, T, Dh))")
     positions: TensorId | None = Field(None, description="an integer (T,) or (B, T) tensor of token positions, instead of offset")
     rope_scaling: Scaling | None = Field(None, description="frequency scaling, {type: linear, factor: 8.0} and the others above")
+    mrope_section: list[StrictInt] | None = Field(
+        None,
+        min_length=1,
+        max_length=8,
+        description="M-RoPE (Qwen2-VL): frequencies per position stream of (S, B, T) positions; sums to R/2",
+    )
     param_fields = ("positions",)
     example = """\
 - id: q_rot
@@ -76,6 +88,8 @@ class Rope(StepBase):
     def _one_origin(self):
         if self.positions is not None and self.offset != 0:
             raise ValueError("give 'offset' or a 'positions' tensor, not both (positions already say where each token is)")
+        if self.mrope_section is not None and (self.positions is None or self.style != "half" or min(self.mrope_section) < 1):
+            raise ValueError("mrope_section needs (S, B, T) 'positions', style half and positive sections")
         return self
 
     def args(self):
@@ -107,6 +121,12 @@ class Rope(StepBase):
         if ctx.dim(self.offset, "offset").value < 0:
             raise StepError("rope-offset", f"offset {self.offset} is negative", "offset")
         self._check_scaling(rot)
+        if self.mrope_section is not None and 2 * sum(self.mrope_section) != rot.value:
+            raise StepError(
+                "rope-dim",
+                f"mrope_section {self.mrope_section} sums to {sum(self.mrope_section)}, not R/2 = {rot.value // 2}",
+                "mrope_section",
+            )
         lead = () if self.positions is None else self._positions_batch(x, seq, ins[1])
         table = fresh(lead + (x.shape[seq], rot), x.dtype)
         part = x if rot.value == head.value else Meta(x.shape[:-1] + (rot,), x.stride, x.dtype, x.offset, x.root)
@@ -161,6 +181,15 @@ class Rope(StepBase):
     def _positions_batch(self, x: Meta, seq: int, pos: Meta) -> tuple:
         """The batch dims the tables take from a (B, T) ``positions`` (none for (T,))."""
         name, length = self.positions, x.shape[seq]
+        if self.mrope_section is not None:
+            streams = len(self.mrope_section)
+            if len(pos.shape) != 3 or pos.sizes[0] != streams:
+                raise StepError(
+                    "rope-positions",
+                    f"M-RoPE positions '{name}' must be ({streams}, B, T), one stream per section, found {show(pos)}",
+                    "positions",
+                )
+            pos = Meta(pos.shape[1:], pos.stride[1:], pos.dtype)
         if pos.dtype not in ("int64", "int32"):
             raise StepError(
                 "rope-positions",
@@ -186,6 +215,7 @@ class Rope(StepBase):
         length, head = x.sizes[seq], x.sizes[-1]
         rot = head if self.rotary_dim is None else k.value(self.rotary_dim)
         start, half, scaled = k.value(self.offset), self.style == "half", self.rope_scaling is not None
+        section = self.mrope_section
         frequencies = self._frequencies(k, rot, start + length)
         dtype = getattr(torch, x.dtype)
         table_shape = _table_view(k.outs[0].sizes, seq, len(x.sizes), 1)
@@ -197,6 +227,7 @@ class Rope(StepBase):
             else:
                 freqs = positions[..., None].float() * inv_freq
             emb = torch.cat((freqs, freqs), dim=-1) if half else torch.repeat_interleave(freqs, 2, dim=-1)
+            emb = emb if section is None else _mrope(torch, emb, section)
             cos, sin = (emb.cos() * factor, emb.sin() * factor) if scaled else (emb.cos(), emb.sin())
             cos, sin = cos.to(dtype), sin.to(dtype)
             part = x if rot == head else x[..., :rot]
@@ -255,6 +286,10 @@ class Rope(StepBase):
         freqs, more = e.shared("freqs", f"{steps} * {inv_freq}")
         twice = f"torch.cat(({freqs}, {freqs}), dim=-1)" if self.style == "half" else f"torch.repeat_interleave({freqs}, 2, dim=-1)"
         emb, emb_lines = e.shared("emb", twice)
+        if self.mrope_section is not None:  # each feature section from its own position stream
+            mrope = e.helper("_mrope", inspect.getsource(_mrope))
+            emb, sections = e.shared("emb_sections", f"{mrope}(torch, {emb}, {self.mrope_section!r})")
+            emb_lines = [*emb_lines, *sections]
         scaled = "" if factor is None else f" * {factor}"
         cos, cos_lines = e.shared("cos", f"{emb}.cos(){scaled}")
         sin, sin_lines = e.shared("sin", f"{emb}.sin(){scaled}")
@@ -280,6 +315,11 @@ class Rope(StepBase):
         pair, lines = e.shared("frequencies", call)
         inv_freq, factor = f"{pair}[0]", f"{pair}[1]"
         return inv_freq, factor, lines
+
+
+def _mrope(torch, emb, section):
+    """Qwen2-VL's M-RoPE: the features of section i from position stream i (``emb`` is (S, …, R))."""
+    return torch.cat([m[i % len(section)] for i, m in enumerate(emb.split(section * 2, dim=-1))], dim=-1)
 
 
 def _largest(torch, positions):
@@ -324,6 +364,16 @@ def alibi_slopes(torch, heads: int, device=None):
     return slopes
 
 
+def mpt_alibi_slopes(torch, heads: int, bias_max: float, device=None):
+    """MPT's ALiBi slopes, as transformers' ``build_mpt_alibi_tensor`` computes them: ``1 / 2^(k ·
+    bias_max / n)`` for n the power of two at or above ``heads``; for another head count the odd
+    then the even ones of those n, cut to ``heads``."""
+    n = 2 ** math.ceil(math.log2(heads))
+    base = torch.arange(1, n + 1, dtype=torch.int64, device=device).float() * (bias_max / n)
+    slopes = 1.0 / torch.pow(2, base)
+    return slopes if n == heads else torch.cat([slopes[1::2], slopes[::2]])[:heads]
+
+
 @register
 class Alibi(StepBase):
     """ALiBi: add a per-head linear bias to (…, H, T_q, T_kv) scores (Press et al.; BLOOM, MPT).
@@ -332,10 +382,17 @@ class Alibi(StepBase):
     ``build_alibi_tensor``; softmax is unchanged by a per-row shift), or with ``relative: true``
     the paper's ``slope[h] * (j - i)`` with query ``i`` aligned bottom-right (the last query is the
     last key). Slopes: :func:`alibi_slopes`. The bias is recorded as ``ID/bias``.
+
+    ``bias_max`` is MPT's ``alibi_bias_max`` (its config's 8): MPT's slopes
+    (:func:`mpt_alibi_slopes`) and its key positions counted back from the last key,
+    ``slope[h] * (j - (T_kv - 1))``, as transformers' ``build_mpt_alibi_tensor`` makes them.
     """
 
     op: Literal["alibi"] = "alibi"
     relative: StrictBool = Field(False, description="bias slope * (j - i) instead of slope * j")
+    bias_max: float | None = Field(
+        None, gt=0, le=1024, description="MPT's alibi_bias_max: its slopes, keys counted back from the last (none: BLOOM's slopes)"
+    )
     passes_scores = True
     adds_bias = "bias"  # ID/bias
     example = """\
@@ -344,7 +401,7 @@ class Alibi(StepBase):
   input: scores            # (B, H, T, T), H of any size (slopes as in the ALiBi paper)"""
 
     def args(self):
-        return ["j - i"] if self.relative else []
+        return (["j - i"] if self.relative else []) + ([f"bias_max={self.bias_max:g}"] if self.bias_max is not None else [])
 
     def infer(self, ins, ctx):
         scores = ins[0]
@@ -359,13 +416,17 @@ class Alibi(StepBase):
         return Composite((Inner("bias", "alibi", bias, ()), Inner("biased", "alibi", biased, (0, "bias"))))  # slopes and positions only
 
     def kernel(self, k):
-        torch, relative = k.torch, self.relative
+        torch, relative, bias_max = k.torch, self.relative, self.bias_max
         heads, t_q, t_k = k.ins[0].sizes[-3:]
         dtype = getattr(torch, k.ins[0].dtype)
+        last = t_k - 1 if bias_max is not None and not relative else 0
 
         def alibi(scores):
-            slopes = alibi_slopes(torch, heads, scores.device)  # on meta, no real memory for 2**33 heads
-            keys = torch.arange(t_k, device=scores.device)
+            if bias_max is None:
+                slopes = alibi_slopes(torch, heads, scores.device)  # on meta, no real memory for 2**33 heads
+            else:
+                slopes = mpt_alibi_slopes(torch, heads, bias_max, scores.device)
+            keys = torch.arange(t_k, device=scores.device) - last
             if relative:
                 distance = keys[None, :] - (torch.arange(t_q, device=scores.device)[:, None] + (t_k - t_q))
                 bias = slopes[:, None, None] * distance[None]
@@ -381,13 +442,19 @@ class Alibi(StepBase):
         heads, t_q, t_k = (e.size(d) for d in meta.shape[-3:])
         slopes, bias = e.local("slopes"), e.local("bias")
         keys = f"torch.arange({t_k}, device={scores}.device)"
+        if self.bias_max is not None and not self.relative:
+            keys = f"({keys} - ({t_k} - 1))"
         if self.relative:
             shift = "" if meta.shape[-2].same_symbol(meta.shape[-1]) else f" + ({t_k} - {atom(t_q)})"
             distance = f"({keys}[None, :] - (torch.arange({t_q}, device={scores}.device)[:, None]{shift}))[None]"
         else:
             distance = f"{keys}[None, None, :]"
+        if self.bias_max is None:
+            made = f"{e.helper('alibi_slopes', inspect.getsource(alibi_slopes))}(torch, {heads})"
+        else:
+            made = f"{e.helper('mpt_alibi_slopes', inspect.getsource(mpt_alibi_slopes))}(torch, {heads}, {py_float(self.bias_max)})"
         return [
-            f"{slopes} = {e.helper('alibi_slopes', inspect.getsource(alibi_slopes))}(torch, {heads}).to({scores}.device)",
+            f"{slopes} = {made}.to({scores}.device)",
             f"{bias} = ({slopes}[:, None, None] * {distance}).to({scores}.dtype)",
             f"{e.targets[0]} = {scores} + {bias}",
         ]

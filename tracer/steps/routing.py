@@ -6,7 +6,7 @@ import inspect
 import math
 from typing import Literal
 
-from pydantic import Field, StrictInt, model_validator
+from pydantic import Field, StrictBool, StrictInt, model_validator
 
 from ..core.dtypes import FLOAT_DTYPES
 from ..core.fields import DimText, TensorId
@@ -93,16 +93,31 @@ class Topk(StepBase):
         return [f"{values}, {indices} = {call}", f"{values} = {values} / {values}.sum(dim={self.dim}, keepdim=True)"]
 
 
+ACTIVATIONS = ("silu", "gelu", "relu2", "clamped_swiglu")
+
+
 @register
 class Moe(StepBase):
-    """A sparse mixture of gated experts (Mixtral's ``MixtralExperts``): each token goes through the
-    ``K`` experts its router chose, and their outputs, each times its routing weight, are summed.
+    """A sparse mixture of experts (Mixtral's ``MixtralExperts``, GPT-OSS's ``GptOssExperts``): each
+    token goes through the ``K`` experts its router chose, and their outputs, each times its
+    routing weight, are summed.
 
     Inputs: the tokens ``(…, d)``, the routing weights ``(…, K)`` and the chosen experts ``(…, K)``
-    (int64, from ``topk``). Expert ``e`` computes ``down[e] @ (act(gate) * up)`` where ``gate`` and
+    (int64, from ``topk``). Expert ``e`` computes ``down[e] @ act(gate, up)`` where ``gate`` and
     ``up`` are the two halves of ``gate_up[e] @ x`` (the gate first), as transformers stores them:
     ``gate_up (E, 2F, d)``, ``down (E, d, F)``. The kernel is transformers' own loop, bit for bit:
     experts in ascending order, each on its tokens only, summed with ``index_add_``.
+
+    The variants of other models: ``layout: in_out`` stores the weights ``(E, d, 2F)`` and ``(E, F,
+    d)`` and computes ``x @ W + b`` (GPT-OSS); ``gate_up_bias (E, 2F)`` and ``down_bias (E, d)``
+    are each expert's biases; ``interleave: true`` takes the gate and up from alternate features
+    (``h[..., ::2]``, ``h[..., 1::2]``); ``gated: false`` has no gate, ``gate_up`` being the up
+    projection ``(E, F, d)`` alone. Activations: ``silu(gate) * up`` (SwiGLU), ``gelu(gate) * up``,
+    ``relu2`` (``relu(gate)**2 * up``, or ``relu(up)**2`` ungated: Nemotron-H), and
+    ``clamped_swiglu``, GPT-OSS's::
+
+        gate, up = gate.clamp(max=limit), up.clamp(-limit, limit)
+        out = (up + 1) * (gate * sigmoid(gate * alpha))
 
     Records ``ID/tokens_per_expert`` (E,), how many tokens each expert took (the load a router
     balances), then ``ID/sum``, the output ``(…, d)``."""
@@ -111,8 +126,15 @@ class Moe(StepBase):
     arity = 3
     gate_up: TensorId = Field(description="(E, 2F, d) param: every expert's gate and up projections, stacked (gate first)")
     down: TensorId = Field(description="(E, d, F) param: every expert's down projection")
-    activation: Literal["silu", "gelu"] = Field("silu", description="applied to the gate half (silu: SwiGLU, as Mixtral)")
-    param_fields = ("gate_up", "down")
+    gate_up_bias: TensorId | None = Field(None, description="(E, 2F) param: each expert's gate and up bias (GPT-OSS)")
+    down_bias: TensorId | None = Field(None, description="(E, d) param: each expert's down bias (GPT-OSS)")
+    activation: Literal[ACTIVATIONS] = Field("silu", description="silu (SwiGLU, as Mixtral), gelu, relu2, clamped_swiglu (GPT-OSS)")  # type: ignore[valid-type]
+    layout: Literal["out_in", "in_out"] = Field("out_in", description="out_in: weights as nn.Linear stores them; in_out: x @ W (GPT-OSS)")
+    interleave: StrictBool = Field(False, description="gate and up alternate along the features (GPT-OSS), instead of two halves")
+    gated: StrictBool = Field(True, description="false: no gate, gate_up is the up projection (E, F, d) alone")
+    alpha: float = Field(1.702, gt=0, description="clamped_swiglu's sigmoid sharpness (config.swiglu_alpha)")
+    limit: float = Field(7.0, gt=0, description="clamped_swiglu's clamp (config.swiglu_limit)")
+    param_fields = ("gate_up", "down", "gate_up_bias", "down_bias")
     example = """\
 - id: moe_out
   op: moe
@@ -120,11 +142,26 @@ class Moe(StepBase):
   gate_up: W_gate_up       # (E, 2F, d)
   down: W_down             # (E, d, F)"""
 
+    @model_validator(mode="after")
+    def _consistent(self):
+        if not self.gated and (self.interleave or self.activation == "clamped_swiglu"):
+            raise ValueError("interleave and clamped_swiglu split a gate from the up projection: they need gated: true")
+        return self
+
     def args(self):
-        return [] if self.activation == "silu" else [self.activation]
+        shown = [] if self.activation == "silu" else [self.activation]
+        shown += [] if self.gated else ["ungated"]
+        return shown + (["in_out"] if self.layout == "in_out" else []) + (["interleaved"] if self.interleave else [])
+
+    def widths(self, ins) -> tuple[int, int, int]:
+        """(d, F, pieces): the model width, an expert's width, and the projections stacked in gate_up (2, or 1 ungated)."""
+        gate_up = ins[3].sizes
+        d, stacked = (gate_up[1], gate_up[2]) if self.layout == "in_out" else (gate_up[2], gate_up[1])
+        pieces = 2 if self.gated else 1
+        return d, stacked // pieces, pieces
 
     def infer(self, ins, ctx):
-        x, weights, experts, gate_up, down = ins
+        x, weights, experts = ins[:3]
         names = ctx.input_ids
         require_float(x, names[0], "moe")
         if weights.dtype not in FLOAT_DTYPES:
@@ -140,36 +177,51 @@ class Moe(StepBase):
                 f"'{names[0]}' {show(x)}, '{names[1]}' {show(weights)}, '{names[2]}' {show(experts)}",
                 "inputs",
             )
-        self._check_experts(x, gate_up, down)
-        n_experts = gate_up.shape[0]
+        self._check_experts(x, ins)
+        n_experts = ins[3].shape[0]
         counts = fresh((n_experts,), "int64")
         counts_of_experts = Inner("tokens_per_expert", "bincount", counts, (2,))
         return Composite((counts_of_experts, Inner("sum", "index_add", fresh(x.shape, x.dtype), (0, 1, 2, 3, 4))))
 
-    def _check_experts(self, x, gate_up, down) -> None:
-        if len(gate_up.shape) != 3 or gate_up.sizes[1] % 2 or gate_up.sizes[2] != x.sizes[-1]:
-            raise StepError(
-                "moe-shape",
-                f"gate_up '{self.gate_up}' must be (E, 2F, {x.shape[-1]}) for tokens {show(x)}, got {show(gate_up)}",
-                "gate_up",
-            )
-        expected = (gate_up.sizes[0], x.sizes[-1], gate_up.sizes[1] // 2)
+    def _check_experts(self, x, ins) -> None:
+        gate_up, down = ins[3], ins[4]
+        d, pieces = x.sizes[-1], 2 if self.gated else 1
+        stacked = "2F" if self.gated else "F"
+        in_out = self.layout == "in_out"
+        wanted = f"(E, {x.shape[-1]}, {stacked})" if in_out else f"(E, {stacked}, {x.shape[-1]})"
+        if len(gate_up.shape) != 3 or gate_up.sizes[2 if in_out else 1] % pieces or gate_up.sizes[1 if in_out else 2] != d:
+            raise StepError("moe-shape", f"gate_up '{self.gate_up}' must be {wanted} for tokens {show(x)}, got {show(gate_up)}", "gate_up")
+        n, (_, f, _) = gate_up.sizes[0], self.widths(ins)
+        expected = (n, f, d) if in_out else (n, d, f)
         if down.sizes != expected:
+            shape = "(E, F, d)" if in_out else "(E, d, F)"
             raise StepError(
                 "moe-shape",
-                f"down '{self.down}' must be (E, d, F) = {list(expected)} to match gate_up {show(gate_up)}, got {show(down)}",
+                f"down '{self.down}' must be {shape} = {list(expected)} to match gate_up {show(gate_up)}, got {show(down)}",
                 "down",
             )
-        for name, p, field in ((self.gate_up, gate_up, "gate_up"), (self.down, down, "down")):
+        biases = [(self.gate_up_bias, "gate_up_bias", (n, pieces * f)), (self.down_bias, "down_bias", (n, d))]
+        present = [(name, field, want) for name, field, want in biases if name is not None]
+        for (name, field, want), meta in zip(present, ins[5:]):
+            if meta.sizes != want:
+                raise StepError("moe-shape", f"{field} '{name}' must be {list(want)}, got {show(meta)}", field)
+        for name, p, field in zip(self.param_refs(), ins[3:], [f for f in self.param_fields if getattr(self, f) is not None]):
             if p.dtype != x.dtype:
                 raise StepError("dtype", f"moe of {x.dtype} tokens with {p.dtype} '{name}'", field)
 
+    def _options(self) -> dict:
+        return {"in_out": self.layout == "in_out", "interleave": self.interleave, "gated": self.gated}
+
     def kernel(self, k):
         torch, F = k.torch, k.F
-        act = F.silu if self.activation == "silu" else F.gelu
+        act = _activation(self.activation, self.gated, self.alpha, self.limit, torch, F)
         n_experts, error, top = k.ins[3].sizes[0], k.error, self.gate_up
+        has_up_bias, has_down_bias, options = self.gate_up_bias is not None, self.down_bias is not None, self._options()
 
-        def moe(x, weights, experts, gate_up, down):
+        def moe(x, weights, experts, gate_up, down, *biases):
+            biases = list(biases)
+            up_bias = biases.pop(0) if has_up_bias else None
+            down_bias = biases.pop(0) if has_down_bias else None
             rows = math.prod(x.shape[:-1])  # not -1: a reshape cannot infer it beside a 0-sized dim
             tokens, chosen = x.reshape(rows, x.shape[-1]), experts.reshape(rows, experts.shape[-1])
             if x.device.type == "meta":  # no values to route: the shapes are all a meta run can have
@@ -177,7 +229,8 @@ class Moe(StepBase):
             if chosen.numel() and (int(chosen.min()) < 0 or int(chosen.max()) >= n_experts):
                 raise error("moe-range", f"an expert index is outside 0..{n_experts - 1} (the experts of '{top}')", "inputs")
             counts = torch.bincount(chosen.flatten(), minlength=n_experts)
-            out = moe_experts(tokens, weights.reshape(chosen.shape), chosen, gate_up, down, counts, torch, F, act)
+            projections = (gate_up, down, up_bias, down_bias)
+            out = moe_experts(tokens, weights.reshape(chosen.shape), chosen, projections, counts, torch, F, act, **options)
             return counts, out.view(x.shape)
 
         return moe
@@ -185,32 +238,72 @@ class Moe(StepBase):
     def emit(self, e):
         (out,), counts = e.targets, e.local("counts")  # a composite's source computes its last tensor
         rows = " * ".join(e.size(d) for d in e.ins[0].shape[:-1]) or "1"
-        x, weights, experts, gate_up, down = e.args
-        e.helper(gated_expert.__name__, inspect.getsource(gated_expert))
+        x, weights, experts, gate_up, down = e.args[:5]
+        biases = list(e.args[5:])
+        up_bias = biases.pop(0) if self.gate_up_bias is not None else "None"
+        down_bias = biases.pop(0) if self.down_bias is not None else "None"
+        e.helper(expert_output.__name__, inspect.getsource(expert_output))
         helper = e.helper(moe_experts.__name__, inspect.getsource(moe_experts))
-        act = "F.silu" if self.activation == "silu" else "F.gelu"
+        options = ", ".join(f"{key}={value}" for key, value in self._options().items())
         return [
             f"{counts} = torch.bincount({experts}.flatten(), minlength={gate_up}.shape[0])",
             f"{out} = {helper}({x}.reshape({rows}, {x}.shape[-1]), {weights}.reshape({rows}, {weights}.shape[-1]), "
-            f"{experts}.reshape({rows}, {experts}.shape[-1]), {gate_up}, {down}, {counts}, torch, F, {act}).view({x}.shape)",
+            f"{experts}.reshape({rows}, {experts}.shape[-1]), ({gate_up}, {down}, {up_bias}, {down_bias}), {counts}, torch, F, "
+            f"{self._emit_activation(e)}, {options}).view({x}.shape)",
         ]
 
+    def _emit_activation(self, e) -> str:
+        if self.activation == "clamped_swiglu":
+            helper = e.helper(clamped_swiglu.__name__, inspect.getsource(clamped_swiglu))
+            return f"lambda gate, up: {helper}(torch, gate, up, {py_float(self.alpha)}, {py_float(self.limit)})"
+        act = {"silu": "F.silu({})", "gelu": "F.gelu({})", "relu2": "torch.square(torch.relu({}))"}[self.activation]
+        return f"lambda gate, up: {act.format('gate')} * up" if self.gated else f"lambda up: {act.format('up')}"
 
-def moe_experts(tokens, weights, chosen, gate_up, down, counts, torch, F, act):
-    """transformers' ``MixtralExperts.forward`` (eager), op for op: the experts in ascending order,
-    each token's rows in their order (by rank, then token), summed with ``index_add_``."""
+
+def _activation(name: str, gated: bool, alpha: float, limit: float, torch, F):
+    """The expert's activation as the kernel calls it: ``act(gate, up)``, or ``act(up)`` ungated."""
+    if name == "clamped_swiglu":
+        return lambda gate, up: clamped_swiglu(torch, gate, up, alpha, limit)
+    one = {"silu": F.silu, "gelu": F.gelu, "relu2": lambda h: torch.square(torch.relu(h))}[name]
+    return (lambda gate, up: one(gate) * up) if gated else one
+
+
+def clamped_swiglu(torch, gate, up, alpha, limit):
+    """GPT-OSS's ``GptOssExperts._apply_gate``, op for op."""
+    gate = gate.clamp(min=None, max=limit)
+    up = up.clamp(min=-limit, max=limit)
+    return (up + 1) * (gate * torch.sigmoid(gate * alpha))
+
+
+def moe_experts(tokens, weights, chosen, projections, counts, torch, F, act, in_out=False, interleave=False, gated=True):
+    """transformers' ``MixtralExperts.forward`` (eager; ``GptOssExperts.forward`` likewise), op for
+    op: the experts in ascending order, each token's rows in their order (by rank, then token),
+    summed with ``index_add_``."""
     out = tokens.new_zeros(tokens.shape)  # zeros_like would copy the layout of a token view; the sums are the same
     for expert in counts.nonzero().flatten().tolist():
         rank, token = torch.where(chosen.t() == expert)
-        y = gated_expert(tokens[token], gate_up[expert], down[expert], F, act) * weights[token, rank, None]
+        own = [None if p is None else p[expert] for p in projections]
+        y = expert_output(tokens[token], own, F, act, in_out, interleave, gated) * weights[token, rank, None]
         out.index_add_(0, token, y.to(out.dtype))
     return out
 
 
-def gated_expert(x, gate_up, down, F, act):
+def expert_output(x, projections, F, act, in_out, interleave, gated):
     """One expert on its tokens; its temporaries die when it returns, before the next expert runs."""
-    gate, up = F.linear(x, gate_up).chunk(2, dim=-1)
-    return F.linear(act(gate) * up, down)
+    gate_up, down, up_bias, down_bias = projections
+    if in_out:  # GPT-OSS: current_state @ W + b
+        h = x @ gate_up if up_bias is None else x @ gate_up + up_bias
+    else:
+        h = F.linear(x, gate_up, up_bias)
+    if not gated:
+        y = act(h)
+    elif interleave:
+        y = act(h[..., ::2], h[..., 1::2])
+    else:
+        y = act(*h.chunk(2, dim=-1))
+    if in_out:
+        return y @ down if down_bias is None else y @ down + down_bias
+    return F.linear(y, down, down_bias)
 
 
 def _index_check(k, index_field: str, dim: int):
