@@ -61,11 +61,18 @@ class CausalMha(nn.Module):
         v_h = v_heads.transpose(1, 2)  # (B, H, T, Dh) v_h
         k_t = k_h.transpose(-2, -1)  # (B, H, Dh, T) k_t
         scores = q_h @ k_t  # (B, H, T, T) scores
+        del k, k_h, k_heads, k_t, q, q_h, q_heads  # last read by scores
         masked = scores.masked_fill(torch.ones(T, T, dtype=torch.bool, device=scores.device).triu(1), -math.inf)  # (B, H, T, T) masked
+        del scores  # last read by masked
         scaled = masked / math.sqrt(Dh)  # (B, H, T, T) scaled
+        del masked  # last read by scaled
         weights = torch.softmax(scaled, dim=-1)  # (B, H, T, T) weights
+        del scaled  # last read by weights
         weights_d = F.dropout(weights, p=0.2, training=self.training)  # (B, H, T, T) weights_d
         context = weights_d @ v_h  # (B, H, T, Dh) context
+        del v, v_h, v_heads, weights, weights_d  # last read by context
         merged = context.transpose(-3, -2).contiguous().view(B, T, d_model)  # (B, T, d_model) merged
+        del context  # last read by merged
         out = F.linear(merged, self.W_o, self.b_o)  # (B, T, d_model) out
+        del merged  # last read by out
         return out  # (B, T, d_model)

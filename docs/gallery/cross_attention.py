@@ -71,11 +71,18 @@ class CrossAttention(nn.Module):
         v_h = v_heads.transpose(1, 2)  # (B, H, T_kv, Dh) v_h
         k_t = k_h.transpose(-2, -1)  # (B, H, Dh, T_kv) k_t
         scores = q_h @ k_t  # (B, H, T_q, T_kv) scores
+        del k, k_h, k_heads, k_t, q, q_h, q_heads  # last read by scores
         scaled = scores / math.sqrt(Dh)  # (B, H, T_q, T_kv) scaled
+        del scores  # last read by scaled
         masked = scaled.masked_fill(~pad_mask, -math.inf)  # (B, H, T_q, T_kv) masked
+        del scaled  # last read by masked
         weights = torch.softmax(masked, dim=-1)  # (B, H, T_q, T_kv) weights
+        del masked  # last read by weights
         weights_d = F.dropout(weights, p=0.1, training=self.training)  # (B, H, T_q, T_kv) weights_d
         context = weights_d @ v_h  # (B, H, T_q, Dh) context
+        del v, v_h, v_heads, weights, weights_d  # last read by context
         merged = context.transpose(-3, -2).contiguous().view(B, T_q, d_model)  # (B, T_q, d_model) merged
+        del context  # last read by merged
         out = F.linear(merged, self.W_o, self.b_o)  # (B, T_q, d_model) out
+        del merged  # last read by out
         return out  # (B, T_q, d_model)

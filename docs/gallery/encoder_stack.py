@@ -70,26 +70,46 @@ class EncoderLayer(nn.Module):
         K = F.linear(x, self.W_K, self.b_K)  # (B, T, d_model) K
         V = F.linear(x, self.W_V, self.b_V)  # (B, T, d_model) V
         Q_heads = Q.reshape(B, T, H, Dh)  # (B, T, H, Dh) Q_heads
+        del Q  # last read by Q_heads
         Q_h = Q_heads.transpose(1, 2)  # (B, H, T, Dh) Q_h
+        del Q_heads  # last read by Q_h
         K_heads = K.reshape(B, T, H, Dh)  # (B, T, H, Dh) K_heads
+        del K  # last read by K_heads
         K_h = K_heads.transpose(1, 2)  # (B, H, T, Dh) K_h
+        del K_heads  # last read by K_h
         V_heads = V.reshape(B, T, H, Dh)  # (B, T, H, Dh) V_heads
+        del V  # last read by V_heads
         V_h = V_heads.transpose(1, 2)  # (B, H, T, Dh) V_h
+        del V_heads  # last read by V_h
         K_t = K_h.transpose(-1, -2)  # (B, H, Dh, T) K_t
+        del K_h  # last read by K_t
         scores = Q_h @ K_t  # (B, H, T, T) scores
+        del K_t, Q_h  # last read by scores
         scaled = scores / math.sqrt(Dh)  # (B, H, T, T) scaled
+        del scores  # last read by scaled
         attn_weights = torch.softmax(scaled, dim=-1)  # (B, H, T, T) attn_weights
+        del scaled  # last read by attn_weights
         context = attn_weights @ V_h  # (B, H, T, Dh) context
+        del V_h, attn_weights  # last read by context
         context_t = context.transpose(1, 2)  # (B, T, H, Dh) context_t
+        del context  # last read by context_t
         context_m = context_t.reshape(B, T, d_model)  # (B, T, d_model) context_m
+        del context_t  # last read by context_m
         mha_out = F.linear(context_m, self.W_O, self.b_O)  # (B, T, d_model) mha_out
+        del context_m  # last read by mha_out
         residual_1 = x + mha_out  # (B, T, d_model) residual_1
+        del mha_out  # last read by residual_1
         normed_1 = F.layer_norm(residual_1, (d_model,), self.ln1_w, self.ln1_b, eps=1e-05)  # (B, T, d_model) normed_1
+        del residual_1  # last read by normed_1
         hidden = F.linear(normed_1, self.W_1, self.b_1)  # (B, T, d_ff) hidden
         hidden_act = torch.relu(hidden)  # (B, T, d_ff) hidden_act
+        del hidden  # last read by hidden_act
         ffn_out = F.linear(hidden_act, self.W_2, self.b_2)  # (B, T, d_model) ffn_out
+        del hidden_act  # last read by ffn_out
         residual_2 = normed_1 + ffn_out  # (B, T, d_model) residual_2
+        del ffn_out, normed_1  # last read by residual_2
         out = F.layer_norm(residual_2, (d_model,), self.ln2_w, self.ln2_b, eps=1e-05)  # (B, T, d_model) out
+        del residual_2  # last read by out
         return out  # (B, T, d_model)
 
 

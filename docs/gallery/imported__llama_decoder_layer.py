@@ -68,6 +68,7 @@ class LlamaLayer(nn.Module):
         layer_input_layernorm_h = x.to(torch.float32)  # layer.input_layernorm
         layer_input_layernorm_h = layer_input_layernorm_h * torch.rsqrt(layer_input_layernorm_h.pow(2).mean(-1, keepdim=True) + 1e-06)  # layer.input_layernorm
         layer_input_layernorm = self.layer.input_layernorm.weight * layer_input_layernorm_h.to(x.dtype)  # (B, T, d_model) layer.input_layernorm
+        del layer_input_layernorm_h  # last read by layer.input_layernorm
         layer_self_attn_q_proj = F.linear(layer_input_layernorm, self.layer.self_attn.q_proj.weight)  # (B, T, d_model) layer.self_attn.q_proj
         layer_self_attn_query_states_view = layer_self_attn_q_proj.view(B, T, H, Dh)  # (B, T, H, Dh) layer.self_attn.query_states_view
         layer_self_attn_query_states = layer_self_attn_query_states_view.transpose(1, 2)  # (B, H, T, Dh) layer.self_attn.query_states
@@ -75,36 +76,55 @@ class LlamaLayer(nn.Module):
         layer_self_attn_key_states_view = layer_self_attn_k_proj.view(B, T, H_kv, Dh)  # (B, T, H_kv, Dh) layer.self_attn.key_states_view
         layer_self_attn_key_states = layer_self_attn_key_states_view.transpose(1, 2)  # (B, H_kv, T, Dh) layer.self_attn.key_states
         layer_self_attn_v_proj = F.linear(layer_input_layernorm, self.layer.self_attn.v_proj.weight)  # (B, T, H_kv * Dh) layer.self_attn.v_proj
+        del layer_input_layernorm  # last read by layer.self_attn.v_proj
         layer_self_attn_value_states_view = layer_self_attn_v_proj.view(B, T, H_kv, Dh)  # (B, T, H_kv, Dh) layer.self_attn.value_states_view
         layer_self_attn_value_states = layer_self_attn_value_states_view.transpose(1, 2)  # (B, H_kv, T, Dh) layer.self_attn.value_states
-        layer_self_attn_q_embed_inv_freq = 1.0 / (10000.0 ** (torch.arange(0, Dh, 2, dtype=torch.int64, device=layer_self_attn_query_states.device).float() / Dh))  # layer.self_attn.q_embed
-        layer_self_attn_q_embed_freqs = torch.arange(T, device=layer_self_attn_query_states.device).float()[:, None] * layer_self_attn_q_embed_inv_freq  # layer.self_attn.q_embed
-        layer_self_attn_q_embed_emb = torch.cat((layer_self_attn_q_embed_freqs, layer_self_attn_q_embed_freqs), dim=-1)  # layer.self_attn.q_embed
-        layer_self_attn_q_embed_cos, layer_self_attn_q_embed_sin = layer_self_attn_q_embed_emb.cos().to(layer_self_attn_query_states.dtype), layer_self_attn_q_embed_emb.sin().to(layer_self_attn_query_states.dtype)  # layer.self_attn.q_embed
-        layer_self_attn_q_embed = layer_self_attn_query_states * layer_self_attn_q_embed_cos.view(1, 1, T, Dh) + _rotate_half(torch, layer_self_attn_query_states) * layer_self_attn_q_embed_sin.view(1, 1, T, Dh)  # (B, H, T, Dh) layer.self_attn.q_embed
-        layer_self_attn_k_embed_inv_freq = 1.0 / (10000.0 ** (torch.arange(0, Dh, 2, dtype=torch.int64, device=layer_self_attn_key_states.device).float() / Dh))  # layer.self_attn.k_embed
-        layer_self_attn_k_embed_freqs = torch.arange(T, device=layer_self_attn_key_states.device).float()[:, None] * layer_self_attn_k_embed_inv_freq  # layer.self_attn.k_embed
-        layer_self_attn_k_embed_emb = torch.cat((layer_self_attn_k_embed_freqs, layer_self_attn_k_embed_freqs), dim=-1)  # layer.self_attn.k_embed
-        layer_self_attn_k_embed_cos, layer_self_attn_k_embed_sin = layer_self_attn_k_embed_emb.cos().to(layer_self_attn_key_states.dtype), layer_self_attn_k_embed_emb.sin().to(layer_self_attn_key_states.dtype)  # layer.self_attn.k_embed
-        layer_self_attn_k_embed = layer_self_attn_key_states * layer_self_attn_k_embed_cos.view(1, 1, T, Dh) + _rotate_half(torch, layer_self_attn_key_states) * layer_self_attn_k_embed_sin.view(1, 1, T, Dh)  # (B, H_kv, T, Dh) layer.self_attn.k_embed
-        layer_self_attn_repeat_interleave = torch.repeat_interleave(layer_self_attn_k_embed, n_rep, dim=1)  # (B, H, T, Dh) layer.self_attn.repeat_interleave
-        layer_self_attn_repeat_interleave_2 = torch.repeat_interleave(layer_self_attn_value_states, n_rep, dim=1)  # (B, H, T, Dh) layer.self_attn.repeat_interleave_2
-        layer_self_attn_attn_weights_transpose = layer_self_attn_repeat_interleave.transpose(2, 3)  # (B, H, Dh, T) layer.self_attn.attn_weights_transpose
+        inv_freq = 1.0 / (10000.0 ** (torch.arange(0, Dh, 2, dtype=torch.int64, device=x.device).float() / Dh))  # layer.self_attn.q_embed
+        freqs = torch.arange(T, device=x.device).float()[:, None] * inv_freq  # layer.self_attn.q_embed
+        del inv_freq  # last read by layer.self_attn.q_embed
+        emb = torch.cat((freqs, freqs), dim=-1)  # layer.self_attn.q_embed
+        del freqs  # last read by layer.self_attn.q_embed
+        cos = emb.cos()  # layer.self_attn.q_embed
+        sin = emb.sin()  # layer.self_attn.q_embed
+        del emb  # last read by layer.self_attn.q_embed
+        layer_self_attn_q_embed = layer_self_attn_query_states * cos.to(layer_self_attn_query_states.dtype).view(1, 1, T, Dh) + _rotate_half(torch, layer_self_attn_query_states) * sin.to(layer_self_attn_query_states.dtype).view(1, 1, T, Dh)  # (B, H, T, Dh) layer.self_attn.q_embed
+        del layer_self_attn_q_proj, layer_self_attn_query_states, layer_self_attn_query_states_view  # last read by layer.self_attn.q_embed
+        layer_self_attn_k_embed = layer_self_attn_key_states * cos.to(layer_self_attn_key_states.dtype).view(1, 1, T, Dh) + _rotate_half(torch, layer_self_attn_key_states) * sin.to(layer_self_attn_key_states.dtype).view(1, 1, T, Dh)  # (B, H_kv, T, Dh) layer.self_attn.k_embed
+        del cos, layer_self_attn_k_proj, layer_self_attn_key_states, layer_self_attn_key_states_view, sin  # last read by layer.self_attn.k_embed
+        layer_self_attn_k_embed_repeated = torch.repeat_interleave(layer_self_attn_k_embed, n_rep, dim=1)  # (B, H, T, Dh) layer.self_attn.k_embed_repeated
+        del layer_self_attn_k_embed  # last read by layer.self_attn.k_embed_repeated
+        layer_self_attn_value_states_repeated = torch.repeat_interleave(layer_self_attn_value_states, n_rep, dim=1)  # (B, H, T, Dh) layer.self_attn.value_states_repeated
+        del layer_self_attn_v_proj, layer_self_attn_value_states, layer_self_attn_value_states_view  # last read by layer.self_attn.value_states_repeated
+        layer_self_attn_attn_weights_transpose = layer_self_attn_k_embed_repeated.transpose(2, 3)  # (B, H, Dh, T) layer.self_attn.attn_weights_transpose
         layer_self_attn_attn_weights_matmul = layer_self_attn_q_embed @ layer_self_attn_attn_weights_transpose  # (B, H, T, T) layer.self_attn.attn_weights_matmul
-        layer_self_attn_attn_weights = layer_self_attn_attn_weights_matmul / math.sqrt(Dh)  # (B, H, T, T) layer.self_attn.attn_weights
+        del layer_self_attn_attn_weights_transpose, layer_self_attn_k_embed_repeated, layer_self_attn_q_embed  # last read by layer.self_attn.attn_weights_matmul
+        layer_self_attn_attn_weights = layer_self_attn_attn_weights_matmul * (Dh) ** -0.5  # (B, H, T, T) layer.self_attn.attn_weights
+        del layer_self_attn_attn_weights_matmul  # last read by layer.self_attn.attn_weights
         layer_self_attn_attn_weights_2 = layer_self_attn_attn_weights.masked_fill(torch.ones(T, T, dtype=torch.bool, device=layer_self_attn_attn_weights.device).triu(1), -math.inf)  # (B, H, T, T) layer.self_attn.attn_weights_2
+        del layer_self_attn_attn_weights  # last read by layer.self_attn.attn_weights_2
         layer_self_attn_attn_weights_3 = torch.softmax(layer_self_attn_attn_weights_2, dim=-1)  # (B, H, T, T) layer.self_attn.attn_weights_3
-        layer_self_attn_attn_output = layer_self_attn_attn_weights_3 @ layer_self_attn_repeat_interleave_2  # (B, H, T, Dh) layer.self_attn.attn_output
+        del layer_self_attn_attn_weights_2  # last read by layer.self_attn.attn_weights_3
+        layer_self_attn_attn_output = layer_self_attn_attn_weights_3 @ layer_self_attn_value_states_repeated  # (B, H, T, Dh) layer.self_attn.attn_output
+        del layer_self_attn_attn_weights_3, layer_self_attn_value_states_repeated  # last read by layer.self_attn.attn_output
         layer_self_attn_attn_output_2 = layer_self_attn_attn_output.transpose(-3, -2).contiguous().view(B, T, d_model)  # (B, T, d_model) layer.self_attn.attn_output_2
+        del layer_self_attn_attn_output  # last read by layer.self_attn.attn_output_2
         layer_self_attn_o_proj = F.linear(layer_self_attn_attn_output_2, self.layer.self_attn.o_proj.weight)  # (B, T, d_model) layer.self_attn.o_proj
+        del layer_self_attn_attn_output_2  # last read by layer.self_attn.o_proj
         layer_hidden_states = x + layer_self_attn_o_proj  # (B, T, d_model) layer.hidden_states
+        del layer_self_attn_o_proj  # last read by layer.hidden_states
         layer_post_attention_layernorm_h = layer_hidden_states.to(torch.float32)  # layer.post_attention_layernorm
         layer_post_attention_layernorm_h = layer_post_attention_layernorm_h * torch.rsqrt(layer_post_attention_layernorm_h.pow(2).mean(-1, keepdim=True) + 1e-06)  # layer.post_attention_layernorm
         layer_post_attention_layernorm = self.layer.post_attention_layernorm.weight * layer_post_attention_layernorm_h.to(layer_hidden_states.dtype)  # (B, T, d_model) layer.post_attention_layernorm
+        del layer_post_attention_layernorm_h  # last read by layer.post_attention_layernorm
         layer_mlp_gate_proj = F.linear(layer_post_attention_layernorm, self.layer.mlp.gate_proj.weight)  # (B, T, d_ff) layer.mlp.gate_proj
         layer_mlp_act_fn = F.silu(layer_mlp_gate_proj)  # (B, T, d_ff) layer.mlp.act_fn
+        del layer_mlp_gate_proj  # last read by layer.mlp.act_fn
         layer_mlp_up_proj = F.linear(layer_post_attention_layernorm, self.layer.mlp.up_proj.weight)  # (B, T, d_ff) layer.mlp.up_proj
-        layer_mlp_down_proj = layer_mlp_act_fn * layer_mlp_up_proj  # (B, T, d_ff) layer.mlp.down_proj
-        layer_mlp_down_proj_2 = F.linear(layer_mlp_down_proj, self.layer.mlp.down_proj.weight)  # (B, T, d_model) layer.mlp.down_proj_2
-        layer_hidden_states_2 = layer_hidden_states + layer_mlp_down_proj_2  # (B, T, d_model) layer.hidden_states_2
+        del layer_post_attention_layernorm  # last read by layer.mlp.up_proj
+        layer_mlp_down_proj_mul = layer_mlp_act_fn * layer_mlp_up_proj  # (B, T, d_ff) layer.mlp.down_proj_mul
+        del layer_mlp_act_fn, layer_mlp_up_proj  # last read by layer.mlp.down_proj_mul
+        layer_mlp_down_proj = F.linear(layer_mlp_down_proj_mul, self.layer.mlp.down_proj.weight)  # (B, T, d_model) layer.mlp.down_proj
+        del layer_mlp_down_proj_mul  # last read by layer.mlp.down_proj
+        layer_hidden_states_2 = layer_hidden_states + layer_mlp_down_proj  # (B, T, d_model) layer.hidden_states_2
+        del layer_hidden_states, layer_mlp_down_proj  # last read by layer.hidden_states_2
         return layer_hidden_states_2  # (B, T, d_model)

@@ -48,10 +48,16 @@ class CausalSelfAttention(nn.Module):
         v_2 = v_view.transpose(1, 2)  # (B, H, T, Dh) v_2
         att_transpose = k_2.transpose(-2, -1)  # (B, H, Dh, T) att_transpose
         att_matmul = q_2 @ att_transpose  # (B, H, T, T) att_matmul
-        att = att_matmul / math.sqrt(Dh)  # (B, H, T, T) att
+        att = att_matmul * (Dh) ** -0.5  # (B, H, T, T) att
+        del att_matmul  # last read by att
         att_2 = att.masked_fill(torch.ones(T, T, dtype=torch.bool, device=att.device).triu(1), -math.inf)  # (B, H, T, T) att_2
+        del att  # last read by att_2
         att_3 = torch.softmax(att_2, dim=-1)  # (B, H, T, T) att_3
+        del att_2  # last read by att_3
         y = att_3 @ v_2  # (B, H, T, Dh) y
+        del att_3, att_transpose, c_attn, k, k_2, k_view, q, q_2, q_view, v, v_2, v_view  # last read by y
         y_2 = y.transpose(-3, -2).contiguous().view(B, T, d_model)  # (B, T, d_model) y_2
+        del y  # last read by y_2
         c_proj = F.linear(y_2, self.c_proj.weight, self.c_proj.bias)  # (B, T, d_model) c_proj
+        del y_2  # last read by c_proj
         return c_proj  # (B, T, d_model)

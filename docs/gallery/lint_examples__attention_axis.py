@@ -49,4 +49,5 @@ class AttentionAxis(nn.Module):
         v = F.linear(x, self.W_v)  # (B, T, d_model) v
         v_heads = v.view(B, T, H, Dh)  # (B, T, H, Dh) v_heads
         context = F.scaled_dot_product_attention(q_heads, k_heads, v_heads, is_causal=True)  # (B, T, H, Dh) context
+        del k, k_heads, q, q_heads, v, v_heads  # last read by context
         return context  # (B, T, H, Dh)

@@ -29,4 +29,5 @@ class DoubleMask(nn.Module):
         T = self.T  # dims
         context_hidden = torch.ones(T, T, dtype=torch.bool, device=q.device).triu(1)  # context
         context = F.scaled_dot_product_attention(q, k, v, attn_mask=self.causal_mask.bool() & ~context_hidden)  # (B, H, T, Dh) context
+        del context_hidden  # last read by context
         return context  # (B, H, T, Dh)

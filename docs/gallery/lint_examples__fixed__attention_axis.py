@@ -52,4 +52,5 @@ class AttentionAxisFixed(nn.Module):
         v_heads = v.view(B, T, H, Dh)  # (B, T, H, Dh) v_heads
         v_h = v_heads.transpose(1, 2)  # (B, H, T, Dh) v_h
         context = F.scaled_dot_product_attention(q_h, k_h, v_h, is_causal=True)  # (B, H, T, Dh) context
+        del k, k_h, k_heads, q, q_h, q_heads, v, v_h, v_heads  # last read by context
         return context  # (B, H, T, Dh)

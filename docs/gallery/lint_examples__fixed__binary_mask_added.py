@@ -34,11 +34,17 @@ class BinaryMaskAddedFixed(nn.Module):
         mask_bh = mask_b.unsqueeze(1)  # (B, 1, 1, T) mask_bh
         mask_f = mask_bh.to(torch.float32)  # (B, 1, 1, T) mask_f
         padding = self.one - mask_f  # (B, 1, 1, T) padding
+        del mask_f  # last read by padding
         bias = padding * self.min_value  # (B, 1, 1, T) bias
+        del padding  # last read by bias
         k_t = k.transpose(2, 3)  # (B, H, Dh, T) k_t
         scores = q @ k_t  # (B, H, T, T) scores
         scaled = scores / math.sqrt(Dh)  # (B, H, T, T) scaled
+        del scores  # last read by scaled
         masked = scaled + bias  # (B, H, T, T) masked
+        del bias, scaled  # last read by masked
         weights = torch.softmax(masked, dim=-1)  # (B, H, T, T) weights
+        del masked  # last read by weights
         context = weights @ v  # (B, H, T, Dh) context
+        del weights  # last read by context
         return context  # (B, H, T, Dh)

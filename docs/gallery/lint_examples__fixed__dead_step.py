@@ -23,7 +23,10 @@ class DeadStepFixed(nn.Module):
         keys_transposed = keys.transpose(2, 3)  # (batch_size, num_heads, d_k, seq_len) keys_transposed
         scores = queries @ keys_transposed  # (batch_size, num_heads, seq_len, seq_len) scores
         attention_scores = scores / math.sqrt(d_k)  # (batch_size, num_heads, seq_len, seq_len) attention_scores
+        del scores  # last read by attention_scores
         attention_weights = torch.softmax(attention_scores, dim=-1)  # (batch_size, num_heads, seq_len, seq_len) attention_weights
+        del attention_scores  # last read by attention_weights
         attention_scores_dropout = F.dropout(attention_weights, p=0.1, training=self.training)  # (batch_size, num_heads, seq_len, seq_len) attention_scores_dropout
         attention_heads = attention_scores_dropout @ values  # (batch_size, num_heads, seq_len, d_k) attention_heads
+        del attention_scores_dropout, attention_weights  # last read by attention_heads
         return attention_heads  # (batch_size, num_heads, seq_len, d_k)

@@ -26,4 +26,5 @@ class GqaHeadOrderFixed(nn.Module):
         k_rep = torch.repeat_interleave(k, n_rep, dim=1)  # (B, H, T, Dh) k_rep
         k_t = k_rep.transpose(-2, -1)  # (B, H, Dh, T) k_t
         scores = q @ k_t  # (B, H, T, T) scores
+        del k_rep, k_t  # last read by scores
         return scores  # (B, H, T, T)

@@ -29,4 +29,5 @@ class LossyHeadSplitFixed(nn.Module):
         context_vector_0 = attention_scores @ head_0  # (1, head_dim) context_vector_0
         context_vector_1 = attention_scores @ head_1  # (1, head_dim) context_vector_1
         combined_context = torch.cat((context_vector_0, context_vector_1), dim=1)  # (1, 2*d_v // num_heads) combined_context
+        del context_vector_0, context_vector_1  # last read by combined_context
         return combined_context  # (1, 2*d_v // num_heads)

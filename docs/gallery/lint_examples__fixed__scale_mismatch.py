@@ -25,6 +25,9 @@ class ScaleMismatchFixed(nn.Module):
         K_T = temp_k.transpose(0, 1)  # (d, n_k) K_T
         QK = temp_q @ K_T  # (n_q, n_k) QK
         matmul_scaled = QK / math.sqrt(d)  # (n_q, n_k) matmul_scaled
+        del QK  # last read by matmul_scaled
         attention_weights = torch.softmax(matmul_scaled, dim=-1)  # (n_q, n_k) attention_weights
+        del matmul_scaled  # last read by attention_weights
         output = attention_weights @ temp_v  # (n_q, d) output
+        del attention_weights  # last read by output
         return output  # (n_q, d)

@@ -22,5 +22,7 @@ class SoftmaxOverQueriesFixed(nn.Module):
         k_t = k.transpose(0, 1)  # (d, T) k_t
         scores = q @ k_t  # (T, T) scores
         scaled = scores / math.sqrt(d)  # (T, T) scaled
+        del scores  # last read by scaled
         weights = torch.softmax(scaled, dim=-1)  # (T, T) weights
+        del scaled  # last read by weights
         return weights  # (T, T)

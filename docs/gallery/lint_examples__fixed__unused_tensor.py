@@ -24,7 +24,11 @@ class UnusedTensorFixed(nn.Module):
         k_t = k.transpose(2, 3)  # (B, H, Dh, T) k_t
         scores = q @ k_t  # (B, H, T, T) scores
         scaled = scores / math.sqrt(Dh)  # (B, H, T, T) scaled
+        del scores  # last read by scaled
         masked = scaled.masked_fill(~attention_mask, torch.finfo(scaled.dtype).min)  # (B, H, T, T) masked
+        del scaled  # last read by masked
         weights = torch.softmax(masked, dim=-1)  # (B, H, T, T) weights
+        del masked  # last read by weights
         context = weights @ v  # (B, H, T, Dh) context
+        del weights  # last read by context
         return context  # (B, H, T, Dh)

@@ -25,4 +25,5 @@ class GqaHeadOrder(nn.Module):
         k_rep = k.repeat(1, n_rep, 1, 1)  # (B, H, T, Dh) k_rep
         k_t = k_rep.transpose(-2, -1)  # (B, H, Dh, T) k_t
         scores = q @ k_t  # (B, H, T, T) scores
+        del k_rep, k_t  # last read by scores
         return scores  # (B, H, T, T)

@@ -48,6 +48,9 @@ class HeadSplitOrder(nn.Module):
         k_h = k_heads.transpose(1, 2)  # (B, H, T, Dh) k_h
         k_t = k_h.transpose(-2, -1)  # (B, H, Dh, T) k_t
         scores = q_h @ k_t  # (B, H, T, T) scores
+        del k, k_h, k_heads, k_t, q, q_h, q_split  # last read by scores
         scaled = scores / math.sqrt(Dh)  # (B, H, T, T) scaled
+        del scores  # last read by scaled
         weights = torch.softmax(scaled, dim=-1)  # (B, H, T, T) weights
+        del scaled  # last read by weights
         return weights  # (B, H, T, T)

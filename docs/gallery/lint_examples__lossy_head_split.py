@@ -26,4 +26,5 @@ class LossyHeadSplit(nn.Module):
         context_vector_1 = attention_scores @ head_1  # (1, head_dim) context_vector_1
         context_vector_2 = attention_scores @ head_2  # (1, head_dim) context_vector_2
         combined_context = torch.cat((context_vector_0, context_vector_1, context_vector_2), dim=1)  # (1, 3*head_dim) combined_context
+        del context_vector_0, context_vector_1, context_vector_2  # last read by combined_context
         return combined_context  # (1, 3*head_dim)

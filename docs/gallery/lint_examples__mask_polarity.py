@@ -23,4 +23,5 @@ class MaskPolarity(nn.Module):
     def forward(self, attention_scores):
         masked = attention_scores.masked_fill(~self.mask.bool(), -1000000000.0)  # (B, H, T, T) masked
         attention_weights = torch.softmax(masked, dim=-1)  # (B, H, T, T) attention_weights
+        del masked  # last read by attention_weights
         return attention_weights  # (B, H, T, T)

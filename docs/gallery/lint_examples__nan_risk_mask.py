@@ -22,4 +22,5 @@ class NanRiskMask(nn.Module):
     def forward(self, attention_scores, mask_random):
         attention_scores_masked = attention_scores.masked_fill(~mask_random, -math.inf)  # (batch_size, num_heads, seq_len, seq_len) attention_scores_masked
         attention_weights = torch.softmax(attention_scores_masked, dim=-1)  # (batch_size, num_heads, seq_len, seq_len) attention_weights
+        del attention_scores_masked  # last read by attention_weights
         return attention_weights  # (batch_size, num_heads, seq_len, seq_len)

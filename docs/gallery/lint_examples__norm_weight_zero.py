@@ -24,4 +24,5 @@ class NormWeightZero(nn.Module):
         normed_h = x.to(torch.float32)  # normed
         normed_h = normed_h * torch.rsqrt(normed_h.pow(2).mean(-1, keepdim=True) + 1e-06)  # normed
         normed = self.w_norm * normed_h.to(x.dtype)  # (B, T, d_model) normed
+        del normed_h  # last read by normed
         return normed  # (B, T, d_model)

@@ -24,18 +24,28 @@ class RopeOffset(nn.Module):
     def forward(self, q, k, v, k_cache, v_cache):
         past = k_cache.shape[2]  # sizes from the input
         T, Dh = q.shape[2], q.shape[3]  # sizes from the input
-        q_rot_inv_freq = 1.0 / (10000.0 ** (torch.arange(0, Dh, 2, dtype=torch.int64, device=q.device).float() / Dh))  # q_rot
-        q_rot_freqs = torch.arange(past, past + T, device=q.device).float()[:, None] * q_rot_inv_freq  # q_rot
-        q_rot_emb = torch.cat((q_rot_freqs, q_rot_freqs), dim=-1)  # q_rot
-        q_rot_cos, q_rot_sin = q_rot_emb.cos().to(q.dtype), q_rot_emb.sin().to(q.dtype)  # q_rot
-        q_rot = q * q_rot_cos.view(1, 1, T, Dh) + _rotate_half(torch, q) * q_rot_sin.view(1, 1, T, Dh)  # (B, H, T, Dh) q_rot
-        k_rot_inv_freq = 1.0 / (10000.0 ** (torch.arange(0, Dh, 2, dtype=torch.int64, device=k.device).float() / Dh))  # k_rot
-        k_rot_freqs = torch.arange(T, device=k.device).float()[:, None] * k_rot_inv_freq  # k_rot
-        k_rot_emb = torch.cat((k_rot_freqs, k_rot_freqs), dim=-1)  # k_rot
-        k_rot_cos, k_rot_sin = k_rot_emb.cos().to(k.dtype), k_rot_emb.sin().to(k.dtype)  # k_rot
-        k_rot = k * k_rot_cos.view(1, 1, T, Dh) + _rotate_half(torch, k) * k_rot_sin.view(1, 1, T, Dh)  # (B, H, T, Dh) k_rot
+        inv_freq = 1.0 / (10000.0 ** (torch.arange(0, Dh, 2, dtype=torch.int64, device=q.device).float() / Dh))  # q_rot
+        freqs = torch.arange(past, past + T, device=q.device).float()[:, None] * inv_freq  # q_rot
+        emb = torch.cat((freqs, freqs), dim=-1)  # q_rot
+        del freqs  # last read by q_rot
+        cos = emb.cos()  # q_rot
+        sin = emb.sin()  # q_rot
+        del emb  # last read by q_rot
+        q_rot = q * cos.to(q.dtype).view(1, 1, T, Dh) + _rotate_half(torch, q) * sin.to(q.dtype).view(1, 1, T, Dh)  # (B, H, T, Dh) q_rot
+        del cos, sin  # last read by q_rot
+        freqs_2 = torch.arange(T, device=q.device).float()[:, None] * inv_freq  # k_rot
+        del inv_freq  # last read by k_rot
+        emb_2 = torch.cat((freqs_2, freqs_2), dim=-1)  # k_rot
+        del freqs_2  # last read by k_rot
+        cos_2 = emb_2.cos()  # k_rot
+        sin_2 = emb_2.sin()  # k_rot
+        del emb_2  # last read by k_rot
+        k_rot = k * cos_2.to(k.dtype).view(1, 1, T, Dh) + _rotate_half(torch, k) * sin_2.to(k.dtype).view(1, 1, T, Dh)  # (B, H, T, Dh) k_rot
+        del cos_2, sin_2  # last read by k_rot
         k_all = torch.cat((k_cache, k_rot), dim=2)  # (B, H, past + T, Dh) k_all
+        del k_rot  # last read by k_all
         v_all = torch.cat((v_cache, v), dim=2)  # (B, H, past + T, Dh) v_all
         context_hidden = torch.ones(T, past + T, dtype=torch.bool, device=q_rot.device).triu(past + T - T + 1)  # context
         context = F.scaled_dot_product_attention(q_rot, k_all, v_all, attn_mask=~context_hidden)  # (B, H, T, Dh) context
+        del context_hidden, k_all, q_rot, v_all  # last read by context
         return context  # (B, H, T, Dh)

@@ -23,20 +23,18 @@ class RopeOnValues(nn.Module):
 
     def forward(self, q, k, v):
         T, Dh = q.shape[2], q.shape[3]  # sizes from the input
-        q_rot_inv_freq = 1.0 / (10000.0 ** (torch.arange(0, Dh, 2, dtype=torch.int64, device=q.device).float() / Dh))  # q_rot
-        q_rot_freqs = torch.arange(T, device=q.device).float()[:, None] * q_rot_inv_freq  # q_rot
-        q_rot_emb = torch.cat((q_rot_freqs, q_rot_freqs), dim=-1)  # q_rot
-        q_rot_cos, q_rot_sin = q_rot_emb.cos().to(q.dtype), q_rot_emb.sin().to(q.dtype)  # q_rot
-        q_rot = q * q_rot_cos.view(1, 1, T, Dh) + _rotate_half(torch, q) * q_rot_sin.view(1, 1, T, Dh)  # (B, H, T, Dh) q_rot
-        k_rot_inv_freq = 1.0 / (10000.0 ** (torch.arange(0, Dh, 2, dtype=torch.int64, device=k.device).float() / Dh))  # k_rot
-        k_rot_freqs = torch.arange(T, device=k.device).float()[:, None] * k_rot_inv_freq  # k_rot
-        k_rot_emb = torch.cat((k_rot_freqs, k_rot_freqs), dim=-1)  # k_rot
-        k_rot_cos, k_rot_sin = k_rot_emb.cos().to(k.dtype), k_rot_emb.sin().to(k.dtype)  # k_rot
-        k_rot = k * k_rot_cos.view(1, 1, T, Dh) + _rotate_half(torch, k) * k_rot_sin.view(1, 1, T, Dh)  # (B, H, T, Dh) k_rot
-        v_rot_inv_freq = 1.0 / (10000.0 ** (torch.arange(0, Dh, 2, dtype=torch.int64, device=v.device).float() / Dh))  # v_rot
-        v_rot_freqs = torch.arange(T, device=v.device).float()[:, None] * v_rot_inv_freq  # v_rot
-        v_rot_emb = torch.cat((v_rot_freqs, v_rot_freqs), dim=-1)  # v_rot
-        v_rot_cos, v_rot_sin = v_rot_emb.cos().to(v.dtype), v_rot_emb.sin().to(v.dtype)  # v_rot
-        v_rot = v * v_rot_cos.view(1, 1, T, Dh) + _rotate_half(torch, v) * v_rot_sin.view(1, 1, T, Dh)  # (B, H, T, Dh) v_rot
+        inv_freq = 1.0 / (10000.0 ** (torch.arange(0, Dh, 2, dtype=torch.int64, device=q.device).float() / Dh))  # q_rot
+        freqs = torch.arange(T, device=q.device).float()[:, None] * inv_freq  # q_rot
+        del inv_freq  # last read by q_rot
+        emb = torch.cat((freqs, freqs), dim=-1)  # q_rot
+        del freqs  # last read by q_rot
+        cos = emb.cos()  # q_rot
+        sin = emb.sin()  # q_rot
+        del emb  # last read by q_rot
+        q_rot = q * cos.to(q.dtype).view(1, 1, T, Dh) + _rotate_half(torch, q) * sin.to(q.dtype).view(1, 1, T, Dh)  # (B, H, T, Dh) q_rot
+        k_rot = k * cos.to(k.dtype).view(1, 1, T, Dh) + _rotate_half(torch, k) * sin.to(k.dtype).view(1, 1, T, Dh)  # (B, H, T, Dh) k_rot
+        v_rot = v * cos.to(v.dtype).view(1, 1, T, Dh) + _rotate_half(torch, v) * sin.to(v.dtype).view(1, 1, T, Dh)  # (B, H, T, Dh) v_rot
+        del cos, sin  # last read by v_rot
         context = F.scaled_dot_product_attention(q_rot, k_rot, v_rot, is_causal=True)  # (B, H, T, Dh) context
+        del k_rot, q_rot, v_rot  # last read by context
         return context  # (B, H, T, Dh)

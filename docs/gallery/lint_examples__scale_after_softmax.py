@@ -22,6 +22,9 @@ class ScaleAfterSoftmax(nn.Module):
         k_t = k.transpose(-2, -1)  # (B, nh, hs, T) k_t
         att = q @ k_t  # (B, nh, T, T) att
         att_soft = torch.softmax(att, dim=-1)  # (B, nh, T, T) att_soft
+        del att  # last read by att_soft
         att_weights = att_soft / math.sqrt(hs)  # (B, nh, T, T) att_weights
+        del att_soft  # last read by att_weights
         y = att_weights @ v  # (B, nh, T, hs) y
+        del att_weights  # last read by y
         return y  # (B, nh, T, hs)

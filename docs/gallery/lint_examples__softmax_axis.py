@@ -22,6 +22,9 @@ class SoftmaxAxis(nn.Module):
         k_t = k.transpose(-2, -1)  # (B, nh, hs, T) k_t
         att = q @ k_t  # (B, nh, T, T) att
         att_scaled = att / math.sqrt(hs)  # (B, nh, T, T) att_scaled
+        del att  # last read by att_scaled
         att_weights = torch.softmax(att_scaled, dim=1)  # (B, nh, T, T) att_weights
+        del att_scaled  # last read by att_weights
         y = att_weights @ v  # (B, nh, T, hs) y
+        del att_weights  # last read by y
         return y  # (B, nh, T, hs)

@@ -69,12 +69,21 @@ class BartCrossAttention(nn.Module):
         v_h = v_heads.transpose(1, 2)  # (B, H, S, Dh) v_h
         k_t = k_h.transpose(2, 3)  # (B, H, Dh, S) k_t
         scores = q_h @ k_t  # (B, H, T, S) scores
+        del k, k_h, k_heads, k_t, q, q_h, q_heads  # last read by scores
         scaled = scores / math.sqrt(Dh)  # (B, H, T, S) scaled
+        del scores  # last read by scaled
         masked = scaled.masked_fill(~keep, torch.finfo(scaled.dtype).min)  # (B, H, T, S) masked
+        del scaled  # last read by masked
         weights = torch.softmax(masked, dim=-1)  # (B, H, T, S) weights
+        del masked  # last read by weights
         context = weights @ v_h  # (B, H, T, Dh) context
+        del v, v_h, v_heads, weights  # last read by context
         merged = context.transpose(-3, -2).contiguous().view(B, T, d_model)  # (B, T, d_model) merged
+        del context  # last read by merged
         attn_out = F.linear(merged, self.W_o, self.b_o)  # (B, T, d_model) attn_out
+        del merged  # last read by attn_out
         resid = x + attn_out  # (B, T, d_model) resid
+        del attn_out  # last read by resid
         out = F.layer_norm(resid, (d_model,), self.ln_w, self.ln_b, eps=1e-05)  # (B, T, d_model) out
+        del resid  # last read by out
         return out  # (B, T, d_model)

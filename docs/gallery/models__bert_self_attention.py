@@ -64,7 +64,9 @@ class BertSelfAttention(nn.Module):
         mask_bh = mask_b.unsqueeze(1)  # (B, 1, 1, T) mask_bh
         mask_f = mask_bh.to(torch.float32)  # (B, 1, 1, T) mask_f
         padding = self.one - mask_f  # (B, 1, 1, T) padding
+        del mask_f  # last read by padding
         bias = padding * self.min_value  # (B, 1, 1, T) bias
+        del padding  # last read by bias
         q = F.linear(x, self.W_q, self.b_q)  # (B, T, d_model) q
         q_heads = q.view(B, T, H, Dh)  # (B, T, H, Dh) q_heads
         q_h = q_heads.transpose(1, 2)  # (B, H, T, Dh) q_h
@@ -76,14 +78,23 @@ class BertSelfAttention(nn.Module):
         v_h = v_heads.transpose(1, 2)  # (B, H, T, Dh) v_h
         k_t = k_h.transpose(2, 3)  # (B, H, Dh, T) k_t
         scores = q_h @ k_t  # (B, H, T, T) scores
+        del k, k_h, k_heads, k_t, q, q_h, q_heads  # last read by scores
         scaled = scores / math.sqrt(Dh)  # (B, H, T, T) scaled
+        del scores  # last read by scaled
         masked = scaled + bias  # (B, H, T, T) masked
+        del bias, scaled  # last read by masked
         weights = torch.softmax(masked, dim=-1)  # (B, H, T, T) weights
+        del masked  # last read by weights
         weights_d = F.dropout(weights, p=0.1, training=self.training)  # (B, H, T, T) weights_d
         context = weights_d @ v_h  # (B, H, T, Dh) context
+        del v, v_h, v_heads, weights, weights_d  # last read by context
         merged = context.transpose(-3, -2).contiguous().view(B, T, d_model)  # (B, T, d_model) merged
+        del context  # last read by merged
         dense = F.linear(merged, self.W_o, self.b_o)  # (B, T, d_model) dense
+        del merged  # last read by dense
         dense_d = F.dropout(dense, p=0.1, training=self.training)  # (B, T, d_model) dense_d
         resid = dense_d + x  # (B, T, d_model) resid
+        del dense, dense_d  # last read by resid
         out = F.layer_norm(resid, (d_model,), self.ln_w, self.ln_b, eps=1e-12)  # (B, T, d_model) out
+        del resid  # last read by out
         return out  # (B, T, d_model)

@@ -48,6 +48,7 @@ class Gpt2Block(nn.Module):
         d_model, H, Dh = self.d_model, self.H, self.Dh  # dims
         h = F.layer_norm(x, (d_model,), self.ln_1_w, self.ln_1_b, eps=1e-05)  # (B, T, d_model) h
         qkv = h @ self.W_attn + self.b_attn  # (B, T, 3 * d_model) qkv
+        del h  # last read by qkv
         q, k, v = qkv.split(d_model, dim=2)  # (B, T, d_model), (B, T, d_model), (B, T, d_model) qkv_split
         q_heads = q.view(B, T, H, Dh)  # (B, T, H, Dh) q_heads
         q_h = q_heads.transpose(1, 2)  # (B, H, T, Dh) q_h
@@ -58,15 +59,26 @@ class Gpt2Block(nn.Module):
         k_t = k_h.transpose(-1, -2)  # (B, H, Dh, T) k_t
         scores = q_h @ k_t  # (B, H, T, T) scores
         scaled = scores / math.sqrt(Dh)  # (B, H, T, T) scaled
+        del scores  # last read by scaled
         masked = scaled.masked_fill(~keep | torch.ones(T, T, dtype=torch.bool, device=scaled.device).triu(1), torch.finfo(scaled.dtype).min)  # (B, H, T, T) masked
+        del scaled  # last read by masked
         weights = torch.softmax(masked, dim=-1)  # (B, H, T, T) weights
+        del masked  # last read by weights
         context = weights @ v_h  # (B, H, T, Dh) context
+        del k, k_h, k_heads, k_t, q, q_h, q_heads, qkv, v, v_h, v_heads, weights  # last read by context
         merged = context.transpose(-3, -2).contiguous().view(B, T, d_model)  # (B, T, d_model) merged
+        del context  # last read by merged
         attn_out = merged @ self.W_proj + self.b_proj  # (B, T, d_model) attn_out
+        del merged  # last read by attn_out
         resid_1 = attn_out + x  # (B, T, d_model) resid_1
+        del attn_out  # last read by resid_1
         h_2 = F.layer_norm(resid_1, (d_model,), self.ln_2_w, self.ln_2_b, eps=1e-05)  # (B, T, d_model) h_2
         fc = h_2 @ self.W_fc + self.b_fc  # (B, T, d_ff) fc
+        del h_2  # last read by fc
         fc_act = F.gelu(fc, approximate="tanh")  # (B, T, d_ff) fc_act
+        del fc  # last read by fc_act
         mlp_out = fc_act @ self.W_mproj + self.b_mproj  # (B, T, d_model) mlp_out
+        del fc_act  # last read by mlp_out
         out = resid_1 + mlp_out  # (B, T, d_model) out
+        del mlp_out, resid_1  # last read by out
         return out  # (B, T, d_model)

@@ -111,7 +111,9 @@ class DeepseekV3Mla(nn.Module):
         qa_n_h = qa.to(torch.float32)  # qa_n
         qa_n_h = qa_n_h * torch.rsqrt(qa_n_h.pow(2).mean(-1, keepdim=True) + 1e-06)  # qa_n
         qa_n = self.ln_qa * qa_n_h.to(qa.dtype)  # (B, T, Rq) qa_n
+        del qa, qa_n_h  # last read by qa_n
         q = F.linear(qa_n, self.W_qb)  # (B, T, H * Dq) q
+        del qa_n  # last read by q
         q_heads = q.view(B, T, H, Dq)  # (B, T, H, Dq) q_heads
         q_h = q_heads.transpose(1, 2)  # (B, H, T, Dq) q_h
         q_pass, q_rot_in = q_h.split((Dn, Dr), dim=-1)  # (B, H, T, Dn), (B, H, T, Dr) q_split
@@ -120,37 +122,50 @@ class DeepseekV3Mla(nn.Module):
         kv_lat_n_h = kv_lat_in.to(torch.float32)  # kv_lat_n
         kv_lat_n_h = kv_lat_n_h * torch.rsqrt(kv_lat_n_h.pow(2).mean(-1, keepdim=True) + 1e-06)  # kv_lat_n
         kv_lat_n = self.ln_kva * kv_lat_n_h.to(kv_lat_in.dtype)  # (B, T, Rkv) kv_lat_n
+        del kv_lat_n_h  # last read by kv_lat_n
         kv_lat = kv_lat_n.view(B, 1, T, Rkv)  # (B, 1, T, Rkv) kv_lat
         k_rot_4d = k_rot_in.view(B, 1, T, Dr)  # (B, 1, T, Dr) k_rot_4d
-        q_rope_i_inv_freq, q_rope_i_factor = rope_yarn(torch, Dr, 10000.0, q_rot_in.device, factor=4.0, original_max_position_embeddings=8, beta_fast=32.0, beta_slow=1.0, mscale=1.0, mscale_all_dim=0.8, attention_factor=None, truncate=True)  # q_rope_i
-        q_rope_i_freqs = torch.arange(T, device=q_rot_in.device).float()[:, None] * q_rope_i_inv_freq  # q_rope_i
-        q_rope_i_emb = torch.repeat_interleave(q_rope_i_freqs, 2, dim=-1)  # q_rope_i
-        q_rope_i_cos, q_rope_i_sin = (q_rope_i_emb.cos() * q_rope_i_factor).to(q_rot_in.dtype), (q_rope_i_emb.sin() * q_rope_i_factor).to(q_rot_in.dtype)  # q_rope_i
-        q_rope_i = q_rot_in * q_rope_i_cos.view(1, 1, T, Dr) + _rotate_every_two(torch, q_rot_in) * q_rope_i_sin.view(1, 1, T, Dr)  # (B, H, T, Dr) q_rope_i
+        frequencies = rope_yarn(torch, Dr, 10000.0, x.device, factor=4.0, original_max_position_embeddings=8, beta_fast=32.0, beta_slow=1.0, mscale=1.0, mscale_all_dim=0.8, attention_factor=None, truncate=True)  # q_rope_i
+        freqs = torch.arange(T, device=x.device).float()[:, None] * frequencies[0]  # q_rope_i
+        emb = torch.repeat_interleave(freqs, 2, dim=-1)  # q_rope_i
+        del freqs  # last read by q_rope_i
+        cos = emb.cos() * frequencies[1]  # q_rope_i
+        sin = emb.sin() * frequencies[1]  # q_rope_i
+        del emb, frequencies  # last read by q_rope_i
+        q_rope_i = q_rot_in * cos.to(q_rot_in.dtype).view(1, 1, T, Dr) + _rotate_every_two(torch, q_rot_in) * sin.to(q_rot_in.dtype).view(1, 1, T, Dr)  # (B, H, T, Dr) q_rope_i
         q_pairs = q_rope_i.view(B, H, T, Dr // 2, 2)  # (B, H, T, Dr // 2, 2) q_pairs
         q_pairs_t = q_pairs.transpose(-1, -2)  # (B, H, T, 2, Dr // 2) q_pairs_t
         q_rot = q_pairs_t.reshape(B, H, T, Dr)  # (B, H, T, Dr) q_rot
-        k_rope_i_inv_freq, k_rope_i_factor = rope_yarn(torch, Dr, 10000.0, k_rot_4d.device, factor=4.0, original_max_position_embeddings=8, beta_fast=32.0, beta_slow=1.0, mscale=1.0, mscale_all_dim=0.8, attention_factor=None, truncate=True)  # k_rope_i
-        k_rope_i_freqs = torch.arange(T, device=k_rot_4d.device).float()[:, None] * k_rope_i_inv_freq  # k_rope_i
-        k_rope_i_emb = torch.repeat_interleave(k_rope_i_freqs, 2, dim=-1)  # k_rope_i
-        k_rope_i_cos, k_rope_i_sin = (k_rope_i_emb.cos() * k_rope_i_factor).to(k_rot_4d.dtype), (k_rope_i_emb.sin() * k_rope_i_factor).to(k_rot_4d.dtype)  # k_rope_i
-        k_rope_i = k_rot_4d * k_rope_i_cos.view(1, 1, T, Dr) + _rotate_every_two(torch, k_rot_4d) * k_rope_i_sin.view(1, 1, T, Dr)  # (B, 1, T, Dr) k_rope_i
+        del q_pairs, q_pairs_t, q_rope_i  # last read by q_rot
+        k_rope_i = k_rot_4d * cos.to(k_rot_4d.dtype).view(1, 1, T, Dr) + _rotate_every_two(torch, k_rot_4d) * sin.to(k_rot_4d.dtype).view(1, 1, T, Dr)  # (B, 1, T, Dr) k_rope_i
+        del ckv, cos, k_rot_4d, k_rot_in, kv_lat_in, sin  # last read by k_rope_i
         k_pairs = k_rope_i.view(B, 1, T, Dr // 2, 2)  # (B, 1, T, Dr // 2, 2) k_pairs
         k_pairs_t = k_pairs.transpose(-1, -2)  # (B, 1, T, 2, Dr // 2) k_pairs_t
         k_rot = k_pairs_t.reshape(B, 1, T, Dr)  # (B, 1, T, Dr) k_rot
+        del k_pairs, k_pairs_t, k_rope_i  # last read by k_rot
         query = torch.cat((q_pass, q_rot), dim=-1)  # (B, H, T, Dq) query
+        del q, q_h, q_heads, q_pass, q_rot, q_rot_in  # last read by query
         kv = F.linear(kv_lat, self.W_kvb)  # (B, 1, T, H * (Dn + Dv)) kv
+        del kv_lat, kv_lat_n  # last read by kv
         kv_heads = kv.view(B, T, H, Dn + Dv)  # (B, T, H, Dn + Dv) kv_heads
         kv_h = kv_heads.transpose(1, 2)  # (B, H, T, Dn + Dv) kv_h
         k_nope, value = kv_h.split((Dn, Dv), dim=-1)  # (B, H, T, Dn), (B, H, T, Dv) kv_split
         k_rot_h = k_rot.expand(-1, H, -1, -1)  # (B, H, T, Dr) k_rot_h
         key = torch.cat((k_nope, k_rot_h), dim=-1)  # (B, H, T, Dq) key
+        del k_rot, k_rot_h  # last read by key
         k_t = key.transpose(2, 3)  # (B, H, Dq, T) k_t
         scores = query @ k_t  # (B, H, T, T) scores
+        del k_t, key, query  # last read by scores
         scaled = scores * 0.3902588031658729  # (B, H, T, T) scaled
+        del scores  # last read by scaled
         masked = scaled.masked_fill(torch.ones(T, T, dtype=torch.bool, device=scaled.device).triu(1), torch.finfo(scaled.dtype).min)  # (B, H, T, T) masked
+        del scaled  # last read by masked
         weights = torch.softmax(masked, dim=-1)  # (B, H, T, T) weights
+        del masked  # last read by weights
         context = weights @ value  # (B, H, T, Dv) context
+        del k_nope, kv, kv_h, kv_heads, value, weights  # last read by context
         merged = context.transpose(-3, -2).contiguous().view(B, T, Dv * H)  # (B, T, Dv*H) merged
+        del context  # last read by merged
         out = F.linear(merged, self.W_o)  # (B, T, d_model) out
+        del merged  # last read by out
         return out  # (B, T, d_model)

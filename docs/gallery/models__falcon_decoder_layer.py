@@ -69,6 +69,7 @@ class FalconDecoderLayer(nn.Module):
         h_attn = F.layer_norm(x, (d_model,), self.ln_attn_w, self.ln_attn_b, eps=1e-05)  # (B, T, d_model) h_attn
         h_mlp = F.layer_norm(x, (d_model,), self.ln_mlp_w, self.ln_mlp_b, eps=1e-05)  # (B, T, d_model) h_mlp
         fused = F.linear(h_attn, self.W_qkv)  # (B, T, (H + (2 * H_kv)) * Dh) fused
+        del h_attn  # last read by fused
         qkv = fused.view(B, T, H_kv, n_rep + 2, Dh)  # (B, T, H_kv, n_rep + 2, Dh) qkv
         q_g = qkv[:, :, :, 0:n_rep]  # (B, T, H_kv, n_rep, Dh) q_g
         k_1 = qkv[:, :, :, n_rep:n_rep + 1]  # (B, T, H_kv, 1, Dh) k_1
@@ -78,30 +79,45 @@ class FalconDecoderLayer(nn.Module):
         q_heads = q_g.reshape(B, T, H, Dh)  # (B, T, H, Dh) q_heads
         k_heads = k_g.reshape(B, T, H, Dh)  # (B, T, H, Dh) k_heads
         v_heads = v_g.reshape(B, T, H, Dh)  # (B, T, H, Dh) v_heads
+        del fused, k_1, k_g, q_g, qkv, v_1, v_g  # last read by v_heads
         q_h = q_heads.transpose(1, 2)  # (B, H, T, Dh) q_h
         k_h = k_heads.transpose(1, 2)  # (B, H, T, Dh) k_h
         v_h = v_heads.transpose(1, 2)  # (B, H, T, Dh) v_h
-        q_rot_inv_freq = 1.0 / (10000.0 ** (torch.arange(0, Dh, 2, dtype=torch.int64, device=q_h.device).float() / Dh))  # q_rot
-        q_rot_freqs = torch.arange(T, device=q_h.device).float()[:, None] * q_rot_inv_freq  # q_rot
-        q_rot_emb = torch.cat((q_rot_freqs, q_rot_freqs), dim=-1)  # q_rot
-        q_rot_cos, q_rot_sin = q_rot_emb.cos().to(q_h.dtype), q_rot_emb.sin().to(q_h.dtype)  # q_rot
-        q_rot = q_h * q_rot_cos.view(1, 1, T, Dh) + _rotate_half(torch, q_h) * q_rot_sin.view(1, 1, T, Dh)  # (B, H, T, Dh) q_rot
-        k_rot_inv_freq = 1.0 / (10000.0 ** (torch.arange(0, Dh, 2, dtype=torch.int64, device=k_h.device).float() / Dh))  # k_rot
-        k_rot_freqs = torch.arange(T, device=k_h.device).float()[:, None] * k_rot_inv_freq  # k_rot
-        k_rot_emb = torch.cat((k_rot_freqs, k_rot_freqs), dim=-1)  # k_rot
-        k_rot_cos, k_rot_sin = k_rot_emb.cos().to(k_h.dtype), k_rot_emb.sin().to(k_h.dtype)  # k_rot
-        k_rot = k_h * k_rot_cos.view(1, 1, T, Dh) + _rotate_half(torch, k_h) * k_rot_sin.view(1, 1, T, Dh)  # (B, H, T, Dh) k_rot
+        inv_freq = 1.0 / (10000.0 ** (torch.arange(0, Dh, 2, dtype=torch.int64, device=x.device).float() / Dh))  # q_rot
+        freqs = torch.arange(T, device=x.device).float()[:, None] * inv_freq  # q_rot
+        del inv_freq  # last read by q_rot
+        emb = torch.cat((freqs, freqs), dim=-1)  # q_rot
+        del freqs  # last read by q_rot
+        cos = emb.cos()  # q_rot
+        sin = emb.sin()  # q_rot
+        del emb  # last read by q_rot
+        q_rot = q_h * cos.to(q_h.dtype).view(1, 1, T, Dh) + _rotate_half(torch, q_h) * sin.to(q_h.dtype).view(1, 1, T, Dh)  # (B, H, T, Dh) q_rot
+        del q_h, q_heads  # last read by q_rot
+        k_rot = k_h * cos.to(k_h.dtype).view(1, 1, T, Dh) + _rotate_half(torch, k_h) * sin.to(k_h.dtype).view(1, 1, T, Dh)  # (B, H, T, Dh) k_rot
+        del cos, k_h, k_heads, sin  # last read by k_rot
         k_t = k_rot.transpose(-1, -2)  # (B, H, Dh, T) k_t
         scores = q_rot @ k_t  # (B, H, T, T) scores
+        del k_rot, k_t, q_rot  # last read by scores
         scaled = scores / math.sqrt(Dh)  # (B, H, T, T) scaled
+        del scores  # last read by scaled
         masked = scaled.masked_fill(torch.ones(T, T, dtype=torch.bool, device=scaled.device).triu(1), torch.finfo(scaled.dtype).min)  # (B, H, T, T) masked
+        del scaled  # last read by masked
         weights = torch.softmax(masked, dim=-1)  # (B, H, T, T) weights
+        del masked  # last read by weights
         context = weights @ v_h  # (B, H, T, Dh) context
+        del v_h, v_heads, weights  # last read by context
         merged = context.transpose(-3, -2).contiguous().view(B, T, d_model)  # (B, T, d_model) merged
+        del context  # last read by merged
         attn_out = F.linear(merged, self.W_dense)  # (B, T, d_model) attn_out
+        del merged  # last read by attn_out
         fc = F.linear(h_mlp, self.W_4h)  # (B, T, d_ff) fc
+        del h_mlp  # last read by fc
         fc_act = F.gelu(fc)  # (B, T, d_ff) fc_act
+        del fc  # last read by fc_act
         mlp_out = F.linear(fc_act, self.W_h)  # (B, T, d_model) mlp_out
+        del fc_act  # last read by mlp_out
         both = mlp_out + attn_out  # (B, T, d_model) both
+        del attn_out, mlp_out  # last read by both
         out = x + both  # (B, T, d_model) out
+        del both  # last read by out
         return out  # (B, T, d_model)

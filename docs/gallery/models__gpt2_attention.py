@@ -47,10 +47,16 @@ class Gpt2Attention(nn.Module):
         k_t = k_h.transpose(-1, -2)  # (B, H, Dh, T) k_t
         scores = q_h @ k_t  # (B, H, T, T) scores
         scaled = scores / math.sqrt(Dh)  # (B, H, T, T) scaled
+        del scores  # last read by scaled
         masked = scaled.masked_fill(torch.ones(T, T, dtype=torch.bool, device=scaled.device).triu(1), -math.inf)  # (B, H, T, T) masked
+        del scaled  # last read by masked
         weights = torch.softmax(masked, dim=-1)  # (B, H, T, T) weights
+        del masked  # last read by weights
         weights_d = F.dropout(weights, p=0.1, training=self.training)  # (B, H, T, T) weights_d
         context = weights_d @ v_h  # (B, H, T, Dh) context
+        del k, k_h, k_heads, k_t, q, q_h, q_heads, qkv, v, v_h, v_heads, weights, weights_d  # last read by context
         merged = context.transpose(-3, -2).contiguous().view(B, T, d_model)  # (B, T, d_model) merged
+        del context  # last read by merged
         out = merged @ self.W_proj + self.b_proj  # (B, T, d_model) out
+        del merged  # last read by out
         return out  # (B, T, d_model)

@@ -75,26 +75,36 @@ class KvCacheDecode(nn.Module):
         v = F.linear(x, self.W_v)  # (B, T, H_kv * Dh) v
         v_heads = v.view(B, T, H_kv, Dh)  # (B, T, H_kv, Dh) v_heads
         v_h = v_heads.transpose(1, 2)  # (B, H_kv, T, Dh) v_h
-        q_rot_inv_freq = 1.0 / (10000.0 ** (torch.arange(0, Dh, 2, dtype=torch.int64, device=q_h.device).float() / Dh))  # q_rot
-        q_rot_freqs = torch.arange(past, past + T, device=q_h.device).float()[:, None] * q_rot_inv_freq  # q_rot
-        q_rot_emb = torch.cat((q_rot_freqs, q_rot_freqs), dim=-1)  # q_rot
-        q_rot_cos, q_rot_sin = q_rot_emb.cos().to(q_h.dtype), q_rot_emb.sin().to(q_h.dtype)  # q_rot
-        q_rot = q_h * q_rot_cos.view(1, 1, T, Dh) + _rotate_half(torch, q_h) * q_rot_sin.view(1, 1, T, Dh)  # (B, H, T, Dh) q_rot
-        k_rot_inv_freq = 1.0 / (10000.0 ** (torch.arange(0, Dh, 2, dtype=torch.int64, device=k_h.device).float() / Dh))  # k_rot
-        k_rot_freqs = torch.arange(past, past + T, device=k_h.device).float()[:, None] * k_rot_inv_freq  # k_rot
-        k_rot_emb = torch.cat((k_rot_freqs, k_rot_freqs), dim=-1)  # k_rot
-        k_rot_cos, k_rot_sin = k_rot_emb.cos().to(k_h.dtype), k_rot_emb.sin().to(k_h.dtype)  # k_rot
-        k_rot = k_h * k_rot_cos.view(1, 1, T, Dh) + _rotate_half(torch, k_h) * k_rot_sin.view(1, 1, T, Dh)  # (B, H_kv, T, Dh) k_rot
+        inv_freq = 1.0 / (10000.0 ** (torch.arange(0, Dh, 2, dtype=torch.int64, device=x.device).float() / Dh))  # q_rot
+        freqs = torch.arange(past, past + T, device=x.device).float()[:, None] * inv_freq  # q_rot
+        del inv_freq  # last read by q_rot
+        emb = torch.cat((freqs, freqs), dim=-1)  # q_rot
+        del freqs  # last read by q_rot
+        cos = emb.cos()  # q_rot
+        sin = emb.sin()  # q_rot
+        del emb  # last read by q_rot
+        q_rot = q_h * cos.to(q_h.dtype).view(1, 1, T, Dh) + _rotate_half(torch, q_h) * sin.to(q_h.dtype).view(1, 1, T, Dh)  # (B, H, T, Dh) q_rot
+        del q, q_h, q_heads  # last read by q_rot
+        k_rot = k_h * cos.to(k_h.dtype).view(1, 1, T, Dh) + _rotate_half(torch, k_h) * sin.to(k_h.dtype).view(1, 1, T, Dh)  # (B, H_kv, T, Dh) k_rot
+        del cos, k, k_h, k_heads, sin  # last read by k_rot
         k_all = torch.cat((k_cache, k_rot), dim=2)  # (B, H_kv, T_kv, Dh) k_all
+        del k_rot  # last read by k_all
         v_all = torch.cat((v_cache, v_h), dim=2)  # (B, H_kv, T_kv, Dh) v_all
+        del v, v_h, v_heads  # last read by v_all
         k_rep = torch.repeat_interleave(k_all, n_rep, dim=1)  # (B, H, T_kv, Dh) k_rep
         v_rep = torch.repeat_interleave(v_all, n_rep, dim=1)  # (B, H, T_kv, Dh) v_rep
         k_t = k_rep.transpose(2, 3)  # (B, H, Dh, T_kv) k_t
         scores = q_rot @ k_t  # (B, H, T, T_kv) scores
+        del k_rep, k_t, q_rot  # last read by scores
         scaled = scores / math.sqrt(Dh)  # (B, H, T, T_kv) scaled
+        del scores  # last read by scaled
         masked = scaled.masked_fill(torch.ones(T, T_kv, dtype=torch.bool, device=scaled.device).triu(T_kv - T + 1), -math.inf)  # (B, H, T, T_kv) masked
+        del scaled  # last read by masked
         weights = torch.softmax(masked, dim=-1)  # (B, H, T, T_kv) weights
+        del masked  # last read by weights
         context = weights @ v_rep  # (B, H, T, Dh) context
+        del v_rep, weights  # last read by context
         merged = context.transpose(-3, -2).contiguous().view(B, T, d_model)  # (B, T, d_model) merged
         out = F.linear(merged, self.W_o)  # (B, T, d_model) out
+        del context, merged  # last read by out
         return out, k_all, v_all  # (B, T, d_model), (B, H_kv, T_kv, Dh), (B, H_kv, T_kv, Dh)

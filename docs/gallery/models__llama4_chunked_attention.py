@@ -62,32 +62,45 @@ class Llama4ChunkedAttention(nn.Module):
         v = F.linear(x, self.W_v)  # (B, T, H_kv * Dh) v
         v_heads = v.view(B, T, H_kv, Dh)  # (B, T, H_kv, Dh) v_heads
         v_h = v_heads.transpose(1, 2)  # (B, H_kv, T, Dh) v_h
-        q_rot_inv_freq = 1.0 / (500000.0 ** (torch.arange(0, Dh, 2, dtype=torch.int64, device=q_heads.device).float() / Dh))  # q_rot
-        q_rot_freqs = torch.arange(T, device=q_heads.device).float()[:, None] * q_rot_inv_freq  # q_rot
-        q_rot_emb = torch.repeat_interleave(q_rot_freqs, 2, dim=-1)  # q_rot
-        q_rot_cos, q_rot_sin = q_rot_emb.cos().to(q_heads.dtype), q_rot_emb.sin().to(q_heads.dtype)  # q_rot
-        q_rot = q_heads * q_rot_cos.view(1, T, 1, Dh) + _rotate_every_two(torch, q_heads) * q_rot_sin.view(1, T, 1, Dh)  # (B, T, H, Dh) q_rot
-        k_rot_inv_freq = 1.0 / (500000.0 ** (torch.arange(0, Dh, 2, dtype=torch.int64, device=k_heads.device).float() / Dh))  # k_rot
-        k_rot_freqs = torch.arange(T, device=k_heads.device).float()[:, None] * k_rot_inv_freq  # k_rot
-        k_rot_emb = torch.repeat_interleave(k_rot_freqs, 2, dim=-1)  # k_rot
-        k_rot_cos, k_rot_sin = k_rot_emb.cos().to(k_heads.dtype), k_rot_emb.sin().to(k_heads.dtype)  # k_rot
-        k_rot = k_heads * k_rot_cos.view(1, T, 1, Dh) + _rotate_every_two(torch, k_heads) * k_rot_sin.view(1, T, 1, Dh)  # (B, T, H_kv, Dh) k_rot
+        inv_freq = 1.0 / (500000.0 ** (torch.arange(0, Dh, 2, dtype=torch.int64, device=x.device).float() / Dh))  # q_rot
+        freqs = torch.arange(T, device=x.device).float()[:, None] * inv_freq  # q_rot
+        del inv_freq  # last read by q_rot
+        emb = torch.repeat_interleave(freqs, 2, dim=-1)  # q_rot
+        del freqs  # last read by q_rot
+        cos = emb.cos()  # q_rot
+        sin = emb.sin()  # q_rot
+        del emb  # last read by q_rot
+        q_rot = q_heads * cos.to(q_heads.dtype).view(1, T, 1, Dh) + _rotate_every_two(torch, q_heads) * sin.to(q_heads.dtype).view(1, T, 1, Dh)  # (B, T, H, Dh) q_rot
+        del q, q_heads  # last read by q_rot
+        k_rot = k_heads * cos.to(k_heads.dtype).view(1, T, 1, Dh) + _rotate_every_two(torch, k_heads) * sin.to(k_heads.dtype).view(1, T, 1, Dh)  # (B, T, H_kv, Dh) k_rot
+        del cos, k, k_heads, sin  # last read by k_rot
         q_normed_h = q_rot.to(torch.float32)  # q_normed
         q_normed_h = q_normed_h * torch.rsqrt(q_normed_h.pow(2).mean(-1, keepdim=True) + 1e-05)  # q_normed
         q_normed = q_normed_h.to(q_rot.dtype)  # (B, T, H, Dh) q_normed
+        del q_normed_h, q_rot  # last read by q_normed
         k_normed_h = k_rot.to(torch.float32)  # k_normed
         k_normed_h = k_normed_h * torch.rsqrt(k_normed_h.pow(2).mean(-1, keepdim=True) + 1e-05)  # k_normed
         k_normed = k_normed_h.to(k_rot.dtype)  # (B, T, H_kv, Dh) k_normed
+        del k_normed_h, k_rot  # last read by k_normed
         q_h = q_normed.transpose(1, 2)  # (B, H, T, Dh) q_h
         k_h = k_normed.transpose(1, 2)  # (B, H_kv, T, Dh) k_h
         k_rep = torch.repeat_interleave(k_h, n_rep, dim=1)  # (B, H, T, Dh) k_rep
+        del k_h, k_normed  # last read by k_rep
         v_rep = torch.repeat_interleave(v_h, n_rep, dim=1)  # (B, H, T, Dh) v_rep
+        del v, v_h, v_heads  # last read by v_rep
         k_t = k_rep.transpose(2, 3)  # (B, H, Dh, T) k_t
         scores = q_h @ k_t  # (B, H, T, T) scores
+        del k_rep, k_t, q_h, q_normed  # last read by scores
         scaled = scores * 0.5  # (B, H, T, T) scaled
+        del scores  # last read by scaled
         masked = scaled.masked_fill((torch.ones(T, T, dtype=torch.bool, device=scaled.device).triu(1) | (torch.arange(T, device=scaled.device)[None, :] // C != torch.arange(T, device=scaled.device)[:, None] // C)), torch.finfo(scaled.dtype).min)  # (B, H, T, T) masked
+        del scaled  # last read by masked
         weights = torch.softmax(masked, dim=-1)  # (B, H, T, T) weights
+        del masked  # last read by weights
         context = weights @ v_rep  # (B, H, T, Dh) context
+        del v_rep, weights  # last read by context
         merged = context.transpose(-3, -2).contiguous().view(B, T, Dh * H)  # (B, T, Dh*H) merged
+        del context  # last read by merged
         out = F.linear(merged, self.W_o)  # (B, T, d_model) out
+        del merged  # last read by out
         return out  # (B, T, d_model)

@@ -59,24 +59,41 @@ class Llama4NopeAttention(nn.Module):
         v_h = v_heads.transpose(1, 2)  # (B, H_kv, T, Dh) v_h
         positions = torch.arange(0, T, dtype=torch.int64, device=x.device)  # (T) positions
         positions_f = positions.to(torch.float32)  # (T) positions_f
+        del positions  # last read by positions_f
         counted = positions_f + one  # (T) counted
+        del positions_f  # last read by counted
         per_floor = counted / 2.0  # (T) per_floor
+        del counted  # last read by per_floor
         floored = torch.floor(per_floor)  # (T) floored
+        del per_floor  # last read by floored
         logs = torch.log1p(floored)  # (T) logs
+        del floored  # last read by logs
         tempered = logs * 0.1  # (T) tempered
+        del logs  # last read by tempered
         attn_scales = tempered + one  # (T) attn_scales
+        del tempered  # last read by attn_scales
         scales_4d = attn_scales.view(T, 1, 1)  # (T, 1, 1) scales_4d
         q_tempered = q_heads * scales_4d  # (B, T, H, Dh) q_tempered
+        del attn_scales, q, q_heads, scales_4d  # last read by q_tempered
         q_h = q_tempered.transpose(1, 2)  # (B, H, T, Dh) q_h
         k_h = k_heads.transpose(1, 2)  # (B, H_kv, T, Dh) k_h
         k_rep = torch.repeat_interleave(k_h, n_rep, dim=1)  # (B, H, T, Dh) k_rep
+        del k, k_h, k_heads  # last read by k_rep
         v_rep = torch.repeat_interleave(v_h, n_rep, dim=1)  # (B, H, T, Dh) v_rep
+        del v, v_h, v_heads  # last read by v_rep
         k_t = k_rep.transpose(2, 3)  # (B, H, Dh, T) k_t
         scores = q_h @ k_t  # (B, H, T, T) scores
+        del k_rep, k_t, q_h, q_tempered  # last read by scores
         scaled = scores * 0.5  # (B, H, T, T) scaled
+        del scores  # last read by scaled
         masked = scaled.masked_fill(torch.ones(T, T, dtype=torch.bool, device=scaled.device).triu(1), torch.finfo(scaled.dtype).min)  # (B, H, T, T) masked
+        del scaled  # last read by masked
         weights = torch.softmax(masked, dim=-1)  # (B, H, T, T) weights
+        del masked  # last read by weights
         context = weights @ v_rep  # (B, H, T, Dh) context
+        del v_rep, weights  # last read by context
         merged = context.transpose(-3, -2).contiguous().view(B, T, Dh * H)  # (B, T, Dh*H) merged
+        del context  # last read by merged
         out = F.linear(merged, self.W_o)  # (B, T, d_model) out
+        del merged  # last read by out
         return out  # (B, T, d_model)

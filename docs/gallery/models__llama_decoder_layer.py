@@ -72,6 +72,7 @@ class LlamaDecoderLayer(nn.Module):
         h_h = x.to(torch.float32)  # h
         h_h = h_h * torch.rsqrt(h_h.pow(2).mean(-1, keepdim=True) + 1e-06)  # h
         h = self.ln_1 * h_h.to(x.dtype)  # (B, T, d_model) h
+        del h_h  # last read by h
         q = F.linear(h, self.W_q)  # (B, T, d_model) q
         q_heads = q.view(B, T, H, Dh)  # (B, T, H, Dh) q_heads
         q_h = q_heads.transpose(1, 2)  # (B, H, T, Dh) q_h
@@ -79,36 +80,55 @@ class LlamaDecoderLayer(nn.Module):
         k_heads = k.view(B, T, H_kv, Dh)  # (B, T, H_kv, Dh) k_heads
         k_h = k_heads.transpose(1, 2)  # (B, H_kv, T, Dh) k_h
         v = F.linear(h, self.W_v)  # (B, T, H_kv * Dh) v
+        del h  # last read by v
         v_heads = v.view(B, T, H_kv, Dh)  # (B, T, H_kv, Dh) v_heads
         v_h = v_heads.transpose(1, 2)  # (B, H_kv, T, Dh) v_h
-        q_rot_inv_freq = 1.0 / (10000.0 ** (torch.arange(0, Dh, 2, dtype=torch.int64, device=q_h.device).float() / Dh))  # q_rot
-        q_rot_freqs = torch.arange(T, device=q_h.device).float()[:, None] * q_rot_inv_freq  # q_rot
-        q_rot_emb = torch.cat((q_rot_freqs, q_rot_freqs), dim=-1)  # q_rot
-        q_rot_cos, q_rot_sin = q_rot_emb.cos().to(q_h.dtype), q_rot_emb.sin().to(q_h.dtype)  # q_rot
-        q_rot = q_h * q_rot_cos.view(1, 1, T, Dh) + _rotate_half(torch, q_h) * q_rot_sin.view(1, 1, T, Dh)  # (B, H, T, Dh) q_rot
-        k_rot_inv_freq = 1.0 / (10000.0 ** (torch.arange(0, Dh, 2, dtype=torch.int64, device=k_h.device).float() / Dh))  # k_rot
-        k_rot_freqs = torch.arange(T, device=k_h.device).float()[:, None] * k_rot_inv_freq  # k_rot
-        k_rot_emb = torch.cat((k_rot_freqs, k_rot_freqs), dim=-1)  # k_rot
-        k_rot_cos, k_rot_sin = k_rot_emb.cos().to(k_h.dtype), k_rot_emb.sin().to(k_h.dtype)  # k_rot
-        k_rot = k_h * k_rot_cos.view(1, 1, T, Dh) + _rotate_half(torch, k_h) * k_rot_sin.view(1, 1, T, Dh)  # (B, H_kv, T, Dh) k_rot
+        inv_freq = 1.0 / (10000.0 ** (torch.arange(0, Dh, 2, dtype=torch.int64, device=x.device).float() / Dh))  # q_rot
+        freqs = torch.arange(T, device=x.device).float()[:, None] * inv_freq  # q_rot
+        del inv_freq  # last read by q_rot
+        emb = torch.cat((freqs, freqs), dim=-1)  # q_rot
+        del freqs  # last read by q_rot
+        cos = emb.cos()  # q_rot
+        sin = emb.sin()  # q_rot
+        del emb  # last read by q_rot
+        q_rot = q_h * cos.to(q_h.dtype).view(1, 1, T, Dh) + _rotate_half(torch, q_h) * sin.to(q_h.dtype).view(1, 1, T, Dh)  # (B, H, T, Dh) q_rot
+        del q, q_h, q_heads  # last read by q_rot
+        k_rot = k_h * cos.to(k_h.dtype).view(1, 1, T, Dh) + _rotate_half(torch, k_h) * sin.to(k_h.dtype).view(1, 1, T, Dh)  # (B, H_kv, T, Dh) k_rot
+        del cos, k, k_h, k_heads, sin  # last read by k_rot
         k_rep = torch.repeat_interleave(k_rot, n_rep, dim=1)  # (B, H, T, Dh) k_rep
+        del k_rot  # last read by k_rep
         v_rep = torch.repeat_interleave(v_h, n_rep, dim=1)  # (B, H, T, Dh) v_rep
+        del v, v_h, v_heads  # last read by v_rep
         k_t = k_rep.transpose(2, 3)  # (B, H, Dh, T) k_t
         scores = q_rot @ k_t  # (B, H, T, T) scores
-        scaled = scores / math.sqrt(Dh)  # (B, H, T, T) scaled
+        del k_rep, k_t, q_rot  # last read by scores
+        scaled = scores * (Dh) ** -0.5  # (B, H, T, T) scaled
+        del scores  # last read by scaled
         masked = scaled.masked_fill(torch.ones(T, T, dtype=torch.bool, device=scaled.device).triu(1), -math.inf)  # (B, H, T, T) masked
+        del scaled  # last read by masked
         weights = torch.softmax(masked, dim=-1)  # (B, H, T, T) weights
+        del masked  # last read by weights
         context = weights @ v_rep  # (B, H, T, Dh) context
+        del v_rep, weights  # last read by context
         merged = context.transpose(-3, -2).contiguous().view(B, T, d_model)  # (B, T, d_model) merged
+        del context  # last read by merged
         attn_out = F.linear(merged, self.W_o)  # (B, T, d_model) attn_out
+        del merged  # last read by attn_out
         resid_1 = x + attn_out  # (B, T, d_model) resid_1
+        del attn_out  # last read by resid_1
         h_2_h = resid_1.to(torch.float32)  # h_2
         h_2_h = h_2_h * torch.rsqrt(h_2_h.pow(2).mean(-1, keepdim=True) + 1e-06)  # h_2
         h_2 = self.ln_2 * h_2_h.to(resid_1.dtype)  # (B, T, d_model) h_2
+        del h_2_h  # last read by h_2
         gate = F.linear(h_2, self.W_gate)  # (B, T, d_ff) gate
         gate_act = F.silu(gate)  # (B, T, d_ff) gate_act
+        del gate  # last read by gate_act
         up = F.linear(h_2, self.W_up)  # (B, T, d_ff) up
+        del h_2  # last read by up
         gated = gate_act * up  # (B, T, d_ff) gated
+        del gate_act, up  # last read by gated
         down = F.linear(gated, self.W_down)  # (B, T, d_model) down
+        del gated  # last read by down
         out = resid_1 + down  # (B, T, d_model) out
+        del down, resid_1  # last read by out
         return out  # (B, T, d_model)

@@ -20,19 +20,33 @@ def linear_bound(fan_in: int, ndim: int) -> float:
     return 1 / math.sqrt(fan_in) if fan_in > 0 else 0.0
 
 
-def gated_expert(x, gate_up, down, F, act):
+def expert_output(x, projections, F, act, in_out, interleave, gated):
     """One expert on its tokens; its temporaries die when it returns, before the next expert runs."""
-    gate, up = F.linear(x, gate_up).chunk(2, dim=-1)
-    return F.linear(act(gate) * up, down)
+    gate_up, down, up_bias, down_bias = projections
+    if in_out:  # GPT-OSS: current_state @ W + b
+        h = x @ gate_up if up_bias is None else x @ gate_up + up_bias
+    else:
+        h = F.linear(x, gate_up, up_bias)
+    if not gated:
+        y = act(h)
+    elif interleave:
+        y = act(h[..., ::2], h[..., 1::2])
+    else:
+        y = act(*h.chunk(2, dim=-1))
+    if in_out:
+        return y @ down if down_bias is None else y @ down + down_bias
+    return F.linear(y, down, down_bias)
 
 
-def moe_experts(tokens, weights, chosen, gate_up, down, counts, torch, F, act):
-    """transformers' ``MixtralExperts.forward`` (eager), op for op: the experts in ascending order,
-    each token's rows in their order (by rank, then token), summed with ``index_add_``."""
+def moe_experts(tokens, weights, chosen, projections, counts, torch, F, act, in_out=False, interleave=False, gated=True):
+    """transformers' ``MixtralExperts.forward`` (eager; ``GptOssExperts.forward`` likewise), op for
+    op: the experts in ascending order, each token's rows in their order (by rank, then token),
+    summed with ``index_add_``."""
     out = tokens.new_zeros(tokens.shape)  # zeros_like would copy the layout of a token view; the sums are the same
     for expert in counts.nonzero().flatten().tolist():
         rank, token = torch.where(chosen.t() == expert)
-        y = gated_expert(tokens[token], gate_up[expert], down[expert], F, act) * weights[token, rank, None]
+        own = [None if p is None else p[expert] for p in projections]
+        y = expert_output(tokens[token], own, F, act, in_out, interleave, gated) * weights[token, rank, None]
         out.index_add_(0, token, y.to(out.dtype))
     return out
 
@@ -62,9 +76,13 @@ class MixtralSparseMoe(nn.Module):
         router_logits = F.linear(h, self.W_router)  # (N, E) router_logits
         router_logits_f32 = router_logits.to(torch.float32)  # (N, E) router_logits_f32
         router_probs = torch.softmax(router_logits_f32, dim=-1)  # (N, E) router_probs
+        del router_logits, router_logits_f32  # last read by router_probs
         top_w, top_i = torch.topk(router_probs, K, dim=-1, largest=True, sorted=True)  # route
+        del router_probs  # last read by route
         top_w = top_w / top_w.sum(dim=-1, keepdim=True)  # (N, K), (N, K) route
         experts_counts = torch.bincount(top_i.flatten(), minlength=self.W_gate_up.shape[0])  # experts
-        experts = moe_experts(h.reshape(N, h.shape[-1]), top_w.reshape(N, top_w.shape[-1]), top_i.reshape(N, top_i.shape[-1]), self.W_gate_up, self.W_down, experts_counts, torch, F, F.silu).view(h.shape)  # (N, d_model) experts
+        experts = moe_experts(h.reshape(N, h.shape[-1]), top_w.reshape(N, top_w.shape[-1]), top_i.reshape(N, top_i.shape[-1]), (self.W_gate_up, self.W_down, None, None), experts_counts, torch, F, lambda gate, up: F.silu(gate) * up, in_out=False, interleave=False, gated=True).view(h.shape)  # (N, d_model) experts
+        del experts_counts, top_i, top_w  # last read by experts
         out = experts.view(B, T, d_model)  # (B, T, d_model) out
+        del experts  # last read by out
         return out  # (B, T, d_model)

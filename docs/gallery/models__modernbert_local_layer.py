@@ -60,6 +60,7 @@ class ModernbertLocalLayer(nn.Module):
         B, T, d_model, H, Dh, d_ff, W = self.B, self.T, self.d_model, self.H, self.Dh, self.d_ff, self.W  # dims
         h = F.layer_norm(x, (d_model,), self.ln_attn, None, eps=1e-05)  # (B, T, d_model) h
         qkv = F.linear(h, self.W_qkv)  # (B, T, 3 * d_model) qkv
+        del h  # last read by qkv
         qkv_heads = qkv.view(B, T, 3, H, Dh)  # (B, T, 3, H, Dh) qkv_heads
         q_u = qkv_heads.select(2, 0)  # (B, T, H, Dh) q_u
         q_h = q_u.transpose(1, 2)  # (B, H, T, Dh) q_h
@@ -67,30 +68,43 @@ class ModernbertLocalLayer(nn.Module):
         k_h = k_u.transpose(1, 2)  # (B, H, T, Dh) k_h
         v_u = qkv_heads.select(2, 2)  # (B, T, H, Dh) v_u
         v_h = v_u.transpose(1, 2)  # (B, H, T, Dh) v_h
-        q_rot_inv_freq = 1.0 / (10000.0 ** (torch.arange(0, Dh, 2, dtype=torch.int64, device=q_h.device).float() / Dh))  # q_rot
-        q_rot_freqs = torch.arange(T, device=q_h.device).float()[:, None] * q_rot_inv_freq  # q_rot
-        q_rot_emb = torch.cat((q_rot_freqs, q_rot_freqs), dim=-1)  # q_rot
-        q_rot_cos, q_rot_sin = q_rot_emb.cos().to(q_h.dtype), q_rot_emb.sin().to(q_h.dtype)  # q_rot
-        q_rot = q_h * q_rot_cos.view(1, 1, T, Dh) + _rotate_half(torch, q_h) * q_rot_sin.view(1, 1, T, Dh)  # (B, H, T, Dh) q_rot
-        k_rot_inv_freq = 1.0 / (10000.0 ** (torch.arange(0, Dh, 2, dtype=torch.int64, device=k_h.device).float() / Dh))  # k_rot
-        k_rot_freqs = torch.arange(T, device=k_h.device).float()[:, None] * k_rot_inv_freq  # k_rot
-        k_rot_emb = torch.cat((k_rot_freqs, k_rot_freqs), dim=-1)  # k_rot
-        k_rot_cos, k_rot_sin = k_rot_emb.cos().to(k_h.dtype), k_rot_emb.sin().to(k_h.dtype)  # k_rot
-        k_rot = k_h * k_rot_cos.view(1, 1, T, Dh) + _rotate_half(torch, k_h) * k_rot_sin.view(1, 1, T, Dh)  # (B, H, T, Dh) k_rot
+        inv_freq = 1.0 / (10000.0 ** (torch.arange(0, Dh, 2, dtype=torch.int64, device=x.device).float() / Dh))  # q_rot
+        freqs = torch.arange(T, device=x.device).float()[:, None] * inv_freq  # q_rot
+        del inv_freq  # last read by q_rot
+        emb = torch.cat((freqs, freqs), dim=-1)  # q_rot
+        del freqs  # last read by q_rot
+        cos = emb.cos()  # q_rot
+        sin = emb.sin()  # q_rot
+        del emb  # last read by q_rot
+        q_rot = q_h * cos.to(q_h.dtype).view(1, 1, T, Dh) + _rotate_half(torch, q_h) * sin.to(q_h.dtype).view(1, 1, T, Dh)  # (B, H, T, Dh) q_rot
+        k_rot = k_h * cos.to(k_h.dtype).view(1, 1, T, Dh) + _rotate_half(torch, k_h) * sin.to(k_h.dtype).view(1, 1, T, Dh)  # (B, H, T, Dh) k_rot
+        del cos, sin  # last read by k_rot
         k_t = k_rot.transpose(2, 3)  # (B, H, Dh, T) k_t
         scores = q_rot @ k_t  # (B, H, T, T) scores
+        del k_rot, k_t, q_rot  # last read by scores
         scaled = scores * 0.3535533905932738  # (B, H, T, T) scaled
+        del scores  # last read by scaled
         masked = scaled.masked_fill(~keep | (torch.ones(T, T, dtype=torch.bool, device=scaled.device).tril(-W) | torch.ones(T, T, dtype=torch.bool, device=scaled.device).triu(W)), torch.finfo(scaled.dtype).min)  # (B, H, T, T) masked
+        del scaled  # last read by masked
         weights = torch.softmax(masked, dim=-1)  # (B, H, T, T) weights
+        del masked  # last read by weights
         context = weights @ v_h  # (B, H, T, Dh) context
+        del k_h, k_u, q_h, q_u, qkv, qkv_heads, v_h, v_u, weights  # last read by context
         merged = context.transpose(-3, -2).contiguous().view(B, T, d_model)  # (B, T, d_model) merged
+        del context  # last read by merged
         attn_out = F.linear(merged, self.W_o)  # (B, T, d_model) attn_out
+        del merged  # last read by attn_out
         resid_1 = x + attn_out  # (B, T, d_model) resid_1
+        del attn_out  # last read by resid_1
         h_2 = F.layer_norm(resid_1, (d_model,), self.ln_mlp, None, eps=1e-05)  # (B, T, d_model) h_2
         wi = F.linear(h_2, self.W_i)  # (B, T, 2 * d_ff) wi
+        del h_2  # last read by wi
         act_in, gate = wi.split(d_ff, dim=-1)  # (B, T, d_ff), (B, T, d_ff) wi_split
         act = F.gelu(act_in)  # (B, T, d_ff) act
         gated = act * gate  # (B, T, d_ff) gated
+        del act, act_in, gate, wi  # last read by gated
         mlp_out = F.linear(gated, self.W_mo)  # (B, T, d_model) mlp_out
+        del gated  # last read by mlp_out
         out = resid_1 + mlp_out  # (B, T, d_model) out
+        del mlp_out, resid_1  # last read by out
         return out  # (B, T, d_model)

@@ -83,7 +83,9 @@ class Phi3DecoderLayer(nn.Module):
         h_h = x.to(torch.float32)  # h
         h_h = h_h * torch.rsqrt(h_h.pow(2).mean(-1, keepdim=True) + 1e-05)  # h
         h = self.ln_in * h_h.to(x.dtype)  # (B, T, d_model) h
+        del h_h  # last read by h
         qkv = F.linear(h, self.W_qkv)  # (B, T, (H * Dh) + ((2 * H_kv) * Dh)) qkv
+        del h  # last read by qkv
         q, k, v = qkv.split((H * Dh, H_kv * Dh, H_kv * Dh), dim=-1)  # (B, T, d_model), (B, T, H_kv * Dh), (B, T, H_kv * Dh) qkv_split
         q_heads = q.view(B, T, H, Dh)  # (B, T, H, Dh) q_heads
         q_h = q_heads.transpose(1, 2)  # (B, H, T, Dh) q_h
@@ -91,34 +93,49 @@ class Phi3DecoderLayer(nn.Module):
         k_h = k_heads.transpose(1, 2)  # (B, H_kv, T, Dh) k_h
         v_heads = v.view(B, T, H_kv, Dh)  # (B, T, H_kv, Dh) v_heads
         v_h = v_heads.transpose(1, 2)  # (B, H_kv, T, Dh) v_h
-        q_rot_inv_freq, q_rot_factor = rope_longrope(torch, R, 10000.0, q_h.device, seq_len=torch.tensor(0 + T), short_factor=[1.0, 1.5], long_factor=[2.0, 5.0], original_max_position_embeddings=4, factor=4.0, attention_factor=None)  # q_rot
-        q_rot_freqs = torch.arange(T, device=q_h.device).float()[:, None] * q_rot_inv_freq  # q_rot
-        q_rot_emb = torch.cat((q_rot_freqs, q_rot_freqs), dim=-1)  # q_rot
-        q_rot_cos, q_rot_sin = (q_rot_emb.cos() * q_rot_factor).to(q_h.dtype), (q_rot_emb.sin() * q_rot_factor).to(q_h.dtype)  # q_rot
-        q_rot = torch.cat((q_h[..., :R] * q_rot_cos.view(1, 1, T, R) + _rotate_half(torch, q_h[..., :R]) * q_rot_sin.view(1, 1, T, R), q_h[..., R:]), dim=-1)  # (B, H, T, Dh) q_rot
-        k_rot_inv_freq, k_rot_factor = rope_longrope(torch, R, 10000.0, k_h.device, seq_len=torch.tensor(0 + T), short_factor=[1.0, 1.5], long_factor=[2.0, 5.0], original_max_position_embeddings=4, factor=4.0, attention_factor=None)  # k_rot
-        k_rot_freqs = torch.arange(T, device=k_h.device).float()[:, None] * k_rot_inv_freq  # k_rot
-        k_rot_emb = torch.cat((k_rot_freqs, k_rot_freqs), dim=-1)  # k_rot
-        k_rot_cos, k_rot_sin = (k_rot_emb.cos() * k_rot_factor).to(k_h.dtype), (k_rot_emb.sin() * k_rot_factor).to(k_h.dtype)  # k_rot
-        k_rot = torch.cat((k_h[..., :R] * k_rot_cos.view(1, 1, T, R) + _rotate_half(torch, k_h[..., :R]) * k_rot_sin.view(1, 1, T, R), k_h[..., R:]), dim=-1)  # (B, H_kv, T, Dh) k_rot
+        frequencies = rope_longrope(torch, R, 10000.0, x.device, seq_len=torch.tensor(0 + T), short_factor=[1.0, 1.5], long_factor=[2.0, 5.0], original_max_position_embeddings=4, factor=4.0, attention_factor=None)  # q_rot
+        freqs = torch.arange(T, device=x.device).float()[:, None] * frequencies[0]  # q_rot
+        emb = torch.cat((freqs, freqs), dim=-1)  # q_rot
+        del freqs  # last read by q_rot
+        cos = emb.cos() * frequencies[1]  # q_rot
+        sin = emb.sin() * frequencies[1]  # q_rot
+        del emb, frequencies  # last read by q_rot
+        q_rot = torch.cat((q_h[..., :R] * cos.to(q_h.dtype).view(1, 1, T, R) + _rotate_half(torch, q_h[..., :R]) * sin.to(q_h.dtype).view(1, 1, T, R), q_h[..., R:]), dim=-1)  # (B, H, T, Dh) q_rot
+        k_rot = torch.cat((k_h[..., :R] * cos.to(k_h.dtype).view(1, 1, T, R) + _rotate_half(torch, k_h[..., :R]) * sin.to(k_h.dtype).view(1, 1, T, R), k_h[..., R:]), dim=-1)  # (B, H_kv, T, Dh) k_rot
+        del cos, sin  # last read by k_rot
         k_rep = torch.repeat_interleave(k_rot, n_rep, dim=1)  # (B, H, T, Dh) k_rep
+        del k_rot  # last read by k_rep
         v_rep = torch.repeat_interleave(v_h, n_rep, dim=1)  # (B, H, T, Dh) v_rep
+        del k, k_h, k_heads, q, q_h, q_heads, qkv, v, v_h, v_heads  # last read by v_rep
         k_t = k_rep.transpose(2, 3)  # (B, H, Dh, T) k_t
         scores = q_rot @ k_t  # (B, H, T, T) scores
+        del k_rep, k_t, q_rot  # last read by scores
         scaled = scores * 0.3535533905932738  # (B, H, T, T) scaled
+        del scores  # last read by scaled
         masked = scaled.masked_fill(torch.ones(T, T, dtype=torch.bool, device=scaled.device).triu(1), torch.finfo(scaled.dtype).min)  # (B, H, T, T) masked
+        del scaled  # last read by masked
         weights = torch.softmax(masked, dim=-1)  # (B, H, T, T) weights
+        del masked  # last read by weights
         context = weights @ v_rep  # (B, H, T, Dh) context
+        del v_rep, weights  # last read by context
         merged = context.transpose(-3, -2).contiguous().view(B, T, d_model)  # (B, T, d_model) merged
+        del context  # last read by merged
         attn_out = F.linear(merged, self.W_o)  # (B, T, d_model) attn_out
+        del merged  # last read by attn_out
         resid_1 = x + attn_out  # (B, T, d_model) resid_1
+        del attn_out  # last read by resid_1
         h_2_h = resid_1.to(torch.float32)  # h_2
         h_2_h = h_2_h * torch.rsqrt(h_2_h.pow(2).mean(-1, keepdim=True) + 1e-05)  # h_2
         h_2 = self.ln_post * h_2_h.to(resid_1.dtype)  # (B, T, d_model) h_2
+        del h_2_h  # last read by h_2
         gate_up = F.linear(h_2, self.W_gate_up)  # (B, T, 2 * d_ff) gate_up
+        del h_2  # last read by gate_up
         gate, up = gate_up.split(d_ff, dim=-1)  # (B, T, d_ff), (B, T, d_ff) gate_up_split
         gate_act = F.silu(gate)  # (B, T, d_ff) gate_act
         gated = up * gate_act  # (B, T, d_ff) gated
+        del gate, gate_act, gate_up, up  # last read by gated
         down = F.linear(gated, self.W_down)  # (B, T, d_model) down
+        del gated  # last read by down
         out = resid_1 + down  # (B, T, d_model) out
+        del down, resid_1  # last read by out
         return out  # (B, T, d_model)

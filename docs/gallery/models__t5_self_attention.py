@@ -72,6 +72,7 @@ class T5SelfAttention(nn.Module):
         normed_h = x.to(torch.float32)  # normed
         normed_h = normed_h * torch.rsqrt(normed_h.pow(2).mean(-1, keepdim=True) + 1e-06)  # normed
         normed = self.ln * normed_h.to(x.dtype)  # (B, T, d_model) normed
+        del normed_h  # last read by normed
         q = F.linear(normed, self.W_q)  # (B, T, H * Dh) q
         q_heads = q.view(B, T, H, Dh)  # (B, T, H, Dh) q_heads
         q_h = q_heads.transpose(1, 2)  # (B, H, T, Dh) q_h
@@ -79,19 +80,29 @@ class T5SelfAttention(nn.Module):
         k_heads = k.view(B, T, H, Dh)  # (B, T, H, Dh) k_heads
         k_h = k_heads.transpose(1, 2)  # (B, H, T, Dh) k_h
         v = F.linear(normed, self.W_v)  # (B, T, H * Dh) v
+        del normed  # last read by v
         v_heads = v.view(B, T, H, Dh)  # (B, T, H, Dh) v_heads
         v_h = v_heads.transpose(1, 2)  # (B, H, T, Dh) v_h
         k_t = k_h.transpose(2, 3)  # (B, H, Dh, T) k_t
         scores = q_h @ k_t  # (B, H, T, T) scores
+        del k, k_h, k_heads, k_t, q, q_h, q_heads  # last read by scores
         biased_buckets = t5_buckets(torch, T, T, self.rel_bias.shape[0], 6, True, scores.device)  # biased
         biased_values = F.embedding(biased_buckets, self.rel_bias)  # biased
+        del biased_buckets  # last read by biased
         biased = scores + biased_values.permute(2, 0, 1).unsqueeze(0)  # (B, H, T, T) biased
+        del biased_values, scores  # last read by biased
         key_mask = attention_mask.unsqueeze(1)  # (B, 1, T) key_mask
         key_mask_4d = key_mask.unsqueeze(1)  # (B, 1, 1, T) key_mask_4d
         masked = biased.masked_fill(~key_mask_4d.bool(), torch.finfo(biased.dtype).min)  # (B, H, T, T) masked
+        del biased  # last read by masked
         weights = torch.softmax(masked, dim=-1)  # (B, H, T, T) weights
+        del masked  # last read by weights
         context = weights @ v_h  # (B, H, T, Dh) context
+        del v, v_h, v_heads, weights  # last read by context
         merged = context.transpose(-3, -2).contiguous().view(B, T, Dh * H)  # (B, T, Dh*H) merged
+        del context  # last read by merged
         attended = F.linear(merged, self.W_o)  # (B, T, d_model) attended
+        del merged  # last read by attended
         out = x + attended  # (B, T, d_model) out
+        del attended  # last read by out
         return out  # (B, T, d_model)

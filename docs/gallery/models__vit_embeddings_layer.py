@@ -91,7 +91,9 @@ class VitEmbeddingsLayer(nn.Module):
         patch_tokens = patches_flat.transpose(1, 2)  # (B, N, d_model) patch_tokens
         cls = self.cls_token.expand(B, 1, d_model)  # (B, 1, d_model) cls
         tokens = torch.cat((cls, patch_tokens), dim=1)  # (B, T, d_model) tokens
+        del patch_tokens, patches, patches_flat  # last read by tokens
         x = tokens + self.pos_emb  # (B, T, d_model) x
+        del tokens  # last read by x
         h = F.layer_norm(x, (d_model,), self.ln1_w, self.ln1_b, eps=1e-12)  # (B, T, d_model) h
         q = F.linear(h, self.W_q, self.b_q)  # (B, T, d_model) q
         q_heads = q.view(B, T, H, Dh)  # (B, T, H, Dh) q_heads
@@ -100,19 +102,31 @@ class VitEmbeddingsLayer(nn.Module):
         k_heads = k.view(B, T, H, Dh)  # (B, T, H, Dh) k_heads
         k_h = k_heads.transpose(1, 2)  # (B, H, T, Dh) k_h
         v = F.linear(h, self.W_v, self.b_v)  # (B, T, d_model) v
+        del h  # last read by v
         v_heads = v.view(B, T, H, Dh)  # (B, T, H, Dh) v_heads
         v_h = v_heads.transpose(1, 2)  # (B, H, T, Dh) v_h
         k_t = k_h.transpose(2, 3)  # (B, H, Dh, T) k_t
         scores = q_h @ k_t  # (B, H, T, T) scores
+        del k, k_h, k_heads, k_t, q, q_h, q_heads  # last read by scores
         scaled = scores * 0.3535533905932738  # (B, H, T, T) scaled
+        del scores  # last read by scaled
         weights = torch.softmax(scaled, dim=-1)  # (B, H, T, T) weights
+        del scaled  # last read by weights
         context = weights @ v_h  # (B, H, T, Dh) context
+        del v, v_h, v_heads, weights  # last read by context
         merged = context.transpose(-3, -2).contiguous().view(B, T, d_model)  # (B, T, d_model) merged
+        del context  # last read by merged
         attn_out = F.linear(merged, self.W_o, self.b_o)  # (B, T, d_model) attn_out
+        del merged  # last read by attn_out
         resid_1 = attn_out + x  # (B, T, d_model) resid_1
+        del attn_out, x  # last read by resid_1
         h_2 = F.layer_norm(resid_1, (d_model,), self.ln2_w, self.ln2_b, eps=1e-12)  # (B, T, d_model) h_2
         fc1 = F.linear(h_2, self.W_fc1, self.b_fc1)  # (B, T, d_ff) fc1
+        del h_2  # last read by fc1
         fc1_act = F.gelu(fc1)  # (B, T, d_ff) fc1_act
+        del fc1  # last read by fc1_act
         fc2 = F.linear(fc1_act, self.W_fc2, self.b_fc2)  # (B, T, d_model) fc2
+        del fc1_act  # last read by fc2
         out = fc2 + resid_1  # (B, T, d_model) out
+        del fc2, resid_1  # last read by out
         return out  # (B, T, d_model)

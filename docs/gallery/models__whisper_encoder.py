@@ -80,35 +80,55 @@ class WhisperEncoder(nn.Module):
         P, d_model, H, Dh = self.P, self.d_model, self.H, self.Dh  # dims
         conv1 = F.conv1d(features, self.W_conv1, self.b_conv1, (1, ), (1, ), (1, ), 1)  # (B, d_model, L) conv1
         conv1_act = F.gelu(conv1)  # (B, d_model, L) conv1_act
+        del conv1  # last read by conv1_act
         conv2 = F.conv1d(conv1_act, self.W_conv2, self.b_conv2, (2, ), (1, ), (1, ), 1)  # (B, d_model, P) conv2
+        del conv1_act  # last read by conv2
         conv2_act = F.gelu(conv2)  # (B, d_model, P) conv2_act
+        del conv2  # last read by conv2_act
         frames = conv2_act.permute(0, 2, 1)  # (B, P, d_model) frames
         x = frames + self.pos_table  # (B, P, d_model) x
+        del conv2_act, frames  # last read by x
         h = F.layer_norm(x, (d_model,), self.ln1_w, self.ln1_b, eps=1e-05)  # (B, P, d_model) h
         q = F.linear(h, self.W_q, self.b_q)  # (B, P, d_model) q
         q_scaled = q * 0.3535533905932738  # (B, P, d_model) q_scaled
+        del q  # last read by q_scaled
         q_heads = q_scaled.view(B, P, H, Dh)  # (B, P, H, Dh) q_heads
         q_t = q_heads.transpose(1, 2)  # (B, H, P, Dh) q_t
         q_h = q_t.contiguous()  # (B, H, P, Dh) q_h
+        del q_heads, q_scaled, q_t  # last read by q_h
         k = F.linear(h, self.W_k)  # (B, P, d_model) k
         k_heads = k.view(B, P, H, Dh)  # (B, P, H, Dh) k_heads
         k_t = k_heads.transpose(1, 2)  # (B, H, P, Dh) k_t
         k_h = k_t.contiguous()  # (B, H, P, Dh) k_h
+        del k, k_heads, k_t  # last read by k_h
         v = F.linear(h, self.W_v, self.b_v)  # (B, P, d_model) v
+        del h  # last read by v
         v_heads = v.view(B, P, H, Dh)  # (B, P, H, Dh) v_heads
         v_t = v_heads.transpose(1, 2)  # (B, H, P, Dh) v_t
         v_h = v_t.contiguous()  # (B, H, P, Dh) v_h
+        del v, v_heads, v_t  # last read by v_h
         k_T = k_h.transpose(2, 3)  # (B, H, Dh, P) k_T
         scores = q_h @ k_T  # (B, H, P, P) scores
+        del k_T, k_h, q_h  # last read by scores
         weights = torch.softmax(scores, dim=-1)  # (B, H, P, P) weights
+        del scores  # last read by weights
         context = weights @ v_h  # (B, H, P, Dh) context
+        del v_h, weights  # last read by context
         merged = context.transpose(-3, -2).contiguous().view(B, P, d_model)  # (B, P, d_model) merged
+        del context  # last read by merged
         attn_out = F.linear(merged, self.W_o, self.b_o)  # (B, P, d_model) attn_out
+        del merged  # last read by attn_out
         resid_1 = x + attn_out  # (B, P, d_model) resid_1
+        del attn_out, x  # last read by resid_1
         h_2 = F.layer_norm(resid_1, (d_model,), self.ln2_w, self.ln2_b, eps=1e-05)  # (B, P, d_model) h_2
         fc1 = F.linear(h_2, self.W_fc1, self.b_fc1)  # (B, P, d_ff) fc1
+        del h_2  # last read by fc1
         fc1_act = F.gelu(fc1)  # (B, P, d_ff) fc1_act
+        del fc1  # last read by fc1_act
         fc2 = F.linear(fc1_act, self.W_fc2, self.b_fc2)  # (B, P, d_model) fc2
+        del fc1_act  # last read by fc2
         resid_2 = resid_1 + fc2  # (B, P, d_model) resid_2
+        del fc2, resid_1  # last read by resid_2
         out = F.layer_norm(resid_2, (d_model,), self.lnf_w, self.lnf_b, eps=1e-05)  # (B, P, d_model) out
+        del resid_2  # last read by out
         return out  # (B, P, d_model)

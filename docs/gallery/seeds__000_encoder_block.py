@@ -85,17 +85,28 @@ class Pipeline000EncoderBlock(nn.Module):
         V_heads = V_reshaped.transpose(1, 2)  # (batch_size, num_heads, seq_len, head_dim) V_heads
         K_T = K_heads.transpose(-1, -2)  # (batch_size, num_heads, head_dim, seq_len) K_T
         QK = Q_heads @ K_T  # (batch_size, num_heads, seq_len, seq_len) QK
+        del K, K_T, K_heads, K_reshaped, Q, Q_heads, Q_reshaped  # last read by QK
         scores = QK / math.sqrt(head_dim)  # (batch_size, num_heads, seq_len, seq_len) scores
+        del QK  # last read by scores
         attn_weights = torch.softmax(scores, dim=-1)  # (batch_size, num_heads, seq_len, seq_len) attn_weights
+        del scores  # last read by attn_weights
         context = attn_weights @ V_heads  # (batch_size, num_heads, seq_len, head_dim) context
+        del V, V_heads, V_reshaped, attn_weights  # last read by context
         context_transposed = context.transpose(1, 2)  # (batch_size, seq_len, num_heads, head_dim) context_transposed
         context_merged = context_transposed.reshape(batch_size, seq_len, d_model)  # (batch_size, seq_len, d_model) context_merged
         mha_out = F.linear(context_merged, self.out_proj.weight, self.out_proj.bias)  # (batch_size, seq_len, d_model) mha_out
+        del context, context_merged, context_transposed  # last read by mha_out
         residual_1 = x_in + mha_out  # (1, seq_len, d_model) residual_1
+        del embedded_sentence, mha_out, x_in  # last read by residual_1
         normed_1 = F.layer_norm(residual_1, (d_model,), None, None, eps=1e-05)  # (1, seq_len, d_model) normed_1
+        del residual_1  # last read by normed_1
         hidden = F.linear(normed_1, self.linear1.weight, self.linear1.bias)  # (1, seq_len, hidden_dim) hidden
         hidden_act = torch.relu(hidden)  # (1, seq_len, hidden_dim) hidden_act
+        del hidden  # last read by hidden_act
         ffn_out = F.linear(hidden_act, self.linear2.weight, self.linear2.bias)  # (1, seq_len, d_model) ffn_out
+        del hidden_act  # last read by ffn_out
         residual_2 = normed_1 + ffn_out  # (1, seq_len, d_model) residual_2
+        del ffn_out, normed_1  # last read by residual_2
         encoder_out = F.layer_norm(residual_2, (d_model,), None, None, eps=1e-05)  # (1, seq_len, d_model) encoder_out
+        del residual_2  # last read by encoder_out
         return encoder_out  # (1, seq_len, d_model)

@@ -46,17 +46,23 @@ class Pipeline000LossyHeadSplit(nn.Module):
         queries = queries_T.transpose(0, 1)  # (T, d_q) queries
         keys_T = self.W_key @ embedded_sentence_T  # (d_q, T) keys_T
         values_T = self.W_value @ embedded_sentence_T  # (d_v, T) values_T
+        del embedded_sentence, embedded_sentence_T  # last read by values_T
         values = values_T.transpose(0, 1)  # (T, d_v) values
         queries_1 = queries.select(0, 1)  # (d_q) queries_1
         query_2 = queries_1.unsqueeze(0)  # (1, d_q) query_2
         omega_2 = query_2 @ keys_T  # (1, T) omega_2
+        del keys_T, queries, queries_1, queries_T, query_2  # last read by omega_2
         omega_2_scaled = omega_2 / math.sqrt(d_k)  # (1, T) omega_2_scaled
+        del omega_2  # last read by omega_2_scaled
         attention_scores = torch.softmax(omega_2_scaled, dim=1)  # (1, T) attention_scores
+        del omega_2_scaled  # last read by attention_scores
         head_0 = values[:, 0:head_dim]  # (T, head_dim) head_0
         head_1 = values[:, head_dim:2 * head_dim]  # (T, head_dim) head_1
         head_2 = values[:, 2 * head_dim:3 * head_dim]  # (T, head_dim) head_2
         context_vector_0 = attention_scores @ head_0  # (1, head_dim) context_vector_0
         context_vector_1 = attention_scores @ head_1  # (1, head_dim) context_vector_1
         context_vector_2 = attention_scores @ head_2  # (1, head_dim) context_vector_2
+        del attention_scores, head_0, head_1, head_2, values, values_T  # last read by context_vector_2
         combined_context = torch.cat((context_vector_0, context_vector_1, context_vector_2), dim=1)  # (1, 3*head_dim) combined_context
+        del context_vector_0, context_vector_1, context_vector_2  # last read by combined_context
         return combined_context  # (1, 3*head_dim)

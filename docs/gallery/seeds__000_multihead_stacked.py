@@ -47,8 +47,12 @@ class Pipeline000MultiheadStacked(nn.Module):
         multihead_value_2 = self.multihead_W_value @ x_2  # (h, d_v) multihead_value_2
         embedded_sentence_T = embedded_sentence.transpose(0, 1)  # (d, T) embedded_sentence_T
         stacked_inputs = embedded_sentence_T.repeat(h, 1, 1)  # (h, d, T) stacked_inputs
+        del embedded_sentence, embedded_sentence_T, x_2  # last read by stacked_inputs
         multihead_keys_bmm = torch.bmm(self.multihead_W_key, stacked_inputs)  # (h, d_q, T) multihead_keys_bmm
         multihead_values_bmm = torch.bmm(self.multihead_W_value, stacked_inputs)  # (h, d_v, T) multihead_values_bmm
+        del stacked_inputs  # last read by multihead_values_bmm
         multihead_keys = multihead_keys_bmm.permute(0, 2, 1)  # (h, T, d_q) multihead_keys
+        del multihead_keys_bmm  # last read by multihead_keys
         multihead_values = multihead_values_bmm.permute(0, 2, 1)  # (h, T, d_v) multihead_values
+        del multihead_values_bmm  # last read by multihead_values
         return multihead_query_2, multihead_key_2, multihead_value_2, multihead_keys, multihead_values  # (h, d_q), (h, d_q), (h, d_v), (h, T, d_q), (h, T, d_v)

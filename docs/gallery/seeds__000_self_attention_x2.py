@@ -53,10 +53,15 @@ class Pipeline000SelfAttentionX2(nn.Module):
         keys_4 = keys.select(0, 4)  # (d_q) keys_4
         omega_24 = query_2 @ keys_4  # () omega_24
         omega_2 = query_2 @ keys_T  # (T) omega_2
+        del query_2  # last read by omega_2
         queries_1 = queries.select(0, 1)  # (d_q) queries_1
         query_2_row = queries_1.unsqueeze(0)  # (1, d_q) query_2_row
         omega_2_row = query_2_row @ keys_T  # (1, T) omega_2_row
+        del keys, keys_4, keys_T, queries, queries_1, queries_T, query_2_row  # last read by omega_2_row
         omega_2_scaled = omega_2_row / math.sqrt(d_k)  # (1, T) omega_2_scaled
+        del omega_2_row  # last read by omega_2_scaled
         attention_weights_2 = torch.softmax(omega_2_scaled, dim=1)  # (1, T) attention_weights_2
+        del omega_2_scaled  # last read by attention_weights_2
         context_vector_2 = attention_weights_2 @ values  # (1, d_v) context_vector_2
+        del values, values_T  # last read by context_vector_2
         return embedded_sentence, key_2, value_2, omega_24, omega_2, attention_weights_2, context_vector_2  # (T, d), (d_q), (d_v), (), (T), (1, T), (1, d_v)

@@ -45,7 +45,11 @@ class Pipeline001SelfAttentionLinearClass(nn.Module):
         values = F.linear(X, self.Wv.weight)  # (T, d_out) values
         keys_T = keys.transpose(0, 1)  # (d_out, T) keys_T
         attention_scores = queries @ keys_T  # (T, T) attention_scores
+        del keys, keys_T, queries  # last read by attention_scores
         scaled_scores = attention_scores / math.sqrt(d_out)  # (T, T) scaled_scores
+        del attention_scores  # last read by scaled_scores
         attention_weights = torch.softmax(scaled_scores, dim=1)  # (T, T) attention_weights
+        del scaled_scores  # last read by attention_weights
         Z = attention_weights @ values  # (T, d_out) Z
+        del attention_weights, values  # last read by Z
         return Z  # (T, d_out)

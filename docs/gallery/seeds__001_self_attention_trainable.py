@@ -36,8 +36,11 @@ class Pipeline001SelfAttentionTrainable(nn.Module):
         values = inputs @ self.Wv  # (T, d_out) values
         keys_T = keys.transpose(0, 1)  # (d_out, T) keys_T
         attention_scores = queries @ keys_T  # (T, T) attention_scores
+        del keys, keys_T, queries  # last read by attention_scores
         scaled_scores = attention_scores / math.sqrt(d_k)  # (T, T) scaled_scores
+        del attention_scores  # last read by scaled_scores
         attention_weights = torch.softmax(scaled_scores, dim=-1)  # (T, T) attention_weights
+        del scaled_scores  # last read by attention_weights
         alpha_2 = attention_weights.select(0, 2)  # (T) alpha_2
         z_2 = alpha_2 @ values  # (d_out) z_2
         Z = attention_weights @ values  # (T, d_out) Z

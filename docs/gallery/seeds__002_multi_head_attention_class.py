@@ -68,13 +68,20 @@ class Pipeline002MultiHeadAttentionClass(nn.Module):
         V_heads = V_view.transpose(1, 2)  # (B, num_heads, T, head_dim) V_heads
         K_T = K_heads.transpose(-2, -1)  # (B, num_heads, head_dim, T) K_T
         attention_scores = Q_heads @ K_T  # (B, num_heads, T, T) attention_scores
+        del K, K_T, K_heads, K_view, Q, Q_heads, Q_view  # last read by attention_scores
         mask_rows = self.mask[:T]  # (T, context_size) mask_rows
         mask_T = mask_rows[:, :T]  # (T, T) mask_T
         attention_scores_masked = attention_scores.masked_fill(mask_T.bool(), -math.inf)  # (B, num_heads, T, T) attention_scores_masked
+        del attention_scores  # last read by attention_scores_masked
         attention_scores_scaled = attention_scores_masked / math.sqrt(head_dim)  # (B, num_heads, T, T) attention_scores_scaled
+        del attention_scores_masked  # last read by attention_scores_scaled
         attention_weights = torch.softmax(attention_scores_scaled, dim=-1)  # (B, num_heads, T, T) attention_weights
+        del attention_scores_scaled  # last read by attention_weights
         attention_weights_dropout = F.dropout(attention_weights, p=0.2, training=self.training)  # (B, num_heads, T, T) attention_weights_dropout
         context_vectors = attention_weights_dropout @ V_heads  # (B, num_heads, T, head_dim) context_vectors
+        del V, V_heads, V_view, attention_weights, attention_weights_dropout  # last read by context_vectors
         context_vectors_merged = context_vectors.transpose(-3, -2).contiguous().view(B, T, d_out)  # (B, T, d_out) context_vectors_merged
+        del context_vectors  # last read by context_vectors_merged
         output = F.linear(context_vectors_merged, self.out_proj.weight, self.out_proj.bias)  # (B, T, d_out) output
+        del context_vectors_merged  # last read by output
         return output  # (B, T, d_out)

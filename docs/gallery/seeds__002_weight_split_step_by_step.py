@@ -50,9 +50,12 @@ class Pipeline002WeightSplitStepByStep(nn.Module):
         neg_inf_masked_attention_scores = attention_scores.masked_fill(self.mask.bool(), -math.inf)  # (NUM_BATCH, NUM_HEADS, NUM_TOKENS, NUM_TOKENS) neg_inf_masked_attention_scores
         scaled_attention_scores = neg_inf_masked_attention_scores / math.sqrt(HEAD_DIM)  # (NUM_BATCH, NUM_HEADS, NUM_TOKENS, NUM_TOKENS) scaled_attention_scores
         attention_weights = torch.softmax(scaled_attention_scores, dim=-1)  # (NUM_BATCH, NUM_HEADS, NUM_TOKENS, NUM_TOKENS) attention_weights
+        del scaled_attention_scores  # last read by attention_weights
         attention_weights_dropout = F.dropout(attention_weights, p=0.2, training=self.training)  # (NUM_BATCH, NUM_HEADS, NUM_TOKENS, NUM_TOKENS) attention_weights_dropout
         context_vectors = attention_weights_dropout @ V_regrouped  # (NUM_BATCH, NUM_HEADS, NUM_TOKENS, HEAD_DIM) context_vectors
         context_vectors_regrouped = context_vectors.transpose(1, 2)  # (NUM_BATCH, NUM_TOKENS, NUM_HEADS, HEAD_DIM) context_vectors_regrouped
         context_vectors_contiguous = context_vectors_regrouped.contiguous()  # (NUM_BATCH, NUM_TOKENS, NUM_HEADS, HEAD_DIM) context_vectors_contiguous
+        del context_vectors, context_vectors_regrouped  # last read by context_vectors_contiguous
         context_vectors_reshaped = context_vectors_contiguous.view(NUM_BATCH, NUM_TOKENS, D_OUT)  # (NUM_BATCH, NUM_TOKENS, D_OUT) context_vectors_reshaped
+        del context_vectors_contiguous  # last read by context_vectors_reshaped
         return Q, K, V, attention_scores, neg_inf_masked_attention_scores, attention_weights, context_vectors_reshaped  # (NUM_BATCH, NUM_TOKENS, D_OUT), (NUM_BATCH, NUM_TOKENS, D_OUT), (NUM_BATCH, NUM_TOKENS, D_OUT), (NUM_BATCH, NUM_HEADS, NUM_TOKENS, NUM_TOKENS), (NUM_BATCH, NUM_HEADS, NUM_TOKENS, NUM_TOKENS), (NUM_BATCH, NUM_HEADS, NUM_TOKENS, NUM_TOKENS), (NUM_BATCH, NUM_TOKENS, D_OUT)

@@ -77,12 +77,19 @@ class Pipeline003MultiHeadedAttentionClass(nn.Module):
         values_heads = values_view.transpose(1, 2)  # (batch_size, num_heads, seq_len, d_k) values_heads
         keys_transposed = keys_heads.transpose(2, 3)  # (batch_size, num_heads, d_k, seq_len) keys_transposed
         attention_scores_raw = queries_heads @ keys_transposed  # (batch_size, num_heads, seq_len, seq_len) attention_scores_raw
+        del keys, keys_heads, keys_transposed, keys_view, queries, queries_heads, queries_view  # last read by attention_scores_raw
         attention_scores = attention_scores_raw / math.sqrt(d_k)  # (batch_size, num_heads, seq_len, seq_len) attention_scores
+        del attention_scores_raw  # last read by attention_scores
         attention_scores_masked = attention_scores.masked_fill(~mask, -1000000000.0)  # (batch_size, num_heads, seq_len, seq_len) attention_scores_masked
+        del attention_scores  # last read by attention_scores_masked
         attention_weights = torch.softmax(attention_scores_masked, dim=-1)  # (batch_size, num_heads, seq_len, seq_len) attention_weights
+        del attention_scores_masked  # last read by attention_weights
         attention_scores_dropout = F.dropout(attention_weights, p=0.1, training=self.training)  # (batch_size, num_heads, seq_len, seq_len) attention_scores_dropout  # noqa: F841
         attention_heads = attention_weights @ values_heads  # (batch_size, num_heads, seq_len, d_k) attention_heads
+        del attention_weights, values, values_heads, values_view  # last read by attention_heads
         attention_heads_transposed = attention_heads.transpose(1, 2)  # (batch_size, seq_len, num_heads, d_k) attention_heads_transposed
         attention_heads_concat = attention_heads_transposed.reshape(batch_size, seq_len, d_model)  # (batch_size, seq_len, d_model) attention_heads_concat
+        del attention_heads, attention_heads_transposed  # last read by attention_heads_concat
         output = F.linear(attention_heads_concat, getattr(self.linear_layers, '3').weight, getattr(self.linear_layers, '3').bias)  # (batch_size, seq_len, d_model) output
+        del attention_heads_concat  # last read by output
         return output  # (batch_size, seq_len, d_model)

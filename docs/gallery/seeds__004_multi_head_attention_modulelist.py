@@ -83,17 +83,30 @@ class Pipeline004MultiHeadAttentionModulelist(nn.Module):
         V_1 = F.linear(toy_encodings, getattr(self.linear_vs, '1').weight, getattr(self.linear_vs, '1').bias)  # (batch_size, seq_len, d_h) V_1
         K_0_permuted = K_0.permute(0, 2, 1)  # (batch_size, d_h, seq_len) K_0_permuted
         Q_K_matmul_0 = Q_0 @ K_0_permuted  # (batch_size, seq_len, seq_len) Q_K_matmul_0
+        del K_0, K_0_permuted, Q_0  # last read by Q_K_matmul_0
         scores_0 = Q_K_matmul_0 / math.sqrt(d_h)  # (batch_size, seq_len, seq_len) scores_0
+        del Q_K_matmul_0  # last read by scores_0
         attn_weights_0 = torch.softmax(scores_0, dim=-1)  # (batch_size, seq_len, seq_len) attn_weights_0
+        del scores_0  # last read by attn_weights_0
         output_0 = attn_weights_0 @ V_0  # (batch_size, seq_len, d_h) output_0
+        del V_0  # last read by output_0
         K_1_permuted = K_1.permute(0, 2, 1)  # (batch_size, d_h, seq_len) K_1_permuted
         Q_K_matmul_1 = Q_1 @ K_1_permuted  # (batch_size, seq_len, seq_len) Q_K_matmul_1
+        del K_1, K_1_permuted, Q_1  # last read by Q_K_matmul_1
         scores_1 = Q_K_matmul_1 / math.sqrt(d_h)  # (batch_size, seq_len, seq_len) scores_1
+        del Q_K_matmul_1  # last read by scores_1
         attn_weights_1 = torch.softmax(scores_1, dim=-1)  # (batch_size, seq_len, seq_len) attn_weights_1
+        del scores_1  # last read by attn_weights_1
         output_1 = attn_weights_1 @ V_1  # (batch_size, seq_len, d_h) output_1
+        del V_1  # last read by output_1
         output = torch.cat((output_0, output_1), dim=-1)  # (batch_size, seq_len, d_model) output
+        del output_0, output_1  # last read by output
         attn_weights_stacked = torch.stack((attn_weights_0, attn_weights_1), dim=0)  # (2, batch_size, seq_len, seq_len) attn_weights_stacked
+        del attn_weights_0, attn_weights_1  # last read by attn_weights_stacked
         attn_weights = attn_weights_stacked.permute(1, 0, 2, 3)  # (batch_size, 2, seq_len, seq_len) attn_weights
+        del attn_weights_stacked  # last read by attn_weights
         linear_output = F.linear(output, self.linear.weight, self.linear.bias)  # (batch_size, seq_len, d_model) linear_output
+        del output  # last read by linear_output
         projection = F.dropout(linear_output, p=0.3, training=self.training)  # (batch_size, seq_len, d_model) projection
+        del linear_output  # last read by projection
         return projection, attn_weights  # (batch_size, seq_len, d_model), (batch_size, 2, seq_len, seq_len)

@@ -26,6 +26,8 @@ class Pipeline004ToyAttentionExample1(nn.Module):
         K_T = temp_k.transpose(0, 1)  # (d, n_k) K_T
         QK = temp_q @ K_T  # (n_q, n_k) QK
         matmul_scaled = QK / math.sqrt(d_k)  # (n_q, n_k) matmul_scaled
+        del QK  # last read by matmul_scaled
         attention_weights = torch.softmax(matmul_scaled, dim=-1)  # (n_q, n_k) attention_weights
+        del matmul_scaled  # last read by attention_weights
         output = attention_weights @ temp_v  # (n_q, d) output
         return output, attention_weights  # (n_q, d), (n_q, n_k)

@@ -32,7 +32,11 @@ class SelfAttention(nn.Module):
         values = x @ self.W_value  # (T, d_out) values
         keys_T = keys.transpose(0, 1)  # (d_out, T) keys_T
         scores = queries @ keys_T  # (T, T) scores
+        del keys, keys_T, queries  # last read by scores
         scaled = scores / math.sqrt(d_out)  # (T, T) scaled
+        del scores  # last read by scaled
         weights = torch.softmax(scaled, dim=-1)  # (T, T) weights
+        del scaled  # last read by weights
         context = weights @ values  # (T, d_out) context
+        del values, weights  # last read by context
         return context  # (T, d_out)
