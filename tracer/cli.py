@@ -267,7 +267,7 @@ def _parser() -> argparse.ArgumentParser:
     render.add_argument(
         "--tokens",
         default="",
-        type=_tokens,
+        type=_utf8_tokens,
         metavar="TEXT",
         help='label the .html report\'s attention heatmaps with these words, one per position: --tokens "The cat sat"',
     )
@@ -692,7 +692,7 @@ def _output_name(text: str) -> str:
     return text
 
 
-def _tokens(text: str) -> str:
+def _utf8_tokens(text: str) -> str:
     """The words, which the report writes as UTF-8: a byte the terminal passed that is not UTF-8
     (Python keeps it as a lone surrogate) is refused here, not when the page is written."""
     try:
