@@ -54,6 +54,10 @@ class Scale(StepBase):
     def scaling(self, value):
         return self.multiplier(value)
 
+    def scaled_by(self):
+        by = self.divide if self.divide is not None else self.multiply
+        return str(by.sqrt) if isinstance(by, Sqrt) else None
+
     def multiplier(self, value) -> tuple[float, str]:
         """What the scores are multiplied by, and how the file wrote it: ``(0.577, '1/√d_k (d_k=3)')``."""
         by = self.divide if self.divide is not None else self.multiply
