@@ -154,7 +154,8 @@ def _judged(analysis, site, factors, got: float, want: float, explicit: bool) ->
         return True  # a pre-scaled query into SDPA's own 1/√Dh: scaled twice
     values = {n for n in analysis.alg.values.values() if n > 0} | {site.head_dim.value}
     divides = any(analysis.node(f.step).step.divide is not None for f in factors)
-    slips = {want * want} | {1 / math.sqrt(n) for n in values} | {math.sqrt(n) for n in values}
+    slips = {1 / math.sqrt(n) for n in values} | {math.sqrt(n) for n in values}
+    slips |= {want * want} if len(factors) > 1 else set()  # one number of 1/Dh is Granite's multiplier
     slips |= {1 / n for n in values} if divides else set()
     return any(math.isclose(got, slip, rel_tol=1e-6) for slip in slips)
 
