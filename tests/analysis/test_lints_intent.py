@@ -4,15 +4,15 @@ of issue 30 are caught at the line to edit."""
 
 import pytest
 import torch
-from transformers import DebertaV2Config, Gemma2Config, GraniteConfig, Qwen2VLConfig
-from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
+from transformers import DebertaV2Config, GraniteConfig, Qwen2VLConfig
+from transformers.masking_utils import create_causal_mask
 from transformers.models.deberta_v2.modeling_deberta_v2 import DisentangledSelfAttention
-from transformers.models.gemma2.modeling_gemma2 import Gemma2DecoderLayer, Gemma2RotaryEmbedding
 from transformers.models.granite.modeling_granite import GraniteAttention, GraniteRotaryEmbedding
 from transformers.models.qwen2_vl.modeling_qwen2_vl import Qwen2VLRotaryEmbedding, apply_rotary_pos_emb
 
 import tracer
 from tests.conftest import PIPELINES
+from tests.models.test_zoo import gemma2_case
 
 MODELS = PIPELINES / "models"
 
@@ -144,24 +144,9 @@ GEMMA2 = (MODELS / "gemma2_decoder_layer.yaml").read_text()
 
 @torch.no_grad()
 def test_gemma2_query_pre_attn_scalar_other_than_head_dim_is_clean_and_equals_gemma2decoderlayer():
-    torch.manual_seed(0)
-    config = Gemma2Config(
-        hidden_size=16, num_attention_heads=2, num_key_value_heads=1, head_dim=8, intermediate_size=32, num_hidden_layers=2,
-        query_pre_attn_scalar=12, attn_logit_softcapping=2.0, sliding_window=3, attn_implementation="eager",
-    )  # fmt: skip
-    layer = Gemma2DecoderLayer(config, layer_idx=0).eval()
-    x, pos = torch.randn(2, 6, 16), torch.arange(6)[None].expand(2, -1)
-    mask = create_sliding_window_causal_mask(config, x, None, None, position_ids=pos)
-    expected = layer(x, position_embeddings=Gemma2RotaryEmbedding(config)(x, pos), attention_mask=mask, position_ids=pos)
+    expected, tensors = gemma2_case(query_pre_attn_scalar=12)
     assert codes(GEMMA2, {"S": 12}) == set()
-    a, m = layer.self_attn, layer.mlp
-    weights = {
-        "ln_in": layer.input_layernorm.weight, "W_q": a.q_proj.weight, "W_k": a.k_proj.weight, "W_v": a.v_proj.weight,
-        "W_o": a.o_proj.weight, "ln_post_attn": layer.post_attention_layernorm.weight,
-        "ln_pre_ff": layer.pre_feedforward_layernorm.weight, "W_gate": m.gate_proj.weight, "W_up": m.up_proj.weight,
-        "W_down": m.down_proj.weight, "ln_post_ff": layer.post_feedforward_layernorm.weight,
-    }  # fmt: skip
-    out = tracer.loads(GEMMA2, "g.yaml").run(dims={"S": 12}, tensors={"x": x, **weights}, keep_values=True)["out"].tensor
+    out = tracer.loads(GEMMA2, "g.yaml").run(dims={"S": 12}, tensors=tensors, keep_values=True)["out"].tensor
     torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
 
 
