@@ -270,6 +270,11 @@ class StepBase(Strict):
 
     # descriptions of meaning, read by the attention core and the lints (None: not this kind of step)
 
+    def static(self, ins: list, sizes: tuple[int, ...], value: Callable[[int | str], int]):
+        """Its result as a :class:`tracer.core.static.Static` from its inputs' (index arithmetic known
+        before running: arange, compare, …), ``sizes`` the result's; None for kinds that do not say."""
+        return None
+
     def scaled_by(self) -> str | None:
         """The dim expression a scale is written in (``{sqrt: Dh}``: ``Dh``), None for a number."""
         return None

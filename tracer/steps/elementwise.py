@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import operator
 from typing import Literal
 
 from pydantic import Field
@@ -9,6 +10,7 @@ from pydantic import Field
 from ..core.fields import TensorId
 from ..core.layout import fresh, pointwise, same_layout
 from ..core.pysource import py_float
+from ..core.static import binary
 from .contract import StepBase, register
 from .rules import StepError, broadcast, require_float, show, trailing_weight
 
@@ -36,6 +38,9 @@ class Add(StepBase):
 
     def kernel(self, k):
         return lambda a, b: a + b
+
+    def static(self, ins, sizes, value):
+        return binary(ins[0], ins[1], operator.add)
 
     def emit(self, e):
         return f"{e.args[0]} + {e.args[1]}"

@@ -5,6 +5,8 @@ promotion, a Python number included (``clamp(int64, max=2.5)`` is float32, as in
 
 from __future__ import annotations
 
+import math
+import operator
 from typing import ClassVar, Literal
 
 from pydantic import Field, StrictBool, StrictFloat, StrictInt, model_validator
@@ -13,6 +15,7 @@ from ..core.dtypes import FLOAT_DTYPES, promote, promote_number
 from ..core.fields import DimText
 from ..core.layout import fresh, pointwise
 from ..core.pysource import py_float
+from ..core.static import Static, binary, unary
 from ..core.symbolic import Dim
 from .contract import StepBase, register
 from .pointwise import DType, _Binary
@@ -49,6 +52,10 @@ class _Math(StepBase):
     def infer(self, ins, ctx):
         x = ins[0]
         return pointwise([x], x.shape, self.result_dtype(x.dtype, ctx.input_ids[0]))
+
+    def static(self, ins, sizes, value):
+        fn = {"abs": abs, "floor": math.floor, "ceil": math.ceil}.get(self.torch_name)
+        return None if fn is None else unary(ins[0], fn)
 
     def kernel(self, k):
         return getattr(k.torch, self.torch_name)
@@ -196,6 +203,13 @@ class Compare(StepBase):
         compare = getattr(k.torch, name)
         return (lambda a: compare(a, value)) if value is not None else compare
 
+    def static(self, ins, sizes, value):
+        fn = getattr(operator, self.cmp)
+        if self.value is not None:
+            number = self.value
+            return unary(ins[0], lambda a: fn(a, number))
+        return binary(ins[0], ins[1], fn)
+
     def emit(self, e):
         right = py_number(self.value) if self.value is not None else e.args[1]
         return f"{e.args[0]} {_COMPARISONS[self.cmp]} {right}"
@@ -256,6 +270,13 @@ class Where(StepBase):
 
         return select
 
+    def static(self, ins, sizes, value):
+        rest = list(ins[1:])
+        a = Static((), (self.then,)) if self.then is not None else rest.pop(0)
+        b = Static((), (self.otherwise,)) if self.otherwise is not None else rest.pop(0)
+        chosen = binary(ins[0], a, lambda cond, x: (cond, x))
+        return None if chosen is None else binary(chosen, b, lambda pair, y: pair[1] if pair[0] else y)
+
     def emit(self, e):
         rest = e.args[1:]
         a = py_number(self.then) if self.then is not None else rest.pop(0)
@@ -292,6 +313,12 @@ class Logical(StepBase):
 
     def kernel(self, k):
         return getattr(k.torch, f"logical_{self.fn}")
+
+    def static(self, ins, sizes, value):
+        if self.fn == "not":
+            return unary(ins[0], operator.not_)
+        fn = {"and": lambda a, b: bool(a) and bool(b), "or": lambda a, b: bool(a) or bool(b), "xor": lambda a, b: bool(a) != bool(b)}
+        return binary(ins[0], ins[1], fn[self.fn])
 
     def emit(self, e):
         return f"torch.logical_{self.fn}({', '.join(e.args)})"
@@ -445,6 +472,10 @@ class Arange(StepBase):
         arange, device, dtype = k.torch.arange, k.device, getattr(k.torch, self.dtype)
         start, stop = k.value(self.start), k.value(self.stop)
         return lambda: arange(start, stop, dtype=dtype, device=device)
+
+    def static(self, ins, sizes, value):
+        kind = int if self.dtype.startswith("int") else float
+        return Static(tuple(sizes), tuple(kind(v) for v in range(value(self.start), value(self.stop))))
 
     def emit(self, e):
         return f"torch.arange({e.dim(self.start)}, {e.dim(self.stop)}, dtype=torch.{self.dtype}, device={e.device})"

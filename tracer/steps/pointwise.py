@@ -4,14 +4,20 @@ TensorIterator (``_rules.pointwise``), so the static trace equals torch's."""
 
 from __future__ import annotations
 
+import math
+import operator
 from typing import ClassVar, Literal
 
 from pydantic import Field
 
 from ..core.dtypes import promote
 from ..core.layout import pointwise, preserve_format
+from ..core.static import binary, unary
 from .contract import StepBase, register
 from .rules import StepError, broadcast, require_float
+
+_PYTHON = {"mul": operator.mul, "sub": operator.sub, "div": operator.truediv, "minimum": min, "maximum": max}
+_CASTS = {"bool": bool, "int64": int, "int32": int}  # any other dtype is a float
 
 DType = Literal["float32", "float64", "float16", "bfloat16", "int64", "int32", "bool"]
 
@@ -43,6 +49,13 @@ class _Binary(StepBase):
 
     def kernel(self, k):
         return getattr(k.torch, self.torch_name)
+
+    def static(self, ins, sizes, value):
+        fn = _PYTHON.get(self.torch_name)
+        try:
+            return None if fn is None else binary(ins[0], ins[1], fn)
+        except ZeroDivisionError:
+            return None
 
     def emit(self, e):
         if self.symbol.isidentifier():  # minimum, maximum: a function, not an operator
@@ -162,6 +175,9 @@ class Exp(_Unary):
   op: exp
   input: scores"""
 
+    def static(self, ins, sizes, value):
+        return unary(ins[0], math.exp)
+
 
 @register
 class Neg(StepBase):
@@ -187,6 +203,9 @@ class Neg(StepBase):
 
     def kernel(self, k):
         return k.torch.neg
+
+    def static(self, ins, sizes, value):
+        return unary(ins[0], operator.neg)
 
     def emit(self, e):
         return f"-{e.args[0]}"
@@ -216,6 +235,9 @@ class Cast(StepBase):
     def kernel(self, k):
         dtype = getattr(k.torch, self.dtype)
         return lambda x: x.to(dtype)
+
+    def static(self, ins, sizes, value):
+        return unary(ins[0], _CASTS.get(self.dtype, float))
 
     def emit(self, e):
         return f"{e.args[0]}.to(torch.{self.dtype})"
