@@ -11,26 +11,11 @@ from transformers.models.granite.modeling_granite import GraniteAttention, Grani
 from transformers.models.qwen2_vl.modeling_qwen2_vl import Qwen2VLRotaryEmbedding, apply_rotary_pos_emb
 
 import tracer
+from tests.analysis.lintcheck import check, codes, one_warning
 from tests.conftest import PIPELINES
 from tests.models.test_zoo import gemma2_case
 
 MODELS = PIPELINES / "models"
-
-
-def check(text: str, dims: dict | None = None):
-    return tracer.loads(text, "t.yaml").check(dims)
-
-
-def codes(text: str, dims: dict | None = None) -> set[str]:
-    return {d.code for d in check(text, dims).warnings}
-
-
-def one_warning(text: str, code: str, at: str, dims: dict | None = None):
-    """The single warning of ``text``: ``code``, on the line holding ``at``."""
-    [d] = check(text, dims).warnings
-    line = next(i for i, row in enumerate(text.splitlines(), 1) if at in row)
-    assert (d.code, d.position.line) == (code, line), str(d)
-    return d
 
 
 def run(text: str, **tensors):

@@ -1,0 +1,113 @@
+"""Hand-built masks and biases, folded before running (tracer.analysis.values), equal what torch
+computes; held-out wrong variants of each pattern lint are caught at the line to edit, and correct
+designs stay clean."""
+
+import pytest
+import torch
+
+import tracer
+from tests.analysis.lintcheck import codes, one_warning
+from tests.conftest import PIPELINES
+from tracer.analysis.values import static_value
+
+EXAMPLES = PIPELINES / "lint_examples"
+WINDOW = (EXAMPLES / "fixed" / "window_band.yaml").read_text()
+ALIBI = (EXAMPLES / "fixed" / "alibi_slopes.yaml").read_text()
+
+
+@pytest.mark.parametrize("text, tensor", [(WINDOW, "keep"), (ALIBI, "bias")])
+def test_folded_values_equal_the_run(text, tensor):
+    pipeline = tracer.loads(text, "t.yaml")
+    folded = static_value(pipeline.check(), tensor)
+    ran = pipeline.run(keep_values=True)[tensor].tensor
+    assert folded.sizes == tuple(ran.shape)
+    torch.testing.assert_close(torch.tensor(folded.flat, dtype=ran.dtype).view(ran.shape), ran)
+
+
+def test_window_band_held_out():
+    # one key too narrow: distance < W - 1
+    narrow = WINDOW.replace("cmp: lt, value: 3}", "cmp: lt, value: 2}")
+    assert "one key fewer" in one_warning(narrow, "window-band", "id: near").message
+    # the band drawn from the keys' side, j - i > -W (correct) and j - i >= -W (one too many)
+    keys_side = WINDOW.replace("inputs: [query_positions, positions]}", "inputs: [positions, query_positions]}")
+    keys_side = keys_side.replace("cmp: ge, value: 0}", "cmp: le, value: 0}").replace("cmp: lt, value: 3}", "cmp: gt, value: -3}")
+    assert codes(keys_side) == set()
+    one_warning(keys_side.replace("cmp: gt, value: -3}", "cmp: ge, value: -3}"), "window-band", "id: near")
+    # the causal half given by the mask step instead
+    causal = WINDOW.replace("  - {id: keep, op: logical, fn: and, inputs: [past, near]}\n", "")
+    causal = causal.replace("  - {id: past, op: compare, input: distance, cmp: ge, value: 0}\n", "").replace(
+        "mask: keep, polarity: keep}", "mask: near, polarity: keep, causal: true}"
+    )
+    assert codes(causal) == set()
+    one_warning(causal.replace("cmp: lt, value: 3}", "cmp: le, value: 3}"), "window-band", "id: near")
+    # the window declared under another name, bound by the checkpoint: a dim the file no longer calls W
+    renamed = WINDOW.replace("W: 3}", "S_w: 3}").replace("cmp: lt, value: 3}", "cmp: le, value: 3}")
+    assert codes(renamed) == set()  # nothing declares a window: nothing to hold the band against
+    bound = renamed + (
+        "checkpoint:\n  dims: {sliding_window: S_w}\n  prefix: model.layers.{layer}.self_attn.\n  params: {q_proj.weight: null}\n"
+    )
+    assert "S_w = 3" in one_warning(bound, "window-band", "id: near").message
+
+
+SYMMETRIC = """
+name: modernbert_local_band
+dims: {B: 1, H: 2, T: 9, Dh: 4, local_attention: 4}
+inputs:
+  q: {shape: [B, H, T, Dh], init: randn}
+  k: {shape: [B, H, T, Dh], init: randn}
+steps:
+  - {id: positions, op: arange, stop: T}
+  - {id: rows, op: unsqueeze, input: positions, dim: 1}
+  - {id: distance, op: sub, inputs: [rows, positions]}
+  - {id: far, op: abs, input: distance}
+  - {id: window_mask, op: compare, input: far, cmp: le, value: HALF}   # |i - j| <= local_attention // 2
+  - {id: k_t, op: transpose, input: k, dims: [-2, -1]}
+  - {id: scores, op: matmul, inputs: [q, k_t]}
+  - {id: scaled, op: scale, divide: {sqrt: Dh}}
+  - {id: masked, op: mask, mask: window_mask, polarity: keep}
+  - {id: weights, op: softmax, dim: -1}
+"""
+
+
+def test_symmetric_band_against_half_the_window():
+    assert codes(SYMMETRIC.replace("HALF", "2")) == set()  # ModernBERT: 2 keys each side of a window of 4
+    assert "local_attention // 2 = 2" in one_warning(SYMMETRIC.replace("HALF", "3"), "window-band", "id: window_mask").message
+    assert codes(SYMMETRIC.replace("HALF", "4")) == set()  # the full window each side: another design, not a slip of one
+
+
+def test_band_polarity_held_out():
+    causal = """
+name: causal_by_hand
+dims: {H: 2, T: 5, Dh: 4}
+inputs:
+  q: {shape: [H, T, Dh], init: randn}
+  k: {shape: [H, T, Dh], init: randn}
+steps:
+  - {id: positions, op: arange, stop: T}
+  - {id: rows, op: unsqueeze, input: positions, dim: 1}
+  - {id: future, op: compare, inputs: [positions, rows], cmp: CMP}
+  - {id: k_t, op: transpose, input: k, dims: [-2, -1]}
+  - {id: scores, op: matmul, inputs: [q, k_t]}
+  - {id: masked, op: mask, mask: future, polarity: block}
+  - {id: weights, op: softmax, dim: -1}
+"""
+    assert codes(causal.replace("CMP", "gt")) == set()  # j > i blocked: causal
+    assert "use polarity: keep" in one_warning(causal.replace("CMP", "le"), "band-polarity", "id: masked").message
+
+
+def test_alibi_slopes_held_out():
+    # heads numbered H .. 1: the steepest slope on the last head
+    reversed_heads = ALIBI.replace(
+        "{id: head_numbers, op: arange, start: 1, stop: H + 1, dtype: float32}",
+        "{id: counted_down, op: arange, start: -H, stop: 0, dtype: float32}\n  - {id: head_numbers, op: neg}",
+    )
+    d = one_warning(reversed_heads, "alibi-slopes", "id: bias,")
+    assert "reverse their order" in d.message
+    # a tensor-parallel shard: heads rank * H .. of H_total, slopes of the global heads
+    shard = ALIBI.replace("dims: {B: 1, H: 4, T: 5, Dh: 4}", "dims: {B: 1, H: 2, H_total: 4, tp_rank: 1, T: 5, Dh: 4}")
+    first = shard  # exponents -8 ln2 / H_total for heads 1, 2: the first shard's
+    d = one_warning(first, "alibi-slopes", "id: bias,")
+    assert "offset the head index by tp_rank * 2" in d.message and "heads 2..3" in d.message
+    own = shard.replace("start: 1, stop: H + 1", "start: tp_rank * H + 1, stop: tp_rank * H + H + 1")
+    assert codes(own) == set()
+    assert codes(first, {"tp_rank": 0}) == set()  # the first shard does hold the first heads
