@@ -275,6 +275,10 @@ class StepBase(Strict):
         before running: arange, compare, …), ``sizes`` the result's; None for kinds that do not say."""
         return None
 
+    def splitting(self) -> int | None:
+        """The dim it cuts into consecutive pieces, each an output of its own (split, chunk)."""
+        return None
+
     def scaled_by(self) -> str | None:
         """The dim expression a scale is written in (``{sqrt: Dh}``: ``Dh``), None for a number."""
         return None

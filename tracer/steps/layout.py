@@ -572,6 +572,9 @@ class Split(StepBase):
             raise ValueError("every name in 'outputs' must be different")
         return self
 
+    def splitting(self):
+        return self.dim
+
     def args(self):
         how = f"chunks={self.chunks}" if self.chunks is not None else f"sizes={self.sizes}"
         return [f"dim={self.dim}", how]

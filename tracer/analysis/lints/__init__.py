@@ -11,13 +11,13 @@ docs`` writes docs/lints.md from the registry.
 from __future__ import annotations
 
 from ...core.errors import Diagnostic
-from . import axes, config, heads, masks, norms, patterns, positions, scores, structure
+from . import axes, config, heads, masks, norms, patterns, positions, projections, scores, structure
 from .registry import REGISTERED, Lint
 
-#: every lint by code, by subject (the docs' order): structure, axes, scores, masks, heads, positions, config, patterns, norms
+#: every lint by code, by subject (the docs' order): structure, axes, scores, masks, heads, positions, config, patterns, projections, norms
 LINTS: dict[str, Lint] = {
     code: lint
-    for module in (structure, axes, scores, masks, heads, positions, config, patterns, norms)
+    for module in (structure, axes, scores, masks, heads, positions, config, patterns, projections, norms)
     for code, lint in REGISTERED.items()
     if type(lint).__module__ == module.__name__
 }

@@ -40,7 +40,7 @@ class GqaHeadOrder(Lint):
             written = repeats[len(repeats) - len(meta.shape) :]
             reps = [node.dims.dim(r).value for r in written]
             tiled = [d for d, (r, size) in enumerate(zip(reps, meta.sizes)) if r > 1 and size > 1]
-            if not tiled or _not_heads(analysis, source, tiled[0]) or not _reaches_attention(analysis, node.id):
+            if not tiled or _not_heads(analysis, source, tiled[0]) or not reaches_attention(analysis, node.id):
                 continue
             d, r = tiled[0], reps[tiled[0]]
             heads = meta.shape[d]
@@ -61,7 +61,7 @@ class GqaHeadOrder(Lint):
                 continue
             source = analysis.metas[node.reads[0]]
             merged = _merged_copies(source, node.outs[-1].meta)
-            if merged is None or _not_heads(analysis, node.reads[0], merged + 1) or not _reaches_attention(analysis, node.id):
+            if merged is None or _not_heads(analysis, node.reads[0], merged + 1) or not reaches_attention(analysis, node.id):
                 continue
             copies, heads = source.shape[merged], source.shape[merged + 1]
             order = ", ".join(str(h % heads.value) for h in range(min(heads.value * copies.value, 8)))
@@ -85,7 +85,7 @@ def _merged_copies(source, out) -> int | None:
     return None
 
 
-def _reaches_attention(analysis, start: str) -> bool:
+def reaches_attention(analysis, start: str) -> bool:
     """Whether ``start`` becomes a query, key or value of an attention product within a few steps.
     A tensor that joins the scores (Swin's shifted-window mask tiled over the batch of windows, a
     bias) is no operand: the walk stops at the steps between a product and its softmax."""
