@@ -111,3 +111,66 @@ def test_alibi_slopes_held_out():
     own = shard.replace("start: 1, stop: H + 1", "start: tp_rank * H + 1, stop: tp_rank * H + H + 1")
     assert codes(own) == set()
     assert codes(first, {"tp_rank": 0}) == set()  # the first shard does hold the first heads
+
+
+# ---------------------------------------------------------------- fused q|k|v: the axis, and the checkpoint's layout
+
+FALCON = """
+name: falcon_grouped_qkv
+dims: {B: 1, T: 4, d_model: 16, H: 4, H_kv: 2, n_rep: H // H_kv, Dh: d_model // H}
+inputs:
+  x: {shape: [B, T, d_model], init: randn}
+params:
+  W_qkv: {shape: [(H + 2 * H_kv) * Dh, d_model], init: linear}
+steps:
+  - {id: fused, op: linear, input: x, weight: W_qkv}
+SPLIT
+  - {id: q_h, op: transpose, input: q_heads, dims: [1, 2]}
+  - {id: k_h, op: transpose, input: k_heads, dims: [1, 2]}
+  - {id: v_h, op: transpose, input: v_heads, dims: [1, 2]}
+  - {id: context, op: sdpa, inputs: [q_h, k_h, v_h], causal: true, gqa: true}
+checkpoint:
+  dims: {num_attention_heads: H, num_kv_heads: H_kv}
+  require: {new_decoder_architecture: true}
+  prefix: transformer.h.{layer}.self_attention.
+  params: {query_key_value.weight: W_qkv, dense.weight: null}
+"""
+GROUPED = """  - {id: qkv, op: view, input: fused, shape: [B, T, H_kv, n_rep + 2, Dh]}
+  - {id: q_g, op: index, input: qkv, dim: 3, start: 0, stop: n_rep}
+  - {id: k_1, op: index, input: qkv, dim: 3, start: n_rep, stop: n_rep + 1}
+  - {id: v_1, op: index, input: qkv, dim: 3, start: n_rep + 1, stop: n_rep + 2}
+  - {id: q_heads, op: reshape, input: q_g, shape: [B, T, H, Dh]}
+  - {id: k_heads, op: reshape, input: k_1, shape: [B, T, H_kv, Dh]}
+  - {id: v_heads, op: reshape, input: v_1, shape: [B, T, H_kv, Dh]}"""
+BLOCKS = """  - {id: blocks, op: split, input: fused, dim: -1, sizes: [H * Dh, H_kv * Dh, H_kv * Dh], outputs: [q, k, v]}
+  - {id: q_heads, op: view, input: q, shape: [B, T, H, Dh]}
+  - {id: k_heads, op: view, input: k, shape: [B, T, H_kv, Dh]}
+  - {id: v_heads, op: view, input: v, shape: [B, T, H_kv, Dh]}"""
+
+
+def test_fused_qkv_against_the_checkpoint_layout():
+    assert codes(FALCON.replace("SPLIT", GROUPED)) == set()
+    d = one_warning(FALCON.replace("SPLIT", BLOCKS), "fused-qkv-split", "id: blocks")
+    assert "per kv group" in d.message and "query_key_value.weight" in d.message
+    # one kv group (Falcon-7B's multi-query): the blocks are its layout
+    assert codes(FALCON.replace("SPLIT", BLOCKS), {"H_kv": 1}) == set()
+    # contiguous blocks are right for a checkpoint that stores them so (Phi-3's qkv_proj)
+    assert (
+        codes(
+            FALCON.replace("SPLIT", BLOCKS)
+            .replace("query_key_value.weight", "qkv_proj.weight")
+            .replace("  require: {new_decoder_architecture: true}\n", "")
+        )
+        == set()
+    )
+    # GPT-NeoX: q, k, v per head under the same key
+    neox = FALCON.replace("SPLIT", BLOCKS.replace("H_kv * Dh", "H * Dh").replace("H_kv, Dh]", "H, Dh]")).replace("2 * H_kv", "2 * H")
+    neox = neox.replace("  require: {new_decoder_architecture: true}\n", "").replace(", gqa: true", "")
+    assert "per head" in one_warning(neox, "fused-qkv-split", "id: blocks").message
+
+
+def test_fused_qkv_cut_along_the_tokens_held_out():
+    text = (EXAMPLES / "fixed" / "fused_qkv_split.yaml").read_text()
+    assert codes(text) == set()
+    text = text.replace("dim: -1, chunks: 3", "dim: -2, sizes: [2, 2, 2]")
+    assert "(T, positions)" in one_warning(text, "fused-qkv-split", "id: qkv_split").message
