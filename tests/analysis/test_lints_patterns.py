@@ -174,3 +174,43 @@ def test_fused_qkv_cut_along_the_tokens_held_out():
     assert codes(text) == set()
     text = text.replace("dim: -1, chunks: 3", "dim: -2, sizes: [2, 2, 2]")
     assert "(T, positions)" in one_warning(text, "fused-qkv-split", "id: qkv_split").message
+
+
+# ---------------------------------------------------------------- gate and up against the checkpoint's names
+
+LLAMA = (PIPELINES / "models" / "llama_decoder_layer.yaml").read_text()
+PHI3_MLP = """
+name: phi3_mlp
+dims: {B: 1, T: 3, d_model: 8, d_ff: 16}
+inputs:
+  x: {shape: [B, T, d_model], init: randn}
+params:
+  W_gate_up: {shape: [2 * d_ff, d_model], init: linear}
+  W_down: {shape: [d_model, d_ff], init: linear}
+steps:
+  - {id: gate_up, op: linear, input: x, weight: W_gate_up}
+  - {id: halves, op: split, input: gate_up, dim: -1, sizes: d_ff, outputs: [gate, up]}
+  - {id: act, op: silu, input: ACTIVATED}
+  - {id: gated, op: mul, inputs: [act, PLAIN]}
+  - {id: down, op: linear, input: gated, weight: W_down}
+checkpoint:
+  prefix: model.layers.{layer}.
+  params: {mlp.gate_up_proj.weight: W_gate_up, mlp.down_proj.weight: W_down}
+"""
+
+
+def test_gate_up_swap_held_out():
+    assert codes(LLAMA) == set()
+    swapped = (
+        LLAMA.replace("mlp.gate_proj.weight: W_gate", "mlp.gate_proj.weight: W_TMP")
+        .replace("mlp.up_proj.weight: W_up", "mlp.up_proj.weight: W_gate")
+        .replace("W_TMP", "W_up")
+    )
+    d = one_warning(swapped, "gate-up-swap", "id: gate_act")
+    assert "mlp.up_proj.weight" in d.message
+    assert codes(PHI3_MLP.replace("ACTIVATED", "gate").replace("PLAIN", "up")) == set()
+    d = one_warning(PHI3_MLP.replace("ACTIVATED", "up").replace("PLAIN", "gate"), "gate-up-swap", "id: act")
+    assert "first half" in d.message
+    # without a checkpoint nothing names the halves: not judged
+    bare = PHI3_MLP[: PHI3_MLP.index("checkpoint:")].replace("ACTIVATED", "up").replace("PLAIN", "gate")
+    assert codes(bare) == set()

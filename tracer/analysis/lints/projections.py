@@ -91,3 +91,77 @@ def _param_keys(analysis) -> dict[str, str]:
     if section is None:
         return {}
     return {key: target for key, target in section.params.items() if isinstance(target, str)}
+
+
+@register
+class GateUpSwap(Lint):
+    """**What.** A gated MLP (`down(act(gate(x)) * up(x))`: SwiGLU, GeGLU) whose activated branch is
+    the projection its checkpoint calls `up`: the param filled from `mlp.up_proj.weight` goes
+    through the activation and the one from `mlp.gate_proj.weight` does not; or, for a fused
+    `gate_up_proj`, the second half activated where transformers activates the first
+    (`gate, up = gate_up.chunk(2, dim=-1)`).
+
+    **Why it matters.** Both projections have the same shape, so the file runs and a random init
+    cannot tell; with the checkpoint's weights the MLP computes `act(up) * gate`, a different
+    function.
+
+    **Fix.** Apply the activation to the gate: swap the two params in the steps (or in
+    `checkpoint: params:`), or take the first piece of a fused `gate_up_proj` as the gate.
+    """
+
+    code, example, origin = "gate-up-swap", "gate_up_swap", "gated MLPs with checkpoints (Llama, Gemma, Phi-3)"
+
+    def check(self, analysis):
+        keys = {target: key for key, target in _param_keys(analysis).items()}
+        if not keys:
+            return
+        for node in analysis.nodes.values():
+            if len(node.inputs) != 2 or not node.step.elementwise or node.step.passes_scores or not node.outs:
+                continue
+            branches = [_branch(analysis, tensor) for tensor in node.inputs]
+            if None in branches or sorted(b[0] for b in branches) != [False, True]:
+                continue
+            activated, plain = sorted(branches, key=lambda b: not b[0])
+            message = _swapped(keys, activated, plain)
+            if message is not None:
+                yield warning(analysis, activated[3], self.code, message)
+
+
+def _branch(analysis, tensor: str):
+    """(activated, the projection, the piece of a split projection or None, the activation or the
+    projection) for a product's operand that is a projection, perhaps cut and activated; else None."""
+    node, activation = analysis.producer(tensor), None
+    if node is not None and len(node.inputs) == 1 and node.step.elementwise and not node.step.keeps_values and node.outs:
+        activation, node = node, analysis.producer(node.inputs[0])
+        tensor = activation.inputs[0]
+    piece = None
+    if node is not None and node.step.splitting() is not None:
+        names = node.step.output_ids()
+        piece = names.index(tensor) if tensor in names else None
+        node = analysis.producer(node.inputs[0])
+    if node is None or node.step.projection() is None:
+        return None
+    return activation is not None, node, piece, activation or node
+
+
+def _swapped(keys: dict[str, str], activated, plain) -> str | None:
+    gate_key, up_key = keys.get(activated[1].step.projection().weight), keys.get(plain[1].step.projection().weight)
+    if activated[1] is plain[1]:  # one fused projection, cut in two
+        if gate_key is None or "gate_up" not in gate_key or (activated[2], plain[2]) != (1, 0):
+            return None
+        return (
+            f"'{activated[3].id}' activates the second half of the fused '{activated[1].id}' ({gate_key}), but transformers' "
+            f"gate is its first half (gate, up = gate_up_proj(x).chunk(2, dim=-1)) — activate the first piece"
+        )
+    if gate_key is None or up_key is None or not (_says(gate_key, "up") and _says(up_key, "gate")):
+        return None
+    return (
+        f"'{activated[3].id}' activates '{activated[1].id}', whose weight the checkpoint fills from {gate_key}, and "
+        f"multiplies by '{plain[1].id}', filled from {up_key}: the gate goes through the activation, not up — swap the two"
+    )
+
+
+def _says(key: str, part: str) -> bool:
+    """Whether a checkpoint key names the gate (``gate_proj``, ``w_gate``) or up (``up_proj``) projection."""
+    words = key.replace(".", "_").split("_")
+    return part in words and not ({"gate", "up"} - {part}) & set(words)
