@@ -4,7 +4,7 @@ of issue 30 are caught at the line to edit."""
 
 import pytest
 import torch
-from transformers import DebertaV2Config, GraniteConfig, Qwen2VLConfig
+from transformers import DebertaV2Config, GraniteConfig, GraniteModel, Qwen2VLConfig
 from transformers.masking_utils import create_causal_mask
 from transformers.models.deberta_v2.modeling_deberta_v2 import DisentangledSelfAttention
 from transformers.models.granite.modeling_granite import GraniteAttention, GraniteRotaryEmbedding
@@ -80,6 +80,20 @@ def test_granite_attention_multiplier_is_clean_and_equals_graniteattention(multi
     weights = {"W_q": attn.q_proj.weight, "W_k": attn.k_proj.weight, "W_v": attn.v_proj.weight, "W_o": attn.o_proj.weight}
     out = run(text, x=x, **weights)["out"].tensor
     torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("implementation", ["eager", "sdpa"])
+def test_an_imported_granite_checks_clean(implementation):
+    """1/8 is 1/sqrt(64), and 64 is the vocabulary: a multiplier is not held against every dim."""
+    config = GraniteConfig(
+        vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2,
+        attention_multiplier=0.125, use_cache=False,
+    )  # fmt: skip
+    config._attn_implementation = implementation
+    model = GraniteModel(config).eval()
+    pipeline = tracer.from_module(model, torch.randint(0, 64, (1, 5)), name="granite")
+    assert not pipeline.check().warnings
 
 
 def test_granite_against_its_config_held_out():

@@ -7,7 +7,7 @@ import math
 from ...core import dimexpr
 from ..attention import prescales, rotations
 from ..config import MULTIPLIER_KEYS, SCALE_DIM_KEYS, axis_names, declared, is_quantity
-from ..roles import HEADS
+from ..roles import FEATURES, HEAD_DIM, HEADS, dim_role
 from .registry import Lint, register, show, warning
 
 
@@ -28,8 +28,8 @@ class ScaleMismatch(Lint):
     A scale written in a declared quantity is the design and is not judged without a config: a dim
     that is no tensor's axis and whose name says no axis role (`{sqrt: query_pre_attn_scalar}`,
     DeBERTa's `{sqrt: scale_factor * Dh}` or `{sqrt: 3 * Dh}`). A scale written as numbers alone
-    is judged only when it reads as a slip: 1/√n, √n or 1/n for another dim's value n, or d_k's
-    root applied twice (Granite's `multiply: 0.0078125` is its `attention_multiplier`, not a slip).
+    is judged only when it reads as a slip: 1/√n, √n or 1/n for the value n of a head dim or a
+    model width, or d_k's root applied by two factors (Granite's `multiply: 0.0078125` is its `attention_multiplier`, not a slip).
     Scores with no scale at all are not flagged (T5 scales nothing, by design; tutorial 001's
     first part uses raw dot products), and a contraction over a head count is left to
     `head-split-order`, whose fix is the real one.
@@ -144,15 +144,21 @@ def _names_of(text: str) -> frozenset[str]:
     return frozenset([text]) if text.isidentifier() else dimexpr.names(dimexpr.parse(text))
 
 
+def _width(analysis, name: str) -> bool:
+    """A dim a scale could have been meant to take the root of: a head dim or a model width (not a
+    vocabulary, a token count or a batch, whose roots a configured multiplier may equal by chance)."""
+    return dim_role(analysis.alg.dim(name), analysis.alg.exprs) in (HEAD_DIM, FEATURES)
+
+
 def _judged(analysis, site, factors, got: float, want: float, explicit: bool) -> bool:
     """A scale written in dims is always judged; one written as numbers only when it reads as a
-    slip: 1/√n or √n for a dim's value n, 1/n for a divisor (the root forgotten), or the right root
+    slip: 1/√n or √n for a head dim's or width's value n, 1/n for a divisor (the root forgotten), or the right root
     twice. A multiplier of 1/n is a configured one (Granite's attention_multiplier is 1/Dh)."""
     if any(f.expr is not None for f in factors):
         return True
     if site.fused and not explicit and factors:
         return True  # a pre-scaled query into SDPA's own 1/√Dh: scaled twice
-    values = {n for n in analysis.alg.values.values() if n > 0} | {site.head_dim.value}
+    values = {value for name, value in analysis.alg.values.items() if value > 0 and _width(analysis, name)} | {site.head_dim.value}
     divides = any(analysis.node(f.step).step.divide is not None for f in factors)
     slips = {1 / math.sqrt(n) for n in values} | {math.sqrt(n) for n in values}
     slips |= {want * want} if len(factors) > 1 else set()  # one number of 1/Dh is Granite's multiplier
