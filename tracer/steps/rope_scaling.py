@@ -191,7 +191,7 @@ FREQUENCIES = {
 }
 
 
-HELPERS = (rope_default, yarn_attention_factor, yarn_ramp)  # what the frequency functions call
+HELPERS = (yarn_mscale, rope_default, yarn_attention_factor, yarn_ramp)  # what the frequency functions call, callees first
 
 
 def fields(scaling: Strict) -> dict:
@@ -208,5 +208,11 @@ def sources(scaling: Strict) -> list[tuple[str, str]]:
     """``(name, source)`` of the scaling's frequency function and of the helpers it calls, for export."""
     main = FREQUENCIES[scaling.type]
     text = inspect.getsource(main)
-    used = [f for f in HELPERS if f"{f.__name__}(" in text]
-    return [(f.__name__, inspect.getsource(f)) for f in used] + [(main.__name__, text)]
+    texts = {f: inspect.getsource(f) for f in HELPERS}
+    used = {f for f in HELPERS if f"{f.__name__}(" in text}
+    while True:  # and the helpers those call (yarn_attention_factor calls yarn_mscale)
+        more = {g for f in used for g in HELPERS if g not in used and f"{g.__name__}(" in texts[f]}
+        if not more:
+            break
+        used |= more
+    return [(f.__name__, texts[f]) for f in HELPERS if f in used] + [(main.__name__, text)]
