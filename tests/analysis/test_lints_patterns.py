@@ -173,7 +173,7 @@ def test_fused_qkv_cut_along_the_tokens_held_out():
     text = (EXAMPLES / "fixed" / "fused_qkv_split.yaml").read_text()
     assert codes(text) == set()
     text = text.replace("dim: -1, chunks: 3", "dim: -2, sizes: [2, 2, 2]")
-    assert "(T, positions)" in one_warning(text, "fused-qkv-split", "id: qkv_split").message
+    assert "(seq_len, positions)" in one_warning(text, "fused-qkv-split", "id: qkv_split").message
 
 
 # ---------------------------------------------------------------- gate and up against the checkpoint's names
