@@ -48,7 +48,7 @@ class ScaleMismatch(Lint):
     code, example, origin = "scale-mismatch", "scale_mismatch", "tutorial 004"
 
     def check(self, analysis):
-        config, axes = declared(analysis), None
+        config, axes = declared(analysis), {}
         for site in analysis.attention:
             d_k = site.head_dim
             if d_k is None or analysis.axis_roles(site.query)[-1:] == (HEADS,):
@@ -60,8 +60,6 @@ class ScaleMismatch(Lint):
             got = math.prod(f.multiplier for f in factors) * (site.implicit_scale if site.fused else 1.0)
             wanted = _configured(analysis, site, factors, config)
             if wanted is None:
-                if axes is None:
-                    axes = axis_names(analysis)
                 if _declared_quantity(analysis, site, factors, axes):
                     continue
                 wanted = _by_head_dim(analysis, site)
@@ -126,16 +124,20 @@ def _configured(analysis, site, factors, config) -> tuple[float, str, str] | Non
     return None
 
 
-def _declared_quantity(analysis, site, factors, axes) -> bool:
-    """A factor written in a declared quantity: ``{sqrt: query_pre_attn_scalar}``, ``{sqrt: 3 * Dh}``."""
-    head = set(_names_of(site.head_dim.label))
+def _declared_quantity(analysis, site, factors, axes: dict) -> bool:
+    """A factor written in a declared quantity: ``{sqrt: query_pre_attn_scalar}``, or the head dim
+    with a constant (DeBERTa's ``{sqrt: 3 * Dh}``). ``axes`` keeps the file's axis names once found."""
+    head = _names_of(site.head_dim.label)
     for f in factors:
-        if f.expr is None:
-            continue
-        names = set(_names_of(f.expr))
-        if f.expr in head or not names - head and dimexpr.is_number(dimexpr.parse(f.expr)):
-            continue
-        if names <= head | {n for n in names if is_quantity(n, axes)} and f.expr not in head:
+        names = _names_of(f.expr) if f.expr is not None else frozenset()
+        if not names or f.expr in head:
+            continue  # a number, or the head dim itself: judged as written
+        others = names - head
+        if not others:
+            return True
+        if "names" not in axes:
+            axes["names"] = axis_names(analysis)
+        if all(is_quantity(name, axes["names"]) for name in others):
             return True
     return False
 
