@@ -16,8 +16,8 @@ def static_value(analysis, tensor_id: str, memo: dict | None = None, depth: int 
         return memo[tensor_id]
     memo[tensor_id] = None  # a cycle cannot happen in a graph, but a bound on the walk can
     node = analysis.producer(tensor_id)
-    if node is None or depth > MAX_DEPTH or len(node.outs) != 1:
-        return None
+    if node is None or depth > MAX_DEPTH or len(node.outs) != 1 or 0 in node.outs[0].meta.sizes:
+        return None  # an empty tensor holds no pattern to read
     ins = [static_value(analysis, name, memo, depth + 1) for name in node.inputs]
     if any(value is None for value in ins):
         return None

@@ -103,6 +103,8 @@ def _configured(analysis, site, factors, config) -> tuple[float, str, str] | Non
         dim, key = bound
         node = analysis.node(factors[0].step) if factors else analysis.node(site.product)
         value = node.dims.dim(dim).value
+        if value <= 0:
+            return None  # no square root to take: the shape pass has its own word on a dim of 0
         reason = (
             f"the checkpoint binds {dim} from config.{key}, so the scores of '{site.product}' should be scaled by 1/√{dim} (1/√{value})"
         )
@@ -160,7 +162,8 @@ def _judged(analysis, site, factors, got: float, want: float, explicit: bool) ->
         return True
     if site.fused and not explicit and factors:
         return True  # a pre-scaled query into SDPA's own 1/√Dh: scaled twice
-    values = {value for name, value in analysis.alg.values.items() if value > 0 and _width(analysis, name)} | {site.head_dim.value}
+    values = {value for name, value in analysis.alg.values.items() if value > 0 and _width(analysis, name)}
+    values |= {site.head_dim.value} if site.head_dim.value > 0 else set()
     divides = any(analysis.node(f.step).step.divide is not None for f in factors)
     slips = {1 / math.sqrt(n) for n in values} | {math.sqrt(n) for n in values}
     slips |= {want * want} if len(factors) > 1 else set()  # one number of 1/Dh is Granite's multiplier
