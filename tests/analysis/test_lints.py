@@ -326,9 +326,9 @@ steps:
 
 # ---------------------------------------------------------------- allow: a lint tripped on purpose, reported with its reason
 
-GEMMA3 = """
-name: gemma3_attention
-dims: {B: 1, H: 2, T: 4, Dh: 4, query_pre_attn_scalar: 8}
+SHARPENED = """
+name: sharpened_attention
+dims: {B: 1, H: 2, T: 4, Dh: 4, d_k: 8}
 inputs:
   q: {shape: [B, H, T, Dh], init: randn}
   k: {shape: [B, H, T, Dh], init: randn}
@@ -336,28 +336,28 @@ inputs:
 steps:
   - {id: k_t, op: transpose, input: k, dims: [-2, -1]}
   - {id: scores, op: matmul, inputs: [q, k_t]}
-  - {id: scaled, op: scale, divide: {sqrt: query_pre_attn_scalar}ALLOW}
+  - {id: scaled, op: scale, divide: {sqrt: d_k}ALLOW}
   - {id: weights, op: softmax, dim: -1}
   - {id: context, op: matmul, inputs: [weights, v]}
 """
 
 
 def test_allow_reports_the_lint_as_allowed_with_its_reason_and_strict_passes(capsys):
-    assert codes(GEMMA3.replace("ALLOW", "")) == {"scale-mismatch"}
-    allowed = GEMMA3.replace("ALLOW", ', allow: {scale-mismatch: "Gemma 3 scales by query_pre_attn_scalar ** -0.5"}')
+    assert codes(SHARPENED.replace("ALLOW", "")) == {"scale-mismatch"}
+    allowed = SHARPENED.replace("ALLOW", ', allow: {scale-mismatch: "a flatter softmax on purpose"}')
     analysis = tracer.loads(allowed, "g.yaml").check()
     [note] = analysis.diagnostics
     assert (note.severity, note.code, note.step) == ("allowed", "scale-mismatch", "scaled") and not analysis.warnings
-    assert note.message.endswith("— allowed: Gemma 3 scales by query_pre_attn_scalar ** -0.5")
+    assert note.message.endswith("— allowed: a flatter softmax on purpose")
     assert str(note).startswith("g.yaml:11:") and "allowed[scale-mismatch]: step 'scaled'" in str(note)
 
 
 def test_an_allow_naming_no_lint_is_an_error_and_a_stale_one_a_warning():
     with pytest.raises(tracer.TracerError) as typo:
-        tracer.loads(GEMMA3.replace("ALLOW", ", allow: {scale-mismach: reason}"), "g.yaml")
+        tracer.loads(SHARPENED.replace("ALLOW", ", allow: {scale-mismach: reason}"), "g.yaml")
     [error] = typo.value.diagnostics
     assert error.code == "unknown-lint" and "did you mean 'scale-mismatch'?" in error.message and error.position.line == 11
-    stale = GEMMA3.replace("sqrt: query_pre_attn_scalar", "sqrt: Dh").replace("ALLOW", ", allow: {scale-mismatch: old reason}")
+    stale = SHARPENED.replace("sqrt: d_k", "sqrt: Dh").replace("ALLOW", ", allow: {scale-mismatch: old reason}")
     [d] = tracer.loads(stale, "g.yaml").check().diagnostics
     assert (d.code, d.severity) == ("unused-allow", "warning") and "old reason" in d.message
 

@@ -63,15 +63,15 @@ def randomized(module, low: float = 0.5, high: float = 1.5):
     return module.eval()
 
 
-@torch.no_grad()
-def test_gemma2_decoder_layer_equals_gemma2decoderlayer():
+def gemma2_case(query_pre_attn_scalar: int = 8) -> tuple[torch.Tensor, dict]:
+    """A random Gemma2DecoderLayer's output on random tokens, and the pipeline's tensors with its weights."""
     torch.manual_seed(0)
     config = Gemma2Config(
         hidden_size=16, num_attention_heads=2, num_key_value_heads=1, head_dim=8, intermediate_size=32, num_hidden_layers=2,
-        query_pre_attn_scalar=8, attn_logit_softcapping=2.0, sliding_window=3, attn_implementation="eager",
+        query_pre_attn_scalar=query_pre_attn_scalar, attn_logit_softcapping=2.0, sliding_window=3, attn_implementation="eager",
     )  # fmt: skip
     layer = randomized(Gemma2DecoderLayer(config, layer_idx=0), -0.5, 0.5)
-    assert layer.self_attn.sliding_window == 3 and layer.self_attn.scaling == 8**-0.5
+    assert layer.self_attn.sliding_window == 3 and layer.self_attn.scaling == query_pre_attn_scalar**-0.5
     x = torch.randn(2, 6, 16)
     pos = torch.arange(6)[None].expand(2, -1)
     mask = create_sliding_window_causal_mask(config, x, None, None, position_ids=pos)
@@ -83,7 +83,13 @@ def test_gemma2_decoder_layer_equals_gemma2decoderlayer():
         "ln_pre_ff": layer.pre_feedforward_layernorm.weight, "W_gate": m.gate_proj.weight, "W_up": m.up_proj.weight,
         "W_down": m.down_proj.weight, "ln_post_ff": layer.post_feedforward_layernorm.weight,
     }  # fmt: skip
-    compare("gemma2_decoder_layer.yaml", expected, {"x": x, **weights}, "ln_post_attn")
+    return expected, {"x": x, **weights}
+
+
+@torch.no_grad()
+def test_gemma2_decoder_layer_equals_gemma2decoderlayer():
+    expected, tensors = gemma2_case()
+    compare("gemma2_decoder_layer.yaml", expected, tensors, "ln_post_attn")
 
 
 @torch.no_grad()

@@ -12,6 +12,7 @@ import tracer
 from tests.conftest import covers, pipeline_text, refused
 from tests.kinds import agrees, close, trace_of
 from tests.measure import PeakStorage
+from tracer.analysis.lints.patterns import paper_slopes  # the paper's get_slopes, in plain Python
 
 
 def llama_rope(x, theta, offset, rot=None):
@@ -50,19 +51,6 @@ def bloom_alibi(heads, length):
     mask = torch.ones(1, length, dtype=torch.long)
     positions = ((mask.cumsum(dim=-1) - 1) * mask)[:, None, :]
     return (slopes[..., None] * positions).reshape(heads, 1, length)
-
-
-def paper_slopes(n):
-    """The ALiBi paper's reference get_slopes."""
-
-    def power_of_2(n):
-        start = 2 ** (-(2 ** -(math.log2(n) - 3)))
-        return [start * start**i for i in range(n)]
-
-    if math.log2(n).is_integer():
-        return power_of_2(n)
-    closest = 2 ** math.floor(math.log2(n))
-    return power_of_2(closest) + paper_slopes(2 * closest)[0::2][: n - closest]
 
 
 @covers("rope")

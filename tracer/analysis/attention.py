@@ -27,6 +27,7 @@ class Scaled:
     step: str
     multiplier: float
     text: str  # as the file wrote it: '1/√d_k (d_k=4)'
+    expr: str | None = None  # the dim expression under the square root ('d_k'), None for a number
 
 
 @dataclass(frozen=True)
@@ -90,7 +91,7 @@ def unfused_site(analysis, softmax: Node) -> Site | None:
     for node in chain:
         factor = node.step.scaling(lambda text, node=node: node.dims.dim(text).value)
         if factor is not None:
-            scales.append(Scaled(node.id, *factor))
+            scales.append(Scaled(node.id, *factor, node.step.scaled_by()))
         masking = node.step.masking()
         if masking is not None:
             masks.append((node.id, masking))
@@ -142,7 +143,7 @@ def prescales(analysis, tensor_id: str) -> list[Scaled]:
             break
         factor = node.step.scaling(lambda text, node=node: node.dims.dim(text).value)
         if factor is not None:
-            found.append(Scaled(node.id, *factor))
+            found.append(Scaled(node.id, *factor, node.step.scaled_by()))
         current = node.inputs[0]
     return found
 
@@ -201,3 +202,18 @@ def _fused(analysis, node: Node) -> Site:
     masks = ((node.id, fused.masking),) if fused.masking is not None else ()
     random = (node.id,) if node.step.is_random() else ()
     return Site(node.id, True, query, keys, values, None, None, node.value, ndim - 2, ndim - 1, head, (), (), masks, random, scale)
+
+
+def rotations(analysis, tensor_id: str) -> list[Node]:
+    """The rope steps a query or key tensor went through since its projection (any input of any
+    step, nearest first): what positions it carries, and what its rope asks of the scale."""
+    found, frontier, seen = [], [tensor_id], set()
+    while frontier and len(seen) < MAX_CHAIN:
+        node = analysis.producer(frontier.pop(0))
+        if node is None or node.id in seen or not node.outs or node.step.projection() is not None:
+            continue
+        seen.add(node.id)
+        if node.step.rotation() is not None:
+            found.append(node)
+        frontier += list(node.inputs)
+    return found

@@ -13,6 +13,7 @@ from ..core.dtypes import DTYPE_MAX, fits
 from ..core.fields import DimText, TensorId
 from ..core.layout import fresh, pointwise, preserve_format
 from ..core.pysource import atom, py_float
+from ..core.static import unary
 from .contract import Masking, StepBase, register
 from .operands import OPERAND_DESCRIPTION, Operand, Rsqrt, Sqrt, operand_source, operand_text, operand_value
 from .rules import StepError, broadcast, norm_dim, require_float, show
@@ -54,6 +55,16 @@ class Scale(StepBase):
 
     def scaling(self, value):
         return self.multiplier(value)
+
+    def static(self, ins, sizes, value):
+        number = self.factor(value)
+        if self.divide is not None:
+            return None if number == 0 else unary(ins[0], lambda x: x / number)
+        return unary(ins[0], lambda x: x * number)
+
+    def scaled_by(self):
+        by = self.divide if self.divide is not None else self.multiply
+        return str(by.sqrt) if isinstance(by, Sqrt) else None
 
     def multiplier(self, value) -> tuple[float, str]:
         """What the scores are multiplied by, and how the file wrote it: ``(0.577, '1/√d_k (d_k=3)')``."""

@@ -191,6 +191,10 @@ class Rotation:
     seq_dim: int
     offset: int | str  # a dim expression
     positions: str | None = None  # a tensor of each token's position, given instead of the offset
+    style: str = "half"  # "half" (rotate_half: Llama, NeoX) or "interleaved" (rotate_every_two: GPT-J, RoFormer)
+    theta: float | None = None  # the base of the frequencies
+    scaling: str | None = None  # the frequency scaling's type (linear, yarn, …), None when unscaled
+    score_scale: float = 1.0  # what it asks the attention scale to be multiplied by (DeepSeek's YaRN: mscale squared)
 
 
 @dataclass(frozen=True)
@@ -285,6 +289,19 @@ class StepBase(Strict):
         return [self.id] if self.output_field is None else list(getattr(self, self.output_field))
 
     # descriptions of meaning, read by the attention core and the lints (None: not this kind of step)
+
+    def static(self, ins: list, sizes: tuple[int, ...], value: Callable[[int | str], int]):
+        """Its result as a :class:`tracer.core.static.Static` from its inputs' (index arithmetic known
+        before running: arange, compare, …), ``sizes`` the result's; None for kinds that do not say."""
+        return None
+
+    def splitting(self) -> int | None:
+        """The dim it cuts into consecutive pieces, each an output of its own (split, chunk)."""
+        return None
+
+    def scaled_by(self) -> str | None:
+        """The dim expression a scale is written in (``{sqrt: Dh}``: ``Dh``), None for a number."""
+        return None
 
     def scaling(self, value: Callable[[int | str], int]) -> tuple[float, str] | None:
         """The number it multiplies by and how the file wrote it (``(0.577, '1/√d_k (d_k=3)')``);

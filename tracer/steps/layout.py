@@ -12,6 +12,7 @@ from ..core.dtypes import promote
 from ..core.fields import DimText, TensorId
 from ..core.layout import Meta, cat_layout, fresh, view, view_strides, with_root
 from ..core.pysource import py_tuple
+from ..core.static import reshaped, transposed
 from .contract import Composite, Inner, Outputs, Slicing, StepBase, register
 from .rules import DimCause, StepError, norm_dim, py_shape, show
 
@@ -100,6 +101,9 @@ class View(StepBase):
         sizes = k.out.sizes
         return lambda x: x.view(sizes)
 
+    def static(self, ins, sizes, value):
+        return reshaped(ins[0], sizes)
+
     def emit(self, e):
         return f"{e.args[0]}.view({py_shape(e, self.shape)})"
 
@@ -131,6 +135,9 @@ class Reshape(StepBase):
     def kernel(self, k):
         sizes = k.out.sizes
         return lambda x: x.reshape(sizes)
+
+    def static(self, ins, sizes, value):
+        return reshaped(ins[0], sizes)
 
     def emit(self, e):
         return f"{e.args[0]}.reshape({py_shape(e, self.shape)})"
@@ -164,6 +171,10 @@ class Transpose(StepBase):
     def kernel(self, k):
         a, b = self.dims
         return lambda x: x.transpose(a, b)
+
+    def static(self, ins, sizes, value):
+        rank = len(ins[0].sizes)
+        return transposed(ins[0], self.dims[0] % rank, self.dims[1] % rank)
 
     def emit(self, e):
         return f"{e.args[0]}.transpose({self.dims[0]}, {self.dims[1]})"
@@ -231,6 +242,9 @@ class Contiguous(StepBase):
     def kernel(self, k):
         return lambda x: x.contiguous()
 
+    def static(self, ins, sizes, value):
+        return reshaped(ins[0], sizes)
+
     def emit(self, e):
         return f"{e.args[0]}.contiguous()"
 
@@ -264,6 +278,9 @@ class Unsqueeze(StepBase):
     def kernel(self, k):
         d = self.dim
         return lambda x: x.unsqueeze(d)
+
+    def static(self, ins, sizes, value):
+        return reshaped(ins[0], sizes)
 
     def emit(self, e):
         return f"{e.args[0]}.unsqueeze({self.dim})"
@@ -651,6 +668,9 @@ class Split(StepBase):
         if len(set(self.outputs)) != len(self.outputs):
             raise ValueError("every name in 'outputs' must be different")
         return self
+
+    def splitting(self):
+        return self.dim
 
     def args(self):
         how = f"chunks={self.chunks}" if self.chunks is not None else f"sizes={self.sizes}"

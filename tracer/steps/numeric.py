@@ -5,6 +5,7 @@ promotion, a Python number included (``clamp(int64, max=2.5)`` is float32, as in
 
 from __future__ import annotations
 
+import math
 import operator
 from typing import ClassVar, Literal
 
@@ -14,6 +15,7 @@ from ..core.dtypes import FLOAT_DTYPES, promote, promote_number
 from ..core.fields import DimText
 from ..core.layout import fresh, pointwise, view
 from ..core.pysource import py_float
+from ..core.static import Static, binary, unary
 from ..core.symbolic import Dim
 from .contract import StepBase, register
 from .operands import OPERAND_DESCRIPTION, Operand, _Binary, operand_kind, operand_source, operand_text, operand_value
@@ -51,6 +53,10 @@ class _Math(StepBase):
     def infer(self, ins, ctx):
         x = ins[0]
         return pointwise([x], x.shape, self.result_dtype(x.dtype, ctx.input_ids[0]))
+
+    def static(self, ins, sizes, value):
+        fn = {"abs": abs, "floor": math.floor, "ceil": math.ceil}.get(self.torch_name)
+        return None if fn is None else unary(ins[0], fn)
 
     def kernel(self, k):
         return getattr(k.torch, self.torch_name)
@@ -247,6 +253,13 @@ class Compare(StepBase):
         value = operand_value(self.value, k.value)
         return lambda a: compare(a, value)
 
+    def static(self, ins, sizes, value):
+        fn = getattr(operator, self.cmp)
+        if self.value is not None:
+            number = operand_value(self.value, value)
+            return unary(ins[0], lambda a: fn(a, number))
+        return binary(ins[0], ins[1], fn)
+
     def emit(self, e):
         right = operand_source(self.value, e.dim) if self.value is not None else e.args[1]
         return f"{e.args[0]} {_COMPARISONS[self.cmp]} {right}"
@@ -318,6 +331,13 @@ class Where(StepBase):
 
         return select
 
+    def static(self, ins, sizes, value):
+        rest = list(ins[1:])
+        a = Static((), (self.then,)) if self.then is not None else rest.pop(0)
+        b = Static((), (self.otherwise,)) if self.otherwise is not None else rest.pop(0)
+        chosen = binary(ins[0], a, lambda cond, x: (cond, x))
+        return None if chosen is None else binary(chosen, b, lambda pair, y: pair[1] if pair[0] else y)
+
     def emit(self, e):
         rest = e.args[1:]
         a = py_number(self.then) if self.then is not None else rest.pop(0)
@@ -357,6 +377,12 @@ class Logical(StepBase):
 
     def on_binary(self):
         return "not" if self.fn == "not" else None
+
+    def static(self, ins, sizes, value):
+        if self.fn == "not":
+            return unary(ins[0], operator.not_)
+        fn = {"and": lambda a, b: bool(a) and bool(b), "or": lambda a, b: bool(a) or bool(b), "xor": lambda a, b: bool(a) != bool(b)}
+        return binary(ins[0], ins[1], fn[self.fn])
 
     def emit(self, e):
         return f"torch.logical_{self.fn}({', '.join(e.args)})"
@@ -559,6 +585,10 @@ class Arange(StepBase):
         arange, device, dtype = k.torch.arange, k.device, getattr(k.torch, self.dtype)
         start, stop = k.value(self.start), k.value(self.stop)
         return lambda: arange(start, stop, dtype=dtype, device=device)
+
+    def static(self, ins, sizes, value):
+        kind = int if self.dtype.startswith("int") else float
+        return Static(tuple(sizes), tuple(kind(v) for v in range(value(self.start), value(self.stop))))
 
     def emit(self, e):
         return f"torch.arange({e.dim(self.start)}, {e.dim(self.stop)}, dtype=torch.{self.dtype}, device={e.device})"

@@ -18,6 +18,7 @@ from ..core.dtypes import promote, promote_number
 from ..core.fields import DimText, Strict, _valid_dim
 from ..core.layout import fresh, pointwise
 from ..core.pysource import py_float
+from ..core.static import binary, unary
 from .contract import StepBase
 from .rules import StepError, broadcast
 
@@ -100,6 +101,13 @@ class _Binary(StepBase):
     def kernel(self, k):
         return getattr(k.torch, self.torch_name)
 
+    def static(self, ins, sizes, value):
+        fn = _PYTHON.get(self.torch_name)
+        try:
+            return None if fn is None else binary(ins[0], ins[1], fn)
+        except ZeroDivisionError:
+            return None
+
     def emit(self, e):
         if self.symbol.isidentifier():  # minimum, maximum: a function, not an operator
             return f"torch.{self.torch_name}({e.args[0]}, {e.args[1]})"
@@ -107,6 +115,7 @@ class _Binary(StepBase):
 
 
 OPERATORS = {"+": operator.add, "-": operator.sub, "*": operator.mul, "/": operator.truediv}
+_PYTHON = {"add": operator.add, "mul": operator.mul, "sub": operator.sub, "div": operator.truediv, "minimum": min, "maximum": max}
 
 
 class _Arithmetic(_Binary):
@@ -148,6 +157,15 @@ class _Arithmetic(_Binary):
             return super().kernel(k)
         fn, number = OPERATORS[self.symbol], operand_value(self.value, k.value)
         return (lambda x: fn(number, x)) if self.value_first else (lambda x: fn(x, number))
+
+    def static(self, ins, sizes, value):
+        if self.value is None:
+            return super().static(ins, sizes, value)
+        fn, number = OPERATORS[self.symbol], operand_value(self.value, value)
+        try:
+            return unary(ins[0], (lambda x: fn(number, x)) if self.value_first else (lambda x: fn(x, number)))
+        except ZeroDivisionError:
+            return None
 
     def emit(self, e):
         if self.value is None:

@@ -5,14 +5,20 @@ dtypes follow torch's type promotion and result strides follow TensorIterator
 
 from __future__ import annotations
 
+import math
+import operator
 from typing import ClassVar, Literal
 
 from pydantic import Field
 
 from ..core.layout import pointwise, preserve_format
+from ..core.static import unary
 from .contract import StepBase, register
 from .operands import _Arithmetic
 from .rules import StepError, require_float
+
+_PYTHON = {"mul": operator.mul, "sub": operator.sub, "div": operator.truediv, "minimum": min, "maximum": max}
+_CASTS = {"bool": bool, "int64": int, "int32": int}  # any other dtype is a float
 
 DType = Literal["float32", "float64", "float16", "bfloat16", "int64", "int32", "bool"]
 
@@ -132,6 +138,9 @@ class Exp(_Unary):
   op: exp
   input: scores"""
 
+    def static(self, ins, sizes, value):
+        return unary(ins[0], math.exp)
+
 
 @register
 class Neg(StepBase):
@@ -157,6 +166,9 @@ class Neg(StepBase):
 
     def kernel(self, k):
         return k.torch.neg
+
+    def static(self, ins, sizes, value):
+        return unary(ins[0], operator.neg)
 
     def emit(self, e):
         return f"-{e.args[0]}"
@@ -187,6 +199,9 @@ class Cast(StepBase):
     def kernel(self, k):
         dtype = getattr(k.torch, self.dtype)
         return lambda x: x.to(dtype)
+
+    def static(self, ins, sizes, value):
+        return unary(ins[0], _CASTS.get(self.dtype, float))
 
     def emit(self, e):
         return f"{e.args[0]}.to(torch.{self.dtype})"

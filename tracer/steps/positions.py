@@ -17,7 +17,7 @@ from ..core.fields import DimText, TensorId
 from ..core.layout import Meta, contiguous_strides, fresh, pointwise, view, with_root
 from ..core.pysource import atom, py_float
 from .contract import Composite, Inner, Rotation, StepBase, register
-from .rope_scaling import FREQUENCIES, Scaling, fields, needs_seq_len, rope_default, sources
+from .rope_scaling import FREQUENCIES, Scaling, fields, needs_seq_len, rope_default, sources, yarn_mscale
 from .rules import StepError, broadcast_dims, norm_dim, require_float, show
 
 
@@ -100,7 +100,12 @@ class Rope(StepBase):
         return shown + ([] if self.rotary_dim is None else [f"R={self.rotary_dim}"])
 
     def rotation(self):
-        return Rotation(self.seq_dim, self.offset, self.positions)
+        scaling = self.rope_scaling
+        # DeepSeek-V3 multiplies its attention scale by yarn_get_mscale(factor, mscale_all_dim) ** 2
+        mscale_all_dim = getattr(scaling, "mscale_all_dim", None)
+        score_scale = yarn_mscale(scaling.factor, mscale_all_dim) ** 2 if mscale_all_dim else 1.0
+        kind = None if scaling is None else scaling.type
+        return Rotation(self.seq_dim, self.offset, self.positions, self.style, self.theta, kind, score_scale)
 
     def infer(self, ins, ctx):
         x = ins[0]

@@ -52,15 +52,16 @@ def rope_llama3(torch, rot, theta, device, *, factor, low_freq_factor, high_freq
     return torch.where(medium, smoothed, inv_freq_llama), 1.0
 
 
+def yarn_mscale(scale: float, m: float = 1.0) -> float:
+    """YaRN's ``0.1 m ln(s) + 1`` (transformers' ``get_mscale``/``yarn_get_mscale``)."""
+    return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+
 def yarn_attention_factor(factor, mscale, mscale_all_dim):
     """YaRN's ``0.1 ln(s) + 1``, or DeepSeek's ratio of two such scales (``mscale``, ``mscale_all_dim``)."""
-
-    def get_mscale(scale, m=1):
-        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
-
     if mscale and mscale_all_dim:
-        return float(get_mscale(factor, mscale) / get_mscale(factor, mscale_all_dim))
-    return get_mscale(factor)
+        return float(yarn_mscale(factor, mscale) / yarn_mscale(factor, mscale_all_dim))
+    return yarn_mscale(factor)
 
 
 def yarn_ramp(torch, rot, theta, original, beta_fast, beta_slow, truncate, device):
@@ -190,7 +191,7 @@ FREQUENCIES = {
 }
 
 
-HELPERS = (rope_default, yarn_attention_factor, yarn_ramp)  # what the frequency functions call
+HELPERS = (yarn_mscale, rope_default, yarn_attention_factor, yarn_ramp)  # what the frequency functions call, callees first
 
 
 def fields(scaling: Strict) -> dict:
@@ -207,5 +208,11 @@ def sources(scaling: Strict) -> list[tuple[str, str]]:
     """``(name, source)`` of the scaling's frequency function and of the helpers it calls, for export."""
     main = FREQUENCIES[scaling.type]
     text = inspect.getsource(main)
-    used = [f for f in HELPERS if f"{f.__name__}(" in text]
-    return [(f.__name__, inspect.getsource(f)) for f in used] + [(main.__name__, text)]
+    texts = {f: inspect.getsource(f) for f in HELPERS}
+    used = {f for f in HELPERS if f"{f.__name__}(" in text}
+    while True:  # and the helpers those call (yarn_attention_factor calls yarn_mscale)
+        more = {g for f in used for g in HELPERS if g not in used and f"{g.__name__}(" in texts[f]}
+        if not more:
+            break
+        used |= more
+    return [(f.__name__, texts[f]) for f in HELPERS if f in used] + [(main.__name__, text)]

@@ -11,17 +11,44 @@ docs`` writes docs/lints.md from the registry.
 from __future__ import annotations
 
 from ...core.errors import Diagnostic
-from . import axes, direction, heads, masks, norms, numerics, order, padding, positions, scores, sequence, structure
+from . import (
+    axes,
+    config,
+    direction,
+    heads,
+    masks,
+    norms,
+    numerics,
+    order,
+    padding,
+    patterns,
+    positions,
+    projections,
+    scores,
+    sequence,
+    structure,
+)
 from .registry import REGISTERED, Lint
 
-#: every lint by code, by subject (the docs' order): structure, axes, scores, masks, padding, direction, heads, positions,
-#: sequence, norms, numerics, order
-LINTS: dict[str, Lint] = {
-    code: lint
-    for module in (structure, axes, scores, masks, padding, direction, heads, positions, sequence, norms, numerics, order)
-    for code, lint in REGISTERED.items()
-    if type(lint).__module__ == module.__name__
-}
+#: every lint by code, by subject (the docs' order)
+MODULES = (
+    structure,
+    axes,
+    scores,
+    masks,
+    padding,
+    direction,
+    heads,
+    positions,
+    sequence,
+    config,
+    patterns,
+    projections,
+    norms,
+    numerics,
+    order,
+)
+LINTS: dict[str, Lint] = {code: lint for module in MODULES for code, lint in REGISTERED.items() if type(lint).__module__ == module.__name__}
 
 
 def run_lints(analysis) -> list[Diagnostic]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ..roles import BATCH, FEATURES, HEAD_DIM, POSITIONS
 from .registry import Lint, register, show, warning
 
 REACH = 8  # steps followed from a repeat towards attention
@@ -39,7 +40,7 @@ class GqaHeadOrder(Lint):
             written = repeats[len(repeats) - len(meta.shape) :]
             reps = [node.dims.dim(r).value for r in written]
             tiled = [d for d, (r, size) in enumerate(zip(reps, meta.sizes)) if r > 1 and size > 1]
-            if not tiled or not _reaches_attention(analysis, node.id):
+            if not tiled or _not_heads(analysis, source, tiled[0]) or not reaches_attention(analysis, node.id):
                 continue
             d, r = tiled[0], reps[tiled[0]]
             heads = meta.shape[d]
@@ -60,7 +61,7 @@ class GqaHeadOrder(Lint):
                 continue
             source = analysis.metas[node.reads[0]]
             merged = _merged_copies(source, node.outs[-1].meta)
-            if merged is None or not _reaches_attention(analysis, node.id):
+            if merged is None or _not_heads(analysis, node.reads[0], merged + 1) or not reaches_attention(analysis, node.id):
                 continue
             copies, heads = source.shape[merged], source.shape[merged + 1]
             order = ", ".join(str(h % heads.value) for h in range(min(heads.value * copies.value, 8)))
@@ -84,11 +85,23 @@ def _merged_copies(source, out) -> int | None:
     return None
 
 
-def _reaches_attention(analysis, start: str) -> bool:
+def reaches_attention(analysis, start: str) -> bool:
+    """Whether ``start`` becomes a query, key or value of an attention product within a few steps.
+    A tensor that joins the scores (Swin's shifted-window mask tiled over the batch of windows, a
+    bias) is no operand: the walk stops at the steps between a product and its softmax."""
+    on_scores = {step for site in analysis.attention for step in (*site.chain, site.softmax) if step is not None}
     frontier = [start]
     for _ in range(REACH):
-        frontier = [user for t in frontier for user in analysis.users(t)]
-        if any(n.step.makes_scores or n.step.fused_attention() is not None for n in frontier):
-            return True
-        frontier = [n.id for n in frontier]
+        reached = [(t, user) for t in frontier for user in analysis.users(t)]
+        for tensor, user in reached:
+            fused = user.step.fused_attention() is not None
+            if fused and tensor in user.inputs[:3] or user.step.makes_scores and not fused:
+                return True
+        frontier = [user.id for _, user in reached if user.id not in on_scores]
     return False
+
+
+def _not_heads(analysis, tensor: str, axis: int) -> bool:
+    """An axis whose dim says it is not heads (batch, positions, features): tiling it is not GQA."""
+    roles = analysis.axis_roles(tensor)
+    return axis < len(roles) and roles[axis] in (BATCH, POSITIONS, HEAD_DIM, FEATURES)

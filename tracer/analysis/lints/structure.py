@@ -40,7 +40,10 @@ class DeadStep(Lint):
 @register
 class LossyHeadSplit(Lint):
     """**What.** Two or more equal-width, non-overlapping slices (`op: index` with `start`/`stop`) of
-    the same tensor along the same dim — a head split — that leave some positions of that dim out.
+    the same tensor along the same dim, laid side by side (each starting where the one before
+    stops, or strided with consecutive starts) — a head split — that leave some positions of that
+    dim out. Scattered slices are not a head split: Qwen2-VL's M-RoPE takes sections of each
+    position kind's cos and sin on purpose.
 
     **Why it matters.** The missing features silently never reach any head. Tutorial 000 splits its
     4-dim values into 3 heads of `4 // 3 = 1` column: column 3 is dropped and the "combined context"
@@ -79,8 +82,8 @@ class LossyHeadSplit(Lint):
             spans.append((start, stop, stride, set(range(max(start, 0), min(stop, size_dim.value), max(stride, 1)))))
         widths = {len(taken) for *_, taken in spans}
         covered = set().union(*(taken for *_, taken in spans))
-        if len(widths) != 1 or 0 in widths or sum(len(t) for *_, t in spans) != len(covered):
-            return  # not a head split: different widths, empty or overlapping slices
+        if len(widths) != 1 or 0 in widths or sum(len(t) for *_, t in spans) != len(covered) or not _side_by_side(spans):
+            return  # not a head split: different widths, empty, overlapping or scattered slices (M-RoPE's sections)
         missing = sorted(set(range(size_dim.value)) - covered)
         if not missing:
             return
@@ -97,6 +100,18 @@ class LossyHeadSplit(Lint):
             f"view [..., H, {size_dim} // H]"
         )
         yield warning(analysis, members[0][0], self.code, message)
+
+
+def _side_by_side(spans: list) -> bool:
+    """Slices laid next to each other as heads are: each starts where the one before stops, or,
+    strided, with one step and consecutive starts. Qwen2-VL's M-RoPE picks sections [0:16] and
+    [64:80] of one position's cos on purpose (the others come from the other positions)."""
+    ordered = sorted(spans)
+    if len({stride for _, _, stride, _ in spans}) != 1:
+        return False
+    if ordered[0][2] == 1:
+        return all(after[0] == before[1] for before, after in zip(ordered, ordered[1:]))
+    return all(after[0] == before[0] + 1 for before, after in zip(ordered, ordered[1:]))
 
 
 @register
