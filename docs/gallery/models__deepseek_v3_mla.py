@@ -24,15 +24,16 @@ def _rotate_every_two(torch, x):
     return torch.stack((-x[..., 1::2], x[..., ::2]), dim=-1).flatten(-2)
 
 
+def yarn_mscale(scale: float, m: float = 1.0) -> float:
+    """YaRN's ``0.1 m ln(s) + 1`` (transformers' ``get_mscale``/``yarn_get_mscale``)."""
+    return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+
 def yarn_attention_factor(factor, mscale, mscale_all_dim):
     """YaRN's ``0.1 ln(s) + 1``, or DeepSeek's ratio of two such scales (``mscale``, ``mscale_all_dim``)."""
-
-    def get_mscale(scale, m=1):
-        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
-
     if mscale and mscale_all_dim:
-        return float(get_mscale(factor, mscale) / get_mscale(factor, mscale_all_dim))
-    return get_mscale(factor)
+        return float(yarn_mscale(factor, mscale) / yarn_mscale(factor, mscale_all_dim))
+    return yarn_mscale(factor)
 
 
 def yarn_ramp(torch, rot, theta, original, beta_fast, beta_slow, truncate, device):
