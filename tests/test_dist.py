@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import PIPELINES, ROOT
+from tests.conftest import PIPELINES, ROOT, expected_exit
 from tracer.docgen import PACKAGED_SCHEMA
 
 pytestmark = pytest.mark.dist
@@ -86,12 +86,12 @@ def test_the_wheel_installs_works_outside_the_repo_and_carries_license_types_and
 _EXAMPLES = """
 import contextlib, io, json, sys
 from tracer.cli import main
-for words in json.loads(sys.argv[1]):
+for words, expected in json.loads(sys.argv[1]):
     target = words[words.index(">") + 1] if ">" in words else None
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         code = main(words[1 : words.index(">") if target else None])
-    assert code == 0, (words, code)
+    assert code == expected, (words, code)
     if target:
         open(target, "w").write(out.getvalue())
 """
@@ -107,8 +107,9 @@ def _runs_every_help_example(installed: Path, folder: Path) -> None:
     examples = []
     for command in commands:
         text = _run(installed / "tracer", "help", command, cwd=folder).stdout
-        examples += [shlex.split(line, comments=True) for line in text.partition("\nexamples:\n")[2].splitlines()]
-    assert {words[1] for words in examples} == set(commands)  # every command shows an example
+        lines = text.partition("\nexamples:\n")[2].splitlines()
+        examples += [(shlex.split(line, comments=True), expected_exit(line)) for line in lines]
+    assert {words[1] for words, _ in examples} == set(commands)  # every command shows an example
     _run(installed / "python", "-c", _EXAMPLES, json.dumps(examples), cwd=folder)
     assert (folder / "nanogpt.yaml").is_file() and (folder / "report.html").is_file()
 

@@ -181,7 +181,8 @@ class Moe(StepBase):
         n_experts = ins[3].shape[0]
         counts = fresh((n_experts,), "int64")
         counts_of_experts = Inner("tokens_per_expert", "bincount", counts, (2,))
-        return Composite((counts_of_experts, Inner("sum", "index_add", fresh(x.shape, x.dtype), (0, 1, 2, 3, 4))))
+        every_input = tuple(range(len(ins)))  # tokens, weights, experts, the expert weights and their biases
+        return Composite((counts_of_experts, Inner("sum", "index_add", fresh(x.shape, x.dtype), every_input)))
 
     def _check_experts(self, x, ins) -> None:
         gate_up, down = ins[3], ins[4]
