@@ -3,6 +3,7 @@
 import re
 import shlex
 import shutil
+import sys
 import textwrap
 from dataclasses import dataclass
 from pathlib import Path
@@ -94,6 +95,8 @@ def _shell(words: list[str], scratch: Path, pytester, where: str, expected: int 
     if ">" in words:  # `tracer schema > pipeline.schema.json`
         words, target = words[: words.index(">")], words[words.index(">") + 1]
     if words[0] == "tracer":
+        if words[1] == "import":  # in-process, as a fresh shell is not: a page's module, not another page's of that name
+            sys.modules.pop(words[2].partition(":")[0], None)
         done = tracer_cli(*words[1:], cwd=scratch)
         assert done.returncode == expected, f"{where}: `{command}` exited {done.returncode}: {done.stderr[-1500:]}"
         if target:
