@@ -20,6 +20,7 @@ from ..analysis.memory import last_reads
 from ..analysis.shapes import Analysis
 from ..core.dtypes import DTYPE_BYTES
 from ..core.errors import InternalError, TracerError
+from ..core.gcpause import gc_paused
 from ..core.layout import Meta
 from .records import TensorRecord
 
@@ -121,6 +122,7 @@ class Plan:
         self.steps = self._compile(analysis)
         self._inputs_cache: tuple | None = None  # (names, tensors, input records, storage roots) of the last run
 
+    @gc_paused  # a plan is all new, long-lived objects: a collector pass over them finds nothing
     def _compile(self, analysis: Analysis) -> tuple[Planned, ...]:
         torch = torch_module()
         keep = {analysis.record_of(name) for name in analysis.outputs}
