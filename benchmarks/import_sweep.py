@@ -83,9 +83,9 @@ def row(family: str, attention: str, layers: int) -> str:
 
 def _static_export_seconds(module, args, kwargs) -> float:
     """A plain ``torch.export.export(strict=False)`` at the example sizes, as tracer captures (cache off, no grad)."""
-    from tracer.importing import _capturing
+    from tracer.importer.capture import capturing
 
-    with _capturing(module):
+    with capturing(module):
         started = time.perf_counter()
         torch.export.export(module, tuple(args), dict(kwargs), strict=False)
         return time.perf_counter() - started

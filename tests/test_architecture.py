@@ -23,7 +23,7 @@ for _kind_tests in pkgutil.iter_modules(tests.steps.__path__):  # their @covers 
 PACKAGE = ROOT / "tracer"
 EXPANDED_BEFORE_ANALYSIS = {"block", "block_input"}  # spec-level kinds: no kernel of their own
 # bottom to top (docs/architecture.md): a module imports modules of its own layer or of layers below
-LAYERS = ("core", "steps", "spec", "analysis", "runtime", "presentation", "facade")
+LAYERS = ("core", "steps", "spec", "analysis", "runtime", "presentation", "importer", "facade")
 # the only imports of tracer's own modules made inside a function: each keeps torch out of `tracer check`
 LAZY = {
     ("tracer", "tracer.module"),

@@ -79,7 +79,7 @@ def test_export_then_import_gives_an_imported_file_back(tmp_path, name):
 def test_a_split_in_an_exported_block_keeps_its_dotted_output_names(tmp_path):
     """Export writes the outputs h.0.q, h.0.k of the step h.0.qkv_split as the variables h_0_q, h_0_k;
     import reads them back with the step's prefix (a name the step's prefix does not start stays)."""
-    from tracer.import_rules import _exported_outputs
+    from tracer.importer.rules import _exported_outputs
     from tracer.presentation.export import HEADER
 
     module = tmp_path / "exported.py"

@@ -18,10 +18,10 @@ from typing import Any
 
 import torch
 
-from .core.errors import Diagnostic, Position, TracerError
-from .import_dims import Namer
-from .import_graph import Graph, Idiom, aten, hidden_pattern, module_stack
-from .presentation.export import HEADER as EXPORT_HEADER
+from ..core.errors import Diagnostic, Position, TracerError
+from ..presentation.export import HEADER as EXPORT_HEADER
+from .idioms import Graph, Idiom, aten, hidden_pattern, module_stack
+from .naming import Namer
 
 FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)\n\s+(.*)')
 # the tag `tracer export` ends each line of forward with: "  # (B, T, d_model) layer.q_proj" or "  # layer.q_proj"

@@ -16,9 +16,9 @@ from dataclasses import dataclass, replace
 
 import yaml
 
-from .import_dims import Dim
-from .import_rules import Step
-from .steps.contract import STEP_KINDS
+from ..steps.contract import STEP_KINDS
+from .naming import Dim
+from .rules import Step
 
 REFERENCES = ("input", "inputs")  # besides each kind's param_fields and output_field
 

@@ -21,8 +21,8 @@ from typing import Any
 import torch
 from torch.fx.passes.utils.matcher_utils import SubgraphMatcher
 
-from .core.errors import Diagnostic, TracerError
-from .steps.attention import causal_hidden
+from ..core.errors import Diagnostic, TracerError
+from ..steps.attention import causal_hidden
 
 aten = torch.ops.aten
 NO_OP_CASTS = {aten.to.dtype, aten.to.device, aten.to.dtype_layout, aten.type_as.default, aten.alias.default}

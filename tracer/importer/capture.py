@@ -1,0 +1,111 @@
+"""Capture: the module run once under ``torch.export.export(strict=False)``, as the rules read it.
+
+The capture is made under ``torch.no_grad()``, in eval mode, with the fused
+``nn.MultiheadAttention`` / encoder-layer fast path off, with every config's KV cache off, and
+with no ``run_decompositions``: that graph keeps linear, SDPA, layer norm, softmax and split
+whole, as tracer's steps are, and records every op's module path and source line. The batch and
+sequence dims of the inputs are captured symbolically (``Dim.AUTO``), so they are ``B`` and ``T``
+in the file; a module that specialises them is captured at the example sizes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+
+import torch
+import torch.fx.proxy
+from torch.export import Dim
+
+from ..core.errors import Diagnostic, TracerError
+from .idioms import Graph
+
+
+@contextlib.contextmanager
+def capturing(module: torch.nn.Module):
+    """Eval mode, no grad, no fused MHA fast path, no KV cache, and every frame outside torch in the
+    stack traces; the module as it was afterwards."""
+    fastpath, training = torch.backends.mha.get_fastpath_enabled(), module.training
+    anchors = getattr(torch.fx.proxy, "_STACK_TRACE_ANCHORS", None)  # private: without it only forward() frames are kept
+    cached = caching_configs(module)
+    torch.backends.mha.set_fastpath_enabled(False)
+    module.eval()
+    for config in cached:
+        config.use_cache = False
+    if anchors is not None:
+        torch.fx.proxy._STACK_TRACE_ANCHORS = _OutsideTorch()
+    try:
+        with torch.no_grad():
+            yield
+    finally:
+        torch.backends.mha.set_fastpath_enabled(fastpath)
+        module.train(training)
+        for config in cached:
+            config.use_cache = True
+        if anchors is not None:
+            torch.fx.proxy._STACK_TRACE_ANCHORS = anchors
+
+
+def caching_configs(module: torch.nn.Module) -> list:
+    """The configs of the module and its children with ``use_cache=True`` (every transformers
+    config's default): the ``DynamicCache`` a forward then returns is no tensor torch.export can
+    output, and the pipeline computes one forward, not a cache. They are off while tracer captures
+    and compares, and on again afterwards."""
+    found: dict[int, object] = {}
+    for child in module.modules():
+        config = getattr(child, "config", None)
+        if getattr(config, "use_cache", None) is True:
+            found[id(config)] = config
+    return list(found.values())
+
+
+class _OutsideTorch(set):
+    def __contains__(self, frame) -> bool:
+        return "/torch/" not in frame[0].replace("\\", "/")
+
+
+def capture(module: torch.nn.Module, args: tuple, kwargs: dict):
+    """(ExportedProgram, whether batch and sequence are symbolic)."""
+    with capturing(module):
+        with contextlib.suppress(Exception):  # a module that specialises B or T: captured at the example sizes
+            return torch.export.export(module, tuple(args), dict(kwargs), dynamic_shapes=_auto(module, args, kwargs), strict=False), True
+        try:
+            return torch.export.export(module, tuple(args), dict(kwargs), strict=False), False
+        except Exception as exc:  # torch's own message says why (data-dependent control flow, unsupported types)
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            message = f"torch.export could not capture {type(module).__name__}: {type(exc).__name__}: {first}"
+            raise TracerError(Diagnostic("<module>", None, "import-capture", message)) from None
+
+
+def _auto(module, args, kwargs) -> dict:
+    bound = inspect.signature(module.forward).bind(*args, **kwargs).arguments
+    return {name: {0: Dim.AUTO, 1: Dim.AUTO} if isinstance(v, torch.Tensor) and v.ndim >= 2 else None for name, v in bound.items()}
+
+
+def graph_inputs(program, args, kwargs) -> list:
+    """The example value of each placeholder, in the graph's order."""
+    user = iter(torch.utils._pytree.tree_leaves((tuple(args), dict(kwargs))))
+    values = []
+    for spec in program.graph_signature.input_specs:
+        if spec.kind.name == "USER_INPUT":
+            values.append(next(user))
+        elif spec.target in program.state_dict:
+            values.append(program.state_dict[spec.target])
+        else:
+            values.append(program.constants[spec.target])
+    return values
+
+
+def symbols(graph: Graph) -> dict[str, tuple[str, int]]:
+    """Capture symbol -> (dim name, example size): the first two dims of the inputs, B and T."""
+    found: dict[str, tuple[str, int]] = {}
+    for node in graph.fx.nodes:
+        value = node.meta.get("val")
+        if node.op != "placeholder" or graph.kind(node) != "USER_INPUT" or not isinstance(value, torch.Tensor):
+            continue
+        for axis, size in enumerate(value.shape[:2]):
+            symbol = str(size.node.expr) if isinstance(size, torch.SymInt) else None
+            if symbol and symbol.isidentifier() and symbol not in found:
+                taken = sum(name.startswith("BT"[axis]) for name, _ in found.values())
+                found[symbol] = ("BT"[axis] + (str(taken + 1) if taken else ""), int(graph.values[node].shape[axis]))
+    return found
