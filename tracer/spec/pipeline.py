@@ -163,6 +163,46 @@ class Checkpoint(Strict):
         return params
 
 
+PLACEMENT = r"^(Shard\(-?\d+\)|Replicate\(\)|Partial\(\))$"  # DTensor's placements, as torch prints them
+Placement = Annotated[str, Field(pattern=PLACEMENT, description="Shard(dim), Replicate() or Partial(), as DTensor writes them")]
+PlanStyle = Literal["colwise", "rowwise", "sequence", "replicate", "context"]
+PLAN_TARGET = r"^[A-Za-z0-9_.*/{},\-]+$"  # a step id, or a glob over the expanded ids: layers/*/q_proj
+
+
+class PlanEntry(Strict):
+    """How one step is parallelised, in torch's ``parallelize_module`` vocabulary: ``colwise``
+    (ColwiseParallel: the weight's output features sharded), ``rowwise`` (RowwiseParallel: the
+    input features sharded, the partial sums reduced), ``sequence`` (SequenceParallel: a norm
+    applied to a sequence shard), ``replicate`` (the whole step on every rank), ``context``
+    (attention over a sequence sharded along ``mesh_dim``: the keys and values exchanged)."""
+
+    style: PlanStyle = Field(description="colwise, rowwise, sequence, replicate or context")
+    mesh_dim: Annotated[str, Field(pattern=DIM_PATTERN)] | None = Field(
+        None, description="the mesh dim it is sharded over (default: tp, or cp for context)"
+    )
+    input: Placement | None = Field(None, description="the layout of its input as it arrives (input_layouts), e.g. Shard(1)")
+    output: Placement | None = Field(None, description="the layout its output leaves in (output_layouts), e.g. Shard(1)")
+    local_output: StrictBool = Field(True, description="use_local_output: the output as the rank's local tensor, not a DTensor")
+
+
+class Parallel(Strict):
+    """How the pipeline is spread over devices: a device mesh whose sizes are dims (``H // tp``
+    is an expression, ``--dim tp=8`` changes the degree), the inputs' placements on it, and a plan
+    per step in torch's ``parallelize_module`` vocabulary (docs/parallel.md)."""
+
+    mesh: dict[Annotated[str, Field(pattern=DIM_PATTERN)], DimText] = Field(
+        min_length=1, max_length=4, description="mesh dim -> its size (a dim of the pipeline), outermost first, e.g. {dp: 2, tp: 4}"
+    )
+    inputs: dict[TensorId, list[Placement]] = Field(
+        default_factory=dict,
+        description="input -> one placement per mesh dim, e.g. {x: [Shard(0), Replicate()]} (default: replicated on every rank)",
+    )
+    plan: dict[Annotated[str, Field(pattern=PLAN_TARGET, max_length=200)], PlanStyle | PlanEntry] = Field(
+        default_factory=dict,
+        description="step id or glob -> its style, or {style, mesh_dim, input, output, local_output}, e.g. {q_proj: colwise}",
+    )
+
+
 class AttentionRole(Strict):
     """What the file's attention computes, so that its masks can be checked against it: a
     ``decoder`` attends only to earlier tokens (a causal mask), an ``encoder`` to every token of
@@ -225,6 +265,10 @@ class PipelineSpec(Strict):
     checkpoint: Checkpoint | None = Field(
         None,
         description="how a transformers save_pretrained folder fills the dims, step fields and params (`tracer run FILE --weights DIR`)",
+    )
+    parallel: Parallel | None = Field(
+        None,
+        description="{mesh, inputs, plan}: tensor, sequence, context and data parallelism over a device mesh (docs/parallel.md)",
     )
     _parsed_dims: tuple | None = PrivateAttr(default=None)  # (the dims dict parsed, its expressions, their order)
 
