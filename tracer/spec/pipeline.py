@@ -275,7 +275,13 @@ class PipelineSpec(Strict):
     @model_validator(mode="after")
     def _parse_dims(self) -> PipelineSpec:
         """Keep the dims parsed: each text was just parsed by its validator, and within
-        ``dimexpr.parsing_once`` (loading validates in it) that parse is the one kept."""
+        ``dimexpr.parsing_once`` (loading validates in it) that parse is the one kept.
+
+        Mesh dims are dims: the file is each rank's program (``H // tp`` heads), and a
+        single-device run, the reference of a parallel one, takes every mesh dim as 1."""
+        if self.parallel is not None and any(name not in self.dims for name in self.parallel.mesh):
+            mesh_dims = {name: "1" for name in self.parallel.mesh if name not in self.dims}
+            object.__setattr__(self, "dims", {**mesh_dims, **self.dims})  # frozen: this is the model being built
         self._parsed_dims = (self.dims, {name: dimexpr.parse(text) for name, text in self.dims.items()}, None)
         return self
 

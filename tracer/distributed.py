@@ -1,0 +1,250 @@
+"""``tracer run FILE --world N`` and ``tracer.run_parallel``: a pipeline with a ``parallel:``
+section run as N processes on torch.distributed, checked against its single-device run.
+
+The processes are started by torch's own launcher (``torch.multiprocessing.start_processes``;
+fork on the CPU, where the ranks inherit the imported modules, spawn for CUDA). They meet at a
+``TCPStore`` this process holds, listening on a port the system chose free, and run gloo (CPU) or
+nccl (CUDA). A rank that raises ends the run at once (torch's launcher stops the others); one
+that has not finished within ``timeout`` seconds is killed with the rest, and the message says
+which step each rank was in. No process outlives the call.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .analysis.shapes import Analysis
+from .api import Pipeline, load
+from .core.errors import Diagnostic, TracerError
+from .presentation.trace import Trace
+from .runtime.interpreter import device_problem, torch_module
+from .runtime.sharded import (
+    CollectiveEvent,
+    RankJob,
+    RankResult,
+    collective_mode,
+    input_placements,
+    planned_steps,
+    rank_error,
+    rank_spec,
+    run_rank,
+    runnable,
+)
+
+TOLERANCE = 1e-5  # the gathered outputs against the single-device run's
+_POLL = 0.02  # seconds between looks at the ranks while they run
+
+
+@dataclass
+class ParallelRun:
+    """What a run on torch.distributed found: every rank's records (local shapes) and
+    collectives, the outputs gathered from the ranks, and the single-device run they equal."""
+
+    pipeline: Pipeline
+    mesh: dict[str, int]
+    reference: Trace
+    ranks: list[Trace]  # rank r's records, read against its program's analysis
+    collectives: list[list[CollectiveEvent]]  # rank r's, in the order it issued them
+    outputs: dict[str, Any]  # gathered: the global tensors
+    differences: dict[str, float] = field(default_factory=dict)  # output -> largest |parallel - single device|
+
+    @property
+    def world(self) -> int:
+        return len(self.ranks)
+
+    def counts(self, rank: int = 0) -> Counter:
+        """How many collectives of each (step, op) the rank issued."""
+        return Counter((event.step, event.op) for event in self.collectives[rank])
+
+    def to_json(self) -> str:
+        """The run as JSON: the mesh, every rank's trace (``tracer run --json``'s form), each rank's
+        collectives and each output's largest difference from the single-device run."""
+        return json.dumps(
+            {
+                "pipeline": self.pipeline.name,
+                "world": self.world,
+                "mesh": self.mesh,
+                "ranks": [json.loads(trace.to_json()) for trace in self.ranks],
+                "collectives": [[asdict(event) for event in events] for events in self.collectives],
+                "differences": self.differences,
+            },
+            indent=2,
+        )
+
+    def summary(self) -> str:
+        """A few lines: the mesh, each step's collectives and bytes per rank, the outputs' differences."""
+        mesh = " × ".join(f"{name}={size}" for name, size in self.mesh.items())
+        lines = [f"{self.pipeline.name} on torch.distributed: world {self.world} ({mesh}); the records above are rank 0's"]
+        sent: dict[tuple, list[int]] = {}
+        for event in self.collectives[0]:
+            sent.setdefault((event.step, event.op), []).append(event.bytes)
+        for (step, op), sizes in sent.items():
+            lines.append(f"collective: {op} ×{len(sizes)} in step '{step}', {sum(sizes)} B per rank")
+        if not sent:
+            lines.append("collectives: none")
+        for name, difference in self.differences.items():
+            lines.append(f"output {name}: max |parallel - single device| = {difference:.3g} (≤ {TOLERANCE:g})")
+        return "\n".join(lines)
+
+
+def run_parallel(
+    pipeline: Pipeline | str | Path,
+    world: int,
+    dims: Mapping[str, int] | None = None,
+    seed: int | None = None,
+    timeout: float = 60.0,
+    device: str = "cpu",
+) -> ParallelRun:
+    """Run ``pipeline`` (a file, a bundled name or a ``tracer.Pipeline``) as ``world`` processes
+    on torch.distributed, sharded as its ``parallel:`` section plans it, and check it: the
+    outputs gathered from the ranks equal the single-device run's (≤ 1e-5). ``dims`` may set the
+    mesh's degrees (``{"tp": 4}``); the run draws its tensors from ``seed`` (the file's, else 0) on
+    every rank. A rank that fails or is still running after ``timeout`` seconds ends the run
+    with a located ``TracerError``; no process is left behind."""
+    if not isinstance(pipeline, Pipeline):
+        pipeline = load(pipeline)
+    spec, source = pipeline.spec, pipeline.source
+    if spec.parallel is None:
+        message = "--world runs a pipeline on several processes as its parallel: section plans it; this file has none (docs/parallel.md)"
+        raise TracerError(Diagnostic(source.file, None, "no-parallel", message))
+    problem = device_problem(device)
+    if problem is not None or device == "meta":
+        raise TracerError(Diagnostic(source.file, None, "device", problem or "--world runs on cpu or cuda, not meta"))
+    dims = dict(dims or {})
+    mesh_dims = set(spec.parallel.mesh)
+    seed = (spec.seed if spec.seed is not None else 0) if seed is None else seed
+    steps = planned_steps(spec, source)
+    runnable(spec, source, steps)
+    placements = input_placements(spec, source)
+    program = rank_spec(spec, dict(spec.parallel.mesh), steps, placements)
+    reference_dims = {name: value for name, value in dims.items() if name not in mesh_dims}
+    ranks_analysis = Pipeline(program, source).check(dims)
+    ranks_analysis.raise_errors()
+    mesh = {name: ranks_analysis.dims[name] for name in spec.parallel.mesh}
+    _check_world(source, mesh, world)
+    reference = pipeline.run(dims=reference_dims, seed=seed)
+    job = RankJob(
+        program,
+        spec,
+        source,
+        dims,
+        reference_dims,
+        seed,
+        device,
+        tuple(mesh.items()),
+        steps,
+        placements,
+    )
+    results = _launch(job, timeout)
+    traces = [Trace(pipeline, ranks_analysis, result.records, {}, seed, False) for result in results]
+    run = ParallelRun(pipeline, mesh, reference, traces, [r.collectives for r in results], results[0].outputs)
+    run.differences = _compare(run, source)
+    return run
+
+
+def _check_world(source, mesh: dict[str, int], world: int) -> None:
+    size = math.prod(mesh.values())
+    if world != size:
+        shape = " × ".join(f"{name}={n}" for name, n in mesh.items())
+        message = f"--world {world}, but the mesh is {shape} = {size} ranks: give --world {size}, or change the mesh's dims (--dim)"
+        raise TracerError(source.error(("parallel", "mesh"), "world-size", message, prefer_key=True))
+
+
+def _compare(run: ParallelRun, source) -> dict[str, float]:
+    """Each gathered output against the single-device run's; a difference over the tolerance is a
+    located error at the step that makes the output."""
+    torch = torch_module()
+    differences, problems = {}, []
+    for name, expected in run.reference.outputs.items():
+        got = run.outputs[name]
+        if got.shape != expected.shape:
+            problems.append(f"output '{name}': gathered {list(got.shape)}, the single-device run made {list(expected.shape)}")
+            continue
+        difference = (got.double() - expected.double()).abs().max().item() if got.numel() else 0.0
+        differences[name] = difference
+        if not difference <= TOLERANCE or torch.isnan(got).any() != torch.isnan(expected).any():
+            problems.append(f"output '{name}' differs from the single-device run by up to {difference:.3g} (more than {TOLERANCE:g})")
+    if problems:
+        producer = run.reference.analysis.producer(next(iter(run.reference.outputs)))
+        raise TracerError([_at_step(run.reference.analysis, producer, "parallel-mismatch", p) for p in problems])
+    return differences
+
+
+def _at_step(analysis: Analysis, node, code: str, message: str) -> Diagnostic:
+    if node is None:
+        return Diagnostic(analysis.source.file, None, code, message)
+    return analysis.error(node, code, message)
+
+
+# ---------------------------------------------------------------- the processes
+
+
+def _launch(job: RankJob, timeout: float) -> list[RankResult]:
+    """Start the ranks, wait for all of them (or the first failure, or the timeout), and read
+    what they saved; every process is gone when this returns or raises."""
+    import torch.distributed as dist
+    import torch.multiprocessing as mp
+
+    collective_mode()  # torch.distributed's modules imported once, here: a forked rank starts with them
+    start = "spawn" if job.device == "cuda" else "fork"
+    progress = mp.get_context(start).Array("i", job.world, lock=False)
+    store = dist.TCPStore("127.0.0.1", 0, job.world, is_master=True, wait_for_workers=False)
+    with tempfile.TemporaryDirectory(prefix="tracer-world-") as folder:
+        context = mp.start_processes(run_rank, (job, store.port, folder, progress), nprocs=job.world, join=False, start_method=start)
+        try:
+            _wait(context, job, timeout, progress)
+        finally:
+            _stop(context)
+        torch = torch_module()
+        return [torch.load(f"{folder}/rank{rank}.pt", weights_only=False) for rank in range(job.world)]
+
+
+def _wait(context, job: RankJob, timeout: float, progress) -> None:
+    import torch.multiprocessing as mp
+
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if context.join(timeout=_POLL):
+                return
+        except mp.ProcessRaisedException as exc:
+            raise TracerError(_failed(job, exc.error_index, _last_line(str(exc)), progress)) from None
+        except mp.ProcessExitedException as exc:
+            raise TracerError(_failed(job, exc.error_index, f"exited with code {exc.exit_code}", progress)) from None
+        if time.monotonic() > deadline:
+            stuck = [rank for rank, process in enumerate(context.processes) if process.is_alive()]
+            raise TracerError(
+                [
+                    _failed(job, rank, f"had not finished after {timeout:g} s (--timeout); every rank was stopped", progress)
+                    for rank in stuck
+                ]
+            )
+
+
+def _failed(job: RankJob, rank: int, what: str, progress) -> Diagnostic:
+    index = progress[rank]
+    where = f" in step '{job.spec.steps[index].id}'" if 0 <= index < len(job.spec.steps) else ""
+    return rank_error(job, index, f"rank {rank} of {job.world}{where}: {what}")
+
+
+def _last_line(text: str) -> str:
+    """The exception's own line from a rank's traceback ('ValueError: …')."""
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    return lines[-1].strip() if lines else "failed"
+
+
+def _stop(context) -> None:
+    """Every rank's process ended and reaped (kill is a no-op on one that has exited)."""
+    for process in context.processes:
+        if process.is_alive():
+            process.kill()
+    for process in context.processes:
+        process.join()
