@@ -8,12 +8,14 @@
 
 from .api import Pipeline, load, loads, run
 from .core.errors import Diagnostic, ExpectationError, TracerError
+from .distributed import ParallelRun, run_parallel
 from .presentation.trace import Trace
 from .runtime.records import TensorRecord
 
 __all__ = [
     "Diagnostic",
     "ExpectationError",
+    "ParallelRun",
     "Pipeline",
     "TensorRecord",
     "Trace",
@@ -22,6 +24,7 @@ __all__ = [
     "load",
     "loads",
     "run",
+    "run_parallel",
     "to_module",
 ]
 __version__ = "0.1.0"

@@ -230,9 +230,8 @@ def _wait(context, job: RankJob, timeout: float, progress) -> None:
 
 
 def _failed(job: RankJob, rank: int, what: str, progress) -> Diagnostic:
-    index = progress[rank]
-    where = f" in step '{job.spec.steps[index].id}'" if 0 <= index < len(job.spec.steps) else ""
-    return rank_error(job, index, f"rank {rank} of {job.world}{where}: {what}")
+    """A rank's failure, located at the step it was in (the message's step), else at the file."""
+    return rank_error(job, progress[rank], f"rank {rank} of {job.world}: {what}")
 
 
 def _last_line(text: str) -> str:

@@ -1,0 +1,228 @@
+"""``tracer run FILE --world N`` / ``tracer.run_parallel``: the pipeline as N processes on
+torch.distributed (gloo), sharded by torch's parallelize_module, against its single-device run.
+
+Each launch starts fresh processes (forked: a few tenths of a second once torch.distributed is
+imported), so the runs the tests read are made once per module."""
+
+import os
+import time
+
+import psutil
+import pytest
+import torch
+import torch.nn.functional as F
+
+import tracer
+from tests.conftest import tracer_cli
+from tracer.core.errors import TracerError
+from tracer.runtime import sharded
+
+B, T, D, H = 2, 4, 8, 4
+
+ATTENTION = f"""\
+name: tp_attention
+dims: {{B: {B}, T: {T}, D: {D}, H: {H}, Dh: D // H}}
+seed: 0
+inputs:
+  x: {{shape: [B, T, D], init: randn}}
+params:
+  W_q: {{shape: [D, D], init: linear}}
+  W_k: {{shape: [D, D], init: linear}}
+  W_v: {{shape: [D, D], init: linear}}
+  W_o: {{shape: [D, D], init: linear}}
+  b_o: {{shape: [D], init: linear, fan_in: D}}
+steps:
+  - {{id: q, op: linear, input: x, weight: W_q}}
+  - {{id: k, op: linear, input: x, weight: W_k}}
+  - {{id: v, op: linear, input: x, weight: W_v}}
+  - {{id: q_h, op: view, input: q, shape: [BATCH, T, H // tp, Dh]}}
+  - {{id: k_h, op: view, input: k, shape: [BATCH, T, H // tp, Dh]}}
+  - {{id: v_h, op: view, input: v, shape: [BATCH, T, H // tp, Dh]}}
+  - {{id: qt, op: transpose, input: q_h, dims: [1, 2]}}
+  - {{id: kt, op: transpose, input: k_h, dims: [1, 2]}}
+  - {{id: vt, op: transpose, input: v_h, dims: [1, 2]}}
+  - {{id: ctx, op: sdpa, inputs: [qt, kt, vt], causal: true}}
+  - {{id: merged, op: merge, input: ctx}}
+  - {{id: out, op: linear, input: merged, weight: W_o, bias: b_o}}
+parallel:
+  mesh: MESH
+  plan: {{q: colwise, k: colwise, v: colwise, out: rowwise}}
+"""
+TP = ATTENTION.replace("BATCH", "B").replace("MESH", "{tp: 2}")
+DP_TP = ATTENTION.replace("BATCH", "B // dp").replace("MESH", "{dp: 2, tp: 2}\n  inputs: {x: [Shard(0), Replicate()]}")
+
+SOFTMAX_OVER_A_SHARD = """\
+name: mlp
+dims: {B: 2, T: 3, D: 4, F: 8}
+seed: 1
+inputs:
+  x: {shape: [B, T, D], init: randn}
+params:
+  W_up: {shape: [F, D], init: linear}
+  W_down: {shape: [D, F], init: linear}
+steps:
+  - {id: up, op: linear, input: x, weight: W_up}
+  - {id: probs, op: softmax, dim: -1}
+  - {id: down, op: linear, input: probs, weight: W_down}
+parallel:
+  mesh: {tp: 2}
+  plan: {up: colwise, down: rowwise}
+"""
+
+
+@pytest.fixture(scope="module")
+def tp_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("parallel") / "tp_attention.yaml"
+    path.write_text(TP)
+    return path
+
+
+@pytest.fixture(scope="module")
+def tp_run(tp_file):
+    return tracer.run_parallel(tp_file, world=2)
+
+
+def _children() -> list[psutil.Process]:
+    return [child for child in psutil.Process(os.getpid()).children(recursive=True) if child.status() != psutil.STATUS_ZOMBIE]
+
+
+def _attention_in_torch(trace, tensors: dict) -> torch.Tensor:
+    x = tensors["x"]
+
+    def heads(w):
+        return F.linear(x, w).view(B, T, H, D // H).transpose(1, 2)
+
+    context = F.scaled_dot_product_attention(heads(tensors["W_q"]), heads(tensors["W_k"]), heads(tensors["W_v"]), is_causal=True)
+    return F.linear(context.transpose(1, 2).reshape(B, T, D), tensors["W_o"], tensors["b_o"])
+
+
+def test_tensor_parallel_attention_on_two_ranks_equals_the_single_device_run_and_torch(tp_run, tp_file):
+    single = tracer.load(tp_file).run(keep_values=True)
+    tensors = {name: single[name].tensor for name in ("x", "W_q", "W_k", "W_v", "W_o", "b_o")}
+    gathered = tp_run.outputs["out"]
+    assert gathered.shape == (B, T, D)
+    assert torch.allclose(gathered, single["out"].tensor, atol=1e-5, rtol=0)
+    assert torch.allclose(gathered, _attention_in_torch(single, tensors), atol=1e-5, rtol=0)
+    assert tp_run.differences["out"] <= 1e-5
+
+
+def test_each_rank_records_its_local_shapes(tp_run):
+    for trace in tp_run.ranks:
+        assert trace["W_q"].shape == (D // 2, D)  # colwise: the output features split
+        assert trace["W_o"].shape == (D, D // 2)  # rowwise: the input features split
+        assert trace["q"].shape == (B, T, D // 2)
+        assert trace["ctx"].shape == (B, H // 2, T, D // H)  # the rank's heads
+        assert trace["out"].shape == (B, T, D)  # all-reduced: whole on every rank
+    assert tp_run.ranks[0]["q_h"].symbolic_shape == ("B", "T", "H // tp", "Dh")
+
+
+def test_collectives_are_counted_per_step_with_their_bytes(tp_run):
+    for rank in range(2):
+        assert tp_run.counts(rank) == {("out", "all_reduce"): 1}  # rowwise: one all-reduce, colwise: none
+        (event,) = tp_run.collectives[rank]
+        assert (event.shape, event.dtype, event.bytes) == ((B, T, D), "float32", B * T * D * 4)
+    assert "all_reduce ×1 in step 'out', 256 B per rank" in tp_run.summary()
+
+
+def test_a_two_dimensional_mesh_shards_the_batch_over_dp_and_the_heads_over_tp(tmp_path):
+    path = tmp_path / "dp_tp.yaml"
+    path.write_text(DP_TP)
+    run = tracer.run_parallel(path, world=4)
+    assert run.mesh == {"dp": 2, "tp": 2}
+    single = tracer.load(path).run(keep_values=True)
+    assert torch.allclose(run.outputs["out"], single["out"].tensor, atol=1e-5, rtol=0)
+    for trace in run.ranks:
+        assert trace["x"].shape == (B // 2, T, D)
+        assert trace["ctx"].shape == (B // 2, H // 2, T, D // H)
+    assert all(run.counts(rank) == {("out", "all_reduce"): 1} for rank in range(4))  # over tp only
+    assert run.collectives[0][0].bytes == B // 2 * T * D * 4
+
+
+def test_the_command_line_runs_it_and_prints_rank_0_and_the_collectives(tp_file):
+    done = tracer_cli("run", str(tp_file), "--world", "2")
+    assert done.returncode == 0, done.stderr
+    assert "W_q        (D // tp, D)  [4, 8]" in done.stdout
+    assert "world 2 (tp=2)" in done.stdout and "all_reduce ×1 in step 'out'" in done.stdout
+
+
+def test_a_plan_that_computes_something_else_on_the_shards_fails_located(tmp_path):
+    path = tmp_path / "mlp.yaml"
+    path.write_text(SOFTMAX_OVER_A_SHARD)
+    with pytest.raises(TracerError) as caught:
+        tracer.run_parallel(path, world=2)
+    assert caught.value.code == "parallel-mismatch"
+    assert "output 'down' differs from the single-device run" in str(caught.value)
+    assert str(caught.value).startswith(f"{path}:12:")  # the step that makes the output
+    assert _children() == []
+
+
+def test_a_view_with_global_heads_on_a_local_shard_is_refused_before_any_process_starts(tmp_path):
+    path = tmp_path / "global_heads.yaml"
+    path.write_text(TP.replace("shape: [B, T, H // tp, Dh]}", "shape: [B, T, H, Dh]}", 1))
+    with pytest.raises(TracerError) as caught:
+        tracer.run_parallel(path, world=2)
+    assert "q_h" in str(caught.value) and "tp=2" in str(caught.value)
+    assert _children() == []
+
+
+def test_the_world_must_be_the_mesh_size_and_the_mesh_dims_are_dims(tp_file):
+    with pytest.raises(TracerError, match=r"--world 4, but the mesh is tp=2 = 2 ranks") as caught:
+        tracer.run_parallel(tp_file, world=4)
+    assert caught.value.diagnostics[0].position.line == 26  # parallel: mesh:
+    assert tracer.load(tp_file).check().dims["tp"] == 1  # a single-device run takes every mesh dim as 1
+
+
+def test_what_the_run_cannot_do_is_a_located_error(tmp_path, tp_file):
+    path = tmp_path / "ctx.yaml"
+    path.write_text(TP.replace("out: rowwise}", "out: rowwise, ctx: colwise}"))
+    with pytest.raises(TracerError, match="step 'ctx' \\(sdpa\\) is planned colwise"):
+        tracer.run_parallel(path, world=2)
+    path.write_text(TP.replace("out: rowwise}", "out: rowwise, ctx: context}").replace("{tp: 2}", "{tp: 2, cp: 1}"))
+    with pytest.raises(TracerError, match="_scaled_dot_product_flash_attention_for_cpu"):
+        tracer.run_parallel(path, world=2)
+    path.write_text(TP.replace("H // tp", "H").split("parallel:")[0])
+    with pytest.raises(TracerError, match="this file has none"):
+        tracer.run_parallel(path, world=2)
+
+
+def _failing_in(step: str, rank: int, failure):
+    """``sharded._module_call`` with ``failure()`` run in ``step`` on ``rank`` (the ranks are
+    forked: they see this patch)."""
+    module_call = sharded._module_call
+
+    def patched(module, step_id, mode):
+        call = module_call(module, step_id, mode)
+        if step_id != step:
+            return call
+
+        def failing(*args):
+            if torch.distributed.get_rank() == rank:
+                failure()
+            return call(*args)
+
+        return failing
+
+    return patched
+
+
+def _raise():
+    raise ValueError("a broken rank")
+
+
+def test_a_rank_that_raises_ends_the_run_at_its_step_and_leaves_no_process(tp_file, monkeypatch):
+    monkeypatch.setattr(sharded, "_module_call", _failing_in("out", 1, _raise))
+    with pytest.raises(TracerError) as caught:
+        tracer.run_parallel(tp_file, world=2, timeout=30)
+    message = str(caught.value)
+    assert message.startswith(f"{tp_file}:24:5: error[rank-failed]: step 'out': rank 1 of 2: ValueError: a broken rank")
+    assert _children() == []
+
+
+def test_a_rank_that_hangs_ends_the_run_within_the_timeout_and_leaves_no_process(tp_file, monkeypatch):
+    monkeypatch.setattr(sharded, "_module_call", _failing_in("out", 1, lambda: time.sleep(600)))
+    start = time.monotonic()
+    with pytest.raises(TracerError) as caught:
+        tracer.run_parallel(tp_file, world=2, timeout=4)
+    assert time.monotonic() - start < 4 + 10  # the timeout, then the kill
+    assert f"{tp_file}:24:5: error[rank-failed]: step 'out': rank 1 of 2: had not finished after 4 s" in str(caught.value)
+    assert _children() == []
