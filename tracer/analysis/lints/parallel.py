@@ -256,3 +256,57 @@ class RankShape(Lint):
                 continue
             message = f"on each rank ({_degrees(view)}): {error.message}"
             yield analysis.error(node, self.code, message, severity="warning")
+
+
+@register
+class ShardOffset(Lint):
+    """**What.** Under a sequence split (context parallelism: `x: [Shard(1)]` over `cp`), a
+    `rope` that counts positions from 0, or a causal mask built on the rank's own scores: each
+    rank holds tokens `r·T/cp .. (r+1)·T/cp - 1`, but these steps treat them as `0 .. T/cp - 1`.
+
+    **Why it matters.** Every rank but the first rotates its queries and keys by the wrong angles,
+    and a causal mask on a shard hides the wrong keys (a rank's first query sees only itself); the
+    single-device run is right, so only the ranks disagree.
+
+    **Fix.** Give rope the positions split like the tokens (`positions: pos`, `pos: [Shard(0)]` in
+    `parallel.inputs`), and make the attention an `sdpa` with `causal: true` planned `context`,
+    which masks at the tokens' global positions."""
+
+    code, example, origin = "shard-offset", "shard_offset", "context parallelism (ring attention)"
+
+    def check(self, analysis):
+        view = analysis.rank
+        if view is None or view.analysis is None:
+            return
+        for node in analysis.nodes.values():
+            if node.id in view.plan or not node.inputs:
+                continue
+            local = view.analysis.meta(node.inputs[0])
+            rotation, masking = node.step.rotation(), node.step.masking()
+            if local is None or not local.shape:
+                continue
+            ndim = len(local.shape)
+            if rotation is not None and rotation.positions is None:
+                axes, what = (rotation.seq_dim % ndim,), f"rope counts positions from {rotation.offset}"
+            elif masking is not None and masking.causal:
+                axes, what = (ndim - 2, ndim - 1), "the causal mask compares the rank's own query and key indices"
+            else:
+                continue
+            sharded = [name for name, placement in zip(view.degrees, placements_of(local, list(view.degrees))) if _on_axes(placement, axes)]
+            if not sharded:
+                continue
+            mesh_dim = sharded[0]
+            message = (
+                f"{what} on '{node.inputs[0]}' {local.symbolic}, whose tokens are split over {mesh_dim}={view.degrees[mesh_dim]}: "
+                f"rank r holds tokens r·T/{mesh_dim} .. (r+1)·T/{mesh_dim} - 1, but this step treats them as starting at 0 — "
+                + (
+                    "give rope the positions split like the tokens (positions: pos, with pos: [Shard(0)] in parallel.inputs)"
+                    if rotation is not None
+                    else "use an sdpa with causal: true planned context (the mask at the global positions)"
+                )
+            )
+            yield analysis.error(node, self.code, message, severity="warning")
+
+
+def _on_axes(placement: str, axes: tuple[int, ...]) -> bool:
+    return any(placement == f"Shard({axis})" for axis in axes)
