@@ -108,7 +108,7 @@ class KvHeadsBelowTp(Lint):
     code, example, origin = "kv-heads-below-tp", "kv_heads_below_tp", "grouped-query attention under tensor parallelism"
 
     def check(self, analysis):
-        if analysis.rank is None:
+        if analysis.rank is None or analysis.rank.failure is not None:  # dims that fail at the degree say it first
             return
         for node, entry, heads, degree in _kv_splits(analysis):
             message = (
