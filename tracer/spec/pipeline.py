@@ -275,19 +275,16 @@ class PipelineSpec(Strict):
     @model_validator(mode="after")
     def _parse_dims(self) -> PipelineSpec:
         """Keep the dims parsed: each text was just parsed by its validator, and within
-        ``dimexpr.parsing_once`` (loading validates in it) that parse is the one kept.
-
-        Mesh dims are dims: the file is each rank's program (``H // tp`` heads), and a
-        single-device run, the reference of a parallel one, takes every mesh dim as 1."""
-        if self.parallel is not None and any(name not in self.dims for name in self.parallel.mesh):
-            mesh_dims = {name: "1" for name in self.parallel.mesh if name not in self.dims}
-            object.__setattr__(self, "dims", {**mesh_dims, **self.dims})  # frozen: this is the model being built
-        self._parsed_dims = (self.dims, {name: dimexpr.parse(text) for name, text in self.dims.items()}, None)
+        ``dimexpr.parsing_once`` (loading validates in it) that parse is the one kept."""
+        exprs = {name: dimexpr.parse(text) for name, text in self.dims.items()}
+        for name, size in self.parallel.mesh.items() if self.parallel is not None else ():
+            exprs.setdefault(name, dimexpr.parse(size))  # a mesh dim is a dim (load reports one declared twice)
+        self._parsed_dims = (self.dims, exprs, None)
         return self
 
     @property
     def dim_exprs(self) -> dict[str, dimexpr.Expr]:
-        """Every dim's expression, parsed once per spec: analysis, blocks and export read them
+        """Every dim's expression (the mesh's sizes too: ``tp`` is a dim), parsed once per spec: analysis, blocks and export read them
         many times, and a file of thousands of derived dims must not parse each again every time."""
         if self._parsed_dims[0] is not self.dims:  # a copy made with other dims parses its own
             self._parse_dims()
