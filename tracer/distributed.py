@@ -17,27 +17,18 @@ import tempfile
 import time
 from collections import Counter
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from .analysis.parallel import Collective, collectives, ring_bytes
 from .analysis.shapes import Analysis
 from .api import Pipeline, load
+from .core.dtypes import DTYPE_BYTES
 from .core.errors import Diagnostic, TracerError
 from .presentation.trace import Trace
 from .runtime.interpreter import device_problem, torch_module
-from .runtime.sharded import (
-    CollectiveEvent,
-    RankJob,
-    RankResult,
-    collective_mode,
-    input_placements,
-    planned_steps,
-    rank_error,
-    rank_spec,
-    run_rank,
-    runnable,
-)
+from .runtime.sharded import CollectiveEvent, RankJob, RankResult, check_runnable, collective_mode, rank_error, run_rank
 
 TOLERANCE = 1e-5  # the gathered outputs against the single-device run's
 _POLL = 0.02  # seconds between looks at the ranks while they run
@@ -55,6 +46,7 @@ class ParallelRun:
     collectives: list[list[CollectiveEvent]]  # rank r's, in the order it issued them
     outputs: dict[str, Any]  # gathered: the global tensors
     differences: dict[str, float] = field(default_factory=dict)  # output -> largest |parallel - single device|
+    predicted: list[Collective] = field(default_factory=list)  # the static analysis's, for one forward on every rank
 
     @property
     def world(self) -> int:
@@ -80,16 +72,23 @@ class ParallelRun:
         )
 
     def summary(self) -> str:
-        """A few lines: the mesh, each step's collectives and bytes per rank, the outputs' differences."""
+        """A few lines: the mesh, each step's collectives on rank 0 (as torch ran them, the whole
+        tensor's bytes as the static analysis counts them, and the ring's bytes sent per rank),
+        the outputs' differences."""
         mesh = " × ".join(f"{name}={size}" for name, size in self.mesh.items())
         lines = [f"{self.pipeline.name} on torch.distributed: world {self.world} ({mesh}); the records above are rank 0's"]
-        sent: dict[tuple, list[int]] = {}
+        sent: dict[tuple, list[CollectiveEvent]] = {}
         for event in self.collectives[0]:
-            sent.setdefault((event.step, event.op), []).append(event.bytes)
-        for (step, op), sizes in sent.items():
-            lines.append(f"collective: {op} ×{len(sizes)} in step '{step}', {sum(sizes)} B per rank")
+            sent.setdefault((event.step, event.op), []).append(event)
+        for (step, op), events in sent.items():
+            whole = sum(event.whole_bytes for event in events)
+            per_rank = sum(ring_bytes(op, event.whole_bytes, event.group_size) for event in events)
+            lines.append(
+                f"collective: {op} ×{len(events)} in step '{step}' over {events[0].group_size} ranks: {whole} B, {per_rank} B sent per rank"
+            )
         if not sent:
             lines.append("collectives: none")
+        lines.append(f"collectives as predicted: {len(self.predicted)} on every rank, step by step")
         for name, difference in self.differences.items():
             lines.append(f"output {name}: max |parallel - single device| = {difference:.3g} (≤ {TOLERANCE:g})")
         return "\n".join(lines)
@@ -104,11 +103,13 @@ def run_parallel(
     device: str = "cpu",
 ) -> ParallelRun:
     """Run ``pipeline`` (a file, a bundled name or a ``tracer.Pipeline``) as ``world`` processes
-    on torch.distributed, sharded as its ``parallel:`` section plans it, and check it: the
-    outputs gathered from the ranks equal the single-device run's (≤ 1e-5). ``dims`` may set the
-    mesh's degrees (``{"tp": 4}``); the run draws its tensors from ``seed`` (the file's, else 0) on
-    every rank. A rank that fails or is still running after ``timeout`` seconds ends the run
-    with a located ``TracerError``; no process is left behind."""
+    on torch.distributed, sharded as its ``parallel:`` section plans it, and check it against the
+    static analysis and the single-device run: the outputs gathered from the ranks equal the
+    single-device run's (≤ 1e-5), the collectives each rank issued are the predicted ones, step by
+    step, and every tensor a rank makes has the static per-rank shape. ``dims`` may set the mesh's
+    degrees (``{"tp": 4}``); every rank draws the global tensors from ``seed`` (the file's, else 0).
+    A rank that fails or is still running after ``timeout`` seconds ends the run with a located
+    ``TracerError``; no process is left behind."""
     if not isinstance(pipeline, Pipeline):
         pipeline = load(pipeline)
     spec, source = pipeline.spec, pipeline.source
@@ -119,46 +120,40 @@ def run_parallel(
     if problem is not None or device == "meta":
         raise TracerError(Diagnostic(source.file, None, "device", problem or "--world runs on cpu or cuda, not meta"))
     dims = dict(dims or {})
-    mesh_dims = set(spec.parallel.mesh)
+    analysis = pipeline.check(dims)
+    ranks_analysis = _rank_analysis(analysis)
+    _check_world(source, analysis.degrees, world)
+    check_runnable(analysis)
     seed = (spec.seed if spec.seed is not None else 0) if seed is None else seed
-    steps = planned_steps(spec, source)
-    runnable(spec, source, steps)
-    placements = input_placements(spec, source)
-    program = rank_spec(spec, dict(spec.parallel.mesh), steps, placements)
-    reference_dims = {name: value for name, value in dims.items() if name not in mesh_dims}
-    ranks_analysis = Pipeline(program, source).check(dims)
-    ranks_analysis.raise_errors()
-    mesh = {name: ranks_analysis.dims[name] for name in spec.parallel.mesh}
-    _check_world(source, mesh, world)
-    reference = pipeline.run(dims=reference_dims, seed=seed)
-    job = RankJob(
-        program,
-        spec,
-        source,
-        dims,
-        reference_dims,
-        seed,
-        device,
-        tuple(mesh.items()),
-        steps,
-        placements,
-    )
-    results = _launch(job, timeout)
-    traces = [Trace(pipeline, ranks_analysis, result.records, {}, seed, False) for result in results]
-    run = ParallelRun(pipeline, mesh, reference, traces, [r.collectives for r in results], results[0].outputs)
-    run.differences = _compare(run, source)
+    reference = pipeline.run(dims=dims, seed=seed)
+    results = _launch(RankJob(spec, source, dims, seed, device, tuple(analysis.degrees.items()), analysis), timeout)
+    traces = [Trace(pipeline, ranks_analysis, r.records, {}, seed, False, as_predicted=r.as_predicted) for r in results]
+    run = ParallelRun(pipeline, dict(analysis.degrees), reference, traces, [r.collectives for r in results], results[0].outputs)
+    run.predicted = collectives(analysis)
+    run.differences = _compare(run)
+    _check_collectives(run)
     return run
 
 
-def _check_world(source, mesh: dict[str, int], world: int) -> None:
-    size = math.prod(mesh.values())
+def _rank_analysis(analysis: Analysis) -> Analysis:
+    """The rank's program, from the static analysis: its errors (and the reference's) first."""
+    analysis.raise_errors()
+    view = analysis.rank
+    if view.failure is not None:
+        raise TracerError(view.failure)
+    view.analysis.raise_errors()
+    return view.analysis
+
+
+def _check_world(source, degrees: dict[str, int], world: int) -> None:
+    size = math.prod(degrees.values())
     if world != size:
-        shape = " × ".join(f"{name}={n}" for name, n in mesh.items())
-        message = f"--world {world}, but the mesh is {shape} = {size} ranks: give --world {size}, or change the mesh's dims (--dim)"
+        shape = " × ".join(f"{name}={n}" for name, n in degrees.items())
+        message = f"--world {world}, but the mesh is {shape} = {size} ranks: give --world {size}, or change the mesh's degrees (--dim)"
         raise TracerError(source.error(("parallel", "mesh"), "world-size", message, prefer_key=True))
 
 
-def _compare(run: ParallelRun, source) -> dict[str, float]:
+def _compare(run: ParallelRun) -> dict[str, float]:
     """Each gathered output against the single-device run's; a difference over the tolerance is a
     located error at the step that makes the output."""
     torch = torch_module()
@@ -178,6 +173,38 @@ def _compare(run: ParallelRun, source) -> dict[str, float]:
     return differences
 
 
+def _check_collectives(run: ParallelRun) -> None:
+    """Every rank issued the predicted collectives, step by step and op by op, each on a tensor of
+    the predicted size; a difference is a located error at the first step where they part."""
+    analysis = run.reference.analysis
+    expected = [(c.step, c.op, _whole_bytes(c)) for c in run.predicted]
+    for rank, events in enumerate(run.collectives):
+        measured = [(e.step, e.op, e.whole_bytes) for e in events]
+        if measured == expected:
+            continue
+        at = next((i for i, (m, e) in enumerate(zip(measured, expected)) if m != e), min(len(measured), len(expected)))
+        found = measured[at] if at < len(measured) else None
+        wanted = expected[at] if at < len(expected) else None
+        step = (found or wanted)[0]
+        message = (
+            f"rank {rank} issued {len(measured)} collectives, the plan predicts {len(expected)}; the {at + 1}th: "
+            f"torch ran {_shown(found)}, the static analysis predicts {_shown(wanted)}"
+        )
+        node = analysis.nodes.get(step) if step is not None else None
+        raise TracerError(_at_step(analysis, node, "collective-mismatch", message))
+
+
+def _whole_bytes(collective) -> int:
+    size = DTYPE_BYTES.get(collective.dtype, 4)
+    for n in collective.shape:
+        size *= n
+    return size
+
+
+def _shown(entry) -> str:
+    return "none" if entry is None else f"{entry[1]} of {entry[2]} B in step '{entry[0]}'"
+
+
 def _at_step(analysis: Analysis, node, code: str, message: str) -> Diagnostic:
     if node is None:
         return Diagnostic(analysis.source.file, None, code, message)
@@ -195,6 +222,8 @@ def _launch(job: RankJob, timeout: float) -> list[RankResult]:
 
     collective_mode()  # torch.distributed's modules imported once, here: a forked rank starts with them
     start = "spawn" if job.device == "cuda" else "fork"
+    if start == "spawn":
+        job = replace(job, analysis=None)  # each rank analyses the file again: a spawned rank is sent its job pickled
     progress = mp.get_context(start).Array("i", job.world, lock=False)
     store = dist.TCPStore("127.0.0.1", 0, job.world, is_master=True, wait_for_workers=False)
     with tempfile.TemporaryDirectory(prefix="tracer-world-") as folder:

@@ -4,6 +4,7 @@ torch.distributed (gloo), sharded by torch's parallelize_module, against its sin
 Each launch starts fresh processes (forked: a few tenths of a second once torch.distributed is
 imported), so the runs the tests read are made once per module."""
 
+import copy
 import os
 import time
 
@@ -13,8 +14,10 @@ import torch
 import torch.nn.functional as F
 
 import tracer
-from tests.conftest import tracer_cli
+from tests.conftest import PIPELINES, tracer_cli
+from tracer.analysis import parallel
 from tracer.core.errors import TracerError
+from tracer.distributed import _check_collectives
 from tracer.runtime import sharded
 
 B, T, D, H = 2, 4, 8, 4
@@ -121,7 +124,36 @@ def test_collectives_are_counted_per_step_with_their_bytes(tp_run):
         assert tp_run.counts(rank) == {("out", "all_reduce"): 1}  # rowwise: one all-reduce, colwise: none
         (event,) = tp_run.collectives[rank]
         assert (event.shape, event.dtype, event.bytes) == ((B, T, D), "float32", B * T * D * 4)
-    assert "all_reduce ×1 in step 'out', 256 B per rank" in tp_run.summary()
+    assert "all_reduce ×1 in step 'out' over 2 ranks: 256 B, 256 B sent per rank" in tp_run.summary()  # ring: 2 (n - 1) / n
+
+
+def test_sequence_parallel_runs_as_predicted_shard_by_shard_and_collective_by_collective():
+    pipeline = tracer.load(PIPELINES / "parallel" / "sequence_parallel.yaml")
+    run = tracer.run_parallel(pipeline, world=2)
+    assert run.differences["out"] <= 1e-5
+    predicted = [(c.step, c.op) for c in parallel.collectives(pipeline.check())]
+    assert predicted == [
+        ("q", "all_gather_into_tensor"),
+        ("k", "all_gather_into_tensor"),
+        ("v", "all_gather_into_tensor"),
+        ("attn_out", "reduce_scatter_tensor"),
+    ]
+    for rank, trace in enumerate(run.ranks):
+        assert [(e.step, e.op) for e in run.collectives[rank]] == predicted
+        static = parallel.rank_view(pipeline.check(), rank)
+        assert {record.id: record.shape for record in trace.records} == {rid: local.concrete for rid, local in static.items()}
+        assert trace["h"].shape == (2, 2, 8) and trace["q"].shape == (2, 4, 4)  # the norm on T // tp, q gathered
+        assert trace["out"].shape == (2, 2, 8)  # reduce-scattered back to a sequence shard
+    assert run.outputs["out"].shape == (2, 4, 8)  # gathered along the sequence
+
+
+def test_a_collective_the_prediction_lacks_is_a_located_error(tp_run, tp_file):
+    run = copy.copy(tp_run)
+    run.predicted = []
+    with pytest.raises(TracerError) as caught:
+        _check_collectives(run)
+    assert str(caught.value).startswith(f"{tp_file}:24:5: error[collective-mismatch]: step 'out': rank 0 issued 1 collectives")
+    assert "torch ran all_reduce of 256 B in step 'out', the static analysis predicts none" in str(caught.value)
 
 
 def test_a_two_dimensional_mesh_shards_the_batch_over_dp_and_the_heads_over_tp(tmp_path):
@@ -143,6 +175,7 @@ def test_the_command_line_runs_it_and_prints_rank_0_and_the_collectives(tp_file)
     assert done.returncode == 0, done.stderr
     assert "W_q        (D // tp, D)  [4, 8]" in done.stdout
     assert "world 2 (tp=2)" in done.stdout and "all_reduce ×1 in step 'out'" in done.stdout
+    assert "collectives as predicted: 1 on every rank" in done.stdout
 
 
 def test_a_plan_that_computes_something_else_on_the_shards_fails_located(tmp_path):
@@ -175,7 +208,7 @@ def test_the_world_must_be_the_mesh_size_and_the_mesh_dims_are_dims(tp_file):
 def test_what_the_run_cannot_do_is_a_located_error(tmp_path, tp_file):
     path = tmp_path / "ctx.yaml"
     path.write_text(TP.replace("out: rowwise}", "out: rowwise, ctx: colwise}"))
-    with pytest.raises(TracerError, match="step 'ctx' \\(sdpa\\) is planned colwise"):
+    with pytest.raises(TracerError, match="colwise applies to a linear step .*, but step 'ctx' is op sdpa"):
         tracer.run_parallel(path, world=2)
     path.write_text(TP.replace("out: rowwise}", "out: rowwise, ctx: context}").replace("{tp: 2}", "{tp: 2, cp: 1}"))
     with pytest.raises(TracerError, match="_scaled_dot_product_flash_attention_for_cpu"):
@@ -222,7 +255,7 @@ def test_a_rank_that_hangs_ends_the_run_within_the_timeout_and_leaves_no_process
     monkeypatch.setattr(sharded, "_module_call", _failing_in("out", 1, lambda: time.sleep(600)))
     start = time.monotonic()
     with pytest.raises(TracerError) as caught:
-        tracer.run_parallel(tp_file, world=2, timeout=4)
-    assert time.monotonic() - start < 4 + 10  # the timeout, then the kill
-    assert f"{tp_file}:24:5: error[rank-failed]: step 'out': rank 1 of 2: had not finished after 4 s" in str(caught.value)
+        tracer.run_parallel(tp_file, world=2, timeout=2)
+    assert time.monotonic() - start < 2 + 10  # the timeout, then the kill
+    assert f"{tp_file}:24:5: error[rank-failed]: step 'out': rank 1 of 2: had not finished after 2 s" in str(caught.value)
     assert _children() == []
