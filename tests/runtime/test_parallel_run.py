@@ -15,9 +15,11 @@ import torch.nn.functional as F
 
 import tracer
 from tests.conftest import PIPELINES, tracer_cli
+from tests.exporting import assert_module_equals_trace, load_module
 from tracer.analysis import parallel
 from tracer.core.errors import TracerError
 from tracer.distributed import _check_collectives
+from tracer.presentation.export import export_source
 from tracer.runtime import sharded
 
 B, T, D, H = 2, 4, 8, 4
@@ -258,4 +260,40 @@ def test_a_rank_that_hangs_ends_the_run_within_the_timeout_and_leaves_no_process
         tracer.run_parallel(tp_file, world=2, timeout=2)
     assert time.monotonic() - start < 2 + 10  # the timeout, then the kill
     assert f"{tp_file}:24:5: error[rank-failed]: step 'out': rank 1 of 2: had not finished after 2 s" in str(caught.value)
+    assert _children() == []
+
+
+def _exported_rank(rank: int, source: str, port: int, folder: str) -> None:
+    """A forked rank: the exported module built at the mesh's degree, sharded by its own
+    parallelize(), run on this rank's sequence shard, its output gathered by DTensor."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Shard
+
+    torch.set_num_threads(1)
+    store = torch.distributed.TCPStore("127.0.0.1", port, 2, is_master=False)
+    torch.distributed.init_process_group("gloo", store=store, rank=rank, world_size=2)
+    try:
+        mesh = init_device_mesh("cpu", (2,), mesh_dim_names=("tp",))
+        module = load_module(source)
+        sharded_module = module.parallelize(getattr(module, module.__all__[0])(tp=2, seed=0), mesh)
+        assert sharded_module.q.weight.to_local().shape == (4, 8)  # ColwiseParallel's shard
+        x = torch.randn(2, 4, 8, generator=torch.Generator().manual_seed(5))
+        out = sharded_module(x.chunk(2, dim=1)[rank])  # x: [Shard(1)]
+        torch.save(DTensor.from_local(out, mesh, [Shard(1)]).full_tensor(), f"{folder}/rank{rank}.pt")
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+def test_the_exported_module_sharded_by_its_parallelize_on_two_ranks_equals_the_unsharded_module(tmp_path):
+    pipeline = tracer.load(PIPELINES / "parallel" / "sequence_parallel.yaml")
+    source = export_source(pipeline)
+    module = load_module(source)
+    whole = getattr(module, module.__all__[0])(seed=0)  # tp=1: the single-device module
+    assert whole.state_dict().keys() == tracer.to_module(pipeline).state_dict().keys()  # param ids, W_q not q.weight
+    assert_module_equals_trace(whole, pipeline.run(keep_values=True))  # loads a state_dict keyed by param ids
+    store = torch.distributed.TCPStore("127.0.0.1", 0, 2, is_master=True, wait_for_workers=False)
+    torch.multiprocessing.start_processes(_exported_rank, (source, store.port, str(tmp_path)), nprocs=2, start_method="fork")
+    expected = whole(torch.randn(2, 4, 8, generator=torch.Generator().manual_seed(5)))
+    for rank in range(2):
+        assert torch.allclose(torch.load(tmp_path / f"rank{rank}.pt"), expected, atol=1e-5, rtol=0)
     assert _children() == []
