@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import tracer
-from tests.conftest import PIPELINES
+from tests.conftest import PIPELINES, ROOT
 from tracer.analysis.parallel import Collective, collectives, mesh_coordinates, rank_view, resolved_plan
 from tracer.core.errors import TracerError
 
@@ -106,47 +106,11 @@ def test_a_file_without_parallel_has_no_rank_view():
     assert analysis.rank is None and collectives(analysis) == [] and rank_view(analysis) == {} and analysis.degrees == {}
 
 
-LAYER_70B = """\
-name: llama70b_layer_attention
-dims: {B: 1, T: 4096, d_model: 8192, H: 64, H_kv: 8, Dh: d_model // H, d_ff: 28672}
-dtype: bfloat16
-inputs:
-  x: {shape: [B, T, d_model], init: randn}
-params:
-  W_q: {shape: [H * Dh, d_model], init: linear}
-  W_k: {shape: [H_kv * Dh, d_model], init: linear}
-  W_v: {shape: [H_kv * Dh, d_model], init: linear}
-  W_o: {shape: [d_model, H * Dh], init: linear}
-  W_gate: {shape: [d_ff, d_model], init: linear}
-  W_up: {shape: [d_ff, d_model], init: linear}
-  W_down: {shape: [d_model, d_ff], init: linear}
-steps:
-  - {id: q, op: linear, input: x, weight: W_q}
-  - {id: q_heads, op: view, shape: [B, T, H // tp, Dh]}
-  - {id: q_h, op: transpose, dims: [1, 2]}
-  - {id: k, op: linear, input: x, weight: W_k}
-  - {id: k_heads, op: view, shape: [B, T, H_kv // tp, Dh]}
-  - {id: k_h, op: transpose, dims: [1, 2]}
-  - {id: v, op: linear, input: x, weight: W_v}
-  - {id: v_heads, op: view, shape: [B, T, H_kv // tp, Dh]}
-  - {id: v_h, op: transpose, dims: [1, 2]}
-  - {id: context, op: sdpa, inputs: [q_h, k_h, v_h], causal: true, gqa: true}
-  - {id: merged, op: merge, input: context}
-  - {id: attn_out, op: linear, input: merged, weight: W_o}
-  - {id: resid, op: add, inputs: [x, attn_out]}
-  - {id: gate, op: linear, input: resid, weight: W_gate}
-  - {id: gate_act, op: silu}
-  - {id: up, op: linear, input: resid, weight: W_up}
-  - {id: gated, op: mul, inputs: [gate_act, up]}
-  - {id: down, op: linear, input: gated, weight: W_down}
-parallel:
-  mesh: {tp: 8}
-  plan: {q: colwise, k: colwise, v: colwise, attn_out: rowwise, gate: colwise, up: colwise, down: rowwise}
-"""
+LAYER_70B = ROOT / "benchmarks" / "llama70b_layer_tp8.yaml"
 
 
 def test_a_70b_class_layer_at_tp_8_has_the_local_shapes_megatron_gives_it():
-    analysis = tracer.loads(LAYER_70B).check()
+    analysis = tracer.load(LAYER_70B).check()
     assert not analysis.diagnostics
     shapes = {record: t.concrete for record, t in rank_view(analysis, 7).items()}
     assert shapes["W_q"] == (1024, 8192) and shapes["W_k"] == (128, 8192) and shapes["W_o"] == (8192, 1024)
@@ -256,3 +220,36 @@ def test_a_degree_that_does_not_divide_the_heads_is_a_warning_at_the_mesh():
     analysis = tracer.load(PARALLEL / "llama_tp.yaml").check({"tp": 8})
     [warning] = analysis.warnings
     assert warning.code == "shard-not-divisible" and re.search(r"H=4 is not divisible by tp=8", warning.message)
+
+
+def test_check_rank_prints_the_local_shapes_the_collectives_and_the_communication(capsys):
+    from tracer.cli import main
+
+    assert main(["check", str(PARALLEL / "dp_tp.yaml"), "--rank", "3"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("rank 3 of 4 (mesh dp=2, tp=2; coordinates dp=1, tp=1):")
+    assert re.search(r"^  W_down +\(d_model, d_ff // tp\) +\[8, 8\] +Replicate\(\) Shard\(1\)$", out, re.M)
+    assert re.search(r"^  all_reduce +down +tp +\[2, 4, 8\] +256 B$", out, re.M)
+    assert out.rstrip().endswith("communication per layer: 1 all_reduce (tp), 256 B per rank")
+
+
+def test_rank_outside_the_mesh_or_without_parallel_is_a_located_error(capsys):
+    from tracer.cli import main
+
+    assert main(["check", str(PARALLEL / "dp_tp.yaml"), "--rank", "4"]) == 1
+    assert "error[rank]: --rank 4: the mesh (dp=2, tp=2) has ranks 0 .. 3" in capsys.readouterr().err
+    assert main(["run", str(PIPELINES / "causal_mha.yaml"), "--rank", "0"]) == 1
+    assert "has no parallel: section" in capsys.readouterr().err
+
+
+def test_run_json_holds_the_rank_and_a_file_without_parallel_has_none():
+    trace = tracer.load(PARALLEL / "context_parallel.yaml").run(device="meta")
+    shown = trace.to_dict(rank=1)["rank"]
+    assert (shown["rank"], shown["mesh"], shown["coordinates"]) == (1, {"cp": 2}, {"cp": 1})
+    x = next(t for t in shown["tensors"] if t["id"] == "x")
+    assert (x["shape"], x["placements"], x["positions"][1]) == ([2, 4, 8], ["Shard(1)"], "T // cp .. 2*T // cp - 1")
+    assert shown["collectives"] == [
+        {"op": "all_gather_into_tensor", "step": "context", "mesh_dim": "cp", "shape": [256], "dtype": "float32", "bytes_per_rank": 512}
+    ]
+    assert shown["plan"]["context"]["style"] == "context" and shown["totals"]["communication_bytes"] == 512
+    assert "rank" not in tracer.load(PIPELINES / "causal_mha.yaml").run(device="meta").to_dict()
