@@ -266,6 +266,7 @@ def _parser() -> argparse.ArgumentParser:
         "--rankdir", choices=("TB", "LR"), default="TB", help="the diagram's direction: TB top to bottom (default), LR left to right"
     )
     render.add_argument("--no-legend", dest="legend", action="store_false", help="leave the diagram's legend out (for slides)")
+    _rank_option(render, "with parallel:, draw that rank's local shapes on the edges and the collectives as nodes with their bytes")
     render.add_argument(
         "--tokens",
         default="",
@@ -774,6 +775,8 @@ def _draw(args) -> int:
     analysis = pipeline.check(dict(args.dim))
     writes = _writes(args, analysis)
     writes.check(output, fmt.name)  # before the run: never the files it reads
+    if args.rank is not None:
+        _rank_to_show(analysis, args)
     tokens = _tokens(args)  # a tokenizer folder that cannot be read, before the run
     with _running(analysis, args.quiet) as progress:
         observe = _with_progress(None, progress)
@@ -793,6 +796,7 @@ def _draw(args) -> int:
         rankdir=args.rankdir,
         legend=args.legend,
         tokens=tokens,
+        rank=args.rank,
     )
     with Progress(f"drawing {output.name}", quiet=args.quiet).ticking():
         outputs.write(trace, output, fmt, options, writes)  # with values: heatmaps in softmax nodes

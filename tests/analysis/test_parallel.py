@@ -75,9 +75,9 @@ def test_sequence_parallel_gathers_before_the_projections_and_reduce_scatters_af
     assert shapes["out"] == ("(B, T // tp, d_model)", (2, 2, 8))
     gathered = 2 * 4 * 8 * F32  # (n - 1) / n · S of the whole (B, T, d_model)
     assert collectives(analysis) == [
-        Collective("all_gather_into_tensor", "q", "tp", (2, 4, 8), "float32", gathered // 2),
-        Collective("all_gather_into_tensor", "k", "tp", (2, 4, 8), "float32", gathered // 2),
-        Collective("all_gather_into_tensor", "v", "tp", (2, 4, 8), "float32", gathered // 2),
+        Collective("all_gather_into_tensor", "q", "tp", (2, 4, 8), "float32", gathered // 2, "input"),
+        Collective("all_gather_into_tensor", "k", "tp", (2, 4, 8), "float32", gathered // 2, "input"),
+        Collective("all_gather_into_tensor", "v", "tp", (2, 4, 8), "float32", gathered // 2, "input"),
         Collective("reduce_scatter_tensor", "attn_out", "tp", (2, 4, 8), "float32", gathered // 2),
     ]
 
@@ -85,7 +85,7 @@ def test_sequence_parallel_gathers_before_the_projections_and_reduce_scatters_af
 def test_context_parallel_gathers_keys_and_values_once_and_each_rank_holds_its_positions():
     analysis = tracer.load(PARALLEL / "context_parallel.yaml").check()
     # k and v: (B, H, T // cp, Dh) = 2·2·4·4 = 64 elements each on a rank; cat(k, v) gathered over 2 ranks
-    assert collectives(analysis) == [Collective("all_gather_into_tensor", "context", "cp", (256,), "float32", 256 * F32 // 2)]
+    assert collectives(analysis) == [Collective("all_gather_into_tensor", "context", "cp", (256,), "float32", 256 * F32 // 2, "inside")]
     assert [rank_view(analysis, r)["x"].positions[1] for r in (0, 1)] == ["0 .. T // cp - 1", "T // cp .. 2*T // cp - 1"]
     assert rank_view(analysis, 1)["pos"].concrete == (4,)
 
@@ -249,7 +249,26 @@ def test_run_json_holds_the_rank_and_a_file_without_parallel_has_none():
     x = next(t for t in shown["tensors"] if t["id"] == "x")
     assert (x["shape"], x["placements"], x["positions"][1]) == ([2, 4, 8], ["Shard(1)"], "T // cp .. 2*T // cp - 1")
     assert shown["collectives"] == [
-        {"op": "all_gather_into_tensor", "step": "context", "mesh_dim": "cp", "shape": [256], "dtype": "float32", "bytes_per_rank": 512}
+        {
+            "op": "all_gather_into_tensor",
+            "step": "context",
+            "mesh_dim": "cp",
+            "shape": [256],
+            "dtype": "float32",
+            "bytes_per_rank": 512,
+            "at": "inside",
+        }
     ]
     assert shown["plan"]["context"]["style"] == "context" and shown["totals"]["communication_bytes"] == 512
     assert "rank" not in tracer.load(PIPELINES / "causal_mha.yaml").run(device="meta").to_dict()
+
+
+def test_a_rank_diagram_draws_the_collectives_and_the_local_shapes():
+    from tracer.presentation.diagram import dot_source
+
+    trace = tracer.load(PARALLEL / "sequence_parallel.yaml").run(device="meta")
+    plain, ranked = dot_source(trace), dot_source(trace, rank=1)
+    assert "collective@" not in plain and "rank 1:" not in plain
+    assert ranked.count("octagon") == 4 and "reduce_scatter_tensor" in ranked and "128 B per rank" in ranked
+    assert "rank 1: (B, T // tp, d_model) [2, 2, 8]" in ranked and "rank 1 of 2 (mesh tp=2)" in ranked
+    assert '"collective@0" -> q [' in ranked and 'attn_out -> "collective@3" [' in ranked  # gathered into q, scattered after it

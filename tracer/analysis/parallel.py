@@ -90,6 +90,7 @@ class Collective:
     shape: tuple[int, ...]
     dtype: str
     bytes_per_rank: int
+    at: str = "output"  # "input": the step's input redistributed before it; "output": after it; "inside": context's k/v exchange
 
 
 @dataclass(frozen=True)
@@ -319,7 +320,7 @@ class Sharding:
             # only the first: what follows a wrong layout is read wrong too, and fixing it re-checks the rest
             self.problems.append(self._mismatch(node, entry, record, meta, arrived, declared))
         wanted = {"colwise": REPLICATE, "rowwise": f"Shard({len(meta.shape) - 1})"}.get(entry.style, declared)
-        return self._redistribute(node, entry.mesh_dim, meta, declared, _normal(wanted, len(meta.shape)), node.dims)
+        return self._redistribute(node, entry.mesh_dim, meta, declared, _normal(wanted, len(meta.shape)), node.dims, "input")
 
     def _leaving(self, node, entry: PlanEntry, meta: Meta, alg: DimAlgebra) -> Meta:
         natural = {"colwise": f"Shard({len(meta.shape) - 1})", "rowwise": PARTIAL}.get(entry.style)
@@ -327,7 +328,7 @@ class Sharding:
             return meta
         return self._redistribute(node, entry.mesh_dim, meta, natural, _normal(entry.output, len(meta.shape)), alg)
 
-    def _redistribute(self, node, mesh_dim: str, meta: Meta, have: str, want: str, alg: DimAlgebra) -> Meta:
+    def _redistribute(self, node, mesh_dim: str, meta: Meta, have: str, want: str, alg: DimAlgebra, at: str = "output") -> Meta:
         if have == want:
             return meta
         ndim = len(meta.shape)
@@ -340,7 +341,7 @@ class Sharding:
         else:
             op = None  # Replicate -> Shard: each rank keeps its chunk, nothing is sent
         if op is not None:
-            self._record(op, node.id, mesh_dim, whole.sizes, meta.dtype)
+            self._record(op, node.id, mesh_dim, whole.sizes, meta.dtype, at)
         if want_axis is None:
             return whole
         return self._resized(whole, want_axis, alg.floordiv(whole.shape[want_axis], alg.dim(mesh_dim)), None)
@@ -351,16 +352,16 @@ class Sharding:
         if any(meta is None for meta in kv):
             return
         local = sum(meta.numel for meta in kv)
-        self._record("all_gather_into_tensor", node.id, entry.mesh_dim, (local * self.degrees[entry.mesh_dim],), kv[0].dtype)
+        self._record("all_gather_into_tensor", node.id, entry.mesh_dim, (local * self.degrees[entry.mesh_dim],), kv[0].dtype, "inside")
 
-    def _record(self, op: str, step: str, mesh_dim: str, shape: tuple[int, ...], dtype: str) -> None:
+    def _record(self, op: str, step: str, mesh_dim: str, shape: tuple[int, ...], dtype: str, at: str) -> None:
         degree = self.degrees[mesh_dim]
         if degree == 1:
             return  # torch skips a collective over one rank
         nbytes = DTYPE_BYTES.get(dtype, 4)
         for size in shape:
             nbytes *= size
-        self.collectives.append(Collective(op, step, mesh_dim, tuple(shape), dtype, ring_bytes(op, nbytes, degree)))
+        self.collectives.append(Collective(op, step, mesh_dim, tuple(shape), dtype, ring_bytes(op, nbytes, degree), at))
 
     def _mismatch(self, node, entry: PlanEntry, record: str, meta: Meta, arrived: str, declared: str) -> Problem:
         shown = f"'{record}' {meta.symbolic} {list(meta.sizes)}"

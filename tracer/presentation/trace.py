@@ -187,8 +187,15 @@ class Trace:
         note = "; this meta run allocated none of it" if self.records and self.records[0].device == "meta" else ""
         return f"estimated peak: {human_bytes(memory.peak_bytes)}{where}{note}"
 
-    def diagram(self, collapse: list[str] | tuple[str, ...] = (), expand: bool = False, rankdir: str = "TB", legend: bool = True):
+    def diagram(
+        self,
+        collapse: list[str] | tuple[str, ...] = (),
+        expand: bool = False,
+        rankdir: str = "TB",
+        legend: bool = True,
+        rank: int | None = None,
+    ):
         """The dataflow as a ``graphviz.Digraph`` (displays inline in Jupyter); ``expand`` draws
         every copy of a repeated block instead of the first and one "×N" node; ``rankdir="LR"``
         flows left to right, ``legend=False`` leaves the legend out (for slides)."""
-        return diagrams.diagram(self, collapse=tuple(collapse), expand=expand, rankdir=rankdir, legend=legend)
+        return diagrams.diagram(self, collapse=tuple(collapse), expand=expand, rankdir=rankdir, legend=legend, rank=rank)
