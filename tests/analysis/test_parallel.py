@@ -272,3 +272,17 @@ def test_a_rank_diagram_draws_the_collectives_and_the_local_shapes():
     assert ranked.count("octagon") == 4 and "reduce_scatter_tensor" in ranked and "128 B per rank" in ranked
     assert "rank 1: (B, T // tp, d_model) [2, 2, 8]" in ranked and "rank 1 of 2 (mesh tp=2)" in ranked
     assert '"collective@0" -> q [' in ranked and 'attn_out -> "collective@3" [' in ranked  # gathered into q, scattered after it
+
+
+@pytest.mark.parametrize(
+    ("section", "needle"),
+    [
+        ("parallel:\n  mesh: {tp: 2}\n  inputs:\n    x: [Shard(3)]\n", "x: [Shard(3)]"),
+        ("parallel:\n  mesh: {tp: 2}\n  plan:\n    up: {style: colwise, input: Shard(-4)}\n", "input: Shard(-4)"),
+        ("parallel:\n  mesh: {tp: 2}\n  plan:\n    up: colwise\n    down: {style: rowwise, output: Shard(7)}\n", "output: Shard(7)"),
+    ],
+)
+def test_a_shard_past_the_tensors_dims_is_an_error_at_its_placement(section, needle):
+    text = BASE + section
+    [(line, code, message)] = located(text)
+    assert (line, code) == (line_of(text, needle), "placement") and "has 3 dims, so d is -3 .. 2" in message

@@ -232,6 +232,7 @@ class Sharding:
         self.mesh = list(parallel.mesh)
         self.collectives: list[Collective] = []
         self.problems: list[Problem] = []
+        self.errors: list[tuple[tuple, str]] = []  # (path in the file, message): a Shard(d) past the tensor's dims
         self.params = self._param_shards(nodes)  # param -> (axis, mesh dim, the step whose plan shards it)
 
     def _param_shards(self, nodes) -> dict[str, tuple[int, str, str]]:
@@ -252,7 +253,7 @@ class Sharding:
         if section == "inputs":
             placements = self.parallel.inputs.get(name, [REPLICATE] * len(self.mesh))
             for mesh_dim, placement in zip(self.mesh, placements):
-                axis = shard_axis(placement, len(meta.shape))
+                axis = self._axis(placement, meta, ("parallel", "inputs", name), f"input '{name}'")
                 if axis is not None:
                     meta = self._split(meta, axis, mesh_dim, alg, name, None)
             return meta
@@ -260,6 +261,17 @@ class Sharding:
             axis, mesh_dim, step_id = self.params[name]
             return self._split(meta, axis, mesh_dim, alg, name, step_id)
         return meta
+
+    def _axis(self, placement: str, meta: Meta, path: tuple, what: str) -> int | None:
+        """The axis a ``Shard(d)`` splits, None for Replicate()/Partial(); a ``d`` past the tensor's
+        dims is an error at ``path``."""
+        kind, written = parse_placement(placement)
+        axis = shard_axis(placement, len(meta.shape))
+        if kind == "shard" and axis is None:
+            ndim = len(meta.shape)
+            message = f"{placement}: {what} {meta.symbolic} has {ndim} dim{'s' if ndim != 1 else ''}, so d is -{ndim} .. {ndim - 1}"
+            self.errors.append((path, message))
+        return axis
 
     def _split(self, meta: Meta, axis: int, mesh_dim: str, alg: DimAlgebra, name: str, step_id: str | None) -> Meta:
         dim, degree = meta.shape[axis], self.degrees[mesh_dim]
@@ -315,6 +327,10 @@ class Sharding:
         """The local tensor as the step computes on it: read as ``entry.input`` (a mismatch with
         how it really arrives is a problem), then redistributed to the style's own input."""
         arrived = placements_of(meta, self.mesh)[self.mesh.index(entry.mesh_dim)]
+        if self._axis(
+            entry.input, meta, ("parallel", "plan", entry.target, "input"), f"the input of '{node.id}'"
+        ) is None and entry.input.startswith("Shard"):
+            return meta
         declared = _normal(entry.input, len(meta.shape))
         if arrived != declared and not any(problem.code in LAYOUT_CODES for problem in self.problems):
             # only the first: what follows a wrong layout is read wrong too, and fixing it re-checks the rest
@@ -325,6 +341,10 @@ class Sharding:
     def _leaving(self, node, entry: PlanEntry, meta: Meta, alg: DimAlgebra) -> Meta:
         natural = {"colwise": f"Shard({len(meta.shape) - 1})", "rowwise": PARTIAL}.get(entry.style)
         if natural is None:
+            return meta
+        if self._axis(
+            entry.output, meta, ("parallel", "plan", entry.target, "output"), f"the output of '{node.id}'"
+        ) is None and entry.output.startswith("Shard"):
             return meta
         return self._redistribute(node, entry.mesh_dim, meta, natural, _normal(entry.output, len(meta.shape)), alg)
 
