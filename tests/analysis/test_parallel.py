@@ -286,3 +286,12 @@ def test_a_shard_past_the_tensors_dims_is_an_error_at_its_placement(section, nee
     text = BASE + section
     [(line, code, message)] = located(text)
     assert (line, code) == (line_of(text, needle), "placement") and "has 3 dims, so d is -3 .. 2" in message
+
+
+def test_several_replicated_kv_heads_under_split_query_heads_trip_kv_heads_below_tp():
+    """Two kv heads whole on every rank: rank 1's query heads (global 2, 3) would attend with kv
+    heads 0 and 1, not kv head 0 twice; a single replicated kv head is right (llama_tp.yaml)."""
+    text = (PIPELINES / "lint_examples" / "fixed" / "kv_heads_below_tp.yaml").read_text().replace("H_kv: 1", "H_kv: 2")
+    [warning] = tracer.loads(text).check().warnings
+    assert (warning.code, warning.step) == ("kv-heads-below-tp", "context") and "all H_kv=2 kv heads" in warning.message
+    assert tracer.loads(text.replace("H_kv: 2", "H_kv: 1")).check().diagnostics == ()
