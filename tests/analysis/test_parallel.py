@@ -295,3 +295,10 @@ def test_several_replicated_kv_heads_under_split_query_heads_trip_kv_heads_below
     [warning] = tracer.loads(text).check().warnings
     assert (warning.code, warning.step) == ("kv-heads-below-tp", "context") and "all H_kv=2 kv heads" in warning.message
     assert tracer.loads(text.replace("H_kv: 2", "H_kv: 1")).check().diagnostics == ()
+
+
+def test_a_context_steps_flops_are_its_queries_against_every_key():
+    analysis = tracer.load(PARALLEL / "context_parallel.yaml").check({"cp": 4})
+    local = analysis.rank.analysis
+    assert local.nodes["context"].flops * 4 == analysis.nodes["context"].flops  # T/cp queries × T keys
+    assert local.nodes["q"].flops * 4 == analysis.nodes["q"].flops  # a projection of T/cp tokens
