@@ -302,3 +302,11 @@ def test_a_context_steps_flops_are_its_queries_against_every_key():
     local = analysis.rank.analysis
     assert local.nodes["context"].flops * 4 == analysis.nodes["context"].flops  # T/cp queries × T keys
     assert local.nodes["q"].flops * 4 == analysis.nodes["q"].flops  # a projection of T/cp tokens
+
+
+@pytest.mark.parametrize("name", ["llama_tp.yaml", "context_parallel.yaml"])
+def test_export_of_a_parallel_pipeline_takes_its_mesh_dims_as_arguments_one_by_default(name):
+    from tests.exporting import check_export
+
+    pipeline = tracer.load(PARALLEL / name)
+    check_export(pipeline, pipeline.run(keep_values=True))  # the module equals the single-device run
