@@ -22,7 +22,7 @@ from .core.errors import Diagnostic, InternalError, TracerError, display, printa
 from .core.formatting import human_bytes
 from .diff import diff, diff_json, diff_page, format_diff
 from .distributed import run_parallel
-from .presentation import outputs
+from .presentation import outputs, ranks
 from .presentation.export import export_source
 from .presentation.files import OutputExists, Writes
 from .presentation.folding import collapse_keys
@@ -150,6 +150,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     check.add_argument("--strict", action="store_true", help="treat warnings (lints) as errors")
     _dims_option(check)
+    _rank_option(check, "print that rank's local shapes, collectives and communication (a pipeline with parallel:)")
     check.set_defaults(handler=_check)
 
     run = commands.add_parser(
@@ -167,6 +168,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     run.add_argument("file", metavar="FILE", type=_pipeline_file, help=FILE_HELP)
     _dims_option(run)
+    _rank_option(run, "with parallel:, the rank whose local shapes and collectives follow the table (and --json's rank; default 0)")
     run.add_argument("--seed", type=int, help="override the pipeline's seed")
     run.add_argument(
         "--values",
@@ -231,9 +233,10 @@ def _parser() -> argparse.ArgumentParser:
         "--world",
         type=_positive,
         metavar="N",
-        help="run as N processes on torch.distributed (gloo on cpu, nccl on cuda), sharded as the file's parallel: section "
-        "plans it; N is the mesh's size. Prints rank 0's records and each step's collectives, and fails unless the outputs "
-        "gathered from the ranks equal the single-device run's (docs/parallel.md)",
+        help="run as N processes on torch.distributed (gloo on cpu, nccl on cuda), sharded by torch's parallelize_module as the "
+        "file's parallel: section plans it; N is the mesh's size. Prints rank 0's records (--rank R's) and its collectives, and "
+        "fails unless the outputs gathered from the ranks equal the single-device run's, every rank issued the predicted "
+        "collectives and made the static per-rank shapes (docs/parallel.md)",
     )
     run.add_argument(
         "--timeout",
@@ -282,6 +285,7 @@ def _parser() -> argparse.ArgumentParser:
         "--rankdir", choices=("TB", "LR"), default="TB", help="the diagram's direction: TB top to bottom (default), LR left to right"
     )
     render.add_argument("--no-legend", dest="legend", action="store_false", help="leave the diagram's legend out (for slides)")
+    _rank_option(render, "with parallel:, draw that rank's local shapes on the edges and the collectives as nodes with their bytes")
     render.add_argument(
         "--tokens",
         default="",
@@ -458,6 +462,10 @@ def _quiet_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress line (it only shows on a terminal, after a second)")
 
 
+def _rank_option(parser: argparse.ArgumentParser, about: str) -> None:
+    parser.add_argument("--rank", type=_whole, metavar="R", help=about)
+
+
 def _dims_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dim", action=_DimsOnce, default=[], metavar="NAME=VALUE", type=_dim_pair, help="override a dim (repeatable)")
 
@@ -514,9 +522,11 @@ def _check(args) -> int:
 
     failed = False
     for name in args.files:
+        analysis = None
         try:
             spec, source = load_spec(name)
-            diagnostics = analyze(spec, source, dict(args.dim)).diagnostics
+            analysis = analyze(spec, source, dict(args.dim))
+            diagnostics = analysis.diagnostics
         except TracerError as exc:
             diagnostics = exc.diagnostics
         for d in diagnostics:
@@ -524,7 +534,19 @@ def _check(args) -> int:
                 d = Diagnostic(d.file, d.position, d.code, d.message, d.step, "error")
             print(d, file=sys.stderr)
             failed = failed or d.severity == "error"
+        if args.rank is not None and analysis is not None and not analysis.errors:
+            failed = not _print_rank(analysis, args.rank, name) or failed
     return 1 if failed else 0
+
+
+def _print_rank(analysis, rank: int, file: str) -> bool:
+    """``rank``'s section (``check --rank``), or why there is none; whether it was printed."""
+    problem = ranks.check_rank(analysis, rank)
+    if problem is not None:
+        print(Diagnostic(file, None, "rank", problem), file=sys.stderr)
+        return False
+    print(ranks.rank_table(analysis, rank))
+    return True
 
 
 def _run(args) -> int:
@@ -532,6 +554,7 @@ def _run(args) -> int:
         return _run_world(args)
     pipeline = _pipeline_to_run(args)
     analysis = pipeline.check(dict(args.dim))
+    rank = _rank_to_show(analysis, args)
     keep_values = _kept_values(args)
     if args.values:
         _check_record_id(analysis, args.values, args.file)
@@ -555,16 +578,21 @@ def _run(args) -> int:
         )
     for warning in trace.analysis.warnings + list(trace.value_warnings):
         print(warning, file=sys.stderr)
+    shown_rank = "" if rank is None else "\n" + ranks.rank_table(analysis, rank)
     if args.output:
-        text = trace.to_json(values=keep_values is True) if args.json else _table(trace, args, args.width) + "\n" + trace.peak_line()
+        text = (
+            trace.to_json(values=keep_values is True, rank=rank or 0)
+            if args.json
+            else _table(trace, args, args.width) + "\n" + trace.peak_line() + shown_rank
+        )
         writes.write(args.output, text + chr(10), "json" if args.json else "text")
         _list_written(writes)
         return 0
     if args.json:
-        print(trace.to_json(values=keep_values is True))
+        print(trace.to_json(values=keep_values is True, rank=rank or 0))
         return 0
     print(_table(trace, args, args.width or _terminal_width()))
-    print(trace.peak_line())
+    print(trace.peak_line() + shown_rank)
     shown = [trace[args.values]] if args.values else trace.records if keep_values is True else []
     for record in shown:
         print(f"\n{record.id} {record.symbolic}:\n{record.tensor}")
@@ -572,7 +600,7 @@ def _run(args) -> int:
 
 
 def _run_world(args) -> int:
-    """``tracer run FILE --world N``: rank 0's records, then the collectives and the check."""
+    """``tracer run FILE --world N``: rank 0's records (``--rank R``'s), then its collectives and the checks."""
     unsupported = [
         flag for flag, given in (("--values", args.values is not None), ("--weights", args.weights), ("-o", args.output)) if given
     ]
@@ -584,8 +612,11 @@ def _run_world(args) -> int:
     if args.json:
         print(run.to_json())
         return 0
-    print(_table(run.ranks[0], args, args.width or _terminal_width()))
-    print(run.summary())
+    rank = args.rank or 0
+    if rank >= run.world:
+        raise TracerError(Diagnostic(args.file, None, "rank", f"--rank {rank}: the run had {run.world} ranks (0 to {run.world - 1})"))
+    print(_table(run.ranks[rank], args, args.width or _terminal_width()))
+    print(run.summary(rank))
     return 0
 
 
@@ -597,6 +628,18 @@ def _seconds(text: str) -> float:
     if not value > 0 or math.isinf(value):
         raise argparse.ArgumentTypeError(f"expected a number of seconds above 0, got '{text}'")
     return value
+
+
+def _rank_to_show(analysis, args) -> int | None:
+    """The rank whose view follows the table: ``--rank``, or 0 for a pipeline with ``parallel:``
+    whose ranks could be analysed; None for any other (its output stays as it was)."""
+    if args.rank is None and (analysis.rank is None or analysis.rank.analysis is None):
+        return None
+    rank = args.rank or 0
+    problem = ranks.check_rank(analysis, rank)
+    if problem is not None:
+        raise TracerError(Diagnostic(args.file, None, "rank", problem))
+    return rank
 
 
 def _kept_values(args) -> bool | list[str]:
@@ -783,6 +826,8 @@ def _draw(args) -> int:
     analysis = pipeline.check(dict(args.dim))
     writes = _writes(args, analysis)
     writes.check(output, fmt.name)  # before the run: never the files it reads
+    if args.rank is not None:
+        _rank_to_show(analysis, args)
     tokens = _tokens(args)  # a tokenizer folder that cannot be read, before the run
     with _running(analysis, args.quiet) as progress:
         observe = _with_progress(None, progress)
@@ -802,6 +847,7 @@ def _draw(args) -> int:
         rankdir=args.rankdir,
         legend=args.legend,
         tokens=tokens,
+        rank=args.rank,
     )
     with Progress(f"drawing {output.name}", quiet=args.quiet).ticking():
         outputs.write(trace, output, fmt, options, writes)  # with values: heatmaps in softmax nodes

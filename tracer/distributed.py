@@ -71,14 +71,14 @@ class ParallelRun:
             indent=2,
         )
 
-    def summary(self) -> str:
-        """A few lines: the mesh, each step's collectives on rank 0 (as torch ran them, the whole
+    def summary(self, rank: int = 0) -> str:
+        """A few lines: the mesh, each step's collectives on ``rank`` (as torch ran them, the whole
         tensor's bytes as the static analysis counts them, and the ring's bytes sent per rank),
         the outputs' differences."""
         mesh = " × ".join(f"{name}={size}" for name, size in self.mesh.items())
-        lines = [f"{self.pipeline.name} on torch.distributed: world {self.world} ({mesh}); the records above are rank 0's"]
+        lines = [f"{self.pipeline.name} on torch.distributed: world {self.world} ({mesh}); the records above are rank {rank}'s"]
         sent: dict[tuple, list[CollectiveEvent]] = {}
-        for event in self.collectives[0]:
+        for event in self.collectives[rank]:
             sent.setdefault((event.step, event.op), []).append(event)
         for (step, op), events in sent.items():
             whole = sum(event.whole_bytes for event in events)

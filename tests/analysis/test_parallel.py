@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import tracer
-from tests.conftest import PIPELINES
+from tests.conftest import PIPELINES, ROOT
 from tracer.analysis.parallel import Collective, collectives, mesh_coordinates, rank_view, resolved_plan
 from tracer.core.errors import TracerError
 
@@ -75,9 +75,9 @@ def test_sequence_parallel_gathers_before_the_projections_and_reduce_scatters_af
     assert shapes["out"] == ("(B, T // tp, d_model)", (2, 2, 8))
     gathered = 2 * 4 * 8 * F32  # (n - 1) / n · S of the whole (B, T, d_model)
     assert collectives(analysis) == [
-        Collective("all_gather_into_tensor", "q", "tp", (2, 4, 8), "float32", gathered // 2),
-        Collective("all_gather_into_tensor", "k", "tp", (2, 4, 8), "float32", gathered // 2),
-        Collective("all_gather_into_tensor", "v", "tp", (2, 4, 8), "float32", gathered // 2),
+        Collective("all_gather_into_tensor", "q", "tp", (2, 4, 8), "float32", gathered // 2, "input"),
+        Collective("all_gather_into_tensor", "k", "tp", (2, 4, 8), "float32", gathered // 2, "input"),
+        Collective("all_gather_into_tensor", "v", "tp", (2, 4, 8), "float32", gathered // 2, "input"),
         Collective("reduce_scatter_tensor", "attn_out", "tp", (2, 4, 8), "float32", gathered // 2),
     ]
 
@@ -85,7 +85,7 @@ def test_sequence_parallel_gathers_before_the_projections_and_reduce_scatters_af
 def test_context_parallel_gathers_keys_and_values_once_and_each_rank_holds_its_positions():
     analysis = tracer.load(PARALLEL / "context_parallel.yaml").check()
     # k and v: (B, H, T // cp, Dh) = 2·2·4·4 = 64 elements each on a rank; cat(k, v) gathered over 2 ranks
-    assert collectives(analysis) == [Collective("all_gather_into_tensor", "context", "cp", (256,), "float32", 256 * F32 // 2)]
+    assert collectives(analysis) == [Collective("all_gather_into_tensor", "context", "cp", (256,), "float32", 256 * F32 // 2, "inside")]
     assert [rank_view(analysis, r)["x"].positions[1] for r in (0, 1)] == ["0 .. T // cp - 1", "T // cp .. 2*T // cp - 1"]
     assert rank_view(analysis, 1)["pos"].concrete == (4,)
 
@@ -106,47 +106,11 @@ def test_a_file_without_parallel_has_no_rank_view():
     assert analysis.rank is None and collectives(analysis) == [] and rank_view(analysis) == {} and analysis.degrees == {}
 
 
-LAYER_70B = """\
-name: llama70b_layer_attention
-dims: {B: 1, T: 4096, d_model: 8192, H: 64, H_kv: 8, Dh: d_model // H, d_ff: 28672}
-dtype: bfloat16
-inputs:
-  x: {shape: [B, T, d_model], init: randn}
-params:
-  W_q: {shape: [H * Dh, d_model], init: linear}
-  W_k: {shape: [H_kv * Dh, d_model], init: linear}
-  W_v: {shape: [H_kv * Dh, d_model], init: linear}
-  W_o: {shape: [d_model, H * Dh], init: linear}
-  W_gate: {shape: [d_ff, d_model], init: linear}
-  W_up: {shape: [d_ff, d_model], init: linear}
-  W_down: {shape: [d_model, d_ff], init: linear}
-steps:
-  - {id: q, op: linear, input: x, weight: W_q}
-  - {id: q_heads, op: view, shape: [B, T, H // tp, Dh]}
-  - {id: q_h, op: transpose, dims: [1, 2]}
-  - {id: k, op: linear, input: x, weight: W_k}
-  - {id: k_heads, op: view, shape: [B, T, H_kv // tp, Dh]}
-  - {id: k_h, op: transpose, dims: [1, 2]}
-  - {id: v, op: linear, input: x, weight: W_v}
-  - {id: v_heads, op: view, shape: [B, T, H_kv // tp, Dh]}
-  - {id: v_h, op: transpose, dims: [1, 2]}
-  - {id: context, op: sdpa, inputs: [q_h, k_h, v_h], causal: true, gqa: true}
-  - {id: merged, op: merge, input: context}
-  - {id: attn_out, op: linear, input: merged, weight: W_o}
-  - {id: resid, op: add, inputs: [x, attn_out]}
-  - {id: gate, op: linear, input: resid, weight: W_gate}
-  - {id: gate_act, op: silu}
-  - {id: up, op: linear, input: resid, weight: W_up}
-  - {id: gated, op: mul, inputs: [gate_act, up]}
-  - {id: down, op: linear, input: gated, weight: W_down}
-parallel:
-  mesh: {tp: 8}
-  plan: {q: colwise, k: colwise, v: colwise, attn_out: rowwise, gate: colwise, up: colwise, down: rowwise}
-"""
+LAYER_70B = ROOT / "benchmarks" / "llama70b_layer_tp8.yaml"
 
 
 def test_a_70b_class_layer_at_tp_8_has_the_local_shapes_megatron_gives_it():
-    analysis = tracer.loads(LAYER_70B).check()
+    analysis = tracer.load(LAYER_70B).check()
     assert not analysis.diagnostics
     shapes = {record: t.concrete for record, t in rank_view(analysis, 7).items()}
     assert shapes["W_q"] == (1024, 8192) and shapes["W_k"] == (128, 8192) and shapes["W_o"] == (8192, 1024)
@@ -256,3 +220,93 @@ def test_a_degree_that_does_not_divide_the_heads_is_a_warning_at_the_mesh():
     analysis = tracer.load(PARALLEL / "llama_tp.yaml").check({"tp": 8})
     [warning] = analysis.warnings
     assert warning.code == "shard-not-divisible" and re.search(r"H=4 is not divisible by tp=8", warning.message)
+
+
+def test_check_rank_prints_the_local_shapes_the_collectives_and_the_communication(capsys):
+    from tracer.cli import main
+
+    assert main(["check", str(PARALLEL / "dp_tp.yaml"), "--rank", "3"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("rank 3 of 4 (mesh dp=2, tp=2; coordinates dp=1, tp=1):")
+    assert re.search(r"^  W_down +\(d_model, d_ff // tp\) +\[8, 8\] +Replicate\(\) Shard\(1\)$", out, re.M)
+    assert re.search(r"^  all_reduce +down +tp +\[2, 4, 8\] +256 B$", out, re.M)
+    assert out.rstrip().endswith("communication per layer: 1 all_reduce (tp), 256 B per rank")
+
+
+def test_rank_outside_the_mesh_or_without_parallel_is_a_located_error(capsys):
+    from tracer.cli import main
+
+    assert main(["check", str(PARALLEL / "dp_tp.yaml"), "--rank", "4"]) == 1
+    assert "error[rank]: --rank 4: the mesh (dp=2, tp=2) has ranks 0 .. 3" in capsys.readouterr().err
+    assert main(["run", str(PIPELINES / "causal_mha.yaml"), "--rank", "0"]) == 1
+    assert "has no parallel: section" in capsys.readouterr().err
+
+
+def test_run_json_holds_the_rank_and_a_file_without_parallel_has_none():
+    trace = tracer.load(PARALLEL / "context_parallel.yaml").run(device="meta")
+    shown = trace.to_dict(rank=1)["rank"]
+    assert (shown["rank"], shown["mesh"], shown["coordinates"]) == (1, {"cp": 2}, {"cp": 1})
+    x = next(t for t in shown["tensors"] if t["id"] == "x")
+    assert (x["shape"], x["placements"], x["positions"][1]) == ([2, 4, 8], ["Shard(1)"], "T // cp .. 2*T // cp - 1")
+    assert shown["collectives"] == [
+        {
+            "op": "all_gather_into_tensor",
+            "step": "context",
+            "mesh_dim": "cp",
+            "shape": [256],
+            "dtype": "float32",
+            "bytes_per_rank": 512,
+            "at": "inside",
+        }
+    ]
+    assert shown["plan"]["context"]["style"] == "context" and shown["totals"]["communication_bytes"] == 512
+    assert "rank" not in tracer.load(PIPELINES / "causal_mha.yaml").run(device="meta").to_dict()
+
+
+def test_a_rank_diagram_draws_the_collectives_and_the_local_shapes():
+    from tracer.presentation.diagram import dot_source
+
+    trace = tracer.load(PARALLEL / "sequence_parallel.yaml").run(device="meta")
+    plain, ranked = dot_source(trace), dot_source(trace, rank=1)
+    assert "collective@" not in plain and "rank 1:" not in plain
+    assert ranked.count("octagon") == 4 and "reduce_scatter_tensor" in ranked and "128 B per rank" in ranked
+    assert "rank 1: (B, T // tp, d_model) [2, 2, 8]" in ranked and "rank 1 of 2 (mesh tp=2)" in ranked
+    assert '"collective@0" -> q [' in ranked and 'attn_out -> "collective@3" [' in ranked  # gathered into q, scattered after it
+
+
+@pytest.mark.parametrize(
+    ("section", "needle"),
+    [
+        ("parallel:\n  mesh: {tp: 2}\n  inputs:\n    x: [Shard(3)]\n", "x: [Shard(3)]"),
+        ("parallel:\n  mesh: {tp: 2}\n  plan:\n    up: {style: colwise, input: Shard(-4)}\n", "input: Shard(-4)"),
+        ("parallel:\n  mesh: {tp: 2}\n  plan:\n    up: colwise\n    down: {style: rowwise, output: Shard(7)}\n", "output: Shard(7)"),
+    ],
+)
+def test_a_shard_past_the_tensors_dims_is_an_error_at_its_placement(section, needle):
+    text = BASE + section
+    [(line, code, message)] = located(text)
+    assert (line, code) == (line_of(text, needle), "placement") and "has 3 dims, so d is -3 .. 2" in message
+
+
+def test_several_replicated_kv_heads_under_split_query_heads_trip_kv_heads_below_tp():
+    """Two kv heads whole on every rank: rank 1's query heads (global 2, 3) would attend with kv
+    heads 0 and 1, not kv head 0 twice; a single replicated kv head is right (llama_tp.yaml)."""
+    text = (PIPELINES / "lint_examples" / "fixed" / "kv_heads_below_tp.yaml").read_text().replace("H_kv: 1", "H_kv: 2")
+    [warning] = tracer.loads(text).check().warnings
+    assert (warning.code, warning.step) == ("kv-heads-below-tp", "context") and "all H_kv=2 kv heads" in warning.message
+    assert tracer.loads(text.replace("H_kv: 2", "H_kv: 1")).check().diagnostics == ()
+
+
+def test_a_context_steps_flops_are_its_queries_against_every_key():
+    analysis = tracer.load(PARALLEL / "context_parallel.yaml").check({"cp": 4})
+    local = analysis.rank.analysis
+    assert local.nodes["context"].flops * 4 == analysis.nodes["context"].flops  # T/cp queries × T keys
+    assert local.nodes["q"].flops * 4 == analysis.nodes["q"].flops  # a projection of T/cp tokens
+
+
+@pytest.mark.parametrize("name", ["llama_tp.yaml", "context_parallel.yaml"])
+def test_export_of_a_parallel_pipeline_takes_its_mesh_dims_as_arguments_one_by_default(name):
+    from tests.exporting import check_export
+
+    pipeline = tracer.load(PARALLEL / name)
+    check_export(pipeline, pipeline.run(keep_values=True))  # the module equals the single-device run

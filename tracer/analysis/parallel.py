@@ -90,6 +90,7 @@ class Collective:
     shape: tuple[int, ...]
     dtype: str
     bytes_per_rank: int
+    at: str = "output"  # "input": the step's input redistributed before it; "output": after it; "inside": context's k/v exchange
 
 
 @dataclass(frozen=True)
@@ -231,6 +232,7 @@ class Sharding:
         self.mesh = list(parallel.mesh)
         self.collectives: list[Collective] = []
         self.problems: list[Problem] = []
+        self.errors: list[tuple[tuple, str]] = []  # (path in the file, message): a Shard(d) past the tensor's dims
         self.params = self._param_shards(nodes)  # param -> (axis, mesh dim, the step whose plan shards it)
 
     def _param_shards(self, nodes) -> dict[str, tuple[int, str, str]]:
@@ -251,7 +253,7 @@ class Sharding:
         if section == "inputs":
             placements = self.parallel.inputs.get(name, [REPLICATE] * len(self.mesh))
             for mesh_dim, placement in zip(self.mesh, placements):
-                axis = shard_axis(placement, len(meta.shape))
+                axis = self._axis(placement, meta, ("parallel", "inputs", name), f"input '{name}'")
                 if axis is not None:
                     meta = self._split(meta, axis, mesh_dim, alg, name, None)
             return meta
@@ -259,6 +261,17 @@ class Sharding:
             axis, mesh_dim, step_id = self.params[name]
             return self._split(meta, axis, mesh_dim, alg, name, step_id)
         return meta
+
+    def _axis(self, placement: str, meta: Meta, path: tuple, what: str) -> int | None:
+        """The axis a ``Shard(d)`` splits, None for Replicate()/Partial(); a ``d`` past the tensor's
+        dims is an error at ``path``."""
+        kind, written = parse_placement(placement)
+        axis = shard_axis(placement, len(meta.shape))
+        if kind == "shard" and axis is None:
+            ndim = len(meta.shape)
+            message = f"{placement}: {what} {meta.symbolic} has {ndim} dim{'s' if ndim != 1 else ''}, so d is -{ndim} .. {ndim - 1}"
+            self.errors.append((path, message))
+        return axis
 
     def _split(self, meta: Meta, axis: int, mesh_dim: str, alg: DimAlgebra, name: str, step_id: str | None) -> Meta:
         dim, degree = meta.shape[axis], self.degrees[mesh_dim]
@@ -302,6 +315,8 @@ class Sharding:
             return done
         if entry.style == "context":
             self._exchange_kv(node, entry, [saved.get(value(ref)) for ref in inputs[1:3]])
+            # the rank's queries meet every shard's keys (a causal ring skips the blocks above the diagonal: a bound)
+            done = replace(done, flops=done.flops * self.degrees[entry.mesh_dim])
         last = done.outs[-1]
         leaving = self._leaving(node, entry, last.meta, node.dims)
         if leaving is last.meta:
@@ -314,20 +329,28 @@ class Sharding:
         """The local tensor as the step computes on it: read as ``entry.input`` (a mismatch with
         how it really arrives is a problem), then redistributed to the style's own input."""
         arrived = placements_of(meta, self.mesh)[self.mesh.index(entry.mesh_dim)]
+        if self._axis(
+            entry.input, meta, ("parallel", "plan", entry.target, "input"), f"the input of '{node.id}'"
+        ) is None and entry.input.startswith("Shard"):
+            return meta
         declared = _normal(entry.input, len(meta.shape))
         if arrived != declared and not any(problem.code in LAYOUT_CODES for problem in self.problems):
             # only the first: what follows a wrong layout is read wrong too, and fixing it re-checks the rest
             self.problems.append(self._mismatch(node, entry, record, meta, arrived, declared))
         wanted = {"colwise": REPLICATE, "rowwise": f"Shard({len(meta.shape) - 1})"}.get(entry.style, declared)
-        return self._redistribute(node, entry.mesh_dim, meta, declared, _normal(wanted, len(meta.shape)), node.dims)
+        return self._redistribute(node, entry.mesh_dim, meta, declared, _normal(wanted, len(meta.shape)), node.dims, "input")
 
     def _leaving(self, node, entry: PlanEntry, meta: Meta, alg: DimAlgebra) -> Meta:
         natural = {"colwise": f"Shard({len(meta.shape) - 1})", "rowwise": PARTIAL}.get(entry.style)
         if natural is None:
             return meta
+        if self._axis(
+            entry.output, meta, ("parallel", "plan", entry.target, "output"), f"the output of '{node.id}'"
+        ) is None and entry.output.startswith("Shard"):
+            return meta
         return self._redistribute(node, entry.mesh_dim, meta, natural, _normal(entry.output, len(meta.shape)), alg)
 
-    def _redistribute(self, node, mesh_dim: str, meta: Meta, have: str, want: str, alg: DimAlgebra) -> Meta:
+    def _redistribute(self, node, mesh_dim: str, meta: Meta, have: str, want: str, alg: DimAlgebra, at: str = "output") -> Meta:
         if have == want:
             return meta
         ndim = len(meta.shape)
@@ -340,7 +363,7 @@ class Sharding:
         else:
             op = None  # Replicate -> Shard: each rank keeps its chunk, nothing is sent
         if op is not None:
-            self._record(op, node.id, mesh_dim, whole.sizes, meta.dtype)
+            self._record(op, node.id, mesh_dim, whole.sizes, meta.dtype, at)
         if want_axis is None:
             return whole
         return self._resized(whole, want_axis, alg.floordiv(whole.shape[want_axis], alg.dim(mesh_dim)), None)
@@ -351,16 +374,16 @@ class Sharding:
         if any(meta is None for meta in kv):
             return
         local = sum(meta.numel for meta in kv)
-        self._record("all_gather_into_tensor", node.id, entry.mesh_dim, (local * self.degrees[entry.mesh_dim],), kv[0].dtype)
+        self._record("all_gather_into_tensor", node.id, entry.mesh_dim, (local * self.degrees[entry.mesh_dim],), kv[0].dtype, "inside")
 
-    def _record(self, op: str, step: str, mesh_dim: str, shape: tuple[int, ...], dtype: str) -> None:
+    def _record(self, op: str, step: str, mesh_dim: str, shape: tuple[int, ...], dtype: str, at: str) -> None:
         degree = self.degrees[mesh_dim]
         if degree == 1:
             return  # torch skips a collective over one rank
         nbytes = DTYPE_BYTES.get(dtype, 4)
         for size in shape:
             nbytes *= size
-        self.collectives.append(Collective(op, step, mesh_dim, tuple(shape), dtype, ring_bytes(op, nbytes, degree)))
+        self.collectives.append(Collective(op, step, mesh_dim, tuple(shape), dtype, ring_bytes(op, nbytes, degree), at))
 
     def _mismatch(self, node, entry: PlanEntry, record: str, meta: Meta, arrived: str, declared: str) -> Problem:
         shown = f"'{record}' {meta.symbolic} {list(meta.sizes)}"

@@ -300,7 +300,8 @@ def _rank_view(
 
     view.analysis = _analysis(pipeline, source, alg, rank_pass, degrees)
     view.collectives, view.problems = made[-1].collectives, made[-1].problems
-    return view, []
+    errors = [error(path, "placement", message, False) for path, message in dict.fromkeys(made[-1].errors)]
+    return view, errors
 
 
 def _algebra(

@@ -4,7 +4,7 @@ single-device reference (every mesh dim 1) is fine. They read the rank's view
 
 from __future__ import annotations
 
-from ..parallel import Sharding, divided_by, placements_of
+from ..parallel import Sharding, divided_by, placements_of, shard_axis
 from .registry import Lint, register
 
 
@@ -95,11 +95,14 @@ class ShardNotDivisible(Lint):
 @register
 class KvHeadsBelowTp(Lint):
     """**What.** A column-parallel projection whose output is split into fewer heads than the
-    degree: `k: colwise` with `H_kv: 1` kv heads over `tp: 2`.
+    degree: `k: colwise` with `H_kv: 1` kv heads over `tp: 2`; or several kv heads replicated on
+    every rank while the query heads are split (`H_kv: 2`, `k: replicate`).
 
     **Why it matters.** Column parallelism hands each rank `H_kv // tp` heads; with fewer kv heads
     than ranks a rank gets part of a head (half of its `Dh` features), and its attention is
     computed on a fraction of the key. torchtitan's Llama requires `n_kv_heads % tp == 0`.
+    Replicated kv heads are right only when there is one: with two, rank 1's query heads (global
+    2 and 3 of 4) attend with kv heads 0 and 1 where grouped-query attention gives both kv head 0.
 
     **Fix.** `replicate` the k and v projections (every rank computes the whole kv heads, and its
     local query heads share them: write `H // tp` query heads and `H_kv` kv heads), or a smaller
@@ -110,6 +113,7 @@ class KvHeadsBelowTp(Lint):
     def check(self, analysis):
         if analysis.rank is None or analysis.rank.failure is not None:  # dims that fail at the degree say it first
             return
+        yield from self._replicated_groups(analysis)
         for node, entry, heads, degree in _kv_splits(analysis):
             message = (
                 f"'{node.id}' is colwise over {entry.mesh_dim}={degree}, but its output is split into {heads}={heads.value} heads, "
@@ -117,6 +121,30 @@ class KvHeadsBelowTp(Lint):
                 f"(every rank computes all the heads, written without // {entry.mesh_dim}), or use a degree that divides them"
             )
             yield _diagnostic(analysis, self.code, message, node.id, entry.target)
+
+    def _replicated_groups(self, analysis):
+        """Queries split by heads attending to several kv heads that every rank holds whole: the
+        rank's query heads pair with its kv heads 0, 1, … as if they were the first ones."""
+        view = analysis.rank
+        if view.analysis is None:
+            return
+        mesh = list(view.degrees)
+        for site in analysis.attention:
+            q, k = view.analysis.meta(site.query), view.analysis.meta(site.keys)
+            if q is None or k is None or len(q.shape) != len(k.shape) or len(q.shape) < 3:
+                continue
+            for mesh_dim, q_at, k_at in zip(mesh, placements_of(q, mesh), placements_of(k, mesh)):
+                axis = shard_axis(q_at, len(q.shape))
+                if axis is None or axis >= len(q.shape) - 2 or k_at != "Replicate()" or k.shape[axis].value == 1:
+                    continue
+                heads = k.shape[axis]
+                message = (
+                    f"the queries '{site.query}' {q.symbolic} are split by heads over {mesh_dim}={view.degrees[mesh_dim]}, but every "
+                    f"rank holds all {heads}={heads.value} kv heads of '{site.keys}': each rank pairs its query heads with kv heads "
+                    f"0, 1, … as if they were the first query heads — replicate k and v only for a single kv head; with "
+                    f"{heads.value}, plan them colwise over a degree that divides {heads}"
+                )
+                yield analysis.error(analysis.nodes[site.product], self.code, message, severity="warning")
 
 
 @register
