@@ -297,3 +297,20 @@ def test_the_exported_module_sharded_by_its_parallelize_on_two_ranks_equals_the_
     for rank in range(2):
         assert torch.allclose(torch.load(tmp_path / f"rank{rank}.pt"), expected, atol=1e-5, rtol=0)
     assert _children() == []
+
+
+def test_export_refuses_a_plan_it_cannot_write_as_nn_linear_at_the_plan_entry(tmp_path):
+    path = tmp_path / "in_out.yaml"
+    path.write_text(TP.replace("weight: W_q}", "weight: W_q, layout: in_out}"))
+    with pytest.raises(TracerError) as caught:
+        export_source(tracer.load(path))
+    assert caught.value.code == "export-plan" and "it stores its weight (in, out)" in str(caught.value)
+    assert caught.value.diagnostics[0].position.line == 27  # plan:
+
+
+def test_the_command_line_refuses_what_a_world_run_does_not_do(tp_file):
+    for extra, said in ((["--values"], "leave out --values"), (["--device", "meta"], "leave out --device meta")):
+        done = tracer_cli("run", str(tp_file), "--world", "2", *extra)
+        assert done.returncode == 1 and said in done.stderr
+    done = tracer_cli("run", str(tp_file), "--world", "2", "--timeout", "0")
+    assert done.returncode == 2 and "expected a number of seconds above 0" in done.stderr

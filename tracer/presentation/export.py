@@ -878,10 +878,10 @@ def _planned_linears(analysis: Analysis) -> dict:
         projection = analysis.node(step_id).step.projection()
         path = ("parallel", "plan", entry.target)
         if step_id not in {step.id for step in analysis.pipeline.steps} or analysis.node(step_id).copy is not None:
-            message = f"step '{step_id}' is in a block: tracer export writes parallelize() for planned steps of the file itself"
+            message = "it is in a block: tracer export writes parallelize() for the planned steps of the file itself"
             raise TracerError(analysis.source.error(path, "export-plan", message, step_id, prefer_key=True))
         if projection.transposed:
-            message = f"step '{step_id}' stores its weight (in, out) (layout: in_out); {entry.style} shards an nn.Linear, which stores it (out, in)"
+            message = f"it stores its weight (in, out) (layout: in_out); {entry.style} shards an nn.Linear, which stores it (out, in)"
             raise TracerError(analysis.source.error(path, "export-plan", message, step_id, prefer_key=True))
         found[step_id] = (entry, projection)
     return found
