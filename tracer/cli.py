@@ -163,7 +163,7 @@ def _parser() -> argparse.ArgumentParser:
             "tracer run causal_mha --json -o trace.json",
             "tracer run causal_mha --collapse 'attention core'  # one row for the group",
             "tracer run llama_decoder_layer --dim T=32        # a bundled model (tracer models lists them)",
-            "tracer run tp_attention.yaml --world 2            # as 2 processes on torch.distributed (docs/parallel.md)",
+            "tracer run parallel/llama_tp --world 2            # as 2 processes on torch.distributed, sharded as its plan says",
         ),
     )
     run.add_argument("file", metavar="FILE", type=_pipeline_file, help=FILE_HELP)
@@ -236,7 +236,7 @@ def _parser() -> argparse.ArgumentParser:
         help="run as N processes on torch.distributed (gloo on cpu, nccl on cuda), sharded by torch's parallelize_module as the "
         "file's parallel: section plans it; N is the mesh's size. Prints rank 0's records (--rank R's) and its collectives, and "
         "fails unless the outputs gathered from the ranks equal the single-device run's, every rank issued the predicted "
-        "collectives and made the static per-rank shapes (docs/parallel.md)",
+        "collectives and made the static per-rank shapes",
     )
     run.add_argument(
         "--timeout",
