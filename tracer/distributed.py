@@ -11,7 +11,9 @@ which step each rank was in. No process outlives the call.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import math
 import tempfile
 import time
@@ -157,19 +159,21 @@ def _compare(run: ParallelRun) -> dict[str, float]:
     """Each gathered output against the single-device run's; a difference over the tolerance is a
     located error at the step that makes the output."""
     torch = torch_module()
+    analysis = run.reference.analysis
     differences, problems = {}, []
     for name, expected in run.reference.outputs.items():
-        got = run.outputs[name]
+        got, producer = run.outputs[name], analysis.producer(name)
         if got.shape != expected.shape:
-            problems.append(f"output '{name}': gathered {list(got.shape)}, the single-device run made {list(expected.shape)}")
+            message = f"output '{name}': gathered {list(got.shape)}, the single-device run made {list(expected.shape)}"
+            problems.append(_at_step(analysis, producer, "parallel-mismatch", message))
             continue
         difference = (got.double() - expected.double()).abs().max().item() if got.numel() else 0.0
         differences[name] = difference
         if not difference <= TOLERANCE or torch.isnan(got).any() != torch.isnan(expected).any():
-            problems.append(f"output '{name}' differs from the single-device run by up to {difference:.3g} (more than {TOLERANCE:g})")
+            message = f"output '{name}' differs from the single-device run by up to {difference:.3g} (more than {TOLERANCE:g})"
+            problems.append(_at_step(analysis, producer, "parallel-mismatch", message))
     if problems:
-        producer = run.reference.analysis.producer(next(iter(run.reference.outputs)))
-        raise TracerError([_at_step(run.reference.analysis, producer, "parallel-mismatch", p) for p in problems])
+        raise TracerError(problems)
     return differences
 
 
@@ -242,7 +246,9 @@ def _wait(context, job: RankJob, timeout: float, progress) -> None:
     deadline = time.monotonic() + timeout
     while True:
         try:
-            if context.join(timeout=_POLL):
+            with _quiet_launcher():
+                done = context.join(timeout=_POLL)
+            if done:
                 return
         except mp.ProcessRaisedException as exc:
             raise TracerError(_failed(job, exc.error_index, _last_line(str(exc)), progress)) from None
@@ -256,6 +262,19 @@ def _wait(context, job: RankJob, timeout: float, progress) -> None:
                     for rank in stuck
                 ]
             )
+
+
+@contextlib.contextmanager
+def _quiet_launcher():
+    """torch's launcher logs a warning for each rank it stops after another failed: the failure
+    itself is what tracer reports."""
+    logger = logging.getLogger("torch.multiprocessing.spawn")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
 
 
 def _failed(job: RankJob, rank: int, what: str, progress) -> Diagnostic:
