@@ -5,6 +5,7 @@ Each launch starts fresh processes (forked: a few tenths of a second once torch.
 imported), so the runs the tests read are made once per module."""
 
 import copy
+import json
 import os
 import time
 
@@ -127,6 +128,16 @@ def test_collectives_are_counted_per_step_with_their_bytes(tp_run):
         (event,) = tp_run.collectives[rank]
         assert (event.shape, event.dtype, event.bytes) == ((B, T, D), "float32", B * T * D * 4)
     assert "all_reduce ×1 in step 'out' over 2 ranks: 256 B, 256 B sent per rank" in tp_run.summary()  # ring: 2 (n - 1) / n
+
+
+def test_the_run_as_json_holds_every_ranks_trace_and_collectives(tp_run):
+    data = json.loads(tp_run.to_json())
+    assert (data["world"], data["mesh"]) == (2, {"tp": 2})
+    assert [len(trace["tensors"]) for trace in data["ranks"]] == [len(trace.records) for trace in tp_run.ranks]
+    assert data["collectives"][1] == [
+        {"step": "out", "op": "all_reduce", "shape": [B, T, D], "dtype": "float32", "bytes": B * T * D * 4, "group_size": 2}
+    ]
+    assert data["differences"]["out"] <= 1e-5
 
 
 def test_sequence_parallel_runs_as_predicted_shard_by_shard_and_collective_by_collective():
