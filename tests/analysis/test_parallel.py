@@ -310,3 +310,27 @@ def test_export_of_a_parallel_pipeline_takes_its_mesh_dims_as_arguments_one_by_d
 
     pipeline = tracer.load(PARALLEL / name)
     check_export(pipeline, pipeline.run(keep_values=True))  # the module equals the single-device run
+
+
+def test_a_hand_built_causal_mask_on_a_sequence_shard_trips_shard_offset():
+    text = """\
+name: cp_mask
+dims: {B: 1, T: 8, d: 4}
+seed: 0
+inputs:
+  x: {shape: [B, T, d], init: randn}
+steps:
+  - {id: k_t, op: transpose, input: x, dims: [1, 2]}
+  - {id: scores, op: matmul, inputs: [x, k_t]}
+  - {id: masked, op: mask, causal: true}
+  - {id: weights, op: softmax, dim: -1}
+  - {id: context, op: matmul, inputs: [weights, x]}
+parallel:
+  mesh: {cp: 2}
+  inputs:
+    x: [Shard(1)]
+"""
+    [warning] = tracer.loads(text).check().warnings
+    assert (warning.code, warning.step, warning.position.line) == ("shard-offset", "masked", line_of(text, "id: masked"))
+    assert "the causal mask compares the rank's own query and key indices" in warning.message
+    assert tracer.loads(text.replace("    x: [Shard(1)]\n", "").replace("  inputs:\n", "")).check().diagnostics == ()
