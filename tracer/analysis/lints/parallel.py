@@ -175,8 +175,8 @@ class ViewGlobalHeads(Lint):
             local = view.analysis.meta(record)
             message = (
                 f"{node.op} writes {node.outs[-1].meta.symbolic}, the global shape, but each rank holds '{record}' "
-                f"{local.symbolic} {list(local.sizes)} over {mesh_dim}={view.degrees[mesh_dim]} — write the rank's heads "
-                f"(H // {mesh_dim}) or -1"
+                f"{local.symbolic} {list(local.sizes)} over {mesh_dim}={view.degrees[mesh_dim]} — write the rank's sizes "
+                f"(heads as H // {mesh_dim}, tokens as T // {mesh_dim}) or -1"
             )
             yield analysis.error(node, self.code, message, "shape", severity="warning")
 
