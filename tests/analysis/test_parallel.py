@@ -12,6 +12,7 @@ import tracer
 from tests.conftest import PIPELINES, ROOT
 from tracer.analysis.parallel import Collective, collectives, mesh_coordinates, rank_view, resolved_plan
 from tracer.core.errors import TracerError
+from tracer.presentation.ranks import communication_line
 
 PARALLEL = PIPELINES / "parallel"
 F32 = 4
@@ -200,6 +201,8 @@ def test_globs_plan_every_copy_of_a_block(tmp_path):
     assert list(resolved_plan(analysis)) == [f"layers/{i}/{s}" for i in range(3) for s in ("up", "down")]
     assert [c.step for c in collectives(analysis)] == ["layers/0/down", "layers/1/down", "layers/2/down"]
     assert rank_view(analysis)["layers/1/W_1"].concrete == (2, 4)
+    # each copy's all-reduce of a (1, 2, 4) float32 tensor over 2 ranks: 2 · 1/2 · 32 B
+    assert communication_line(analysis) == "communication per layer: 1 all_reduce (tp), 32 B per rank (3 layers: 96 B per rank per forward)"
 
 
 def test_a_colwise_output_projection_after_sharded_heads_is_a_missing_reduction_at_its_plan_entry():
