@@ -12,6 +12,7 @@ import tracer
 from tests.conftest import PIPELINES, ROOT
 from tracer.analysis.parallel import Collective, collectives, mesh_coordinates, rank_view, resolved_plan
 from tracer.core.errors import TracerError
+from tracer.presentation.ranks import communication_line
 
 PARALLEL = PIPELINES / "parallel"
 F32 = 4
@@ -200,6 +201,8 @@ def test_globs_plan_every_copy_of_a_block(tmp_path):
     assert list(resolved_plan(analysis)) == [f"layers/{i}/{s}" for i in range(3) for s in ("up", "down")]
     assert [c.step for c in collectives(analysis)] == ["layers/0/down", "layers/1/down", "layers/2/down"]
     assert rank_view(analysis)["layers/1/W_1"].concrete == (2, 4)
+    # each copy's all-reduce of a (1, 2, 4) float32 tensor over 2 ranks: 2 · 1/2 · 32 B
+    assert communication_line(analysis) == "communication per layer: 1 all_reduce (tp), 32 B per rank (3 layers: 96 B per rank per forward)"
 
 
 def test_a_colwise_output_projection_after_sharded_heads_is_a_missing_reduction_at_its_plan_entry():
@@ -310,3 +313,27 @@ def test_export_of_a_parallel_pipeline_takes_its_mesh_dims_as_arguments_one_by_d
 
     pipeline = tracer.load(PARALLEL / name)
     check_export(pipeline, pipeline.run(keep_values=True))  # the module equals the single-device run
+
+
+def test_a_hand_built_causal_mask_on_a_sequence_shard_trips_shard_offset():
+    text = """\
+name: cp_mask
+dims: {B: 1, T: 8, d: 4}
+seed: 0
+inputs:
+  x: {shape: [B, T, d], init: randn}
+steps:
+  - {id: k_t, op: transpose, input: x, dims: [1, 2]}
+  - {id: scores, op: matmul, inputs: [x, k_t]}
+  - {id: masked, op: mask, causal: true}
+  - {id: weights, op: softmax, dim: -1}
+  - {id: context, op: matmul, inputs: [weights, x]}
+parallel:
+  mesh: {cp: 2}
+  inputs:
+    x: [Shard(1)]
+"""
+    [warning] = tracer.loads(text).check().warnings
+    assert (warning.code, warning.step, warning.position.line) == ("shard-offset", "masked", line_of(text, "id: masked"))
+    assert "the causal mask compares the rank's own query and key indices" in warning.message
+    assert tracer.loads(text.replace("    x: [Shard(1)]\n", "").replace("  inputs:\n", "")).check().diagnostics == ()

@@ -193,10 +193,13 @@ def resolve_plan(parallel, nodes: Mapping[str, Any], error: Callable[..., Any]) 
             step = nodes[step_id].step
             what, applies = APPLIES[entry.style]
             if step_id in found:
-                message = f"step '{step_id}' is planned twice: by '{found[step_id].target}' and by '{target}'"
+                message = f"step '{step_id}' is planned twice: by '{found[step_id].target}' and by '{target}' — keep one (narrow the glob)"
                 problems.append(error(("parallel", "plan", target), "plan-twice", message, True))
             elif not applies(step):
-                message = f"'{target}': {entry.style} applies to {what}, but step '{step_id}' is op {step.op}"
+                message = (
+                    f"'{target}': {entry.style} applies to {what}, but step '{step_id}' is op {step.op} — plan the step of that kind, "
+                    f"or replicate this one"
+                )
                 problems.append(error(("parallel", "plan", target), "plan-style", message, False))
             else:
                 found[step_id] = entry

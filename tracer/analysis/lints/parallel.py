@@ -175,8 +175,8 @@ class ViewGlobalHeads(Lint):
             local = view.analysis.meta(record)
             message = (
                 f"{node.op} writes {node.outs[-1].meta.symbolic}, the global shape, but each rank holds '{record}' "
-                f"{local.symbolic} {list(local.sizes)} over {mesh_dim}={view.degrees[mesh_dim]} — write the rank's heads "
-                f"(H // {mesh_dim}) or -1"
+                f"{local.symbolic} {list(local.sizes)} over {mesh_dim}={view.degrees[mesh_dim]} — write the rank's sizes "
+                f"(heads as H // {mesh_dim}, tokens as T // {mesh_dim}) or -1"
             )
             yield analysis.error(node, self.code, message, "shape", severity="warning")
 
@@ -338,3 +338,45 @@ class ShardOffset(Lint):
 
 def _on_axes(placement: str, axes: tuple[int, ...]) -> bool:
     return any(placement == f"Shard({axis})" for axis in axes)
+
+
+@register
+class NormalisedShard(Lint):
+    """**What.** A softmax, or a norm over the last dim, along an axis that each rank holds only
+    a shard of: router logits computed `colwise` and softmaxed over the experts, a weightless
+    `layernorm` after a column-parallel projection.
+
+    **Why it matters.** The shapes meet on every rank, but each rank normalises over its own
+    slice: its softmax sums to 1 over `E // tp` experts instead of `E`, its norm's mean and
+    variance are of `d // tp` features. torch raises nothing: the ranks simply disagree with the
+    single-device run.
+
+    **Fix.** Gather the axis before normalising (`output: Replicate()` on the projection, or plan
+    it `replicate`), or shard another axis (heads, not the features a norm runs over)."""
+
+    code, example, origin = "normalised-shard", "normalised_shard", "tensor parallelism"
+
+    def check(self, analysis):
+        view = analysis.rank
+        if view is None or view.analysis is None or _explained(analysis):
+            return
+        mesh = list(view.degrees)
+        for node in analysis.nodes.values():
+            local = view.analysis.meta(node.inputs[0]) if node.inputs and node.id not in view.plan else None
+            if local is None or not local.shape or not node.outs:
+                continue
+            ndim = len(local.shape)
+            softmax = node.step.normalises()
+            axis = softmax % ndim if softmax is not None else ndim - 1 if node.step.normalises_rows else None
+            if axis is None:
+                continue
+            split = [m for m, placement in zip(mesh, placements_of(local, mesh)) if shard_axis(placement, ndim) == axis]
+            if not split:
+                continue
+            what = "softmax" if softmax is not None else node.op
+            message = (
+                f"{what} runs over axis {axis} of '{node.inputs[0]}' {local.symbolic} {list(local.sizes)}, which each rank holds "
+                f"only a shard of over {split[0]}={view.degrees[split[0]]}: it normalises over the rank's slice, not the whole axis — "
+                f"gather it first (output: Replicate() on the step that splits it, or plan that step replicate)"
+            )
+            yield analysis.error(node, self.code, message, severity="warning")
