@@ -92,7 +92,6 @@ class RankJob:
 class RankResult:
     """What one rank sends back: its records, its collectives, and (rank 0) the gathered outputs."""
 
-    rank: int
     records: list[TensorRecord]
     collectives: list[CollectiveEvent]
     as_predicted: bool
@@ -173,7 +172,7 @@ def _rank_program(rank: int, job: RankJob, device: str, progress) -> RankResult:
         records, outputs, as_predicted = plan.run(tensors, False, observe)
     progress[rank] = len(analysis.nodes)
     gathered = {name: _gathered(analysis.meta(name), tensor, mesh) for name, tensor in outputs.items()}
-    return RankResult(rank, records, list(mode.events), as_predicted, {n: t.cpu() for n, t in gathered.items()} if rank == 0 else {})
+    return RankResult(records, list(mode.events), as_predicted, {n: t.cpu() for n, t in gathered.items()} if rank == 0 else {})
 
 
 def _local(tensor, mesh, layout: list[str] | None):
