@@ -265,12 +265,12 @@ def test_a_rank_that_raises_ends_the_run_at_its_step_and_leaves_no_process(tp_fi
 
 
 def test_a_rank_that_hangs_ends_the_run_within_the_timeout_and_leaves_no_process(tp_file, monkeypatch):
-    monkeypatch.setattr(sharded, "_module_call", _failing_in("out", 1, lambda: time.sleep(600)))
+    monkeypatch.setattr(sharded, "_module_call", _failing_in("q", 1, lambda: time.sleep(600)))  # the first step: reached at once
     start = time.monotonic()
     with pytest.raises(TracerError) as caught:
-        tracer.run_parallel(tp_file, world=2, timeout=2)
-    assert time.monotonic() - start < 2 + 10  # the timeout, then the kill
-    assert f"{tp_file}:24:5: error[rank-failed]: step 'out': rank 1 of 2: had not finished after 2 s" in str(caught.value)
+        tracer.run_parallel(tp_file, world=2, timeout=3)
+    assert time.monotonic() - start < 3 + 10  # the timeout, then the kill
+    assert f"{tp_file}:13:5: error[rank-failed]: step 'q': rank 1 of 2: had not finished after 3 s" in str(caught.value)
     assert _children() == []
 
 
