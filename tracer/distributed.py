@@ -15,6 +15,7 @@ import contextlib
 import json
 import logging
 import math
+import os
 import tempfile
 import time
 from collections import Counter
@@ -231,7 +232,9 @@ def _launch(job: RankJob, timeout: float) -> list[RankResult]:
     progress = mp.get_context(start).Array("i", job.world, lock=False)
     store = dist.TCPStore("127.0.0.1", 0, job.world, is_master=True, wait_for_workers=False)
     with tempfile.TemporaryDirectory(prefix="tracer-world-") as folder:
-        context = mp.start_processes(run_rank, (job, store.port, folder, progress), nprocs=job.world, join=False, start_method=start)
+        context = mp.start_processes(
+            run_rank, (job, os.getpid(), store.port, folder, progress), nprocs=job.world, join=False, start_method=start
+        )
         try:
             _wait(context, job, timeout, progress)
         finally:

@@ -7,6 +7,7 @@ imported), so the runs the tests read are made once per module."""
 import copy
 import json
 import os
+import signal
 import time
 
 import psutil
@@ -325,3 +326,25 @@ def test_the_command_line_refuses_what_a_world_run_does_not_do(tp_file):
         assert done.returncode == 1 and said in done.stderr
     done = tracer_cli("run", str(tp_file), "--world", "2", "--timeout", "0")
     assert done.returncode == 2 and "expected a number of seconds above 0" in done.stderr
+
+
+def test_a_rank_dies_with_its_launcher_however_the_launcher_dies():
+    """run_rank asks the kernel for it first thing (PR_SET_PDEATHSIG): a launcher killed by
+    SIGKILL, which runs no cleanup, leaves no rank behind. Plain processes here, no torch."""
+    ready_read, ready_write = os.pipe()
+    launcher = os.fork()
+    if launcher == 0:
+        if os.fork() == 0:  # the rank
+            sharded._die_with_launcher(os.getppid())
+            os.write(ready_write, b"1")
+            time.sleep(60)
+        time.sleep(60)
+        os._exit(0)
+    try:
+        assert os.read(ready_read, 1) == b"1"
+        (rank,) = psutil.Process(launcher).children()
+    finally:
+        os.kill(launcher, signal.SIGKILL)
+        os.waitpid(launcher, 0)
+    _, alive = psutil.wait_procs([rank], timeout=10)
+    assert alive == []

@@ -20,9 +20,12 @@ torch makes has its predicted shape is the check that each rank's shapes are the
 
 from __future__ import annotations
 
+import ctypes
 import datetime
 import importlib
+import os
 import signal
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -36,6 +39,7 @@ from .interpreter import Plan, torch_module
 from .records import TensorRecord
 from .tensors import create_tensors
 
+PR_SET_PDEATHSIG = 1  # prctl(2): the signal a process gets when its parent dies
 GROUP_TIMEOUT = datetime.timedelta(seconds=600)  # a collective waiting longer fails; the launcher's --timeout ends runs sooner
 RANK_MODULES = ("torch.distributed._functional_collectives", "torch.distributed.device_mesh", "torch.distributed.tensor.parallel")
 _NOT_RUN = (
@@ -123,15 +127,17 @@ def check_runnable(analysis: Analysis) -> None:
 # ---------------------------------------------------------------- in the rank's process
 
 
-def run_rank(rank: int, job: RankJob, port: int, folder: str, progress) -> None:
+def run_rank(rank: int, job: RankJob, launcher: int, port: int, folder: str, progress) -> None:
     """The body of rank ``rank``'s process: join the group at the launcher's store, run the rank's
     program, save its result in ``folder``. ``progress[rank]`` is the index of the step it is in
-    (-1 while it joins), for the launcher's message when it fails or hangs."""
+    (-1 while it joins), for the launcher's message when it fails or hangs; ``launcher`` is the
+    launching process's id."""
     import torch.distributed as dist
 
     torch = torch_module()
     progress[rank] = -1
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a forked rank keeps no handler of the launching program (tracer's CLI has one)
+    _die_with_launcher(launcher)
     torch.set_num_threads(1)  # as torchrun's OMP_NUM_THREADS=1: a forked rank must not enter its parent's thread pool
     store = dist.TCPStore("127.0.0.1", port, job.world, is_master=False, timeout=GROUP_TIMEOUT)
     cuda = job.device == "cuda"
@@ -143,6 +149,16 @@ def run_rank(rank: int, job: RankJob, port: int, folder: str, progress) -> None:
         torch.save(_rank_program(rank, job, device, progress), f"{folder}/rank{rank}.pt")
     finally:
         dist.destroy_process_group()
+
+
+def _die_with_launcher(launcher: int) -> None:
+    """On Linux, the kernel kills this rank when the process that launched it dies, however it
+    dies (SIGKILL included): no rank outlives its run (PR_SET_PDEATHSIG)."""
+    if not sys.platform.startswith("linux"):
+        return
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != launcher:  # it died before the request was made
+        os._exit(1)
 
 
 def _rank_program(rank: int, job: RankJob, device: str, progress) -> RankResult:
