@@ -337,3 +337,19 @@ parallel:
     assert (warning.code, warning.step, warning.position.line) == ("shard-offset", "masked", line_of(text, "id: masked"))
     assert "the causal mask compares the rank's own query and key indices" in warning.message
     assert tracer.loads(text.replace("    x: [Shard(1)]\n", "").replace("  inputs:\n", "")).check().diagnostics == ()
+
+
+def test_a_block_dim_the_degree_does_not_divide_is_a_warning_not_a_failure(tmp_path):
+    (tmp_path / "layer.yaml").write_text(
+        "name: layer\ndims: {B: 1, T: 2, d: 4, tp: 1, d_local: d // tp}\ninputs:\n  x: {shape: [B, T, d], init: randn}\n"
+        "params:\n  W: {shape: [d, d], init: linear}\nsteps:\n  - {id: up, op: linear, input: x, weight: W}\n"
+    )
+    (tmp_path / "stack.yaml").write_text(
+        "name: stack\ndims: {B: 1, T: 2, d: 4}\nseed: 0\ninputs:\n  x: {shape: [B, T, d], init: randn}\n"
+        "steps:\n  - {id: layers, op: block, use: layer.yaml, input: x, repeat: 2, dims: {tp: tp}}\n"
+        "parallel:\n  mesh: {tp: 3}\n"
+    )
+    analysis = tracer.load(tmp_path / "stack.yaml").check()
+    [warning] = analysis.warnings
+    assert warning.code == "shard-not-divisible" and "not divisible by tp=3" in warning.message
+    assert tracer.load(tmp_path / "stack.yaml").check({"tp": 2}).diagnostics == ()
