@@ -185,18 +185,23 @@ def test_a_degree_below_one_is_an_error_at_the_mesh():
     assert info.value.code == "mesh-degree"
 
 
-def test_globs_plan_every_copy_of_a_block(tmp_path):
-    (tmp_path / "layer.yaml").write_text(
-        "name: layer\ndims: {B: 1, T: 2, d: 4, tp: 1}\ninputs:\n  x: {shape: [B, T, d], init: randn}\n"
+def stack(folder, layer_dims: str, parallel: str, repeat: int) -> tracer.Pipeline:
+    """A file of ``repeat`` copies of a two-projection layer whose dims pass ``tp`` down."""
+    (folder / "layer.yaml").write_text(
+        f"name: layer\ndims: {{B: 1, T: 2, d: 4, tp: 1{layer_dims}}}\ninputs:\n  x: {{shape: [B, T, d], init: randn}}\n"
         "params:\n  W_1: {shape: [d, d], init: linear}\n  W_2: {shape: [d, d], init: linear}\n"
         "steps:\n  - {id: up, op: linear, input: x, weight: W_1}\n  - {id: down, op: linear, weight: W_2}\n"
     )
-    (tmp_path / "stack.yaml").write_text(
-        "name: stack\ndims: {B: 1, T: 2, d: 4}\ninputs:\n  x: {shape: [B, T, d], init: randn}\n"
-        "steps:\n  - {id: layers, op: block, use: layer.yaml, input: x, repeat: 3, dims: {tp: tp}}\n"
-        "parallel:\n  mesh: {tp: 2}\n  plan: {'layers/*/up': colwise, 'layers/*/down': rowwise}\n"
+    (folder / "stack.yaml").write_text(
+        "name: stack\ndims: {B: 1, T: 2, d: 4}\nseed: 0\ninputs:\n  x: {shape: [B, T, d], init: randn}\n"
+        f"steps:\n  - {{id: layers, op: block, use: layer.yaml, input: x, repeat: {repeat}, dims: {{tp: tp}}}}\n{parallel}"
     )
-    analysis = tracer.load(tmp_path / "stack.yaml").check()
+    return tracer.load(folder / "stack.yaml")
+
+
+def test_globs_plan_every_copy_of_a_block(tmp_path):
+    plan = "parallel:\n  mesh: {tp: 2}\n  plan: {'layers/*/up': colwise, 'layers/*/down': rowwise}\n"
+    analysis = stack(tmp_path, "", plan, 3).check()
     assert not analysis.diagnostics
     assert list(resolved_plan(analysis)) == [f"layers/{i}/{s}" for i in range(3) for s in ("up", "down")]
     assert [c.step for c in collectives(analysis)] == ["layers/0/down", "layers/1/down", "layers/2/down"]
@@ -340,16 +345,8 @@ parallel:
 
 
 def test_a_block_dim_the_degree_does_not_divide_is_a_warning_not_a_failure(tmp_path):
-    (tmp_path / "layer.yaml").write_text(
-        "name: layer\ndims: {B: 1, T: 2, d: 4, tp: 1, d_local: d // tp}\ninputs:\n  x: {shape: [B, T, d], init: randn}\n"
-        "params:\n  W: {shape: [d, d], init: linear}\nsteps:\n  - {id: up, op: linear, input: x, weight: W}\n"
-    )
-    (tmp_path / "stack.yaml").write_text(
-        "name: stack\ndims: {B: 1, T: 2, d: 4}\nseed: 0\ninputs:\n  x: {shape: [B, T, d], init: randn}\n"
-        "steps:\n  - {id: layers, op: block, use: layer.yaml, input: x, repeat: 2, dims: {tp: tp}}\n"
-        "parallel:\n  mesh: {tp: 3}\n"
-    )
-    analysis = tracer.load(tmp_path / "stack.yaml").check()
+    pipeline = stack(tmp_path, ", d_local: d // tp", "parallel:\n  mesh: {tp: 3}\n", 2)
+    analysis = pipeline.check()
     [warning] = analysis.warnings
     assert warning.code == "shard-not-divisible" and "not divisible by tp=3" in warning.message
-    assert tracer.load(tmp_path / "stack.yaml").check({"tp": 2}).diagnostics == ()
+    assert pipeline.check({"tp": 2}).diagnostics == ()
