@@ -163,6 +163,7 @@ def line_of(text: str, needle: str) -> int:
         ("parallel:\n  mesh: {tp: 2}\n  inputs:\n    y: [Shard(1)]\n", "y: [", "unknown-input", "(inputs: x)"),
         ("parallel:\n  mesh: {dp: 2, tp: 2}\n  inputs:\n    x: [Shard(1)]\n", "x: [", "placements", "one per mesh dim"),
         ("parallel:\n  mesh: {tp: 2}\n  plan:\n    up: colwise\n    'u*': rowwise\n", "u*", "plan-twice", "planned twice"),
+        ("parallel:\n  mesh: {tp: 2}\n  plan:\n    up: {style: colwise, local_output: false}\n", "up: {", "local-output", "a DTensor"),
     ],
 )
 def test_a_wrong_plan_is_a_located_error(section, needle, code, says):

@@ -216,11 +216,18 @@ def _entry(target: str, written, parallel, error, problems: list) -> PlanEntry |
         )
         problems.append(error(("parallel", "plan", target), "unknown-mesh-dim", message, False))
         return None
+    if not isinstance(written, str) and not written.local_output:
+        message = (
+            f"'{target}': local_output: false hands the next steps a DTensor, whose global shapes and implicit "
+            f"redistributions tracer does not follow (its steps are each rank's program on local tensors) — leave "
+            f"local_output out (true), and write the next steps for the rank's shard"
+        )
+        problems.append(error(("parallel", "plan", target, "local_output"), "local-output", message, False))
+        return None
     given_in = None if isinstance(written, str) else written.input
     given_out = None if isinstance(written, str) else written.output
-    local = True if isinstance(written, str) else written.local_output
     default_in, default_out = DEFAULTS[style]
-    return PlanEntry(style, mesh_dim, given_in or default_in, given_out or default_out, local, target)
+    return PlanEntry(style, mesh_dim, given_in or default_in, given_out or default_out, True, target)
 
 
 # ------------------------------------------------------------------ the rank's shape pass

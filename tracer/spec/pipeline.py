@@ -182,7 +182,11 @@ class PlanEntry(Strict):
     )
     input: Placement | None = Field(None, description="the layout of its input as it arrives (input_layouts), e.g. Shard(1)")
     output: Placement | None = Field(None, description="the layout its output leaves in (output_layouts), e.g. Shard(1)")
-    local_output: StrictBool = Field(True, description="use_local_output: the output as the rank's local tensor, not a DTensor")
+    local_output: StrictBool = Field(
+        True,
+        description="use_local_output: the output as the rank's local tensor, as the next steps (each rank's program) read it; "
+        "false (a DTensor) is refused",
+    )
 
 
 class Parallel(Strict):
