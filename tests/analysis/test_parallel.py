@@ -49,11 +49,12 @@ def test_llama_tp_shards_heads_and_features_and_replicates_the_single_kv_head():
 
 def test_the_reference_is_the_single_device_run_with_every_mesh_dim_one():
     text = (PARALLEL / "llama_tp.yaml").read_text()
-    analysis = tracer.loads(text).check()
+    pipeline = tracer.loads(text)
+    analysis = pipeline.check()
     assert analysis.dims["tp"] == 1 and analysis.degrees == {"tp": 2}
     assert analysis.meta("q").sizes == (2, 4, 16) and analysis.meta("W_q").sizes == (16, 16)
     plain = text[: text.index("\nparallel:")].replace("  d_ff: 32", "  d_ff: 32\n  tp: 1")
-    ran, alone = tracer.loads(text).run(keep_values=["out"]), tracer.loads(plain).run(keep_values=["out"])
+    ran, alone = pipeline.run(keep_values=["out"]), tracer.loads(plain).run(keep_values=["out"])
     torch.testing.assert_close(ran["out"].tensor, alone["out"].tensor, rtol=0, atol=0)
 
 
