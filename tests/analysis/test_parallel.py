@@ -352,3 +352,9 @@ def test_a_block_dim_the_degree_does_not_divide_is_a_warning_not_a_failure(tmp_p
     [warning] = analysis.warnings
     assert warning.code == "shard-not-divisible" and "not divisible by tp=3" in warning.message
     assert pipeline.check({"tp": 2}).diagnostics == ()
+
+
+def test_an_uneven_split_is_only_shard_not_divisible():
+    analysis = tracer.load(PARALLEL / "dp_tp.yaml").check({"tp": 3})
+    assert [(w.code, w.step) for w in analysis.warnings] == [("shard-not-divisible", s) for s in ("gate", "up", "down")]
+    assert rank_view(analysis)["gated"].placements == ("Shard(0)", "Shard(2)")  # (d_ff // tp) is still tp's shard

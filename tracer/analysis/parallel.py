@@ -150,8 +150,14 @@ def shard_axis(text: str, ndim: int) -> int | None:
 
 
 def divided_by(dim: Dim, mesh_dim: str) -> bool:
-    """Whether a dim is a shard over ``mesh_dim``: its polynomial divides by it (``H * Dh // tp``)."""
-    return any(name == mesh_dim and exp < 0 for mono, _ in dim.poly.terms for name, exp in mono)
+    """Whether a dim is a shard over ``mesh_dim``: its polynomial divides by it (``H * Dh // tp``),
+    or it is the opaque quotient of a division that is not exact (``(d_ff // tp)`` at d_ff=16, tp=3)."""
+    uneven = f" // {mesh_dim})"
+    return any(
+        (name == mesh_dim and exp < 0) or (exp > 0 and name.startswith("(") and name.endswith(uneven))
+        for mono, _ in dim.poly.terms
+        for name, exp in mono
+    )
 
 
 def placements_of(meta: Meta, mesh: list[str]) -> tuple[str, ...]:
