@@ -30,7 +30,7 @@ from .presentation.progress import Progress
 from .runtime.interpreter import device_problem
 from .runtime.tensors import match, takes
 from .spec.bundled import locate, models
-from .spec.load import load_spec
+from .spec.load import load_named
 
 DRAWINGS = ("svg", "png", "pdf", "dot", "html")  # what `tracer render -o` writes, by suffix
 DIFF_TROUBLE = 2  # `tracer diff`'s exit status for a problem, as diff(1) and `git diff --exit-code` use it
@@ -497,7 +497,7 @@ def _check(args) -> int:
     failed = False
     for name in args.files:
         try:
-            spec, source = load_spec(name)
+            spec, source = load_named(name)
             diagnostics = analyze(spec, source, dict(args.dim)).diagnostics
         except TracerError as exc:
             diagnostics = exc.diagnostics
@@ -715,7 +715,7 @@ def _size(text: str) -> int:
 def _load_unchecked(path: str):
     """Load without checking the declared dims: overridden dims are what will run."""
 
-    return Pipeline(*load_spec(path))
+    return Pipeline(*load_named(path))
 
 
 def _render(args) -> int:
