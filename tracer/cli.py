@@ -21,7 +21,7 @@ from .api import Pipeline, load
 from .core.errors import Diagnostic, InternalError, TracerError, display, printable
 from .core.formatting import human_bytes
 from .diff import diff, diff_json, diff_page, format_diff
-from .presentation import outputs
+from .presentation import outputs, ranks
 from .presentation.export import export_source
 from .presentation.files import OutputExists, Writes
 from .presentation.folding import collapse_keys, depth_keys
@@ -153,6 +153,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     check.add_argument("--strict", action="store_true", help="treat warnings (lints) as errors")
     _dims_option(check)
+    _rank_option(check, "print that rank's local shapes, collectives and communication (a pipeline with parallel:)")
     check.set_defaults(handler=_check)
 
     run = commands.add_parser(
@@ -169,6 +170,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     run.add_argument("file", metavar="FILE", type=_pipeline_file, help=FILE_HELP)
     _dims_option(run)
+    _rank_option(run, "with parallel:, the rank whose local shapes and collectives follow the table (and --json's rank; default 0)")
     run.add_argument("--seed", type=int, help="override the pipeline's seed")
     run.add_argument(
         "--values",
@@ -270,6 +272,7 @@ def _parser() -> argparse.ArgumentParser:
         "--rankdir", choices=("TB", "LR"), default="TB", help="the diagram's direction: TB top to bottom (default), LR left to right"
     )
     render.add_argument("--no-legend", dest="legend", action="store_false", help="leave the diagram's legend out (for slides)")
+    _rank_option(render, "with parallel:, draw that rank's local shapes on the edges and the collectives as nodes with their bytes")
     render.add_argument(
         "--tokens",
         default="",
@@ -446,6 +449,10 @@ def _quiet_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress line (it only shows on a terminal, after a second)")
 
 
+def _rank_option(parser: argparse.ArgumentParser, about: str) -> None:
+    parser.add_argument("--rank", type=_whole, metavar="R", help=about)
+
+
 def _dims_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dim", action=_DimsOnce, default=[], metavar="NAME=VALUE", type=_dim_pair, help="override a dim (repeatable)")
 
@@ -502,9 +509,11 @@ def _check(args) -> int:
 
     failed = False
     for name in args.files:
+        analysis = None
         try:
             spec, source = load_named(name)
-            diagnostics = analyze(spec, source, dict(args.dim)).diagnostics
+            analysis = analyze(spec, source, dict(args.dim))
+            diagnostics = analysis.diagnostics
         except TracerError as exc:
             diagnostics = exc.diagnostics
         for d in diagnostics:
@@ -512,13 +521,26 @@ def _check(args) -> int:
                 d = Diagnostic(d.file, d.position, d.code, d.message, d.step, "error")
             print(d, file=sys.stderr)
             failed = failed or d.severity == "error"
+        if args.rank is not None and analysis is not None and not analysis.errors:
+            failed = not _print_rank(analysis, args.rank, name) or failed
     return 1 if failed else 0
+
+
+def _print_rank(analysis, rank: int, file: str) -> bool:
+    """``rank``'s section (``check --rank``), or why there is none; whether it was printed."""
+    problem = ranks.check_rank(analysis, rank)
+    if problem is not None:
+        print(Diagnostic(file, None, "rank", problem), file=sys.stderr)
+        return False
+    print(ranks.rank_table(analysis, rank))
+    return True
 
 
 def _run(args) -> int:
 
     pipeline = _pipeline_to_run(args)
     analysis = pipeline.check(dict(args.dim))
+    rank = _rank_to_show(analysis, args)
     keep_values = _kept_values(args)
     if args.values:
         _check_record_id(analysis, args.values, args.file)
@@ -541,20 +563,37 @@ def _run(args) -> int:
         )
     for warning in trace.analysis.warnings + list(trace.value_warnings):
         print(warning, file=sys.stderr)
+    shown_rank = "" if rank is None else "\n" + ranks.rank_table(analysis, rank)
     if args.output:
-        text = trace.to_json(values=keep_values is True) if args.json else _table(trace, args, args.width) + "\n" + trace.peak_line()
+        text = (
+            trace.to_json(values=keep_values is True, rank=rank or 0)
+            if args.json
+            else _table(trace, args, args.width) + "\n" + trace.peak_line() + shown_rank
+        )
         writes.write(args.output, text + chr(10), "json" if args.json else "text")
         _list_written(writes)
         return 0
     if args.json:
-        print(trace.to_json(values=keep_values is True))
+        print(trace.to_json(values=keep_values is True, rank=rank or 0))
         return 0
     print(_table(trace, args, args.width or _terminal_width()))
-    print(trace.peak_line())
+    print(trace.peak_line() + shown_rank)
     shown = [trace[args.values]] if args.values else trace.records if keep_values is True else []
     for record in shown:
         print(f"\n{record.id} {record.symbolic}:\n{record.tensor}")
     return 0
+
+
+def _rank_to_show(analysis, args) -> int | None:
+    """The rank whose view follows the table: ``--rank``, or 0 for a pipeline with ``parallel:``
+    whose ranks could be analysed; None for any other (its output stays as it was)."""
+    if args.rank is None and (analysis.rank is None or analysis.rank.analysis is None):
+        return None
+    rank = args.rank or 0
+    problem = ranks.check_rank(analysis, rank)
+    if problem is not None:
+        raise TracerError(Diagnostic(args.file, None, "rank", problem))
+    return rank
 
 
 def _groups(analysis) -> list[str]:
@@ -746,6 +785,8 @@ def _draw(args) -> int:
     analysis = pipeline.check(dict(args.dim))
     writes = _writes(args, analysis)
     writes.check(output, fmt.name)  # before the run: never the files it reads
+    if args.rank is not None:
+        _rank_to_show(analysis, args)
     tokens = _tokens(args)  # a tokenizer folder that cannot be read, before the run
     with _running(analysis, args.quiet) as progress:
         observe = _with_progress(None, progress)
@@ -765,6 +806,7 @@ def _draw(args) -> int:
         rankdir=args.rankdir,
         legend=args.legend,
         tokens=tokens,
+        rank=args.rank,
     )
     with Progress(f"drawing {output.name}", quiet=args.quiet).ticking():
         outputs.write(trace, output, fmt, options, writes)  # with values: heatmaps in softmax nodes

@@ -335,6 +335,20 @@ def test_browser_a_malformed_link_shows_the_summary(browser, reports, fragment):
     assert browser.problems() == []
 
 
+def test_browser_summary_of_a_parallel_pipeline_shows_its_mesh_and_collectives(browser, tmp_path):
+    page = tracer.load(PIPELINES / "parallel" / "llama_tp.yaml").run().save(tmp_path / "tp.html")
+    browser.open(page.as_uri())
+    assert browser.evaluate("document.documentElement.dataset.ready") == "true"
+    text = panel(browser)
+    assert "mesh\ttp=2 (2 ranks)" in text and "all_reduce over tp at attn_out: 512 B per rank" in text
+    assert "communication per layer: 2 all_reduce (tp), 1.0 KiB per rank" in text
+    assert browser.problems() == []
+
+
+def test_a_pipeline_without_parallel_has_no_mesh_in_its_page_data(causal):
+    assert "mesh" not in report_data(causal)
+
+
 def stack_of(layers: int, folder) -> tracer.Pipeline:
     """encoder_stack with ``repeat: layers``, its block file beside it."""
     (folder / "blocks").mkdir(exist_ok=True)

@@ -8,7 +8,7 @@ what depends on it, so every independent error in a file is reported. No torch.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any
 
@@ -25,7 +25,7 @@ from ..spec.pipeline import PipelineSpec, TensorDecl, tensor_dtype
 from ..spec.source import SourceMap
 from ..steps.contract import Composite, Outputs, Shape
 from ..steps.rules import DimCause, StepError
-from . import costs, positions, roles
+from . import costs, parallel, positions, roles
 from .attention import find_sites
 from .expect import Expectation, check_expectations
 from .graph import CHAIN, ONE, OUTPUTS, Node, Out, StepGraph, build_graph
@@ -62,6 +62,8 @@ class Analysis:
     diagnostics: tuple[Diagnostic, ...]
     blocks: Mapping[str, Any]  # block step id -> tracer.spec.expand.BlockInfo
     aliases: Mapping[str, str]  # block step id -> the record holding its output
+    degrees: Mapping[str, int] = field(default_factory=dict)  # mesh dim -> its degree (the dims hold 1: the reference run)
+    rank: Any = None  # tracer.analysis.parallel.RankView: every rank's shapes and collectives (files with parallel:)
 
     @cached_property
     def metas(self) -> dict[str, Meta]:
@@ -203,8 +205,30 @@ class ShapeContext:
 
 @gc_paused
 def analyze(pipeline: PipelineSpec, source: SourceMap, dims: Mapping[str, int] | None = None) -> Analysis:
-    """Expand, order and infer every step of ``pipeline`` at ``dims`` (default: the file's)."""
-    alg = _algebra(pipeline, source, dims or {})
+    """Expand, order and infer every step of ``pipeline`` at ``dims`` (default: the file's). A file
+    with ``parallel:`` is analysed as its single-device reference (every mesh dim 1), and each
+    rank's view at the mesh's degrees is kept beside it (``Analysis.rank``)."""
+    dims = dims or {}
+    mesh = pipeline.parallel.mesh if pipeline.parallel is not None else {}
+    alg = _algebra(pipeline, source, dims, dict.fromkeys(mesh, 1))
+    degrees = _degrees(pipeline, source, dims)
+    analysis = _analysis(pipeline, source, alg, lambda *made: _ShapePass(*made[:4]), degrees)
+    found = list(analysis.diagnostics) + check_expectations(analysis)
+    if degrees and not any(d.severity == "error" for d in found):
+        rank, problems = _rank_view(pipeline, source, dims, degrees, analysis)
+        object.__setattr__(analysis, "rank", rank)
+        found += problems
+        # dims equal only because a mesh dim is 1 here prove nothing: the rank's, at the mesh's degrees, tell
+        rank_warnings = rank.analysis.warnings if rank.analysis is not None else []
+        found = [d for d in found if d.code != "dim-mismatch"] + [d for d in rank_warnings if d.code == "dim-mismatch"]
+    if not any(d.severity == "error" for d in found):
+        found = apply_allows(analysis, found + run_lints(analysis))
+    object.__setattr__(analysis, "diagnostics", tuple(merge_copies(found)))
+    return analysis
+
+
+def _analysis(pipeline: PipelineSpec, source: SourceMap, alg: DimAlgebra, make_pass, degrees: Mapping[str, int]) -> Analysis:
+    """Blocks expanded, the graph built and every step's shape rule run by ``make_pass``'s pass."""
     block_dims, copies, aliases, blocks, expect_dims = {}, {}, {}, {}, {}
     if any(step.includes_file for step in pipeline.steps):
         expanded = expand_blocks(pipeline, source, alg)
@@ -217,7 +241,7 @@ def analyze(pipeline: PipelineSpec, source: SourceMap, dims: Mapping[str, int] |
             expanded.expect_algs,
         )
     graph = build_graph(pipeline, source, alg, block_dims, copies)
-    pass_ = _ShapePass(pipeline, source, alg, block_dims)
+    pass_ = make_pass(pipeline, source, alg, block_dims, graph)
     declared = pass_.declarations()
     nodes = dict(graph.nodes)
     if not graph.diagnostics:
@@ -226,17 +250,63 @@ def analyze(pipeline: PipelineSpec, source: SourceMap, dims: Mapping[str, int] |
         pass_.diagnostics += pass_.cause_errors()
     outputs = _outputs(pipeline, graph, source, pass_.diagnostics)
     expectations = tuple(Expectation(name, expected, expect_dims.get(name, alg)) for name, expected in pipeline.expect.items())
-    analysis = Analysis(
-        pipeline, source, alg, graph, nodes, declared, outputs, expectations, graph.diagnostics + tuple(pass_.diagnostics), blocks, aliases
-    )
-    found = list(analysis.diagnostics) + check_expectations(analysis)
-    if not any(d.severity == "error" for d in found):
-        found = apply_allows(analysis, found + run_lints(analysis))
-    object.__setattr__(analysis, "diagnostics", tuple(merge_copies(found)))
-    return analysis
+    diagnostics = graph.diagnostics + tuple(pass_.diagnostics)
+    return Analysis(pipeline, source, alg, graph, nodes, declared, outputs, expectations, diagnostics, blocks, aliases, dict(degrees))
 
 
-def _algebra(pipeline: PipelineSpec, source: SourceMap, overrides: Mapping[str, int]) -> DimAlgebra:
+def _degrees(pipeline: PipelineSpec, source: SourceMap, dims: Mapping[str, int]) -> dict[str, int]:
+    """Mesh dim -> its degree at ``dims`` (``--dim tp=4`` overrides the mesh's 2); empty without ``parallel:``."""
+    if pipeline.parallel is None:
+        return {}
+    exprs, needed, todo = pipeline.dim_exprs, set(), list(pipeline.parallel.mesh)
+    while todo:  # the mesh's sizes and the dims they are computed from: another dim may fail at these degrees
+        name = todo.pop()
+        if name in exprs and name not in needed:
+            needed.add(name)
+            todo += dimexpr.names(exprs[name])
+    values = resolve({name: exprs[name] for name in exprs if name in needed}, {k: v for k, v in dims.items() if k in needed})
+    degrees = {name: values[name] for name in pipeline.parallel.mesh}
+    for name, degree in degrees.items():
+        if degree < 1:
+            message = f"mesh dim {name} is {degree}; a degree is at least 1 (the number of ranks along it)"
+            raise TracerError(source.error(("parallel", "mesh", name), "mesh-degree", message))
+    return degrees
+
+
+def _rank_view(
+    pipeline: PipelineSpec, source: SourceMap, dims: Mapping[str, int], degrees: dict[str, int], reference: Analysis
+) -> tuple[parallel.RankView, list[Diagnostic]]:
+    """Each rank's analysis at the mesh's degrees (the same shapes on every rank), its collectives
+    and the plan's problems; and the plan's own located errors."""
+
+    def error(path, code, message, prefer_key):
+        return reference.source.error(path, code, message, prefer_key=prefer_key)
+
+    plan, problems = parallel.resolve_plan(pipeline.parallel, reference.nodes, error)
+    view = parallel.RankView(degrees, plan)
+    if problems:
+        return view, problems
+    made = []
+
+    def rank_pass(pipeline, source, alg, block_dims, graph):
+        made.append(parallel.Sharding(pipeline.parallel, plan, degrees, graph.nodes))
+        return _RankPass(pipeline, source, alg, block_dims, made[-1])
+
+    try:
+        view.analysis = _analysis(pipeline, source, _algebra(pipeline, source, dims), rank_pass, degrees)
+    except TracerError as exc:  # a dim such as H // tp (a block's too) that the degree does not divide
+        view.failure = exc.diagnostics[0]
+        return view, []
+    view.collectives, view.problems = made[-1].collectives, made[-1].problems
+    errors = [error(path, "placement", message, False) for path, message in dict.fromkeys(made[-1].errors)]
+    return view, errors
+
+
+def _algebra(
+    pipeline: PipelineSpec, source: SourceMap, overrides: Mapping[str, int], forced: Mapping[str, int] | None = None
+) -> DimAlgebra:
+    """The file's dims at ``overrides`` (the user's, checked), and ``forced`` (tracer's own: the
+    mesh dims at 1 for the single-device reference)."""
     exprs = pipeline.dim_exprs
     for name, value in overrides.items():
         if name not in exprs:
@@ -249,7 +319,7 @@ def _algebra(pipeline: PipelineSpec, source: SourceMap, overrides: Mapping[str, 
             message = f"--dim {name}: expected an integer up to 2**62, got {value!r}"
             raise TracerError(source.error(("dims", name), "dim-value", message, prefer_key=True))
     try:
-        values = resolve(exprs, overrides)
+        values = resolve(exprs, {**overrides, **(forced or {})})
     except dimexpr.DimError as exc:
         raise TracerError(dim_error(exc, pipeline.dims, source)) from None
     for name, value in values.items():
@@ -392,6 +462,21 @@ class _ShapePass:
     def _value(self, ref: str) -> str:
         """The record a reference reads: a composite step's id reads its last inner record."""
         return self.values.get(ref, ref)
+
+
+class _RankPass(_ShapePass):
+    """The shape pass as one rank runs it: declared tensors local, planned steps redistributed."""
+
+    def __init__(self, pipeline, source, alg, block_dims, sharding: parallel.Sharding):
+        super().__init__(pipeline, source, alg, block_dims)
+        self.sharding = sharding
+
+    def _declared_meta(self, name: str, decl: TensorDecl, path: tuple, alg: DimAlgebra) -> Meta | None:
+        meta = super()._declared_meta(name, decl, path, alg)
+        return None if meta is None else self.sharding.declared(name, path[0], meta, alg)
+
+    def infer(self, node: Node) -> Node:
+        return self.sharding.step(node, self.metas, super().infer, self._value)
 
 
 def _made(step, result: Shape) -> tuple[str, list[tuple[str, str, Meta, tuple | None]]]:

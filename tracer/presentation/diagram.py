@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
+from ..analysis import parallel
 from ..analysis.graph import CHAIN, ONE, OUTPUTS
 from ..core.errors import Diagnostic, TracerError
 from ..core.formatting import human_bytes
@@ -45,7 +46,9 @@ STYLES = {  # node kind -> Graphviz attributes
     "copy": {"shape": "box", "style": "rounded,filled,bold", "fillcolor": "#fbd9a6", "color": "#c77700"},
     "collapsed": {"shape": "box3d", "style": "filled", "fillcolor": "#f4f1e0", "color": INK},
     "repeat": {"shape": "box3d", "style": "filled,bold", "fillcolor": "#efe6fa", "color": "#6a4c93"},
+    "collective": {"shape": "octagon", "style": "filled", "fillcolor": "#fdeef4", "color": "#b03a74", "fontsize": "10"},
 }
+RANK = "#b03a74"  # a rank's local shapes and its collectives: the third colour
 CLUSTER_GROUP = {"style": "rounded,filled", "fillcolor": "#f7f7f7", "color": "#bbbbbb", "fontcolor": MUTED}
 CLUSTER_COMPOSITE = {"style": "rounded,dashed", "color": "#c77700", "fillcolor": "#fff6e8", "fontcolor": "#c77700"}
 LEGEND = (  # mark -> (sample shown in the legend, explanation); only used marks are listed
@@ -56,6 +59,8 @@ LEGEND = (  # mark -> (sample shown in the legend, explanation); only used marks
     ("copy", "id", "copy: layout op that allocates and copies data"),
     ("composite", "merge", "composite step: its inner ops"),
     ("collapsed", "group", "collapsed group: input → output shapes"),
+    ("collective", "all_reduce", "collective before or after a step (parallel:): bytes each rank sends"),
+    ("rank", "rank 0: (B, T // tp)", "the chosen rank's local shape, where it differs"),
     ("repeat", "×N", "more copies of the block above, folded (--expand draws each)"),
     ("output", "out", "pipeline output"),
     ("group", "group", "group of steps"),
@@ -67,21 +72,31 @@ RANKDIRS = ("TB", "LR", "BT", "RL")  # Graphviz's: inputs at the top, at the lef
 
 
 def diagram(
-    trace: Trace, collapse: Iterable[str] = (), links: bool = False, expand: bool = False, rankdir: str = "TB", legend: bool = True
+    trace: Trace,
+    collapse: Iterable[str] = (),
+    links: bool = False,
+    expand: bool = False,
+    rankdir: str = "TB",
+    legend: bool = True,
+    rank: int | None = None,
 ):
     """The trace's dataflow as a ``graphviz.Digraph`` (displays inline in Jupyter). A repeated
     block is drawn as its first copy plus one "×N" node for the others, unless ``expand``.
     ``links`` makes every node and edge a link to ``#ID`` of the tensor it shows (``#group=NAME``
     for a collapsed group): the HTML report selects what was clicked through these. ``rankdir``
-    'LR' flows left to right (a slide's shape); ``legend=False`` leaves the legend out."""
+    'LR' flows left to right (a slide's shape); ``legend=False`` leaves the legend out. ``rank``
+    (a pipeline with ``parallel:``) adds that rank's local shapes to the edges and draws the
+    collectives of a forward as nodes with their bytes per rank."""
     if rankdir not in RANKDIRS:
         message = f"rankdir {rankdir!r} is not a direction Graphviz knows: use one of {', '.join(RANKDIRS)}"
         raise TracerError(Diagnostic(trace.analysis.source.file, None, "rankdir", message))
-    return _Builder(trace, tuple(collapse), links, expand).build(rankdir, legend)
+    return _Builder(trace, tuple(collapse), links, expand, rank).build(rankdir, legend)
 
 
-def dot_source(trace: Trace, collapse: Iterable[str] = (), expand: bool = False, rankdir: str = "TB", legend: bool = True) -> str:
-    return diagram(trace, collapse, expand=expand, rankdir=rankdir, legend=legend).source
+def dot_source(
+    trace: Trace, collapse: Iterable[str] = (), expand: bool = False, rankdir: str = "TB", legend: bool = True, rank: int | None = None
+) -> str:
+    return diagram(trace, collapse, expand=expand, rankdir=rankdir, legend=legend, rank=rank).source
 
 
 # ---------------------------------------------------------------- building the graph
@@ -96,8 +111,10 @@ class _Edge:
 
 
 class _Builder:
-    def __init__(self, trace: Trace, collapse: tuple[str, ...], links: bool = False, expand: bool = False):
+    def __init__(self, trace: Trace, collapse: tuple[str, ...], links: bool = False, expand: bool = False, rank: int | None = None):
         self.trace, self.analysis, self.links = trace, trace.analysis, links
+        self.rank = rank if rank is not None and trace.analysis.rank is not None and trace.analysis.rank.analysis is not None else None
+        self.local = {} if self.rank is None else parallel.rank_view(trace.analysis, self.rank)
         self.records = {r.id: r for r in trace.records}
         self.nodes = self.analysis.nodes
         self.group_of = {s: node.step.group for s, node in self.nodes.items() if node.step.group}
@@ -147,7 +164,7 @@ class _Builder:
 
         graph = graphviz.Digraph(
             GRAPH_ID,
-            graph_attr={**_graph_attrs(self.trace), "rankdir": rankdir},
+            graph_attr={**_graph_attrs(self.trace, self._rank_title()), "rankdir": rankdir},
             node_attr={"fontname": FONT, "fontsize": "11", "margin": "0.12,0.06"},
             edge_attr={"fontname": FONT, "fontsize": "9", "color": INK, "arrowsize": "0.7"},
         )
@@ -157,6 +174,7 @@ class _Builder:
         self._output_nodes(graph)
         for edge in edges:
             self._draw_edge(graph, edge)
+        self._collective_nodes(graph)
         self._sibling_order(graph)
         if legend:
             self._legend(graph)
@@ -164,6 +182,36 @@ class _Builder:
         # notebooks (trace._repr_html_, a displayed diagram) draw through render_bytes: its time limit and messages
         graph._repr_image_svg_xml = lambda: render_bytes(graph.source, "svg", pipeline_file).decode("utf-8")
         return graph
+
+    def _rank_title(self) -> str:
+        if self.rank is None:
+            return ""
+        degrees = self.analysis.degrees
+        mesh = ", ".join(f"{k}={v}" for k, v in degrees.items())
+        return f"rank {self.rank} of {parallel.world_size(degrees)} (mesh {mesh})"
+
+    def _collective_nodes(self, graph) -> None:
+        """One node per collective, beside the step that needs it: into it when it redistributes
+        the step's input, out of it otherwise (a repeated block's copies drawn as one node share
+        theirs: ×N)."""
+        if self.rank is None:
+            return
+        drawn: dict[tuple, list] = {}
+        for c in parallel.collectives(self.analysis):
+            drawn.setdefault((self._tail(c.step), c.op, c.mesh_dim, c.shape, c.dtype, c.at), []).append(c)
+        for n, ((step_node, op, mesh_dim, shape, dtype, at), found) in enumerate(drawn.items()):
+            self.marks.add("collective")
+            times = f" ×{len(found)}" if len(found) > 1 else ""
+            lines = [
+                f"<B>{_esc(op)}</B>{times}",
+                f'<FONT POINT-SIZE="9">over {_esc(mesh_dim)} · [{", ".join(map(str, shape))}] {_esc(dtype)}</FONT>',
+                f'<FONT POINT-SIZE="9">{human_bytes(found[0].bytes_per_rank)} per rank</FONT>',
+            ]
+            name = f"collective@{n}"
+            where = {"input": "before", "output": "after"}.get(at, "inside")
+            graph.node(name, _rows(lines), tooltip=f"{op} {where} {found[0].step}", **STYLES["collective"])
+            ends = (name, step_node) if at == "input" else (step_node, name)  # a gathered input feeds its step
+            graph.edge(*ends, style="dotted", color=RANK, arrowhead="dot")
 
     def _about(self, record: TensorRecord) -> dict[str, str]:
         return {"tooltip": _tooltip(record), **self._link(record.id)}
@@ -357,7 +405,11 @@ class _Builder:
 
     def _draw_edge(self, graph, edge: _Edge) -> None:
         record = edge.record
-        attrs = {"label": _shape_label(record, named=record.id in self.analysis.graph.parts), **self._about(record)}
+        local = self.local.get(record.id)
+        shown = None if local is None or local.concrete == tuple(record.shape) else (self.rank, local)
+        if shown is not None:
+            self.marks.add("rank")
+        attrs = {"label": _shape_label(record, named=record.id in self.analysis.graph.parts, local=shown), **self._about(record)}
         if not record.contiguous:
             self.marks.add("strided")
             attrs.update(style="dashed", color=STRIDED, fontcolor=STRIDED, penwidth="1.4")
@@ -400,11 +452,13 @@ class _Builder:
             sub.node("legend", _html(table), shape="box", style="rounded", color="#bbbbbb", fontsize="9", margin="0.05")
 
 
-def _graph_attrs(trace: Trace) -> dict[str, str]:
+def _graph_attrs(trace: Trace, rank: str = "") -> dict[str, str]:
     dims = ", ".join(f"{k}={v}" for k, v in trace.dims.items())
     title = f'<FONT POINT-SIZE="15"><B>{_esc(trace.name)}</B></FONT>' + (
         f'<BR/><FONT POINT-SIZE="10" COLOR="{MUTED}">{_esc(dims)}</FONT>' if dims else ""
     )
+    if rank:
+        title += f'<BR/><FONT POINT-SIZE="10" COLOR="{RANK}">{_esc(rank)}</FONT>'
     return {
         "label": _html(title),
         "labelloc": "t",
@@ -491,12 +545,16 @@ def _concrete(record: TensorRecord) -> str:
     return "[" + ", ".join(map(str, record.shape)) + "]"
 
 
-def _shape_label(record: TensorRecord, named: bool = False) -> str:
+def _shape_label(record: TensorRecord, named: bool = False, local: tuple | None = None) -> str:
     lines = [_esc(record.symbolic), f'<FONT POINT-SIZE="8">{_concrete(record)}</FONT>']
     if named:  # one of a step's several outputs: say which
         lines.insert(0, f"<B>{_esc(record.id)}</B>")
     if record.dtype != "float32":
         lines.append(f'<FONT POINT-SIZE="8"><B>{_esc(record.dtype)}</B></FONT>')
+    if local is not None:  # (rank, LocalTensor): what that rank holds
+        rank, tensor = local
+        shape = "[" + ", ".join(map(str, tensor.concrete)) + "]"
+        lines.append(f'<FONT POINT-SIZE="8" COLOR="{RANK}">rank {rank}: {_esc(tensor.symbolic)} {shape}</FONT>')
     return _rows(lines, padding=2)
 
 
@@ -528,6 +586,8 @@ def _legend_row(mark: str, sample: str, text: str) -> str:
         cell = f'<TD BGCOLOR="{CLUSTER_GROUP["fillcolor"]}" BORDER="1" COLOR="{CLUSTER_GROUP["color"]}" STYLE="rounded">{_esc(sample)}</TD>'
     elif mark == "composite":
         cell = f'<TD BGCOLOR="{CLUSTER_COMPOSITE["fillcolor"]}" BORDER="1" COLOR="{CLUSTER_COMPOSITE["color"]}" STYLE="rounded">{_esc(sample)}</TD>'
+    elif mark == "rank":
+        cell = f'<TD><FONT COLOR="{RANK}">───▶ {_esc(sample)}</FONT></TD>'
     elif mark == "strided":
         cell = f'<TD><FONT COLOR="{STRIDED}">- - -▶ {_esc(sample)}</FONT></TD>'
     elif mark == "contiguous":

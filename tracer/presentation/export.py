@@ -216,7 +216,7 @@ class _Writer:
         return "\n".join([*HEADER, *about]) + "\n\n" + "\n".join(imports) + f"\n\n{all_}\n\n\n" + text
 
     def _scope(self, spec, source, prefix: str, param_prefix: str, values: dict[str, int]) -> _Scope:
-        scope = _Scope(spec, source, prefix, param_prefix, {name: values[name] for name in spec.dims if name in values})
+        scope = _Scope(spec, source, prefix, param_prefix, {name: values[name] for name in spec.dim_exprs if name in values})
         scope.attrs = Namespace(module_attributes())
         self._claim_attributes(scope)
         scope.model, scope.from_input = _classify_dims(spec)

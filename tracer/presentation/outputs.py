@@ -47,6 +47,7 @@ class Options:
     rankdir: str = "TB"  # the diagram's direction: "LR" flows left to right
     legend: bool = True  # the diagram's legend
     tokens: tuple[str, ...] = ()  # the report's labels for the attention weights' positions
+    rank: int | None = None  # a parallel: pipeline's rank whose local shapes and collectives diagrams draw
 
 
 @dataclass(frozen=True)
@@ -87,7 +88,7 @@ def _dot(trace: Trace, options: Options) -> bytes:
 
 
 def _dot_text(trace: Trace, options: Options) -> str:
-    return dot_source(trace, options.collapse, options.expand, options.rankdir, options.legend)
+    return dot_source(trace, options.collapse, options.expand, options.rankdir, options.legend, options.rank)
 
 
 @writer("html", ".html", ".htm", about="the interactive report, one self-contained page")

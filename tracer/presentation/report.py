@@ -23,6 +23,7 @@ from collections.abc import Iterable
 from importlib import resources
 from typing import TYPE_CHECKING, Any
 
+from ..analysis import parallel
 from ..core.errors import Diagnostic, TracerError, display
 from ..core.formatting import human_bytes
 from ..runtime.interpreter import KernelContext
@@ -31,6 +32,7 @@ from .diagram import diagram
 from .folding import repeat_folds
 from .graphviz import render_bytes
 from .heatmap import is_attention_weights, leading_maps
+from .ranks import communication_line
 
 if TYPE_CHECKING:
     from .trace import Trace
@@ -145,6 +147,23 @@ class _Data:
             "attention": self.sites,
             "checks": [d.as_dict() for d in trace.checks],
             "groups": self.groups(),
+            **self.mesh(),
+        }
+
+    def mesh(self) -> dict:
+        """A parallel: pipeline's mesh, its ranks and the collectives of one forward (nothing for
+        any other pipeline: its page is as it was)."""
+        degrees = self.analysis.degrees
+        if not degrees:
+            return {}
+        found = parallel.collectives(self.analysis)
+        return {
+            "mesh": {
+                "degrees": dict(degrees),
+                "ranks": parallel.world_size(degrees),
+                "collectives": [f"{c.op} over {c.mesh_dim} at {c.step}: {human_bytes(c.bytes_per_rank)} per rank" for c in found],
+                "communication": communication_line(self.analysis),
+            }
         }
 
     def full(self, record_id: str) -> dict:

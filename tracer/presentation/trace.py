@@ -18,6 +18,7 @@ from . import diagram as diagrams
 from . import outputs
 from .graphviz import DOT_TIMEOUT
 from .notebook import trace_html
+from .ranks import rank_dict
 from .table import format_table
 
 
@@ -94,8 +95,9 @@ class Trace:
     def __len__(self) -> int:
         return len(self.records)
 
-    def to_dict(self, values: bool = False) -> dict:
-        return {
+    def to_dict(self, values: bool = False, rank: int = 0) -> dict:
+        """The run as JSON data; a ``parallel:`` pipeline's also holds ``rank``'s view (``rank``)."""
+        found = {
             "pipeline": self.name,
             "dims": self.dims,
             "seed": self.seed,
@@ -108,6 +110,10 @@ class Trace:
             "tensors": [self._tensor_dict(r, values) for r in self.records],
             "checks": [d.as_dict() for d in self.checks],
         }
+        shown = rank_dict(self.analysis, rank)
+        if shown is not None:
+            found["rank"] = shown
+        return found
 
     @property
     def checks(self) -> tuple:
@@ -123,8 +129,8 @@ class Trace:
             found["rows"] = self.value_rows[record.id].as_dict()
         return found
 
-    def to_json(self, values: bool = False, indent: int | None = 2) -> str:
-        return json.dumps(self.to_dict(values), indent=indent, allow_nan=False)
+    def to_json(self, values: bool = False, indent: int | None = 2, rank: int = 0) -> str:
+        return json.dumps(self.to_dict(values, rank), indent=indent, allow_nan=False)
 
     def __str__(self) -> str:
         return format_table(self)
@@ -181,8 +187,15 @@ class Trace:
         note = "; this meta run allocated none of it" if self.records and self.records[0].device == "meta" else ""
         return f"estimated peak: {human_bytes(memory.peak_bytes)}{where}{note}"
 
-    def diagram(self, collapse: list[str] | tuple[str, ...] = (), expand: bool = False, rankdir: str = "TB", legend: bool = True):
+    def diagram(
+        self,
+        collapse: list[str] | tuple[str, ...] = (),
+        expand: bool = False,
+        rankdir: str = "TB",
+        legend: bool = True,
+        rank: int | None = None,
+    ):
         """The dataflow as a ``graphviz.Digraph`` (displays inline in Jupyter); ``expand`` draws
         every copy of a repeated block instead of the first and one "×N" node; ``rankdir="LR"``
         flows left to right, ``legend=False`` leaves the legend out (for slides)."""
-        return diagrams.diagram(self, collapse=tuple(collapse), expand=expand, rankdir=rankdir, legend=legend)
+        return diagrams.diagram(self, collapse=tuple(collapse), expand=expand, rankdir=rankdir, legend=legend, rank=rank)

@@ -55,7 +55,46 @@ def validate(data: Any, source: SourceMap) -> PipelineSpec:
         errors = exc.errors(include_url=False)
         diagnostics = [_diagnostic(err, data, source) for err in errors] + _dim_problems(data, source, errors)
         raise TracerError(_dedupe(diagnostics)) from None
+    problems = _parallel_problems(spec, source)
+    if problems:
+        raise TracerError(problems)
     return with_implicit_inputs(spec)
+
+
+def _parallel_problems(spec: PipelineSpec, source: SourceMap) -> list[Diagnostic]:
+    """What the ``parallel:`` section says that contradicts the rest of the file: a mesh dim that
+    ``dims:`` declares too, placements for an input the file does not declare or not one per mesh
+    dim, a plan entry over a mesh dim the mesh does not have. (Plan targets name expanded steps:
+    the analysis checks them.)"""
+    parallel = spec.parallel
+    if parallel is None:
+        return []
+    found, mesh = [], list(parallel.mesh)
+    for name in mesh:
+        if name in spec.dims:
+            message = f"mesh dim '{name}' is declared in dims: too; a mesh dim is a dim already — remove it from dims: (--dim {name}=N sets the degree)"
+            found.append(source.error(("parallel", "mesh", name), "mesh-dim-twice", message, prefer_key=True))
+    for name, placements in parallel.inputs.items():
+        if name not in spec.inputs:
+            hint = difflib.get_close_matches(name, list(spec.inputs), n=1)
+            known = f"; did you mean '{hint[0]}'?" if hint else f" (inputs: {', '.join(spec.inputs) or 'none'})"
+            found.append(
+                source.error(
+                    ("parallel", "inputs", name), "unknown-input", f"'{name}' is not an input of this file{known}", prefer_key=True
+                )
+            )
+        elif len(placements) != len(mesh):
+            message = (
+                f"'{name}': {len(placements)} placement{'s' if len(placements) != 1 else ''} for a mesh of {len(mesh)} dims ({', '.join(mesh)}); "
+                f"give one per mesh dim, in its order, e.g. [{', '.join(['Replicate()'] * len(mesh))}]"
+            )
+            found.append(source.error(("parallel", "inputs", name), "placements", message))
+    for target, entry in parallel.plan.items():
+        mesh_dim = getattr(entry, "mesh_dim", None)
+        if mesh_dim is not None and mesh_dim not in parallel.mesh:
+            message = f"'{target}': mesh_dim '{mesh_dim}' is not a dim of the mesh ({', '.join(mesh)})"
+            found.append(source.error(("parallel", "plan", target, "mesh_dim"), "unknown-mesh-dim", message))
+    return found
 
 
 def with_implicit_inputs(spec: PipelineSpec) -> PipelineSpec:
@@ -78,8 +117,9 @@ def _dim_problems(data: dict, source: SourceMap, errors: list[dict]) -> list[Dia
     dims = data.get("dims")
     if not isinstance(dims, dict) or any(err["loc"][:1] == ("dims",) for err in errors):
         return []
+    mesh = data.get("parallel", {}).get("mesh") if isinstance(data.get("parallel"), dict) else None
     try:
-        exprs = {name: dimexpr.parse(text) for name, text in dims.items()}
+        exprs = {name: dimexpr.parse(text) for name, text in {**(mesh if isinstance(mesh, dict) else {}), **dims}.items()}
         resolve(exprs)
     except dimexpr.DimError as exc:
         return [dim_error(exc, dims, source)]

@@ -194,7 +194,11 @@ class PlanEntry(Strict):
     )
     input: Placement | None = Field(None, description="the layout of its input as it arrives (input_layouts), e.g. Shard(1)")
     output: Placement | None = Field(None, description="the layout its output leaves in (output_layouts), e.g. Shard(1)")
-    local_output: StrictBool = Field(True, description="use_local_output: the output as the rank's local tensor, not a DTensor")
+    local_output: StrictBool = Field(
+        True,
+        description="use_local_output: the output as the rank's local tensor, as the next steps (each rank's program) read it; "
+        "false (a DTensor) is refused",
+    )
 
 
 class Parallel(Strict):
@@ -320,12 +324,15 @@ class PipelineSpec(Strict):
     def _parse_dims(self) -> PipelineSpec:
         """Keep the dims parsed: each text was just parsed by its validator, and within
         ``dimexpr.parsing_once`` (loading validates in it) that parse is the one kept."""
-        self._parsed_dims = (self.dims, {name: dimexpr.parse(text) for name, text in self.dims.items()}, None)
+        exprs = {name: dimexpr.parse(text) for name, text in self.dims.items()}
+        for name, size in self.parallel.mesh.items() if self.parallel is not None else ():
+            exprs.setdefault(name, dimexpr.parse(size))  # a mesh dim is a dim (load reports one declared twice)
+        self._parsed_dims = (self.dims, exprs, None)
         return self
 
     @property
     def dim_exprs(self) -> dict[str, dimexpr.Expr]:
-        """Every dim's expression, parsed once per spec: analysis, blocks and export read them
+        """Every dim's expression (the mesh's sizes too: ``tp`` is a dim), parsed once per spec: analysis, blocks and export read them
         many times, and a file of thousands of derived dims must not parse each again every time."""
         if self._parsed_dims[0] is not self.dims:  # a copy made with other dims parses its own
             self._parse_dims()

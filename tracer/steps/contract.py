@@ -253,6 +253,7 @@ class StepBase(Strict):
     elementwise: ClassVar[bool] = False  # output element i reads input element i only (after broadcasting)
     includes_file: ClassVar[bool] = False  # another pipeline file, expanded into its steps before analysis (op: block)
     regroups: ClassVar[bool] = False  # splits or merges neighbouring dims in memory order (view, reshape)
+    normalises_rows: ClassVar[bool] = False  # normalises each row over its last dim (layernorm, rmsnorm): SequenceParallel applies
     keeps_values: ClassVar[bool] = False  # every output element is an input element: layout ops, and cast (a 0/1 mask stays 0/1)
     multiplies: ClassVar[bool] = False  # the elementwise product of its two inputs (a 0/1 operand zeroes, it does not hide)
     looks_up: ClassVar[bool] = False  # picks rows of a table by integer ids (nn.Embedding): learned positions, when the ids count

@@ -42,6 +42,7 @@ class LayerNorm(StepBase):
     shape, self.weight + 1, self.bias, eps)``), the weight stored as an offset from one."""
 
     op: Literal["layernorm"] = "layernorm"
+    normalises_rows = True
     weight: TensorId | None = Field(None, description="(D,) scale param, or (H, D) per head (default: ones, as nn.LayerNorm starts)")
     bias: TensorId | None = Field(None, description="shift param of the weight's shape (default: zeros)")
     eps: float = Field(1e-5, gt=0)

@@ -26,6 +26,7 @@ class RMSNorm(StepBase):
     """
 
     op: Literal["rmsnorm"] = "rmsnorm"
+    normalises_rows = True
     weight: TensorId | None = Field(None, description="(D,) scale param, or (H, D) per head on (B, T, H, D) (default: none, i.e. ones)")
     eps: float = Field(1e-6, gt=0, description="added to the mean square (LlamaRMSNorm's variance_epsilon; config.rms_norm_eps)")
     unit_offset: StrictBool = Field(False, description="scale by (1 + weight) in float32 before casting back, as GemmaRMSNorm does")

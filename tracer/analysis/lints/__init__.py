@@ -21,6 +21,7 @@ from . import (
     numerics,
     order,
     padding,
+    parallel,
     patterns,
     positions,
     projections,
@@ -47,6 +48,7 @@ MODULES = (
     norms,
     numerics,
     order,
+    parallel,
 )
 LINTS: dict[str, Lint] = {code: lint for module in MODULES for code, lint in REGISTERED.items() if type(lint).__module__ == module.__name__}
 

@@ -306,6 +306,7 @@
         ["seed", data.seed === null ? "none" : String(data.seed)],
         ["tensors", String(data.count)],
         ["estimated peak", data.peak],
+        ...(data.mesh ? meshRows(data.mesh) : []),
       ]),
       el("p", { class: "muted" }, "Click a node or an edge, search an id, or link to report.html#ID."),
       el("h3", {}, "attention"),
@@ -316,6 +317,16 @@
       el("h3", {}, "checks"),
       data.checks.length ? checksList(data.checks) : el("p", { class: "muted" }, "tracer check: clean")
     );
+  }
+
+  function meshRows(mesh) {
+    // a parallel: pipeline: its device mesh, and what each rank sends in one forward
+    const degrees = Object.entries(mesh.degrees).map(([k, v]) => `${k}=${v}`).join(", ");
+    return [
+      ["mesh", `${degrees} (${mesh.ranks} ranks)`],
+      ...mesh.collectives.map((c, i) => [i === 0 ? "collectives" : "", c]),
+      ["communication", mesh.communication],
+    ];
   }
 
   function checksList(checks) {
