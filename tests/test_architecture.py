@@ -24,12 +24,16 @@ PACKAGE = ROOT / "tracer"
 EXPANDED_BEFORE_ANALYSIS = {"block", "block_input"}  # spec-level kinds: no kernel of their own
 # bottom to top (docs/architecture.md): a module imports modules of its own layer or of layers below
 LAYERS = ("core", "steps", "spec", "analysis", "runtime", "presentation", "importer", "facade")
-# the only imports of tracer's own modules made inside a function: each keeps torch out of `tracer check`
+# the only imports of tracer's own modules made inside a function: each keeps torch out of `tracer
+# check`, or the file format (pydantic and every step kind) out of `import tracer`
 LAZY = {
     ("tracer", "tracer.module"),
     ("tracer", "tracer.importing"),
-    ("tracer.cli", "tracer.importing"),
-}  # to_module, from_module, `tracer import`: torch
+    ("tracer.cli", "tracer.importing"),  # to_module, from_module, `tracer import`: torch
+    ("tracer", "tracer.api"),
+    ("tracer", "tracer.presentation.trace"),  # load, run, Trace: ~0.3 s, twice the start-up target
+    ("tracer", "tracer.distributed"),  # run_parallel: the same
+}
 
 
 def _module(path: Path) -> str:

@@ -18,8 +18,7 @@ from .presentation.trace import Trace
 from .runtime.interpreter import Plan, device_problem, torch_module
 from .runtime.tensors import create_tensors, match_routes, with_given
 from .runtime.watch import ValueRows
-from .spec.bundled import locate
-from .spec.load import load_spec, load_spec_text
+from .spec.load import load_named, load_spec_text
 from .spec.pipeline import SEED_MAX, SEED_MIN, PipelineSpec
 from .spec.source import SourceMap
 
@@ -211,7 +210,7 @@ def _remember(cache: dict, key: tuple, value: Any) -> None:
 def load(path: str | Path) -> Pipeline:
     """Read and validate a pipeline file, or the bundled pipeline of that name when no such file
     exists (``tracer.load("llama_decoder_layer")``); static errors at its declared dims raise ``TracerError``."""
-    spec, source = load_spec(locate(path))
+    spec, source = load_named(path)
     pipeline = Pipeline(spec, source)
     pipeline.check().raise_errors()
     return pipeline

@@ -25,8 +25,7 @@ from .core.dimexpr import MAX_VALUE
 from .core.errors import Diagnostic, TracerError, printable
 from .core.formatting import human_bytes
 from .runtime.tensors import match
-from .spec.bundled import locate
-from .spec.load import load_spec
+from .spec.load import load_named
 from .spec.pipeline import Checkpoint, Split
 from .spec.source import control_problem, one_line_field, open_regular
 from .weights import described_tensor, nbytes, reason, rename
@@ -51,7 +50,7 @@ def bind(pipeline: Pipeline | str | Path, folder: str | Path, layer: int | None 
     """A new pipeline whose dims and step fields are the values ``config.json`` gives them; a
     config that differs from what the pipeline ``require:``s is refused, every problem at once."""
     if not isinstance(pipeline, Pipeline):
-        pipeline = Pipeline(*load_spec(locate(pipeline)))  # a file, or a bundled model's name
+        pipeline = Pipeline(*load_named(pipeline))  # a file, or a bundled model's name
     section = _section(pipeline)
     _prefix(pipeline, section, layer)  # a missing or stray --layer before anything is read
     config_path = Path(folder) / CONFIG

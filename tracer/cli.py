@@ -25,13 +25,13 @@ from .distributed import run_parallel
 from .presentation import outputs, ranks
 from .presentation.export import export_source
 from .presentation.files import OutputExists, Writes
-from .presentation.folding import collapse_keys
+from .presentation.folding import collapse_keys, depth_keys
 from .presentation.graphviz import chosen_renderer, find_renderer
 from .presentation.progress import Progress
 from .runtime.interpreter import device_problem
 from .runtime.tensors import match, takes
 from .spec.bundled import locate, models
-from .spec.load import load_spec
+from .spec.load import load_named
 
 DRAWINGS = ("svg", "png", "pdf", "dot", "html")  # what `tracer render -o` writes, by suffix
 DIFF_TROUBLE = 2  # `tracer diff`'s exit status for a problem, as diff(1) and `git diff --exit-code` use it
@@ -115,6 +115,11 @@ class _Help(argparse.RawDescriptionHelpFormatter):
         return f"{', '.join(action.option_strings)} {self._format_args(action, self._get_default_metavar_for_optional(action))}"
 
 
+DEPTH_HELP = (
+    "show each group N levels deep as one {shown}, what is nested in it included: 1, every top-level group "
+    "(a block, a composite group); 2, the level below (a block's copies): as --collapse '*' and '*/*' do, "
+    "but a file without groups that deep is no error"
+)
 FILE_HELP = "a pipeline file (YAML), or the name of a bundled one: causal_mha, llama_decoder_layer (`tracer models` lists the models)"
 
 
@@ -189,7 +194,7 @@ def _parser() -> argparse.ArgumentParser:
         "--expand", action="store_true", help="list every copy of a repeated block (default: the first copy and one ×N row for the rest)"
     )
     _quiet_option(run)
-    run.add_argument("--depth", type=_positive, metavar="N", help="show groups nested deeper than N levels as one row each")
+    run.add_argument("--depth", type=_positive, metavar="N", help=DEPTH_HELP.format(shown="row"))
     run.add_argument(
         "--width",
         type=_positive,
@@ -273,6 +278,7 @@ def _parser() -> argparse.ArgumentParser:
         metavar="GROUP",
         help="draw a group as one node: a group name, a group path ('layers' folds all copies of a block, 'layers/3' one) or a glob ('layers/*': one node per copy; '*': every top-level group, '*/*' the level below); repeatable",
     )
+    render.add_argument("--depth", type=_positive, metavar="N", help=DEPTH_HELP.format(shown="node with its in and out shapes"))
     _quiet_option(render)
     render.add_argument(
         "--expand", action="store_true", help="draw every copy of a repeated block (default: the first copy and one ×N node for the rest)"
@@ -524,7 +530,7 @@ def _check(args) -> int:
     for name in args.files:
         analysis = None
         try:
-            spec, source = load_spec(name)
+            spec, source = load_named(name)
             analysis = analyze(spec, source, dict(args.dim))
             diagnostics = analysis.diagnostics
         except TracerError as exc:
@@ -558,8 +564,7 @@ def _run(args) -> int:
     keep_values = _kept_values(args)
     if args.values:
         _check_record_id(analysis, args.values, args.file)
-    groups = list(dict.fromkeys(node.step.group for node in analysis.nodes.values() if node.step.group))
-    collapse_keys(groups, tuple(args.collapse), args.file)  # an unknown group, before the run
+    collapse_keys(_groups(analysis), tuple(args.collapse), args.file)  # an unknown group, before the run
     writes = _writes(args, analysis)
     if args.output:
         writes.check(args.output, "json" if args.json else "text")  # before the run: never the files it reads
@@ -640,6 +645,11 @@ def _rank_to_show(analysis, args) -> int | None:
     if problem is not None:
         raise TracerError(Diagnostic(args.file, None, "rank", problem))
     return rank
+
+
+def _groups(analysis) -> list[str]:
+    """Every group of the steps, in order: what --collapse names and --depth counts levels of."""
+    return list(dict.fromkeys(node.step.group for node in analysis.nodes.values() if node.step.group))
 
 
 def _kept_values(args) -> bool | list[str]:
@@ -805,7 +815,7 @@ def _size(text: str) -> int:
 def _load_unchecked(path: str):
     """Load without checking the declared dims: overridden dims are what will run."""
 
-    return Pipeline(*load_spec(path))
+    return Pipeline(*load_named(path))
 
 
 def _render(args) -> int:
@@ -841,7 +851,7 @@ def _draw(args) -> int:
             check_values=True,
         )
     options = outputs.Options(
-        collapse=tuple(args.collapse),
+        collapse=tuple(args.collapse) + tuple(depth_keys(_groups(analysis), args.depth) if args.depth else ()),
         expand=args.expand,
         timeout=args.timeout,
         rankdir=args.rankdir,

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from .analysis.lints import LINTS
-from .spec.pipeline import PipelineSpec, TensorDecl, json_schema
+from .spec.pipeline import Parallel, PipelineSpec, PlanEntry, TensorDecl, json_schema
 from .steps.contract import STEP_KINDS, StepBase
 
 PACKAGED_SCHEMA = Path(__file__).with_name("pipeline.schema.json")  # package data: what `tracer schema` prints
@@ -111,6 +111,38 @@ on it is reported (lint `causal-cross-attention`). The declaration covers the fi
 block file's own declaration covers the steps of every copy of it (a decoder stack of encoder
 blocks is judged as encoders).
 
+### `parallel`
+
+How the pipeline is spread over devices ([parallelism](parallel.md)): a device mesh whose sizes are
+dims (`mesh: {{tp: 2}}` declares `tp`; `H // tp` is an expression, `--dim tp=4` changes the degree),
+each input's DTensor placements on it, and a plan per step id or glob over the expanded ids
+(`layers/*/q_proj`) in `parallelize_module`'s vocabulary. The steps are each rank's program (a view
+after a column-parallel projection writes `H // tp` heads); params and inputs are declared global.
+A run on one device takes every mesh dim as 1; `tracer check` also analyses one rank at the mesh's
+degrees (`--rank R` prints it) and reports a wrong plan at its line.
+
+| key | meaning |
+|---|---|
+{parallel}
+
+A plan entry is a style, or:
+
+| key | meaning |
+|---|---|
+{plan}
+
+```yaml
+parallel:
+  mesh: {{dp: 2, tp: 2}}
+  inputs:
+    x: [Shard(0), Replicate()]      # the batch over dp
+  plan:
+    q_proj: colwise
+    o_proj: rowwise                 # an all-reduce over tp
+    norm: sequence
+    wo: {{style: rowwise, output: Shard(1)}}   # a reduce-scatter into a sequence shard
+```
+
 ## Step kinds
 """
 
@@ -151,7 +183,7 @@ def _kind(op: str, cls: type[StepBase]) -> str:
 
 def format_reference() -> str:
     top = _rows(PipelineSpec)
-    text = HEADER.format(top=top, tensor=_rows(TensorDecl), common=_rows(StepBase))
+    text = HEADER.format(top=top, tensor=_rows(TensorDecl), common=_rows(StepBase), parallel=_rows(Parallel), plan=_rows(PlanEntry))
     return text + "\n" + "\n".join(_kind(op, STEP_KINDS[op]) for op in sorted(STEP_KINDS))
 
 

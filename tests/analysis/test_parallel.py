@@ -49,11 +49,12 @@ def test_llama_tp_shards_heads_and_features_and_replicates_the_single_kv_head():
 
 def test_the_reference_is_the_single_device_run_with_every_mesh_dim_one():
     text = (PARALLEL / "llama_tp.yaml").read_text()
-    analysis = tracer.loads(text).check()
+    pipeline = tracer.loads(text)
+    analysis = pipeline.check()
     assert analysis.dims["tp"] == 1 and analysis.degrees == {"tp": 2}
     assert analysis.meta("q").sizes == (2, 4, 16) and analysis.meta("W_q").sizes == (16, 16)
     plain = text[: text.index("\nparallel:")].replace("  d_ff: 32", "  d_ff: 32\n  tp: 1")
-    ran, alone = tracer.loads(text).run(keep_values=["out"]), tracer.loads(plain).run(keep_values=["out"])
+    ran, alone = pipeline.run(keep_values=["out"]), tracer.loads(plain).run(keep_values=["out"])
     torch.testing.assert_close(ran["out"].tensor, alone["out"].tensor, rtol=0, atol=0)
 
 
@@ -163,6 +164,7 @@ def line_of(text: str, needle: str) -> int:
         ("parallel:\n  mesh: {tp: 2}\n  inputs:\n    y: [Shard(1)]\n", "y: [", "unknown-input", "(inputs: x)"),
         ("parallel:\n  mesh: {dp: 2, tp: 2}\n  inputs:\n    x: [Shard(1)]\n", "x: [", "placements", "one per mesh dim"),
         ("parallel:\n  mesh: {tp: 2}\n  plan:\n    up: colwise\n    'u*': rowwise\n", "u*", "plan-twice", "planned twice"),
+        ("parallel:\n  mesh: {tp: 2}\n  plan:\n    up: {style: colwise, local_output: false}\n", "up: {", "local-output", "a DTensor"),
     ],
 )
 def test_a_wrong_plan_is_a_located_error(section, needle, code, says):
@@ -185,18 +187,23 @@ def test_a_degree_below_one_is_an_error_at_the_mesh():
     assert info.value.code == "mesh-degree"
 
 
-def test_globs_plan_every_copy_of_a_block(tmp_path):
-    (tmp_path / "layer.yaml").write_text(
-        "name: layer\ndims: {B: 1, T: 2, d: 4, tp: 1}\ninputs:\n  x: {shape: [B, T, d], init: randn}\n"
+def stack(folder, layer_dims: str, parallel: str, repeat: int) -> tracer.Pipeline:
+    """A file of ``repeat`` copies of a two-projection layer whose dims pass ``tp`` down."""
+    (folder / "layer.yaml").write_text(
+        f"name: layer\ndims: {{B: 1, T: 2, d: 4, tp: 1{layer_dims}}}\ninputs:\n  x: {{shape: [B, T, d], init: randn}}\n"
         "params:\n  W_1: {shape: [d, d], init: linear}\n  W_2: {shape: [d, d], init: linear}\n"
         "steps:\n  - {id: up, op: linear, input: x, weight: W_1}\n  - {id: down, op: linear, weight: W_2}\n"
     )
-    (tmp_path / "stack.yaml").write_text(
-        "name: stack\ndims: {B: 1, T: 2, d: 4}\ninputs:\n  x: {shape: [B, T, d], init: randn}\n"
-        "steps:\n  - {id: layers, op: block, use: layer.yaml, input: x, repeat: 3, dims: {tp: tp}}\n"
-        "parallel:\n  mesh: {tp: 2}\n  plan: {'layers/*/up': colwise, 'layers/*/down': rowwise}\n"
+    (folder / "stack.yaml").write_text(
+        "name: stack\ndims: {B: 1, T: 2, d: 4}\nseed: 0\ninputs:\n  x: {shape: [B, T, d], init: randn}\n"
+        f"steps:\n  - {{id: layers, op: block, use: layer.yaml, input: x, repeat: {repeat}, dims: {{tp: tp}}}}\n{parallel}"
     )
-    analysis = tracer.load(tmp_path / "stack.yaml").check()
+    return tracer.load(folder / "stack.yaml")
+
+
+def test_globs_plan_every_copy_of_a_block(tmp_path):
+    plan = "parallel:\n  mesh: {tp: 2}\n  plan: {'layers/*/up': colwise, 'layers/*/down': rowwise}\n"
+    analysis = stack(tmp_path, "", plan, 3).check()
     assert not analysis.diagnostics
     assert list(resolved_plan(analysis)) == [f"layers/{i}/{s}" for i in range(3) for s in ("up", "down")]
     assert [c.step for c in collectives(analysis)] == ["layers/0/down", "layers/1/down", "layers/2/down"]
@@ -337,3 +344,17 @@ parallel:
     assert (warning.code, warning.step, warning.position.line) == ("shard-offset", "masked", line_of(text, "id: masked"))
     assert "the causal mask compares the rank's own query and key indices" in warning.message
     assert tracer.loads(text.replace("    x: [Shard(1)]\n", "").replace("  inputs:\n", "")).check().diagnostics == ()
+
+
+def test_a_block_dim_the_degree_does_not_divide_is_a_warning_not_a_failure(tmp_path):
+    pipeline = stack(tmp_path, ", d_local: d // tp", "parallel:\n  mesh: {tp: 3}\n", 2)
+    analysis = pipeline.check()
+    [warning] = analysis.warnings
+    assert warning.code == "shard-not-divisible" and "not divisible by tp=3" in warning.message
+    assert pipeline.check({"tp": 2}).diagnostics == ()
+
+
+def test_an_uneven_split_is_only_shard_not_divisible():
+    analysis = tracer.load(PARALLEL / "dp_tp.yaml").check({"tp": 3})
+    assert [(w.code, w.step) for w in analysis.warnings] == [("shard-not-divisible", s) for s in ("gate", "up", "down")]
+    assert rank_view(analysis)["gated"].placements == ("Shard(0)", "Shard(2)")  # (d_ff // tp) is still tp's shard

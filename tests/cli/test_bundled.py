@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import importlib
 
+import pytest
 import yaml
 
 import tracer
 from tests.conftest import PIPELINES, tracer_cli
+from tracer import checkpoints
 from tracer.spec.bundled import find, folder, locate, models
 
 MODEL_FILES = sorted((PIPELINES / "models").glob("*.yaml"))
@@ -34,9 +36,32 @@ def test_a_file_where_the_command_runs_wins_over_the_bundled_name(tmp_path):
 
 def test_an_unknown_name_is_a_missing_file_and_no_name_leaves_the_bundled_folder(tmp_path):
     done = tracer_cli("check", "llama_decodr_layer", cwd=tmp_path)
-    assert (done.returncode, done.stderr) == (1, "llama_decodr_layer: error[file-missing]: no such file\n")
+    assert (done.returncode, done.stderr) == (
+        1,
+        "llama_decodr_layer: error[file-missing]: no such file, nor a bundled pipeline of that name; "
+        "did you mean 'llama_decoder_layer'? (`tracer models` lists the bundled models)\n",
+    )
     assert find("../README.md") is None and find("models/../../README.md") is None
     assert find("models") is None  # a folder is no pipeline
+
+
+def test_a_missing_file_argument_points_to_the_bundled_names_from_every_entry(tmp_path, monkeypatch):
+    """run, render, export and diff take FILE as check does; so do tracer.load and --weights' bind."""
+    hint = "no such file, nor a bundled pipeline of that name (`tracer models` lists the bundled models)"
+    commands = {"run": 1, "render": 1, "export": 1, "diff": 2}  # diff's trouble is exit 2, as diff(1)'s
+    for command, status in commands.items():
+        argv = [command, "zzz.yaml"] + {"render": ["-o", "z.svg"], "diff": ["causal_mha"]}.get(command, [])
+        done = tracer_cli(*argv, cwd=tmp_path)
+        assert (done.returncode, done.stderr) == (status, f"zzz.yaml: error[file-missing]: {hint}\n"), argv
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(tracer.TracerError, match="tracer models"):
+        checkpoints.bind("zzz.yaml", tmp_path)
+    with pytest.raises(tracer.TracerError, match="did you mean 'lint_examples/scale_mismatch'"):
+        tracer.load("lint_examples/scale_mismatc")
+    assert "did you mean 'causal_mha'?" in str(pytest.raises(tracer.TracerError, tracer.load, "pipelines/causal_mhaa.yaml").value)
+    block = tmp_path / "uses.yaml"  # a missing block file is the including file's error, without the hint
+    block.write_text("name: b\ninputs: {x: {shape: [2], init: randn}}\nsteps: [{id: b, op: block, use: gone.yaml}]\n")
+    assert "tracer models" not in tracer_cli("check", block).stderr
 
 
 def test_tracer_models_lists_every_bundled_model_with_its_classes():

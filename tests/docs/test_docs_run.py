@@ -1,4 +1,7 @@
-"""Every shell and Python block in README.md and docs/*.md runs as written and succeeds."""
+"""Every shell and Python block in README.md and docs/*.md runs as written and succeeds, and a
+text block marked ``<!-- output -->`` is what the shell block before it printed: its lines, in
+order, among the real output's (``...`` stands for lines left out, a leading ``…`` for the start
+of a line, such as the folder a path is in)."""
 
 import re
 import shlex
@@ -15,7 +18,7 @@ DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 
 
 FENCE = re.compile(
-    r"^(?P<mark>[ \t]*<!-- (?P<kind>not run|file): ?(?P<arg>[^>]*?) ?-->\n)?(?P<indent>[ \t]*)```(?P<lang>\w*)\n(?P<body>.*?)^(?P=indent)```",
+    r"^(?P<mark>[ \t]*<!-- (?P<kind>not run|file|output)(?:: ?(?P<arg>[^>]*?))? ?-->\n)?(?P<indent>[ \t]*)```(?P<lang>\w*)\n(?P<body>.*?)^(?P=indent)```",
     re.M | re.S,
 )
 
@@ -88,7 +91,8 @@ def _expand(words: list[str], scratch: Path) -> list[str]:
     return out
 
 
-def _shell(words: list[str], scratch: Path, pytester, where: str, expected: int = 0) -> None:
+def _shell(words: list[str], scratch: Path, pytester, where: str, expected: int = 0) -> str:
+    """Run one command line; what a tracer command printed (stdout, then stderr)."""
     words = _expand(words, scratch)
     command = " ".join(words)
     target = None
@@ -101,12 +105,32 @@ def _shell(words: list[str], scratch: Path, pytester, where: str, expected: int 
         assert done.returncode == expected, f"{where}: `{command}` exited {done.returncode}: {done.stderr[-1500:]}"
         if target:
             (scratch / target).write_text(done.stdout)
-    elif words[0] == "pytest":
+        return done.stdout + done.stderr
+    if words[0] == "pytest":
         # hypothesis's plugin would re-import hypothesis in every in-process run (seconds each)
         result = pytester.runpytest("-p", "no:cacheprovider", "-p", "no:hypothesispytest", *words[1:])
         assert result.ret == 0, f"{where}: `{command}` exited {result.ret}:\n" + "\n".join(result.outlines[-30:])
-    else:
-        pytest.fail(f"{where}: `{command}`: only tracer and pytest commands run here; mark the block <!-- not run: WHY -->")
+        return ""
+    pytest.fail(f"{where}: `{command}`: only tracer and pytest commands run here; mark the block <!-- not run: WHY -->")
+
+
+def _shown(expected: str, printed: str, where: str) -> None:
+    """The documented output's lines appear, in order, in what the command printed."""
+    lines = iter(line.rstrip() for line in printed.splitlines())
+    for line in expected.splitlines():
+        if line.strip() in ("", "..."):
+            continue
+        suffix = line.rstrip().removeprefix("…")
+        assert any(got == line.rstrip() or (suffix != line.rstrip() and got.endswith(suffix)) for got in lines), (
+            f"{where}: the documented output's line\n{line}\nis not in what the command printed (in this order):\n{printed}"
+        )
+
+
+def test_an_output_block_is_held_to_what_was_printed():
+    _shown("a\n...\n…/c.yaml: d", "a\nb\n/x/c.yaml: d\n", "here")
+    for wrong in ("b\na", "a\n…/c.yaml: e", "z"):
+        with pytest.raises(AssertionError):
+            _shown(wrong, "a\nb\n/x/c.yaml: d\n", "here")
 
 
 def test_only_the_listed_blocks_are_left_unrun():
@@ -121,10 +145,15 @@ def test_every_block_of_a_document_runs(doc: Path, pytester, request):
     for block in blocks(doc):
         if block.mark == "file":
             (scratch / block.arg).write_text(block.body)
-    for block in runnable(doc):
+    printed = None
+    for block in blocks(doc):
         where = f"{doc.name}:{block.line}"
-        if RUN[block.lang] == "python":
+        if block.mark == "output":
+            assert printed is not None, f"{where}: an output block follows no shell block"
+            _shown(block.body, printed, where)
+        elif block.mark == "not run" or block.lang not in RUN:
+            continue
+        elif RUN[block.lang] == "python":
             _python(block, where, request)
         else:
-            for line, expected in _commands(block.body):
-                _shell(line, scratch, pytester, where, expected)
+            printed = "".join(_shell(line, scratch, pytester, where, expected) for line, expected in _commands(block.body))

@@ -12,7 +12,7 @@ import graphviz
 import pytest
 
 import tracer
-from tests.conftest import PIPELINES, ROOT, bundled_pipelines, pipeline_text, shared_pipeline
+from tests.conftest import PIPELINES, ROOT, bundled_pipelines, pipeline_text, shared_pipeline, tracer_cli
 from tracer.core.errors import TracerError
 from tracer.gallery import gallery_name, repeated_blocks
 from tracer.presentation.diagram import dot_source
@@ -154,6 +154,51 @@ def test_a_repeated_block_is_drawn_once_with_one_marker_for_the_other_copies(sta
     (tmp_path / "few.yaml").write_text(STACK.read_text().replace("repeat: 48", "repeat: 3"))
     few = dot_source(tracer.load(tmp_path / "few.yaml").run(device="meta"))
     assert "×2" in few and len(few.splitlines()) == len(dot.splitlines())
+
+
+def _stack_of_four(folder: Path) -> Path:
+    """A file whose only group is a block at the top level, repeated 4 times."""
+    (folder / "blocks").mkdir()
+    shutil.copy(PIPELINES / "blocks" / "encoder_layer.yaml", folder / "blocks")
+    path = folder / "stack4.yaml"
+    path.write_text(
+        "name: stack4\ndims: {B: 1, T: 4, d_model: 8, H: 2}\ninputs:\n  x: {shape: [B, T, d_model], init: randn}\n"
+        "steps:\n  - {id: layers, op: block, use: blocks/encoder_layer.yaml, input: x, dims: {d_ff: 2 * d_model}, repeat: 4}\n"
+    )
+    return path
+
+
+def _nodes(dot: str) -> list[str]:
+    """Each drawn node's title and what it says, as text."""
+    return [re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", line)).strip() for line in dot.splitlines() if "[label=<<TABLE" in line]
+
+
+def test_render_depth_draws_each_group_that_deep_as_one_node_with_its_shapes(tmp_path):
+    path = _stack_of_four(tmp_path)
+    shapes = "(B, T, d_model) → (B, T, d_model) [1, 4, 8] → [1, 4, 8]"
+
+    def drawn(*options):
+        done = tracer_cli("render", path, "-o", tmp_path / "d.dot", "--force", "-q", *options)
+        assert done.returncode == 0, done.stderr
+        return _nodes((tmp_path / "d.dot").read_text())
+
+    assert (
+        drawn("--depth", "1")[1]
+        == f'"group@4" [label= layers 100 steps and 64 params collapsed layers ×4 {shapes} > color="#333333" fillcolor="#f4f1e0" shape=box3d style=filled]'
+    )
+    assert drawn("--depth", "1") == drawn("--collapse", "*")
+    per_copy = [node.split(" [label= ")[1].split(" > ")[0] for node in drawn("--depth", "2", "--no-legend")]
+    assert per_copy[1:3] == [
+        f"layers/0 25 steps and 16 params collapsed layers ×4 {shapes}",
+        f"×3 layers/1 … layers/3 copies 1–3 of 4 of blocks/encoder_layer.yaml, each like layers/0 75 steps and 48 params folded {shapes}",
+    ]
+    assert len(drawn("--depth", "3")) > 25  # no group is 3 levels deep: every step drawn, and no error
+    flat = tracer_cli(
+        "render", PIPELINES / "models" / "llama_decoder_layer.yaml", "-o", tmp_path / "l.dot", "--depth", "1", "-q", "--no-legend"
+    )
+    assert flat.returncode == 0, flat.stderr
+    titles = [node.split(" [label= ")[1].split()[0] for node in _nodes((tmp_path / "l.dot").read_text()) if "collapsed" in node]
+    assert titles == ["self_attn", "mlp"]
 
 
 def test_collapse_of_an_unknown_group_names_the_groups():

@@ -29,10 +29,31 @@ def test_the_stack_table_folds_the_copies_lists_parameters_with_totals_and_fits_
     assert max(map(len, expanded.splitlines())) > 100  # no width given: nothing elided
 
 
-def test_depth_folds_groups_nested_deeper(stack):
-    rows = [line.split()[0] for line in stack.table(depth=1).splitlines()[3:] if line and not line.startswith("parameters")]
-    assert rows[:2] == ["x", "layers"] and not any(r.startswith("layers/") for r in rows[:2])
+def _rows(table: str) -> list[tuple[str, str]]:
+    lines = table.split("\n\nparameters")[0].splitlines()[3:]
+    return [tuple(line.split()[:2]) for line in lines]
+
+
+def test_depth_shows_each_group_that_deep_as_one_row(stack):
+    assert _rows(stack.table(depth=1)) == [("x", "input"), ("layers", "group")]
+    assert _rows(stack.table(depth=2)) == [("x", "input")] + [(f"layers/{i}", "group") for i in range(48)]
     assert tracer_cli("run", STACK, "--depth", "0").returncode == 2
+
+
+def test_depth_one_folds_the_top_level_groups_of_a_flat_file():
+    """llama_decoder_layer's groups (self_attn, mlp) are at the top level, nested in nothing."""
+    trace = shared_pipeline(LLAMA).run(device="meta")
+    rows = _rows(trace.table(depth=1))
+    assert rows == [
+        ("x", "input"),
+        ("h", "rmsnorm"),
+        ("self_attn", "group"),
+        ("resid_1", "add"),
+        ("h_2", "rmsnorm"),
+        ("mlp", "group"),
+        ("out", "add"),
+    ]
+    assert trace.table(depth=2) == trace.table()  # no group is two levels deep
 
 
 LLAMA = PIPELINES / "models" / "llama_decoder_layer.yaml"

@@ -150,8 +150,14 @@ def shard_axis(text: str, ndim: int) -> int | None:
 
 
 def divided_by(dim: Dim, mesh_dim: str) -> bool:
-    """Whether a dim is a shard over ``mesh_dim``: its polynomial divides by it (``H * Dh // tp``)."""
-    return any(name == mesh_dim and exp < 0 for mono, _ in dim.poly.terms for name, exp in mono)
+    """Whether a dim is a shard over ``mesh_dim``: its polynomial divides by it (``H * Dh // tp``),
+    or it is the opaque quotient of a division that is not exact (``(d_ff // tp)`` at d_ff=16, tp=3)."""
+    uneven = f" // {mesh_dim})"
+    return any(
+        (name == mesh_dim and exp < 0) or (exp > 0 and name.startswith("(") and name.endswith(uneven))
+        for mono, _ in dim.poly.terms
+        for name, exp in mono
+    )
 
 
 def placements_of(meta: Meta, mesh: list[str]) -> tuple[str, ...]:
@@ -216,11 +222,18 @@ def _entry(target: str, written, parallel, error, problems: list) -> PlanEntry |
         )
         problems.append(error(("parallel", "plan", target), "unknown-mesh-dim", message, False))
         return None
+    if not isinstance(written, str) and not written.local_output:
+        message = (
+            f"'{target}': local_output: false hands the next steps a DTensor, whose global shapes and implicit "
+            f"redistributions tracer does not follow (its steps are each rank's program on local tensors) — leave "
+            f"local_output out (true), and write the next steps for the rank's shard"
+        )
+        problems.append(error(("parallel", "plan", target, "local_output"), "local-output", message, False))
+        return None
     given_in = None if isinstance(written, str) else written.input
     given_out = None if isinstance(written, str) else written.output
-    local = True if isinstance(written, str) else written.local_output
     default_in, default_out = DEFAULTS[style]
-    return PlanEntry(style, mesh_dim, given_in or default_in, given_out or default_out, local, target)
+    return PlanEntry(style, mesh_dim, given_in or default_in, given_out or default_out, True, target)
 
 
 # ------------------------------------------------------------------ the rank's shape pass

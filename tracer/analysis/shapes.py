@@ -286,19 +286,17 @@ def _rank_view(
     view = parallel.RankView(degrees, plan)
     if problems:
         return view, problems
-    try:
-        alg = _algebra(pipeline, source, dims)
-    except TracerError as exc:  # a dim such as H // tp that the degree does not divide
-        view.failure = exc.diagnostics[0]
-        return view, []
-
     made = []
 
     def rank_pass(pipeline, source, alg, block_dims, graph):
         made.append(parallel.Sharding(pipeline.parallel, plan, degrees, graph.nodes))
         return _RankPass(pipeline, source, alg, block_dims, made[-1])
 
-    view.analysis = _analysis(pipeline, source, alg, rank_pass, degrees)
+    try:
+        view.analysis = _analysis(pipeline, source, _algebra(pipeline, source, dims), rank_pass, degrees)
+    except TracerError as exc:  # a dim such as H // tp (a block's too) that the degree does not divide
+        view.failure = exc.diagnostics[0]
+        return view, []
     view.collectives, view.problems = made[-1].collectives, made[-1].problems
     errors = [error(path, "placement", message, False) for path, message in dict.fromkeys(made[-1].errors)]
     return view, errors

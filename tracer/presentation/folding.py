@@ -95,6 +95,13 @@ def collapse_keys(groups: list[str], collapse: tuple[str, ...], pipeline_file: s
     return list(dict.fromkeys(keys))
 
 
+def depth_keys(groups: list[str], depth: int) -> list[str]:
+    """The groups ``--depth N`` shows as one node or row each: every group path N levels deep,
+    with what is nested in it (1: each top-level group, as the glob '*'; 2: the level below,
+    '*/*': a block's copies). A group shallower than N shows its steps."""
+    return _glob_prefixes(groups, "/".join(["*"] * depth))
+
+
 def within(group: str, key: str) -> bool:
     """``group`` is ``key`` or nested under it ('layers/3/attn' is within 'layers' and 'layers/3')."""
     return group == key or group.startswith(key + "/")

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..core.formatting import human_bytes, human_count
-from .folding import collapse_keys, repeat_folds, within
+from .folding import collapse_keys, depth_keys, repeat_folds, within
 
 ACTIVATIONS = ("tensor", "op", "shape", "concrete", "stride", "contig", "view_of", "size", "FLOPs")
 PARAMETERS = ("parameter", "shape", "concrete", "dtype", "count", "size")
@@ -25,7 +25,7 @@ _DROP = ("contig", "stride", "view_of", "dtype", "FLOPs", "concrete")
 
 @dataclass
 class _Folded:
-    """Several records shown as one row: the copies of a repeated block, or a group below ``depth``."""
+    """Several records shown as one row: the copies of a repeated block, or a group ``depth`` levels deep."""
 
     label: str
     what: str
@@ -37,9 +37,10 @@ def format_table(
 ) -> str:
     """The run as text: the tensors, the parameters in their own section, totals.
 
-    Copies 1..N-1 of a repeated block are one "×N" row unless ``expand``; with ``depth``, a group
-    nested deeper than that many levels is one row; each group ``collapse`` names (as ``render
-    --collapse`` does) is one row; ``width`` elides long ids to fit a terminal.
+    Copies 1..N-1 of a repeated block are one "×N" row unless ``expand``; with ``depth``, each
+    group that many levels deep is one row, what is nested in it included (1: every top-level
+    group); each group ``collapse`` names (as ``render --collapse`` does) is one row; ``width``
+    elides long ids to fit a terminal.
     """
     tensors, params = table_rows(trace, depth, expand, collapse)
     title = f"{trace.name}  dims: " + ", ".join(f"{k}={v}" for k, v in trace.dims.items())
@@ -85,18 +86,21 @@ def _grouped(trace: Any, depth: int | None, expand: bool, collapse: tuple[str, .
     analysis = trace.analysis
     folds = {} if expand else repeat_folds(analysis)
     group_of = _groups(analysis) if depth is not None or collapse else {}
-    collapsed = collapse_keys(list(dict.fromkeys(group_of.values())), collapse, analysis.source.file) if collapse else []
+    groups = list(dict.fromkeys(group_of.values()))
+    collapsed = collapse_keys(groups, collapse, analysis.source.file) if collapse else []
+    levels = depth_keys(groups, depth) if depth is not None else []
     tensors, params, shown = [], [], {}
     for record in trace.records:
         fold = folds.get(record.id)
         group = group_of.get(record.id)
         key = label = None
         named = [k for k in collapsed if group is not None and within(group, k)]
+        level = next((k for k in levels if group is not None and within(group, k)), None)
         if named:  # the outermost group named holds the record
             key = label = min(named, key=len)
             what = "collapsed"
-        elif group is not None and depth is not None and group.count("/") + 1 > depth:  # a group row holds every copy inside it
-            key = label = "/".join(group.split("/")[:depth])
+        elif level is not None:  # a group row holds every copy inside it
+            key = label = level
             what = "group"
         elif fold is not None:
             key, label, what = fold.key, fold.key, f"×{len(fold.hidden)}"

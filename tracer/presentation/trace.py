@@ -136,8 +136,8 @@ class Trace:
         return format_table(self)
 
     def table(self, width: int | None = None, depth: int | None = None, expand: bool = False, collapse: Iterable[str] = ()) -> str:
-        """The run as text; ``expand`` lists every copy of a repeated block, ``depth`` folds groups
-        nested deeper than that, ``collapse`` shows each group it names as one row (as
+        """The run as text; ``expand`` lists every copy of a repeated block, ``depth`` shows each
+        group that many levels deep as one row (1: every top-level group), ``collapse`` shows each group it names as one row (as
         ``render --collapse``), ``width`` fits a terminal of that many columns."""
         return format_table(self, width, depth, expand, tuple(collapse))
 

@@ -7,6 +7,7 @@ and ``tracer.load("causal_mha")`` find them when no file of that name exists whe
 
 from __future__ import annotations
 
+import difflib
 from pathlib import Path
 from typing import NamedTuple
 
@@ -41,6 +42,24 @@ def find(name: str) -> Path | None:
         if candidate.suffix == SUFFIX and candidate.is_file() and candidate.resolve().is_relative_to(root.resolve()):
             return candidate
     return None
+
+
+def names() -> list[str]:
+    """Every name ``locate`` finds: a model by its own name, any other pipeline by its path in the folder."""
+    root = folder()
+    return sorted(
+        path.stem if path.parent == root / MODELS else path.relative_to(root).with_suffix("").as_posix()
+        for path in root.rglob("*" + SUFFIX)
+    )
+
+
+def not_found(name: str | Path) -> str:
+    """What to say of a FILE that is neither a file here nor a bundled pipeline: the closest
+    bundled name, and the command that lists them."""
+    written = str(name).removeprefix("pipelines/").removesuffix(SUFFIX)
+    close = difflib.get_close_matches(written, names(), n=1)
+    guess = f"; did you mean '{close[0]}'?" if close else ""
+    return f"no such file, nor a bundled pipeline of that name{guess} (`tracer models` lists the bundled models)"
 
 
 class Model(NamedTuple):

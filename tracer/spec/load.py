@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import difflib
 import re
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,7 @@ from ..core.fields import ID_PATTERN, PARAM_PATTERN, RECORD_PATTERN
 from ..core.gcpause import gc_paused
 from ..core.symbolic import resolve
 from ..steps.contract import STEP_KINDS
+from .bundled import locate, not_found
 from .pipeline import DIM_PATTERN, Expect, PipelineSpec, TensorDecl
 from .source import SourceMap, parse_document, read_document
 
@@ -23,6 +25,18 @@ from .source import SourceMap, parse_document, read_document
 def load_spec(path: str | Path) -> tuple[PipelineSpec, SourceMap]:
     data, source = read_document(path)
     return validate(data, source), source
+
+
+def load_named(name: str | Path) -> tuple[PipelineSpec, SourceMap]:
+    """A FILE argument: the file, or else the bundled pipeline of that name (``tracer run
+    llama_decoder_layer``); a name that is neither says so, and where the bundled names are listed."""
+    try:
+        return load_spec(locate(name))
+    except TracerError as exc:
+        missing = [d.code == "file-missing" and d.file == str(name) for d in exc.diagnostics]
+        if not all(missing):
+            raise
+        raise TracerError([replace(d, message=not_found(name)) for d in exc.diagnostics]) from None
 
 
 @gc_paused
