@@ -12,6 +12,7 @@ which step each rank was in. No process outlives the call.
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import logging
 import math
@@ -231,16 +232,32 @@ def _launch(job: RankJob, timeout: float) -> list[RankResult]:
         job = replace(job, analysis=None)  # each rank analyses the file again: a spawned rank is sent its job pickled
     progress = mp.get_context(start).Array("i", job.world, lock=False)
     store = dist.TCPStore("127.0.0.1", 0, job.world, is_master=True, wait_for_workers=False)
-    with tempfile.TemporaryDirectory(prefix="tracer-world-") as folder:
-        context = mp.start_processes(
-            run_rank, (job, os.getpid(), store.port, folder, progress), nprocs=job.world, join=False, start_method=start
-        )
-        try:
-            _wait(context, job, timeout, progress)
-        finally:
-            _stop(context)
-        torch = torch_module()
-        return [torch.load(f"{folder}/rank{rank}.pt", weights_only=False) for rank in range(job.world)]
+    try:
+        with tempfile.TemporaryDirectory(prefix="tracer-world-") as folder:
+            context = _start(run_rank, (job, os.getpid(), store.port, folder, progress), job.world, start)
+            try:
+                _wait(context, job, timeout, progress)
+            finally:
+                _stop(context)
+            torch = torch_module()
+            return [torch.load(f"{folder}/rank{rank}.pt", weights_only=False) for rank in range(job.world)]
+    finally:
+        # the store's server thread is joined here, now: a store kept alive by a traceback would be
+        # inherited by the ranks of a later run and joined there, on a thread a forked process lacks
+        del store
+
+
+def _start(body, args: tuple, world: int, start: str):
+    """torch's launcher, with every object of this process frozen while it forks: a forked rank's
+    collector then never frees what it inherited (a destructor written for this process, such as
+    a TCPStore's, can block forever in a copy that lacks its threads)."""
+    import torch.multiprocessing as mp
+
+    gc.freeze()
+    try:
+        return mp.start_processes(body, args, nprocs=world, join=False, start_method=start)
+    finally:
+        gc.unfreeze()
 
 
 def _wait(context, job: RankJob, timeout: float, progress) -> None:

@@ -5,10 +5,13 @@ Each launch starts fresh processes (forked: a few tenths of a second once torch.
 imported), so the runs the tests read are made once per module."""
 
 import copy
+import gc
 import json
 import os
 import signal
+import threading
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -20,7 +23,7 @@ from tests.conftest import PIPELINES, tracer_cli
 from tests.exporting import assert_module_equals_trace, load_module
 from tracer.analysis import parallel
 from tracer.core.errors import TracerError
-from tracer.distributed import _check_collectives
+from tracer.distributed import _check_collectives, _start
 from tracer.presentation.export import export_source
 from tracer.runtime import sharded
 
@@ -304,7 +307,9 @@ def test_the_exported_module_sharded_by_its_parallelize_on_two_ranks_equals_the_
     assert whole.state_dict().keys() == tracer.to_module(pipeline).state_dict().keys()  # param ids, W_q not q.weight
     assert_module_equals_trace(whole, pipeline.run(keep_values=True))  # loads a state_dict keyed by param ids
     store = torch.distributed.TCPStore("127.0.0.1", 0, 2, is_master=True, wait_for_workers=False)
-    torch.multiprocessing.start_processes(_exported_rank, (source, store.port, str(tmp_path)), nprocs=2, start_method="fork")
+    context = _start(_exported_rank, (source, store.port, str(tmp_path)), 2, "fork")
+    while not context.join():
+        pass
     expected = whole(torch.randn(2, 4, 8, generator=torch.Generator().manual_seed(5)))
     for rank in range(2):
         assert torch.allclose(torch.load(tmp_path / f"rank{rank}.pt"), expected, atol=1e-5, rtol=0)
@@ -348,3 +353,34 @@ def test_a_rank_dies_with_its_launcher_however_the_launcher_dies():
         os.waitpid(launcher, 0)
     _, alive = psutil.wait_procs([rank], timeout=10)
     assert alive == []
+
+
+def _collect(rank: int, folder: str) -> None:
+    """A rank that, as gloo does, starts threads of its own, then runs the collector."""
+    for _ in range(4):
+        threading.Thread(target=time.sleep, args=(2,), daemon=True).start()
+    gc.collect()
+    (Path(folder) / f"rank{rank}").write_text("done")
+
+
+def test_a_forked_rank_never_frees_what_it_inherited(tmp_path):
+    """A TCPStore left as garbage in the launching process (a traceback's frame keeps one) is
+    freed by nobody in a rank: its destructor would join a server thread the fork did not copy."""
+    gc.disable()
+    try:
+        cycle = [torch.distributed.TCPStore("127.0.0.1", 0, 1, is_master=True, wait_for_workers=False)]
+        cycle.append(cycle)
+        del cycle
+        context = _start(_collect, (str(tmp_path),), 2, "fork")
+    finally:
+        gc.enable()
+    try:
+        deadline = time.monotonic() + 20
+        while not context.join(timeout=0.1) and time.monotonic() < deadline:
+            pass
+        assert sorted(path.name for path in tmp_path.iterdir()) == ["rank0", "rank1"]
+    finally:
+        for process in context.processes:
+            process.kill()
+            process.join()
+        gc.collect()
