@@ -121,8 +121,9 @@ def run_parallel(
         message = "--world runs a pipeline on several processes as its parallel: section plans it; this file has none (docs/parallel.md)"
         raise TracerError(Diagnostic(source.file, None, "no-parallel", message))
     problem = device_problem(device)
-    if problem is not None or device == "meta":
-        raise TracerError(Diagnostic(source.file, None, "device", problem or "--world runs on cpu or cuda, not meta"))
+    if problem is not None or device not in ("cpu", "cuda"):
+        message = problem or f"--world runs on cpu (gloo) or cuda (nccl, a GPU per rank), not {device}"
+        raise TracerError(Diagnostic(source.file, None, "device", message))
     dims = dict(dims or {})
     analysis = pipeline.check(dims)
     ranks_analysis = _rank_analysis(analysis)

@@ -329,6 +329,8 @@ def test_the_command_line_refuses_what_a_world_run_does_not_do(tp_file):
     for extra, said in ((["--values"], "leave out --values"), (["--device", "meta"], "leave out --device meta")):
         done = tracer_cli("run", str(tp_file), "--world", "2", *extra)
         assert done.returncode == 1 and said in done.stderr
+    with pytest.raises(TracerError, match="--world runs on cpu \\(gloo\\) or cuda \\(nccl, a GPU per rank\\), not meta"):
+        tracer.run_parallel(tp_file, world=2, device="meta")
     done = tracer_cli("run", str(tp_file), "--world", "2", "--timeout", "0")
     assert done.returncode == 2 and "expected a number of seconds above 0" in done.stderr
 
