@@ -481,7 +481,7 @@ def _dim_changes(left, right) -> list[list[str]]:
 
 
 def _count(analysis) -> int:
-    return sum(d.meta.numel for d in analysis.declared.values() if d.section == "params")
+    return sum(d.meta.numel for d in analysis.declared.values() if d.section == "params" and not d.decl.buffer)
 
 
 # ---------------------------------------------------------------- copies folded

@@ -144,7 +144,8 @@ class Translator:
                 self.names[node] = node.name
                 self.taken.add(node.name)
             elif kind in ("PARAMETER", "BUFFER") and self.graph.target(node) in state:
-                self.params[self.graph.target(node)] = self._declaration(value)
+                buffer = {"buffer": True} if kind == "BUFFER" else {}  # held, not trained: export registers it as a buffer
+                self.params[self.graph.target(node)] = {**self._declaration(value), **buffer}
                 self.names[node] = self.graph.target(node)
                 self.taken.add(self.graph.target(node))
 
@@ -290,10 +291,15 @@ class Translator:
         self.emit(node, fields, "scaled")
 
     def _additive_mask(self, node, x, mask):
-        if not _hides_any(self.graph.values[mask]):  # BART's encoder mask without padding: adding zeros
+        """``x + constant``: a mask step for a constant causal, window or band mask, nothing for adding
+        zeros; a buffer of the state_dict that is no mask is added as it is (loading may change it)."""
+        declared = mask in self.names
+        if not declared and not _hides_any(self.graph.values[mask]):  # BART's encoder mask without padding: adding zeros
             self.names[node] = self.ref(x)
             return
         found = _additive_pattern(self.graph.values[mask])
+        if found is None and declared:
+            return self.emit(node, {"op": "add", "inputs": [self.ref(x), self.ref(mask)]})
         if found is None:
             raise Unmapped(f"it adds '{mask.name}', a constant that is not a causal, sliding-window or band mask")
         fields = {"op": "mask", "input": self.ref(x), **self._pattern(found[0]), "fill": _fill(found[1], x.meta["val"].dtype)}
@@ -922,7 +928,7 @@ def _hides_any(value: torch.Tensor) -> bool:
 def _additive_pattern(value: torch.Tensor) -> tuple[dict, float] | None:
     """(pattern, fill) of a float mask that is 0 where a key is kept and one value where it is hidden."""
     hidden = value != 0
-    if value.dtype == torch.bool or not bool(hidden.any()):
+    if value.dtype == torch.bool or value.ndim < 2 or not bool(hidden.any()):
         return None
     pattern, blocked = hidden_pattern(hidden), value[hidden]
     return (pattern, float(blocked[0])) if pattern is not None and bool((blocked == blocked[0]).all()) else None
