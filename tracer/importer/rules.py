@@ -674,20 +674,22 @@ class _Downstream(Exception):
 
 
 def from_template(t: Translator, idiom: Idiom) -> None:
-    """``nn.MultiheadAttention`` (no masks, ``need_weights=False``) as the steps it stands for."""
+    """``nn.MultiheadAttention`` (``need_weights=False``; a key padding mask and an attention mask
+    as the module is given them) as the steps it stands for."""
     path, node = idiom.facts["path"], idiom.node
     mha = t.module.get_submodule(path)
     sdpa = [n for n in t.graph.calls() if n in t.graph.consumed | {node} and n.target == aten.scaled_dot_product_attention.default]
     sdpa = [n for n in sdpa if any(p == path for p, _ in module_stack(n))]
-    if len(sdpa) != 1 or len(idiom.facts["leaving"]) != 1 or _arg(sdpa[0], 3, None, "attn_mask") is not None:
-        raise Unmapped(
-            f"nn.MultiheadAttention '{path or 'the module'}' with an attention mask or need_weights=True (average weights): not supported"
-        )
+    if len(sdpa) != 1 or len(idiom.facts["leaving"]) != 1:
+        raise Unmapped(f"nn.MultiheadAttention '{path or 'the module'}' with need_weights=True (average weights): not supported")
     if mha.bias_k is not None or mha.add_zero_attn or not mha._qkv_same_embed_dim:
         raise Unmapped(f"nn.MultiheadAttention '{path or 'the module'}' with add_bias_kv, add_zero_attn or kdim/vdim: not supported")
-    sources = _mha_sources(t, idiom)
+    masks = _MhaMasks(t, idiom, sdpa[0])
+    sources = _mha_sources(t, idiom, masks.given)
     projected = _mha_projections(t, node, path, sources)
     batch, tokens, width = t.namer.shape(sources[0].meta["val"])
+    if not mha.batch_first:  # (T, B, E)
+        batch, tokens = tokens, batch
     heads, head_width = t.size(mha.num_heads, ("H",)), t.size(mha.head_dim, ("Dh",))
     split = {"op": "transpose", "dims": [1, 2]} if mha.batch_first else {"op": "permute", "dims": [1, 2, 0, 3]}
     heads_of = []
@@ -695,7 +697,11 @@ def from_template(t: Translator, idiom: Idiom) -> None:
         order = t.namer.shape(source.meta["val"])[:2]  # (batch, tokens) or (tokens, batch), as this source has them
         t.emit(node, {"op": "view", "input": name, "shape": [*order, heads, head_width]}, step_id=t._unique(f"{name}_heads"))
         heads_of.append(t.emit(node, {**split, "input": t.names[node]}, step_id=t._unique(f"{name}_h")).fields["id"])
-    t.emit(node, {"op": "sdpa", "inputs": heads_of, **t._sdpa_options(sdpa[0])}, step_id=t._unique(_join(path, "context")))
+    if masks.given or masks.fixed is not None:
+        options = masks.steps(sources[0].meta["val"].shape[0 if mha.batch_first else 1], heads)
+    else:
+        options = t._sdpa_options(sdpa[0])
+    t.emit(node, {"op": "sdpa", "inputs": heads_of, **options}, step_id=t._unique(_join(path, "context")))
     if mha.batch_first:
         t.emit(node, {"op": "merge", "input": t.names[node]}, step_id=t._unique(_join(path, "merged")))
     else:
@@ -705,12 +711,122 @@ def from_template(t: Translator, idiom: Idiom) -> None:
     t.emit(node, out, step_id=t._unique(path or "attn_output"))
 
 
-def _mha_sources(t: Translator, idiom: Idiom) -> list[torch.fx.Node]:
+MHA_MASK_WALK = {
+    aten.add.Tensor,
+    aten.view.default,
+    aten.reshape.default,
+    aten.expand.default,
+    aten.unsqueeze.default,
+    aten.masked_fill_.Scalar,
+    aten.masked_fill.Scalar,
+    aten.zeros_like.default,
+    *CASTS,
+}
+
+
+class _MhaMasks:
+    """The masks an ``nn.MultiheadAttention`` merges into its SDPA's ``attn_mask``: the
+    ``key_padding_mask`` (B, S) and the ``attn_mask`` (T, S) or (B·H, T, S) it is given (bool, True
+    hides, or float, added), and a constant mask made before it (``generate_square_subsequent_mask``
+    in the model's forward), read as its pattern."""
+
+    def __init__(self, t: Translator, idiom: Idiom, sdpa: torch.fx.Node):
+        self.t, self.path, self.node = t, idiom.facts["path"], idiom.node
+        self.padding = self.attn = self.fixed = None
+        mask = _arg(sdpa, 3, None, "attn_mask")
+        leaves = _mask_leaves(t.graph, mask, set(t.graph.consumed) | {idiom.node}) if mask is not None else []
+        for leaf in leaves:
+            if leaf in t.graph.constant and leaf not in t.names:
+                self.fixed = leaf
+            elif leaf.meta["val"].ndim == 2 and _viewed_per_batch(leaf):
+                self.padding = leaf
+            else:
+                self.attn = leaf
+        self.given = [m for m in (self.padding, self.attn) if m is not None]
+
+    def steps(self, batch_size: int, heads) -> dict:
+        """The sdpa fields that apply them, after the steps that bring them to (B, H or 1, T, S)."""
+        t, fields = self.t, {}
+        if self.fixed is not None:
+            value = t.graph.values[self.fixed]
+            pattern = hidden_pattern(~value) if value.dtype == torch.bool else (_additive_pattern(value) or (None,))[0]
+            if pattern is None and _hides_any(value):
+                raise Unmapped(f"nn.MultiheadAttention '{self.path or 'the module'}' with a constant mask of no causal or window pattern")
+            fields.update(t._pattern(pattern or {}))
+        terms = [self._shaped(m, batch_size, heads) for m in self.given]
+        if not terms:
+            return fields
+        if all(m.meta["val"].dtype == torch.bool for m in self.given):
+            if len(terms) == 2:
+                terms = [
+                    t.emit(self.node, {"op": "logical", "fn": "or", "inputs": terms}, step_id=t._unique(_join(self.path, "hidden"))).fields[
+                        "id"
+                    ]
+                ]
+            return {**fields, "mask": terms[0], "polarity": "block"}
+        added = [self._additive(name, m) for name, m in zip(terms, self.given, strict=True)]
+        if len(added) == 2:
+            added = [t.emit(self.node, {"op": "add", "inputs": added}, step_id=t._unique(_join(self.path, "attn_bias"))).fields["id"]]
+        return {**fields, "mask": added[0]}
+
+    def _shaped(self, mask: torch.fx.Node, batch_size: int, heads) -> str:
+        """The padding mask as (B, 1, 1, S) and a per-head mask as (B, H, T, S); a (T, S) one broadcasts as it is."""
+        t, value = self.t, mask.meta["val"]
+        if mask is self.padding:
+            shape, name = [t.namer.shape(value)[0], 1, 1, t.namer.shape(value)[1]], "key_padding"
+        elif value.ndim == 3:
+            _, queries, keys = t.namer.shape(value)
+            shape, name = [t.size(batch_size, ("B",)), heads, queries, keys], "attn_mask_heads"
+        else:
+            return t.ref(mask)
+        return t.emit(self.node, {"op": "view", "input": t.ref(mask), "shape": shape}, step_id=t._unique(_join(self.path, name))).fields[
+            "id"
+        ]
+
+    def _additive(self, name: str, mask: torch.fx.Node) -> str:
+        """A bool mask as the float one MultiheadAttention makes of it (-inf where True) when the other is a float one."""
+        if mask.meta["val"].dtype != torch.bool:
+            return name
+        fields = {"op": "where", "inputs": [name], "then": -math.inf, "otherwise": 0.0}
+        return self.t.emit(self.node, fields, step_id=self.t._unique(f"{name}_additive")).fields["id"]
+
+
+def _mask_leaves(graph: Graph, mask: torch.fx.Node, inside: set) -> list[torch.fx.Node]:
+    """What an MHA's merged mask is made of: the tensors it reads from outside the module's nodes,
+    and the largest constant parts (a mask the model built), each once."""
+    leaves, todo, seen = [], [mask], set()
+    while todo:
+        node = todo.pop()
+        if node in seen:
+            continue
+        seen.add(node)
+        if node in graph.constant or node not in inside or node.target not in MHA_MASK_WALK:
+            leaves.append(node)
+            continue
+        todo += [a for a in node.all_input_nodes if isinstance(a.meta.get("val"), torch.Tensor)]  # not the sizes a view reads
+    return sorted(leaves, key=lambda n: list(graph.fx.nodes).index(n))
+
+
+def _viewed_per_batch(mask: torch.fx.Node) -> bool:
+    """A key padding mask (B, S): MultiheadAttention views it (B, 1, 1, S); a (T, S) attention mask is unsqueezed."""
+    todo = [mask]
+    while todo:
+        node = todo.pop()
+        for user in node.users:
+            if user.target in (aten.view.default, aten.reshape.default):
+                shape = user.meta["val"].shape
+                return len(shape) == 4 and shape[1] == shape[2] == 1
+            if user.target in (aten.zeros_like.default, aten.masked_fill_.Scalar, aten.masked_fill.Scalar, *CASTS):
+                todo.append(user)  # made float (-inf where True) first; its sizes read elsewhere are not the mask
+    return False
+
+
+def _mha_sources(t: Translator, idiom: Idiom, masks: list[torch.fx.Node]) -> list[torch.fx.Node]:
     """query, key and value: the module's own inputs, or what a self- or cross-attention in a model reads."""
     if not idiom.facts["path"]:
         by_name = {n.name: n for n in t.graph.fx.nodes if n.op == "placeholder"}
         return [by_name[name] for name in ("query", "key", "value")]
-    sources = idiom.facts["sources"]
+    sources = [s for s in idiom.facts["sources"] if s not in masks]
     if len(sources) > 2:
         raise Unmapped(
             f"nn.MultiheadAttention '{idiom.facts['path']}' reads {len(sources)} tensors: self-attention (one) "
