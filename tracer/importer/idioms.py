@@ -384,8 +384,15 @@ def _merges(graph: Graph) -> None:
         while source.op == "call_function" and source.target == aten.contiguous.default and len(source.users) == 1:
             chain.append(source)
             source = source.args[0]
-        if _swaps_heads(source) and node.meta["val"].ndim == 3 and len(source.users) == 1:
+        if _swaps_heads(source) and _joins_last_two(graph, source, node) and len(source.users) == 1:
             graph.claim(Idiom("merge", node, {"x": source.args[0]}), [*chain, source])
+
+
+def _joins_last_two(graph: Graph, source: torch.fx.Node, node: torch.fx.Node) -> bool:
+    """``node`` is (…, T, H, Dh) ``source`` with its last two axes joined: (…, T, H·Dh), not
+    another reshape of as many elements (``.reshape(2, 5, 16)`` of (2, 4, 5, 4))."""
+    before, after = graph.values[source].shape, graph.values[node].shape
+    return len(after) == 3 and tuple(after) == (before[0], before[1], before[2] * before[3])
 
 
 def _swaps_heads(node: torch.fx.Node) -> bool:

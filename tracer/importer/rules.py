@@ -8,9 +8,12 @@ with no rule is reported with the line it came from; nothing is dropped.
 
 from __future__ import annotations
 
+import functools
+import inspect
 import linecache
 import math
 import operator
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -93,6 +96,31 @@ def _internal(file: str) -> bool:
 def source_line(node: torch.fx.Node) -> tuple[str, int, str] | None:
     found = frames(node)
     return (found[-1][0], found[-1][1], found[-1][3]) if found else None
+
+
+def calling_line(node: torch.fx.Node, leaf: torch.nn.Module) -> tuple[str, int, str] | None:
+    """The line that called the leaf module whose output the node is (``q = self.q_proj(x)``),
+    not a line of the module's own forward (torch's ``linear.py: return F.linear(...)``)."""
+    found, span = frames(node), _forward_span(type(leaf))
+    own = [i for i, (file, line, _, _) in enumerate(found) if span and _same_file(file, span[0]) and span[1] <= line <= span[2]]
+    if not own or own[-1] == 0:
+        return source_line(node)
+    file, line, _, code = found[own[-1] - 1]
+    return file, line, code
+
+
+@functools.cache
+def _forward_span(cls: type) -> tuple[str, int, int] | None:
+    """(file, first line, last line) of a module class's ``forward``; None where its source is not to be had."""
+    try:
+        lines, start = inspect.getsourcelines(cls.forward)
+        return os.path.realpath(inspect.getsourcefile(cls.forward) or ""), start, start + len(lines) - 1
+    except (OSError, TypeError):
+        return None
+
+
+def _same_file(file: str, real: str) -> bool:
+    return os.path.realpath(file) == real
 
 
 class Translator:
@@ -226,7 +254,8 @@ class Translator:
     def emit(self, node: torch.fx.Node, fields: dict, op_name: str | None = None, step_id: str | None = None) -> Step:
         step_id = step_id or self.step_id(node, op_name or fields["op"])
         self.names[node] = step_id
-        comment = _comment(source_line(node))
+        leaf = self._leaf_module(node)
+        comment = _comment(calling_line(node, self.module.get_submodule(leaf)) if leaf else source_line(node))
         value = node.meta.get("val")
         shape = self.namer.shape(value) if isinstance(value, torch.Tensor) else None
         step = Step({"id": step_id, **fields}, node, comment, _layer(node), shape)
