@@ -378,6 +378,8 @@ class Translator:
             start, stop = self._from_end(x.meta["val"].shape[dim], first, count) if first < 0 else (first, first + count)
             fields = {"op": "index", "input": self.ref(x), "dim": dim, **({"start": start} if start else {}), "stop": stop}
             return self.emit(node, fields)
+        if _picks_a_row_per_batch(self.graph, indices, value.shape):  # CLIP's pooler: x[arange(B), eos]
+            return self._picked_rows(node, x, indices[1])
         axes = [
             _range_axis(self.graph.values[i], n) if i in self.graph.constant else None for i, n in zip(indices, value.shape, strict=False)
         ]
@@ -387,6 +389,27 @@ class Translator:
         indexed = INDEXED.search(line[2]) if line else None  # `return padding_mask[batch_idx, kv_idx]`: padding_mask
         fields = {"op": "reshape", "input": self.ref(x), "shape": self.namer.shape(node.meta["val"])}
         self.emit(node, fields, indexed.group(1) if indexed and not _assigned(line[2]) else None)
+
+    def _picked_rows(self, node, x, positions):
+        """``x[arange(B), positions]``: for each batch entry the row at its own position, as
+        ``gather`` along dim 1 of the positions viewed (B, 1, 1…) and expanded, then that axis dropped."""
+        shape = self.namer.shape(x.meta["val"])
+        base = self.step_id(node, "picked")
+        index = {"op": "view", "input": self.ref(positions), "shape": [shape[0], 1] + [1] * (len(shape) - 2)}
+        self.emit(node, index, step_id=self._unique(f"{base}_at"))
+        expanded = {"op": "expand", "input": self.names[node], "shape": [shape[0], 1, *shape[2:]]}
+        self.emit(node, expanded, step_id=self._unique(f"{base}_index"))
+        self.emit(node, {"op": "gather", "inputs": [self.ref(x), self.names[node]], "dim": 1}, step_id=self._unique(f"{base}_gathered"))
+        self.emit(node, {"op": "index", "input": self.names[node], "dim": 1, "index": 0}, step_id=base)
+
+    def _argmax(self, node):
+        """``x.argmax(dim)`` (CLIP's end-of-text position): a ``reduce`` over that dim."""
+        dim = _arg(node, 1, None, "dim")
+        if dim is None and node.args[0].meta["val"].ndim != 1:
+            raise Unmapped(f"{_label(node)} without dim (the position in the flattened tensor): tracer's argmax runs along one dim")
+        fields = {"op": "reduce", "fn": "argmax" if node.target == aten.argmax.default else "argmin", "input": self.ref(node.args[0])}
+        fields.update({"dim": dim} if dim is not None else {}, **({"keepdim": True} if _arg(node, 2, False, "keepdim") else {}))
+        self.emit(node, fields)
 
     def _from_end(self, size, first: int, count: int) -> tuple[int | str, int | str]:
         """(start, stop) of positions counted from the end (``[-1]``), in the dim's name where it has one (``T - 1``)."""
@@ -910,6 +933,8 @@ RULES = {
     aten.conv2d.default: Translator._conv,
     aten.repeat.default: Translator._repeat,
     aten.index.Tensor: Translator._index,
+    aten.argmax.default: Translator._argmax,
+    aten.argmin.default: Translator._argmax,
     aten.stack.default: Translator._stack,
     aten.masked_fill.Scalar: Translator._masked_fill,
     aten.linear.default: Translator._linear,
@@ -1063,6 +1088,16 @@ def _range_axis(index: torch.Tensor, size: int) -> int | None:
     if len(axes) != 1 or not torch.equal(index.reshape(-1), torch.arange(size)):
         return None
     return axes[0]
+
+
+def _picks_a_row_per_batch(graph: Graph, indices: list, shape) -> bool:
+    """``x[arange(B), positions]``: a constant 0 .. B-1 for the first dim, a computed (B,) integer
+    tensor for the second, the other dims whole."""
+    if len(indices) != 2 or len(shape) < 2 or indices[0] not in graph.constant or indices[1] in graph.constant:
+        return False
+    rows, positions = graph.values[indices[0]], indices[1].meta["val"]
+    given = positions.ndim == 1 and not positions.dtype.is_floating_point and positions.dtype != torch.bool
+    return given and rows.ndim == 1 and _range_axis(rows, int(shape[0])) == 0 and int(positions.shape[0]) == int(shape[0])
 
 
 def _hides_any(value: torch.Tensor) -> bool:
