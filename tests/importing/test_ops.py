@@ -173,3 +173,28 @@ def test_op_imports_as_its_step_and_runs_equal(case):
     assert [str(d) for d in pipeline.check().diagnostics if d.severity in ("error", "warning")] == []
     ops = [s["op"] for text in pipeline.files.values() for s in yaml.safe_load(text)["steps"]]
     assert all(ops.count(op) >= n for op, n in expected.items()), ops
+
+
+def test_t5_relative_buckets_import_as_relative_bias_in_every_layer():
+    """T5's encoder: the first layer's bias table looked up at constant buckets and added to every
+    layer's scores is a ``relative_bias`` step per layer (state_dict keys of 69 characters kept)."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.T5Config(
+        d_model=16,
+        d_kv=8,
+        d_ff=24,
+        num_layers=2,
+        num_heads=2,
+        vocab_size=32,
+        relative_attention_num_buckets=8,
+        relative_attention_max_distance=16,
+    )
+    config._attn_implementation = "eager"
+    model, ids = transformers.T5EncoderModel(config).eval(), torch.randint(0, 32, (B, T))
+    pipeline = from_module(model, ids)
+    assert difference(pipeline, model, ids) <= 1e-5
+    assert [str(d) for d in pipeline.check().diagnostics if d.severity in ("error", "warning")] == []
+    biases = [s for s in yaml.safe_load(pipeline.to_yaml())["steps"] if s["op"] == "relative_bias"]
+    table = "encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight"
+    assert [(s["table"], s["bidirectional"], s["max_distance"]) for s in biases] == [(table, True, 16)] * 2

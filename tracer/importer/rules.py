@@ -23,6 +23,7 @@ import torch
 
 from ..core.errors import Diagnostic, Position, TracerError
 from ..presentation.export import HEADER as EXPORT_HEADER
+from ..steps.positions import t5_buckets
 from .idioms import Graph, Idiom, aten, hidden_pattern, module_stack
 from .naming import Namer
 
@@ -717,6 +718,21 @@ class Translator:
         fields["fill"] = _fill(facts["fill"], facts["x"].meta["val"].dtype)
         self.emit(idiom.node, fields, "masked")
 
+    def _relative_bias(self, idiom: Idiom):
+        """T5's relative position bias, its settings read from the attention module that owns the
+        table (``relative_attention_max_distance``, ``is_decoder``) and held against the buckets."""
+        facts = idiom.facts
+        table = facts["table"]
+        owner = self.module.get_submodule(self.graph.target(table).rpartition(".relative_attention_bias")[0] or "")
+        settings = _t5_settings(owner, facts["buckets"], int(table.meta["val"].shape[0]))
+        if settings is None:
+            raise Unmapped(
+                f"it looks up '{table.name}' at constant ids that are not T5's relative position buckets, or that several "
+                "max_distance give at this length (its attention module's relative_attention_max_distance settles it)"
+            )
+        fields = {"op": "relative_bias", "input": self.ref(facts["x"]), "table": self.ref(table), **settings}
+        self.emit(idiom.node, fields, "biased")
+
     def _mha(self, idiom: Idiom):
         from_template(self, idiom)
 
@@ -962,6 +978,7 @@ IDIOMS = {
     "mask": Translator._mask,
     "softcap": Translator._softcap,
     "mha": Translator._mha,
+    "relative_bias": Translator._relative_bias,
 }
 
 
@@ -1088,6 +1105,28 @@ def _range_axis(index: torch.Tensor, size: int) -> int | None:
     if len(axes) != 1 or not torch.equal(index.reshape(-1), torch.arange(size)):
         return None
     return axes[0]
+
+
+MAX_DISTANCE_SEARCHED = 1025  # T5 uses 128; buckets that no max_distance below this gives are no T5 buckets
+
+
+def _t5_settings(owner: torch.nn.Module, buckets: torch.Tensor, num_buckets: int) -> dict | None:
+    """{bidirectional, max_distance} under which T5 computes these (T_q, T_kv) buckets: the owner's
+    own settings (T5Attention's ``is_decoder`` and ``relative_attention_max_distance``), else the one
+    max_distance that gives them (a module `tracer export` wrote keeps no settings); None when none
+    does, or several do at this length (no guess)."""
+    if buckets.ndim != 2 or buckets.dtype.is_floating_point:
+        return None
+    own = getattr(owner, "relative_attention_max_distance", None)
+    decoder = getattr(owner, "is_decoder", None)
+    found = []
+    for bidirectional in (not decoder,) if isinstance(decoder, bool) else (True, False):
+        exact = num_buckets // (4 if bidirectional else 2)
+        for max_distance in (own,) if isinstance(own, int) else range(exact + 1, MAX_DISTANCE_SEARCHED):
+            expected = t5_buckets(torch, *buckets.shape, num_buckets, max_distance, bidirectional)
+            if torch.equal(expected, buckets.to(torch.long)):
+                found.append({"bidirectional": bidirectional, "max_distance": max_distance})
+    return found[0] if len(found) == 1 else None
 
 
 def _picks_a_row_per_batch(graph: Graph, indices: list, shape) -> bool:
