@@ -5,11 +5,13 @@ commented with the line that called it, not with torch's ``linear.py`` line."""
 
 import inspect
 
+import pytest
 import torch
 import yaml
 from torch import nn
 from torch.nn import functional as F
 
+import tracer
 from tracer.importing import difference, from_module
 
 B, T, D, H, H_KV = 2, 5, 16, 4, 2
@@ -102,3 +104,19 @@ def test_a_module_whose_sizes_are_all_literals_imports_without_dims_and_a_reshap
     pipeline = from_module(Fixed(), x)
     assert difference(pipeline, Fixed(), x) <= 1e-6
     assert "\ndims:" not in pipeline.to_yaml() and "merge" not in pipeline.to_yaml()
+
+
+def test_an_unmapped_op_in_a_leaf_module_is_reported_at_the_line_that_called_it():
+    class Activated(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.act = nn.PReLU()
+
+        def forward(self, x):
+            return self.act(x) + 1
+
+    with pytest.raises(tracer.TracerError) as caught:
+        from_module(Activated(), torch.randn(B, T, D))
+    (problem,) = caught.value.diagnostics
+    assert problem.file.endswith("test_names.py") and problem.position.line == _line_of(Activated.forward, "return self.act")
+    assert "prelu" in problem.message and "return self.act(x) + 1" in problem.message

@@ -149,7 +149,7 @@ class Translator:
                 self._translate(node)
             except Unmapped as exc:
                 self.failed.add(node)
-                problems.append(_problem(node, str(exc)))
+                problems.append(_problem(node, str(exc), self._line(node)))
             except _Downstream:
                 self.failed.add(node)
         if problems:
@@ -213,6 +213,11 @@ class Translator:
             base = f"{base}_{op}"
         return self._unique(base)
 
+    def _line(self, node: torch.fx.Node) -> tuple[str, int, str] | None:
+        """The line a step is commented with and a problem located at: a leaf module's caller's."""
+        leaf = self._leaf_module(node)
+        return calling_line(node, self.module.get_submodule(leaf)) if leaf else source_line(node)
+
     def _leaf_module(self, node: torch.fx.Node) -> str | None:
         """The path of a childless module whose output this node is (a Linear, an Embedding, a norm)."""
         stack = module_stack(node)
@@ -255,8 +260,7 @@ class Translator:
     def emit(self, node: torch.fx.Node, fields: dict, op_name: str | None = None, step_id: str | None = None) -> Step:
         step_id = step_id or self.step_id(node, op_name or fields["op"])
         self.names[node] = step_id
-        leaf = self._leaf_module(node)
-        comment = _comment(calling_line(node, self.module.get_submodule(leaf)) if leaf else source_line(node))
+        comment = _comment(self._line(node))
         value = node.meta.get("val")
         shape = self.namer.shape(value) if isinstance(value, torch.Tensor) else None
         step = Step({"id": step_id, **fields}, node, comment, _layer(node), shape)
@@ -1159,8 +1163,7 @@ def _outputs(graph: Graph) -> list[torch.fx.Node]:
     return [n for n in flat if isinstance(n, torch.fx.Node)]
 
 
-def _problem(node: torch.fx.Node, message: str) -> Diagnostic:
-    line = source_line(node)
+def _problem(node: torch.fx.Node, message: str, line: tuple[str, int, str] | None) -> Diagnostic:
     if line is None:
         return Diagnostic("<module>", None, "import-unmapped", f"'{node.name}': {message}")
     return Diagnostic(line[0], Position(line[1], 1), "import-unmapped", f"'{node.name}' ({line[2]}): {message}")
