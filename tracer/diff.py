@@ -485,24 +485,29 @@ def _shape(meta, with_dtype: bool = False) -> str:
 
 
 def _param_changes(left, right, pairs: dict[str, str], depth: _Depths) -> list[list[str]]:
-    """[param, A's shape, B's] for params whose partner has other sizes or dtype, or has none."""
+    """[param, A's shape, B's] for params whose partner has other sizes or dtype, or has none, or is
+    a buffer where the other is a weight (``buffer: true``, marked after its shape)."""
     params_a, params_b = _declared(left, "params"), set(_declared(right, "params"))
     rows = []
     for name in params_a:
         other = pairs.get(name)
-        x = left.declared[name].meta
-        y = right.declared[other].meta if other in params_b else None
+        x, y = left.declared[name], right.declared[other] if other in params_b else None
         if y is None and depth.extra_a(name):
             continue
-        if _differ(x, y):
-            rows.append([_pair_name(name, other or name), *_shapes(x, y)])
+        if _differ(x.meta, y and y.meta) or y is not None and x.decl.buffer != y.decl.buffer:
+            rows.append([_pair_name(name, other or name), *(_held(shape, d) for shape, d in zip(_shapes(x.meta, y and y.meta), (x, y)))])
     mapped = {pairs.get(name) for name in params_a}
     rows += [
-        [name, "-", _shape(right.declared[name].meta)]
+        [name, "-", _held(_shape(right.declared[name].meta), right.declared[name])]
         for name in _declared(right, "params")
         if name not in mapped and not depth.extra_b(name)
     ]
     return rows
+
+
+def _held(shape: str, declared) -> str:
+    """A param's shape, ``buffer`` after it for one held but not trained."""
+    return f"{shape} buffer" if declared is not None and declared.decl.buffer else shape
 
 
 def _dim_changes(left, right) -> list[list[str]]:

@@ -11,6 +11,7 @@ from torch import nn
 import tracer
 from tests.exporting import exported
 from tests.importing.test_from_module import CausalSelfAttention
+from tracer.diff import diff
 from tracer.importing import difference, from_module
 
 B, T, D = 2, 5, 16
@@ -63,3 +64,11 @@ def test_a_buffer_is_a_param_only(tmp_path):
         tracer.load(path).check()
     (error,) = caught.value.diagnostics
     assert error.code == "tensor-source" and "buffer: true" in error.message and (error.position.line, error.position.col) == (3, 40)
+
+
+def test_diff_marks_a_weight_that_is_a_buffer_in_the_other_file(tmp_path):
+    text = "name: p\ninputs:\n  x: {shape: [2], init: randn}\nparams:\n  m: {shape: [2], init: ones%s}\nsteps:\n  - {id: y, op: mul, inputs: [x, m]}\n"
+    (tmp_path / "a.yaml").write_text(text % "")
+    (tmp_path / "b.yaml").write_text(text % ", buffer: true")
+    found = diff(tracer.load(tmp_path / "a.yaml"), tracer.load(tmp_path / "b.yaml"))
+    assert found.params == [["m", "(2) [2]", "(2) [2] buffer"]] and not found.same
