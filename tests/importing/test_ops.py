@@ -176,8 +176,9 @@ def test_op_imports_as_its_step_and_runs_equal(case):
 
 
 def test_t5_relative_buckets_import_as_relative_bias_in_every_layer():
-    """T5's encoder: the first layer's bias table looked up at constant buckets and added to every
-    layer's scores is a ``relative_bias`` step per layer (state_dict keys of 69 characters kept)."""
+    """T5: each stack's first layer's bias table looked up at constant buckets and added to every
+    layer's scores is a ``relative_bias`` step per layer, bidirectional in the encoder, causal (then
+    the causal mask) in the decoder; state_dict keys of 69 characters kept."""
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
     config = transformers.T5Config(
@@ -191,10 +192,11 @@ def test_t5_relative_buckets_import_as_relative_bias_in_every_layer():
         relative_attention_max_distance=16,
     )
     config._attn_implementation = "eager"
-    model, ids = transformers.T5EncoderModel(config).eval(), torch.randint(0, 32, (B, T))
-    pipeline = from_module(model, ids)
-    assert difference(pipeline, model, ids) <= 1e-5
+    model, ids, decoder_ids = transformers.T5Model(config).eval(), torch.randint(0, 32, (B, T)), torch.randint(0, 32, (B, T - 1))
+    pipeline = from_module(model, ids, decoder_input_ids=decoder_ids)
+    assert difference(pipeline, model, ids, decoder_input_ids=decoder_ids) <= 1e-5
     assert [str(d) for d in pipeline.check().diagnostics if d.severity in ("error", "warning")] == []
     biases = [s for s in yaml.safe_load(pipeline.to_yaml())["steps"] if s["op"] == "relative_bias"]
-    table = "encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight"
-    assert [(s["table"], s["bidirectional"], s["max_distance"]) for s in biases] == [(table, True, 16)] * 2
+    table = "{}.block.0.layer.0.SelfAttention.relative_attention_bias.weight"
+    expected = [(table.format("encoder"), True, 16)] * 2 + [(table.format("decoder"), False, 16)] * 2
+    assert [(s["table"], s["bidirectional"], s["max_distance"]) for s in biases] == expected
