@@ -1,7 +1,7 @@
 """The families the issue names as failing their own ``--strict`` or needing padded and windowed
 masks, each as transformers builds it from a tiny random config with its defaults (``use_cache``
 on): Granite (multipliers), Gemma 2 (softcapped scores, ``query_pre_attn_scalar``), Cohere, Phi,
-and Qwen2 with sliding-window layers on a padded batch. One layer each: every one imports into a
+and Qwen2 (eager) and Mistral (sdpa) with sliding-window layers on a padded batch. One layer each: every one imports into a
 file that checks clean under ``--strict``, has the step its idiom is, and runs equal to the model."""
 
 import pytest
@@ -36,16 +36,22 @@ def test_family_imports_clean_under_strict_and_runs_equal(family):
         assert any(expected.items() <= step.items() for step in steps), (expected, [s["op"] for s in steps])
 
 
-def test_qwen2_sliding_window_layers_on_a_padded_batch_are_causal_window_and_padding():
+WINDOWED = {  # a sliding window of 4 < T on a padded batch, eager and sdpa: the pattern and the padding in one step
+    ("Qwen2", "eager"): {"op": "mask", "causal": True, "window": "W", "mask": "padding_mask", "polarity": "keep", "fill": "min"},
+    ("Mistral", "sdpa"): {"op": "sdpa", "causal": True, "window": "W", "mask": "padding_mask", "polarity": "keep"},
+}
+
+
+@pytest.mark.parametrize(("family", "attention"), list(WINDOWED))
+def test_sliding_window_layers_on_a_padded_batch_are_causal_window_and_padding(family, attention):
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
-    config = transformers.Qwen2Config(
-        num_hidden_layers=1, num_key_value_heads=2, use_sliding_window=True, sliding_window=4, max_window_layers=0, **SIZES
-    )
-    config._attn_implementation = "eager"
+    window = {"use_sliding_window": True, "max_window_layers": 0} if family == "Qwen2" else {}
+    config = getattr(transformers, f"{family}Config")(num_hidden_layers=1, num_key_value_heads=2, sliding_window=4, **window, **SIZES)
+    config._attn_implementation = attention
     config.layer_types = ["sliding_attention"]
-    model = transformers.Qwen2Model(config).eval()
+    model = getattr(transformers, f"{family}Model")(config).eval()
     mask = (torch.arange(T) < torch.tensor([[T], [4]])).long()  # the second sequence ends after 4 tokens
-    steps = _clean_and_equal(model, (torch.randint(1, 64, (B, T)),), {"attention_mask": mask}, "qwen2")
-    expected = {"op": "mask", "causal": True, "window": "W", "mask": "padding_mask", "polarity": "keep", "fill": "min"}
-    assert any(expected.items() <= step.items() for step in steps), [s for s in steps if s["op"] == "mask"]
+    steps = _clean_and_equal(model, (torch.randint(1, 64, (B, T)),), {"attention_mask": mask}, family.lower())
+    expected = WINDOWED[family, attention]
+    assert any(expected.items() <= step.items() for step in steps), [s for s in steps if s["op"] in ("mask", "sdpa")]
