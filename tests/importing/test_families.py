@@ -1,8 +1,9 @@
 """The families the issue names as failing their own ``--strict`` or needing padded and windowed
 masks, each as transformers builds it from a tiny random config with its defaults (``use_cache``
 on): Granite (multipliers), Gemma 2 (softcapped scores, ``query_pre_attn_scalar``), Cohere, Phi,
-and Qwen2 (eager) and Mistral (sdpa) with sliding-window layers on a padded batch. One layer each: every one imports into a
-file that checks clean under ``--strict``, has the step its idiom is, and runs equal to the model."""
+and Qwen2 (eager) and Mistral (sdpa) with sliding-window layers on a padded batch. One layer
+each: every one imports into a file that checks clean under ``--strict``, has the step its idiom
+is, and runs equal to the model."""
 
 import pytest
 import torch
