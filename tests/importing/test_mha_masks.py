@@ -80,3 +80,21 @@ def test_a_causal_mask_built_in_forward_is_the_pattern_and_the_padding_the_mask(
     assert _clean(pipeline) == []
     (sdpa,) = [s for s in yaml.safe_load(pipeline.to_yaml())["steps"] if s["op"] == "sdpa"]
     assert sdpa["causal"] is True and sdpa["polarity"] == "block"
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_transformer_encoder_with_a_padding_mask_folds_its_layers_and_runs_equal(causal):
+    """nn.TransformerEncoder makes its bool ``src_key_padding_mask`` a float one first
+    (``_canonical_mask``: a ``where``), then every layer's attention adds it."""
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(d_model=D, nhead=H, dim_feedforward=32, dropout=0.0, batch_first=True)
+    module, x = nn.TransformerEncoder(layer, num_layers=2, enable_nested_tensor=False).eval(), torch.randn(B, T, D)
+    masks = {"src_key_padding_mask": _padding()}
+    if causal:
+        masks.update(mask=nn.Transformer.generate_square_subsequent_mask(T), is_causal=True)
+    pipeline = from_module(module, x, **masks)
+    assert difference(pipeline, module, x, **masks) <= 1e-5
+    assert _clean(pipeline) == []
+    steps = yaml.safe_load(pipeline.to_yaml())["steps"]
+    assert steps[0] == {"id": steps[0]["id"], "op": "where", "inputs": ["src_key_padding_mask"], "then": -float("inf"), "otherwise": 0.0}
+    assert [s["repeat"] for s in steps if s["op"] == "block"] == [2]

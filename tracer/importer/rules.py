@@ -63,6 +63,7 @@ ADVANCED_INDEXING = (
     "(a run, as x[:, [-1]] or x[:, [2, 3]], imports as op: index with start/stop)"
 )
 UNMAPPED_HINTS = {aten.index_select.default: ADVANCED_INDEXING}
+MASKED_FILLS = (aten.masked_fill.Scalar, aten.masked_fill_.Scalar)
 SPLITS = (aten.split.Tensor, aten.split_with_sizes.default, aten.chunk.default)
 
 
@@ -345,8 +346,18 @@ class Translator:
         return {**pattern, **sizes}
 
     def _masked_fill(self, node):
-        """A masked_fill the mask walker left: its mask is a constant no pattern hides, or two masks."""
+        """A masked_fill the mask walker left: torch's ``_canonical_mask`` (a bool mask as a float one:
+        ``zeros_like(m, dtype=float).masked_fill_(m, -inf)``, as nn.TransformerEncoder makes its
+        ``src_key_padding_mask``) is a ``where``; any other is a constant no pattern hides, or two masks."""
+        base, mask, fill = node.args[:3]
+        if _fresh_zeros(base) and mask is base.args[0] and mask.meta["val"].dtype == torch.bool:
+            return self.emit(node, {"op": "where", "inputs": [self.ref(mask)], "then": float(fill), "otherwise": 0.0})
         raise Unmapped(f"masked_fill with '{node.args[1].name}': not a causal, sliding-window or band pattern or one given mask")
+
+    def _zeros_like(self, node):
+        """``zeros_like(m)`` that only ``_canonical_mask``'s masked_fill reads: no step of its own."""
+        if not all(u.target in MASKED_FILLS and u.args[0] is node and u.args[1] is node.args[0] for u in node.users):
+            raise Unmapped(f"{_label(node)} read as a tensor of its own: tracer makes zeros with an input's init: zeros")
 
     def _pow(self, node):
         x, exponent = node.args[:2]
@@ -956,7 +967,8 @@ RULES = {
     aten.argmax.default: Translator._argmax,
     aten.argmin.default: Translator._argmax,
     aten.stack.default: Translator._stack,
-    aten.masked_fill.Scalar: Translator._masked_fill,
+    **dict.fromkeys(MASKED_FILLS, Translator._masked_fill),
+    aten.zeros_like.default: Translator._zeros_like,
     aten.linear.default: Translator._linear,
     aten.embedding.default: Translator._embedding,
     aten.transpose.int: Translator._transpose,
@@ -1131,6 +1143,10 @@ def _t5_settings(owner: torch.nn.Module, buckets: torch.Tensor, num_buckets: int
             if torch.equal(expected, buckets.to(torch.long)):
                 found.append({"bidirectional": bidirectional, "max_distance": max_distance})
     return found[0] if len(found) == 1 else None
+
+
+def _fresh_zeros(node) -> bool:
+    return isinstance(node, torch.fx.Node) and node.target == aten.zeros_like.default and isinstance(node.args[0], torch.fx.Node)
 
 
 def _picks_a_row_per_batch(graph: Graph, indices: list, shape) -> bool:
