@@ -98,3 +98,17 @@ def test_transformer_encoder_with_a_padding_mask_folds_its_layers_and_runs_equal
     steps = yaml.safe_load(pipeline.to_yaml())["steps"]
     assert steps[0] == {"id": steps[0]["id"], "op": "where", "inputs": ["src_key_padding_mask"], "then": -float("inf"), "otherwise": 0.0}
     assert [s["repeat"] for s in steps if s["op"] == "block"] == [2]
+
+
+def test_transformer_decoder_layer_with_padding_on_both_sides_and_a_causal_mask():
+    """Self-attention given the causal mask and the target's padding, cross-attention the memory's."""
+    torch.manual_seed(0)
+    module = nn.TransformerDecoderLayer(d_model=D, nhead=H, dim_feedforward=32, dropout=0.0, batch_first=True).eval()
+    x, memory, memory_padding = torch.randn(B, T, D), torch.randn(B, T - 1, D), torch.zeros(B, T - 1, dtype=torch.bool)
+    memory_padding[0, 3:] = True
+    masks = {"tgt_mask": CAUSAL, "tgt_key_padding_mask": _padding(), "memory_key_padding_mask": memory_padding}
+    pipeline = from_module(module, x, memory, **masks)
+    assert difference(pipeline, module, x, memory, **masks) <= 1e-5
+    assert _clean(pipeline) == []
+    attentions = [s for s in yaml.safe_load(pipeline.to_yaml())["steps"] if s["op"] == "sdpa"]
+    assert [(s.get("polarity"), "mask" in s) for s in attentions] == [("block", True), ("block", True)]
