@@ -13,6 +13,10 @@ import yaml
 from torch import nn
 from torch.nn import functional as F
 
+import tracer
+from tests.conftest import PIPELINES
+from tests.importing.test_round_trip import _reimported
+from tracer.diff import diff
 from tracer.importing import difference, from_module
 
 B, T, D, H = 2, 6, 16, 2
@@ -200,3 +204,11 @@ def test_t5_relative_buckets_import_as_relative_bias_in_every_layer():
     table = "{}.block.0.layer.0.SelfAttention.relative_attention_bias.weight"
     expected = [(table.format("encoder"), True, 16)] * 2 + [(table.format("decoder"), False, 16)] * 2
     assert [(s["table"], s["bidirectional"], s["max_distance"]) for s in biases] == expected
+
+
+@pytest.mark.parametrize("name", ["vit_embeddings_layer", "whisper_encoder"])
+def test_bundled_convolution_models_export_then_import_back_with_equal_values(tmp_path, name):
+    pipeline = tracer.load(PIPELINES / "models" / f"{name}.yaml")
+    found = diff(pipeline, _reimported(pipeline, tmp_path), values=True)
+    assert found.compared_values and found.diverges is None and not found.added and not found.removed
+    assert {op.split(" -> ")[0] for op in found.changed_op} <= {"scaled: multiply 0.3535533905932738"}, found.changed_op
