@@ -31,8 +31,19 @@ CONFIGS = {  # family: (model class, config class, config arguments besides SIZE
     "bert": ("BertModel", "BertConfig", {"max_position_embeddings": 16}),
     "llama": ("LlamaModel", "LlamaConfig", {"num_key_value_heads": 2}),  # a padded batch: causal and padding masks
     "qwen3": ("Qwen3Model", "Qwen3Config", {"num_key_value_heads": 2, "head_dim": 8, "use_sliding_window": True, "sliding_window": 4}),
+    # multipliers on the embeddings, the residuals, the scores (in place of 1/sqrt(Dh)) and the logits
+    "granite": (
+        "GraniteModel",
+        "GraniteConfig",
+        {"num_key_value_heads": 2, "embedding_multiplier": 12.0, "residual_multiplier": 0.22, "attention_multiplier": 0.0078125},
+    ),
+    # softcapped scores, query_pre_attn_scalar for the scale, sliding-window layers
+    "gemma2": ("Gemma2Model", "Gemma2Config", {"num_key_value_heads": 2, "head_dim": 8, "query_pre_attn_scalar": 16, "sliding_window": 4}),
+    "cohere": ("CohereModel", "CohereConfig", {"num_key_value_heads": 2}),  # a bias-free LayerNorm written out, interleaved rope
+    "phi": ("PhiModel", "PhiConfig", {}),  # partial rotary, parallel attention and MLP
 }
 PADDED = ("bert", "llama", "qwen3")  # given an attention_mask: the second sequence ends after 4 tokens
+ATTENTIONS = {"decoder_layer": ("torch",), "gemma2": ("eager",)}  # transformers refuses sdpa for Gemma 2
 BART = {"d_model": D, "encoder_attention_heads": 4, "decoder_attention_heads": 4, "encoder_ffn_dim": 56, "decoder_ffn_dim": 56}
 
 
@@ -98,7 +109,7 @@ def main() -> None:
     options = parser.parse_args()
     print("| model | attention | --strict | layers folded | max diff | import / static torch.export |\n|---|---|---|---|---|---|")
     for family in options.families:
-        for attention in ("torch",) if family == "decoder_layer" else ("eager", "sdpa"):
+        for attention in ATTENTIONS.get(family, ("eager", "sdpa")):
             print(row(family, attention, options.layers), flush=True)
 
 

@@ -38,7 +38,7 @@ def from_module(
     """
     program, dynamic = capture(module, example_args, example_kwargs)
     graph = Graph(program, graph_inputs(program, example_args, example_kwargs))
-    found = symbols(graph)
+    found = _sequence_first(module, symbols(graph))
     namer = Namer(model_dims(module, dims), {symbol: dim for symbol, (dim, _) in found.items()})
     translator = Translator(graph, module, namer)
     translator.translate()
@@ -61,6 +61,15 @@ def from_module(
         for name in (n for n in unread if n in section):
             section[name] = {**section[name], "allow": {"unused-tensor": reason}}
     return _load(document)
+
+
+def _sequence_first(module: torch.nn.Module, found: dict[str, tuple[str, int]]) -> dict[str, tuple[str, int]]:
+    """A module built with ``batch_first=False`` (``nn.MultiheadAttention``'s and
+    ``nn.Transformer*``'s default) takes (T, B, E): its inputs' first axis is the sequence."""
+    if getattr(module, "batch_first", None) is not False:
+        return found
+    swapped = {symbol: ({"B": "T", "T": "B"}.get(name, name), size) for symbol, (name, size) in found.items()}
+    return dict(sorted(swapped.items(), key=lambda item: item[1][0] != "B"))  # B first in dims:, as always
 
 
 UNREAD_REASON = "a state_dict entry of the module that no captured op reads"

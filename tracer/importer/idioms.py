@@ -106,7 +106,8 @@ class Graph:
                 facts = VERIFY[kind](self, match)
                 if facts is not None and not self.consumed & set(inner):
                     self.claim(Idiom(kind, match.returning_nodes[0], facts), inner)
-        for walker in (_multi_head_attention, _complex_ropes, _merges, _conv1d, _in_out_linears, _mask_fills, _kept_masks, _softcaps):
+        walkers = (_multi_head_attention, _complex_ropes, _merges, _conv1d, _in_out_linears, _mask_fills, _kept_masks, _softcaps)
+        for walker in (*walkers, _relative_biases):
             walker(self)
 
 
@@ -384,8 +385,15 @@ def _merges(graph: Graph) -> None:
         while source.op == "call_function" and source.target == aten.contiguous.default and len(source.users) == 1:
             chain.append(source)
             source = source.args[0]
-        if _swaps_heads(source) and node.meta["val"].ndim == 3 and len(source.users) == 1:
+        if _swaps_heads(source) and _joins_last_two(graph, source, node) and len(source.users) == 1:
             graph.claim(Idiom("merge", node, {"x": source.args[0]}), [*chain, source])
+
+
+def _joins_last_two(graph: Graph, source: torch.fx.Node, node: torch.fx.Node) -> bool:
+    """``node`` is (…, T, H, Dh) ``source`` with its last two axes joined: (…, T, H·Dh), not
+    another reshape of as many elements (``.reshape(2, 5, 16)`` of (2, 4, 5, 4))."""
+    before, after = graph.values[source].shape, graph.values[node].shape
+    return len(after) == 3 and tuple(after) == (before[0], before[1], before[2] * before[3])
 
 
 def _swaps_heads(node: torch.fx.Node) -> bool:
@@ -430,6 +438,35 @@ def _complex_rotary(table: torch.Tensor, ndim: int) -> dict | None:
     if not torch.allclose(torch.polar(torch.ones_like(expected), expected), table.reshape(angles.shape).to(torch.complex128), atol=1e-5):
         return None
     return {"theta": theta, "style": "interleaved", "seq_dim": positions[0] - table.ndim if table.ndim == ndim else -2}
+
+
+def _relative_biases(graph: Graph) -> None:
+    """T5's ``compute_bias``: a learned (num_buckets, H) table looked up at constant buckets,
+    ``permute(2, 0, 1).unsqueeze(0)`` to (1, H, T_q, T_kv) and added to the scores (every layer adds
+    the first one's): a ``relative_bias`` step at each add, once rules has checked the buckets."""
+    for node in graph.calls():
+        if node.target != aten.embedding.default or graph.kind(node.args[0]) != "PARAMETER" or node.args[1] not in graph.constant:
+            continue
+        chain = _single_users(node, (aten.permute.default, aten.unsqueeze.default))
+        if chain is None or list(chain[0].args[1]) != [2, 0, 1] or chain[1].args[1] != 0:
+            continue
+        adds = [u for u in chain[1].users if u.target == aten.add.Tensor and u.args[1] is chain[1] and u.args[0] not in graph.constant]
+        if not adds or len(adds) != len(chain[1].users):
+            continue
+        for add in adds:
+            facts = {"x": add.args[0], "table": node.args[0], "buckets": graph.values[node.args[1]]}
+            graph.claim(Idiom("relative_bias", add, facts), [node, *chain, add])
+
+
+def _single_users(node: torch.fx.Node, targets: tuple) -> list[torch.fx.Node] | None:
+    """The chain of ops ``targets`` that reads ``node``, each the only reader of the one before (the last may have several)."""
+    chain = []
+    for target in targets:
+        if len(node.users) != 1 or next(iter(node.users)).target != target:
+            return None
+        node = next(iter(node.users))
+        chain.append(node)
+    return chain
 
 
 def _conv1d(graph: Graph) -> None:

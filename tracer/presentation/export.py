@@ -343,7 +343,7 @@ class _Writer:
         setup, value = _init_source(decl, meta, scope, self, generator)
         lines += setup
         owner, declared = _access(parts[:-1]), "(" + ", ".join(str(dimexpr.parse(t)) for t in decl.shape) + ")"
-        if meta.dtype in FLOAT_DTYPES:
+        if meta.dtype in FLOAT_DTYPES and not decl.buffer:
             lines.append(_assign(owner, parts[-1], f"nn.Parameter({value})") + f"  # {declared}")
         else:
             lines.append(f"{owner}.register_buffer({parts[-1]!r}, {value})  # {declared}")
