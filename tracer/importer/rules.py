@@ -22,6 +22,7 @@ from ..core.errors import Diagnostic, Position, TracerError
 from ..presentation.export import HEADER as EXPORT_HEADER
 from .idioms import Graph, Idiom, aten, hidden_pattern, module_stack
 from .naming import Namer
+from .rotary import scaling_of
 
 FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)\n\s+(.*)')
 # the tag `tracer export` ends each line of forward with: "  # (B, T, d_model) layer.q_proj" or "  # layer.q_proj"
@@ -624,12 +625,34 @@ class Translator:
 
     def _rope(self, idiom: Idiom):
         facts = idiom.facts
-        fields = {"op": "rope", "input": self.ref(facts["x"]), "theta": facts["theta"]}
+        theta, scaling = self._rope_scaling(facts)
+        fields = {"op": "rope", "input": self.ref(facts["x"]), "theta": theta}
+        if scaling is not None:
+            fields["rope_scaling"] = scaling
         if facts.get("style", "half") != "half":
             fields["style"] = facts["style"]
         if facts.get("seq_dim", -2) != -2:
             fields["seq_dim"] = facts["seq_dim"]
         self.emit(idiom.node, fields)
+
+    def _rope_scaling(self, facts: dict) -> tuple[float, dict]:
+        """(theta, rope_scaling or None) of a rotary table: a scaling of the rope parameters of the
+        config of the module that holds its ``inv_freq`` (transformers' rotary embedding), else of
+        any config, that computes the table; else plain RoPE of the theta the idiom read."""
+        found = None
+        if "table" in facts:
+            owner = self.module.get_submodule(facts["owner"]) if facts["owner"] is not None else None
+            configs = [getattr(m, "config", None) for m in (owner, self.module, *self.module.modules()) if m is not None]
+            found = scaling_of(facts["table"], list({id(c): c for c in configs if c is not None}.values()))
+        if found is None and "theta" in facts:
+            return facts["theta"], None
+        if found is None:
+            table = facts["table"]
+            raise Unmapped(
+                f"a rotary table of {table.positions} positions x {table.rotary_dim} (attention factor {table.factor:g}) whose "
+                "frequencies no rope_scaling of the module's config reproduces (linear, dynamic, llama3, yarn, longrope)"
+            )
+        return found
 
     def _repeat_kv(self, idiom: Idiom):
         """GQA's ``repeat_kv(key_states, n_rep)``: named after the keys or values it repeats."""
