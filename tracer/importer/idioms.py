@@ -404,8 +404,14 @@ def _merges(graph: Graph) -> None:
         while source.op == "call_function" and source.target == aten.contiguous.default and len(source.users) == 1:
             chain.append(source)
             source = source.args[0]
-        if _swaps_heads(source) and node.meta["val"].ndim == 3 and len(source.users) == 1:
+        if _swaps_heads(source) and _merges_last_two(graph, source, node) and len(source.users) == 1:
             graph.claim(Idiom("merge", node, {"x": source.args[0]}), [*chain, source])
+
+
+def _merges_last_two(graph: Graph, swapped: torch.fx.Node, node: torch.fx.Node) -> bool:
+    """(…, T, H, Dh) viewed as (…, T, H·Dh); not Bloom's (B, H, T, Dh) as (B·H, T, Dh)."""
+    before, after = graph.values[swapped].shape, graph.values[node].shape
+    return len(after) == 3 and tuple(after) == (before[0], before[1], before[2] * before[3])
 
 
 def _swaps_heads(node: torch.fx.Node) -> bool:

@@ -20,6 +20,7 @@ import torch
 
 from ..core.errors import Diagnostic, Position, TracerError
 from ..presentation.export import HEADER as EXPORT_HEADER
+from ..steps.positions import alibi_slopes
 from .idioms import Graph, Idiom, aten, hidden_pattern, module_stack
 from .naming import Namer
 from .rotary import scaling_of
@@ -279,16 +280,17 @@ class Translator:
         if node.target not in (aten.mul.Tensor, aten.div.Tensor):
             self.emit(node, {"op": BINARY[node.target], "input": self.ref(x), "value": _number(number)})
             return
-        key = "multiply" if node.target == aten.mul.Tensor else "divide"
-        head = _head_width(x)
+        self.emit(node, self._scale_fields(x, "multiply" if node.target == aten.mul.Tensor else "divide", number), "scaled")
+
+    def _scale_fields(self, x, key: str, number, head: int | None = None) -> dict:
+        """``scale`` of x by a number: ``{rsqrt: Dh}``/``{sqrt: Dh}`` where it is the head width's root."""
+        head = head or _head_width(x)
         dh = self.size(head, ("Dh",))
         if key == "multiply" and float(number) == head**-0.5:  # transformers' `scaling = head_dim ** -0.5`, bit for bit
-            fields = {"op": "scale", "input": self.ref(x), "multiply": {"rsqrt": dh}}
-        elif math.isclose(float(number), head ** (-0.5 if key == "multiply" else 0.5), rel_tol=1e-6):
-            fields = {"op": "scale", "input": self.ref(x), "divide": {"sqrt": dh}}
-        else:
-            fields = {"op": "scale", "input": self.ref(x), key: float(number)}
-        self.emit(node, fields, "scaled")
+            return {"op": "scale", "input": self.ref(x), "multiply": {"rsqrt": dh}}
+        if math.isclose(float(number), head ** (-0.5 if key == "multiply" else 0.5), rel_tol=1e-6):
+            return {"op": "scale", "input": self.ref(x), "divide": {"sqrt": dh}}
+        return {"op": "scale", "input": self.ref(x), key: float(number)}
 
     def _additive_mask(self, node, x, mask):
         if not _hides_any(self.graph.values[mask]):  # BART's encoder mask without padding: adding zeros
@@ -500,7 +502,11 @@ class Translator:
 
     def _shaped(self, node):
         op = {aten.view.default: "view", aten.reshape.default: "reshape", aten.expand.default: "expand"}[node.target]
-        self.emit(node, {"op": op, "input": self.ref(node.args[0]), "shape": self.namer.shape(node.meta["val"])})
+        shape = self.namer.shape(node.meta["val"])
+        if op != "expand":
+            sizes = (self.graph.values[node.args[0]].shape, self.graph.values[node].shape)
+            shape = _merged_names(self.namer.shape(node.args[0].meta["val"]), shape, *sizes)
+        self.emit(node, {"op": op, "input": self.ref(node.args[0]), "shape": shape})
 
     def _transpose(self, node):
         self.emit(node, {"op": "transpose", "input": self.ref(node.args[0]), "dims": [node.args[1], node.args[2]]})
@@ -545,12 +551,58 @@ class Translator:
         beta, alpha = node.kwargs.get("beta", 1), node.kwargs.get("alpha", 1)
         if beta != 1:
             raise Unmapped(f"{_label(node)} with beta={beta}: tracer adds the bias as it is (beta 1)")
+        heads = self._alibi_heads(node)
+        if heads is not None:
+            return self._alibi_scores(node, heads)
         base = self.step_id(node, "scores")
         product = self.emit(node, {"op": "bmm", "inputs": [self.ref(left), self.ref(right)]}, step_id=self._unique(f"{base}_bmm"))
         if alpha != 1:
             fields = {"op": "scale", "input": product.fields["id"], "multiply": float(alpha)}
             self.emit(node, fields, step_id=self._unique(f"{base}_scaled"))
         self.emit(node, {"op": "add", "inputs": [self.names[node], self.ref(bias)]}, step_id=base)
+
+    def _alibi_heads(self, node) -> int | None:
+        """The head count of Bloom's ``alibi.baddbmm(q, k)``: the bias a constant (B·H, 1, T_kv) table of
+        ``slope[h] · j`` (``build_alibi_tensor`` without padding), the scores read only by their view
+        as (B, H, T_q, T_kv); None for another bias."""
+        bias = node.args[0]
+        (user,) = node.users if len(node.users) == 1 else (None,)
+        if (
+            bias not in self.graph.constant
+            or bias in self.names
+            or user is None
+            or user.target not in (aten.view.default, aten.reshape.default)
+        ):
+            return None
+        table, shape = self.graph.values[bias], tuple(self.graph.values[user].shape)
+        if (
+            len(shape) != 4
+            or table.ndim != 3
+            or table.shape[1] != 1
+            or table.shape[0] != shape[0] * shape[1]
+            or not table.is_floating_point()
+        ):
+            return None
+        heads, keys = shape[1], shape[3]
+        expected = (alibi_slopes(torch, heads)[:, None] * torch.arange(keys)).to(table.dtype)
+        found = table.reshape(-1, heads, keys)
+        return heads if torch.allclose(found.double(), expected.double().expand_as(found), rtol=1e-6, atol=0) else None
+
+    def _alibi_scores(self, node, heads: int) -> None:
+        """Bloom's ALiBi scores: ``bmm``, ``scale`` by alpha, the view as (B, H, T_q, T_kv) the module
+        makes next, and ``alibi`` on it (the constant bias is the step's own slopes and key positions)."""
+        left, right = node.args[1:3]
+        (view,) = node.users
+        base = self.step_id(node, "scores")
+        self.emit(node, {"op": "bmm", "inputs": [self.ref(left), self.ref(right)]}, step_id=self._unique(f"{base}_bmm"))
+        alpha = node.kwargs.get("alpha", 1)
+        if alpha != 1:  # Bloom's inv_norm_factor, 1 / sqrt(head_dim)
+            fields = self._scale_fields(node, "multiply", alpha, left.meta["val"].shape[-1])
+            self.emit(node, fields, step_id=self._unique(f"{base}_scaled"))
+        shape = self.namer.shape(view.meta["val"])
+        self.emit(view, {"op": "view", "input": self.names[node], "shape": shape}, step_id=self._unique(f"{base}_heads"))
+        self.emit(view, {"op": "alibi", "input": self.names[view]}, step_id=base)
+        self.graph.consumed.add(view)
 
     def _softmax(self, node):
         self.emit(node, {"op": "softmax", "input": self.ref(node.args[0]), "dim": node.args[1]})
@@ -890,6 +942,25 @@ def _layer(node: torch.fx.Node) -> tuple[str, int] | None:
             if part.isdigit():
                 return ".".join(parts[:i]), int(part)
     return None
+
+
+def _merged_names(before: list, after: list, sizes_before, sizes_after) -> list:
+    """A view's shape with each dim that merges neighbouring dims of its input, and that has no name
+    of its own (``4 * B``: no config names B·H), written as their product (``B * H``), as Bloom's
+    ``reshape(batch_size * num_heads, …)`` says it: the view keeps the dims in order."""
+    written, i = list(after), 0
+    for j, size in enumerate(sizes_after):
+        run, product = [], 1
+        while i < len(sizes_before) and (not run or product < size):
+            run.append(before[i])
+            product *= sizes_before[i]
+            i += 1
+        if product != size:
+            return after
+        plain = isinstance(after[j], str) and after[j].isidentifier()
+        if len(run) > 1 and not plain and all(isinstance(n, str) and n.isidentifier() for n in run):
+            written[j] = " * ".join(run)
+    return written if i == len(sizes_before) else after
 
 
 def _head_width(x: torch.fx.Node) -> int:
