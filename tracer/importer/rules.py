@@ -518,7 +518,16 @@ class Translator:
         self.emit(node, {"op": "unsqueeze", "input": self.ref(node.args[0]), "dim": node.args[1]})
 
     def _cat(self, node):
-        self.emit(node, {"op": "cat", "inputs": [self.ref(x) for x in node.args[0]], "dim": _arg(node, 1, 0)})
+        fields = {"op": "cat", "inputs": [self.ref(x) for x in node.args[0]], "dim": _arg(node, 1, 0)}
+        self.emit(node, {**fields, **self._cat_size(node, fields["dim"])})
+
+    def _cat_size(self, node, dim: int) -> dict:
+        """``size:`` where parts of literal sizes join into a dim of the model (StableLM's per-head
+        norm: H tensors of one head each, joined back into the H heads)."""
+        parts = [self.namer.shape(x.meta["val"])[dim] for x in node.args[0]]
+        joined = self.namer.shape(node.meta["val"])[dim]
+        units = all(p == 1 for p in parts)  # a dim taken apart one by one and joined back, not sizes that add up by chance
+        return {"size": joined} if units and len(parts) > 1 and isinstance(joined, str) and joined.isidentifier() else {}
 
     def _slice(self, node):
         fields = {"op": "index", "input": self.ref(node.args[0]), "dim": _arg(node, 1, 0)}
