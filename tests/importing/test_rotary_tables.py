@@ -92,6 +92,16 @@ def test_dynamic_rope_is_captured_at_the_example_and_the_module_is_left_as_it_wa
     assert ("forward" in vars(rotary)) is before[2] is False
 
 
+def test_longrope_imports_twice_and_leaves_no_frequencies_of_the_capture_on_the_module():
+    """LongRoPE caches its long frequencies on the module during forward; made under the capture's
+    fake tensors, they broke every later capture of the same module."""
+    module, ids = model("longrope")
+    for _ in range(2):
+        pipeline = from_module(module, ids)
+        assert "long_inv_freq" not in vars(module.rotary_emb)
+    assert difference(pipeline, module, ids) <= 1e-5
+
+
 @pytest.mark.parametrize(("variant", "dtype"), [("llama3", torch.float16), ("yarn", torch.bfloat16)])
 def test_a_half_precision_model_imports_its_rounded_rotary_table(variant, dtype):
     module, ids = model(variant, dtype)

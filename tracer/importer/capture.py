@@ -19,7 +19,7 @@ from torch.export import Dim
 
 from ..core.errors import Diagnostic, TracerError
 from .idioms import Graph
-from .rotary import settled_dynamic_ropes
+from .rotary import settled_rope_updates
 
 
 @contextlib.contextmanager
@@ -67,7 +67,7 @@ class _OutsideTorch(set):
 
 def capture(module: torch.nn.Module, args: tuple, kwargs: dict):
     """(ExportedProgram, whether batch and sequence are symbolic)."""
-    with capturing(module), settled_dynamic_ropes(module, args, kwargs):
+    with capturing(module), settled_rope_updates(module, args, kwargs):
         with contextlib.suppress(Exception):  # a module that specialises B or T: captured at the example sizes
             return torch.export.export(module, tuple(args), dict(kwargs), dynamic_shapes=_auto(module, args, kwargs), strict=False), True
         try:

@@ -158,20 +158,28 @@ def _written(scaling) -> dict:
 
 
 @contextlib.contextmanager
-def settled_dynamic_ropes(module: torch.nn.Module, args: tuple, kwargs: dict):
-    """transformers' dynamic NTK rope recomputes ``inv_freq`` when ``max(position_ids) + 1`` passes
-    the cached length, a branch on a tensor's value that torch.export cannot capture. The module is
-    run once on the example, so the buffer holds the frequencies of the example's positions, and
-    captured with the rotary embedding's undecorated ``forward`` (``inspect.unwrap``): the table is the module's at the
-    example, and the ``rope`` step (``rope_scaling: dynamic``) recomputes it at any length. The
-    rotary modules are as they were afterwards."""
-    dynamic = [m for m in module.modules() if "dynamic" in str(getattr(m, "rope_type", "")) and hasattr(type(m).forward, "__wrapped__")]
-    if not dynamic:
+def settled_rope_updates(module: torch.nn.Module, args: tuple, kwargs: dict):
+    """transformers' rotary embeddings that update their frequencies in ``forward``
+    (``dynamic_rope_update``), left as they were after a capture.
+
+    Dynamic NTK recomputes ``inv_freq`` when ``max(position_ids) + 1`` passes the cached length, a
+    branch on a tensor's value that torch.export cannot capture: the module is run once on the
+    example, so the buffer holds the frequencies of the example's positions, and captured with
+    the rotary embedding's undecorated ``forward`` (``inspect.unwrap``): the table is the module's
+    at the example, and the ``rope`` step (``rope_scaling: dynamic``) recomputes it at any length.
+    LongRoPE caches its long frequencies on the module as a plain attribute, made under the
+    capture's fake tensors: a second capture (or a second import) would fail on it. Every such
+    module's attributes and buffers are restored afterwards."""
+    updating = [m for m in module.modules() if isinstance(getattr(m, "rope_type", None), str) and hasattr(type(m).forward, "__wrapped__")]
+    updating = [m for m in updating if "dynamic" in m.rope_type or m.rope_type == "longrope"]
+    if not updating:
         yield
         return
-    saved = [(m, dict(m.__dict__), {name: b for name, b in m.named_buffers(recurse=False)}) for m in dynamic]
+    saved = [(m, dict(m.__dict__), dict(m._buffers)) for m in updating]
     try:
-        module(*args, **kwargs)
+        dynamic = [m for m in updating if "dynamic" in m.rope_type]
+        if dynamic:
+            module(*args, **kwargs)
         for m in dynamic:
             m.forward = types.MethodType(inspect.unwrap(type(m).forward), m)  # capture runs under no_grad already
         yield
@@ -179,4 +187,5 @@ def settled_dynamic_ropes(module: torch.nn.Module, args: tuple, kwargs: dict):
         for m, attributes, buffers in saved:
             m.__dict__.clear()
             m.__dict__.update(attributes)
+            m._buffers.clear()
             m._buffers.update(buffers)
