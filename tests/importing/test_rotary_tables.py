@@ -92,6 +92,25 @@ def test_dynamic_rope_is_captured_at_the_example_and_the_module_is_left_as_it_wa
     assert ("forward" in vars(rotary)) is before[2] is False
 
 
+def test_gemma3_reads_the_rope_of_each_layer_type():
+    """Gemma 3: rope_parameters per layer type, linear scaling on the global layers only."""
+    torch.manual_seed(0)
+    rope = {
+        "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
+        "sliding_attention": {"rope_type": "default", "rope_theta": THETA},
+    }
+    config = transformers.Gemma3TextConfig(
+        **{**SIZES, "num_hidden_layers": 2}, num_key_value_heads=1, head_dim=8, sliding_window=4,
+        layer_types=["sliding_attention", "full_attention"], rope_parameters=rope,
+    )  # fmt: skip
+    config._attn_implementation = "eager"
+    module, ids = transformers.Gemma3TextModel(config).eval(), torch.randint(0, 32, (2, 7))
+    pipeline = from_module(module, ids, name="gemma3")
+    assert_clean_and_equal(pipeline, module, ids)
+    written = {(s["theta"], str(s.get("rope_scaling"))) for s in ropes(pipeline)}
+    assert written == {(THETA, "None"), (1e6, str({"type": "linear", "factor": 8.0}))}
+
+
 def test_longrope_imports_twice_and_leaves_no_frequencies_of_the_capture_on_the_module():
     """LongRoPE caches its long frequencies on the module during forward; made under the capture's
     fake tensors, they broke every later capture of the same module."""
