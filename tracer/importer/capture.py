@@ -86,15 +86,34 @@ def _auto(module, args, kwargs) -> dict:
 def graph_inputs(program, args, kwargs) -> list:
     """The example value of each placeholder, in the graph's order."""
     user = iter(torch.utils._pytree.tree_leaves((tuple(args), dict(kwargs))))
+    mutated = _written_in_place(program.graph_module.graph)
     values = []
     for spec in program.graph_signature.input_specs:
         if spec.kind.name == "USER_INPUT":
             values.append(next(user))
-        elif spec.target in program.state_dict:
-            values.append(program.state_dict[spec.target])
-        else:
-            values.append(program.constants[spec.target])
+            continue
+        value = program.state_dict[spec.target] if spec.target in program.state_dict else program.constants[spec.target]
+        values.append(value.clone() if spec.arg.name in mutated else value)  # evaluating must not change the module's buffer
     return values
+
+
+def _written_in_place(graph: torch.fx.Graph) -> set[str]:
+    """The placeholders an in-place op of the (pre-dispatch, not functionalised) graph writes:
+    LongRoPE's ``inv_freq.copy_(...)``."""
+    written = set()
+    for node in graph.nodes:
+        schema = getattr(node.target, "_schema", None) if node.op == "call_function" else None
+        if schema is None or not schema.is_mutable:
+            continue
+        for argument, value in zip(schema.arguments, node.args):
+            if (
+                argument.alias_info is not None
+                and argument.alias_info.is_write
+                and isinstance(value, torch.fx.Node)
+                and value.op == "placeholder"
+            ):
+                written.add(value.name)
+    return written
 
 
 def symbols(graph: Graph) -> dict[str, tuple[str, int]]:

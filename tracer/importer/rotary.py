@@ -169,7 +169,8 @@ def settled_rope_updates(module: torch.nn.Module, args: tuple, kwargs: dict):
     at the example, and the ``rope`` step (``rope_scaling: dynamic``) recomputes it at any length.
     LongRoPE caches its long frequencies on the module as a plain attribute, made under the
     capture's fake tensors: a second capture (or a second import) would fail on it. Every such
-    module's attributes and buffers are restored afterwards."""
+    module's attributes and buffers are restored afterwards (its in-place ``inv_freq.copy_`` is
+    kept off the module's buffer by ``capture.graph_inputs``)."""
     updating = [m for m in module.modules() if isinstance(getattr(m, "rope_type", None), str) and hasattr(type(m).forward, "__wrapped__")]
     updating = [m for m in updating if "dynamic" in m.rope_type or m.rope_type == "longrope"]
     if not updating:
