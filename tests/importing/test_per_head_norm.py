@@ -33,3 +33,16 @@ def test_stablelm_per_head_norm_imports_clean_and_equal(attention):
     norms = "layers.0.self_attn.q_layernorm."
     assert [steps[f"{norms}norms.{h}"]["op"] for h in range(4)] == ["layernorm"] * 4  # each head its own weights
     assert steps[f"{norms}cat"]["size"] == "H" and steps["layers.0.self_attn.k_layernorm.cat"]["size"] == "H_kv"
+
+
+def test_one_wide_pieces_of_different_tensors_are_not_a_dim_joined_back():
+    """Two first tokens side by side make 2 = H only by chance: no ``size: H`` on that cat."""
+
+    class FirstTokens(torch.nn.Module):
+        def forward(self, x, y):
+            return torch.cat([x[:, :1], y[:, :1]], dim=1)
+
+    x, y = torch.randn(3, 5, 8), torch.randn(3, 5, 8)
+    pipeline = from_module(FirstTokens(), x, y, dims={"H": 2})
+    (cat,) = [s for s in pipeline.spec.steps if s.op == "cat"]
+    assert cat.size is None and difference(pipeline, FirstTokens(), x, y) == 0

@@ -526,7 +526,8 @@ class Translator:
         norm: H tensors of one head each, joined back into the H heads)."""
         parts = [self.namer.shape(x.meta["val"])[dim] for x in node.args[0]]
         joined = self.namer.shape(node.meta["val"])[dim]
-        units = all(p == 1 for p in parts)  # a dim taken apart one by one and joined back, not sizes that add up by chance
+        sources = {_split_of(x, dim) for x in node.args[0]}  # a dim taken apart one by one and joined back, not sizes that add up by chance
+        units = all(p == 1 for p in parts) and len(sources) == 1 and None not in sources
         return {"size": joined} if units and len(parts) > 1 and isinstance(joined, str) and joined.isidentifier() else {}
 
     def _slice(self, node):
@@ -950,6 +951,21 @@ def _layer(node: torch.fx.Node) -> tuple[str, int] | None:
         for i, part in enumerate(parts):
             if part.isdigit():
                 return ".".join(parts[:i]), int(part)
+    return None
+
+
+def _split_of(node: torch.fx.Node, dim: int) -> torch.fx.Node | None:
+    """The split along ``dim`` whose piece ``node`` is computed from, through ops of one data input
+    (a LayerNorm of the piece); None if none."""
+    for _ in range(8):
+        if node.op != "call_function" or not node.args or not isinstance(node.args[0], torch.fx.Node):
+            return None
+        if node.target == operator.getitem:
+            split = node.args[0]
+            along = _arg(split, 2, 0, "dim") if split.op == "call_function" and split.target in SPLITS else None
+            rank = node.meta["val"].ndim
+            return split if along is not None and along % rank == dim % rank else None
+        node = node.args[0]
     return None
 
 
