@@ -11,6 +11,7 @@ tests/importing/test_architectures.py runs some rows.
 from __future__ import annotations
 
 import argparse
+import copy
 import sys
 import time
 from pathlib import Path
@@ -41,9 +42,21 @@ CONFIGS = {  # family: (model class, config class, config arguments besides SIZE
     "gemma2": ("Gemma2Model", "Gemma2Config", {"num_key_value_heads": 2, "head_dim": 8, "query_pre_attn_scalar": 16, "sliding_window": 4}),
     "cohere": ("CohereModel", "CohereConfig", {"num_key_value_heads": 2}),  # a bias-free LayerNorm written out, interleaved rope
     "phi": ("PhiModel", "PhiConfig", {}),  # partial rotary, parallel attention and MLP
-}
+    # rotary tables computed from the config: rope with rope_scaling (positions 0..6 pass the original context of 4)
+    "llama3_rope": ("LlamaModel", "LlamaConfig", {"num_key_value_heads": 2, "rope_parameters": {"rope_type": "llama3", "factor": 8.0,
+                    "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 4, "rope_theta": 500000.0}}),
+    "yarn_rope": ("Qwen2Model", "Qwen2Config", {"num_key_value_heads": 2, "rope_parameters": {"rope_type": "yarn", "factor": 4.0,
+                  "original_max_position_embeddings": 4, "rope_theta": 10000.0}}),
+    "dynamic_rope": ("LlamaModel", "LlamaConfig", {"num_key_value_heads": 2, "max_position_embeddings": 4,
+                     "rope_parameters": {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0}}),
+    "longrope": ("Phi3Model", "Phi3Config", {"num_key_value_heads": 2, "pad_token_id": 0, "max_position_embeddings": 16,
+                 "original_max_position_embeddings": 4, "rope_parameters": {"rope_type": "longrope", "rope_theta": 10000.0,
+                 "short_factor": [1.0, 1.5, 2.0, 2.5], "long_factor": [2.0, 3.0, 4.0, 5.0]}}),
+    "bloom": ("BloomModel", "BloomConfig", {}),  # ALiBi added by baddbmm; eager only (no sdpa path in transformers)
+    "stablelm": ("StableLmModel", "StableLmConfig", {"num_key_value_heads": 2, "qk_layernorm": True}),  # a LayerNorm per head
+}  # fmt: skip
+ATTENTIONS = {"decoder_layer": ("torch",), "gemma2": ("eager",), "bloom": ("eager",)}  # if not eager and sdpa (Gemma 2 refuses sdpa)
 PADDED = ("bert", "llama", "qwen3")  # given an attention_mask: the second sequence ends after 4 tokens
-ATTENTIONS = {"decoder_layer": ("torch",), "gemma2": ("eager",)}  # transformers refuses sdpa for Gemma 2
 BART = {"d_model": D, "encoder_attention_heads": 4, "decoder_attention_heads": 4, "encoder_ffn_dim": 56, "decoder_ffn_dim": 56}
 
 
@@ -61,7 +74,9 @@ def build(family: str, attention: str, layers: int):
         model_class = transformers.BartModel
     else:
         model_name, config_name, extra = CONFIGS[family]
-        config = getattr(transformers, config_name)(num_hidden_layers=layers, **SIZES, **extra)
+        config = getattr(transformers, config_name)(
+            num_hidden_layers=layers, **SIZES, **copy.deepcopy(extra)
+        )  # configs keep what they are given
         model_class = getattr(transformers, model_name)
     config._attn_implementation = attention  # use_cache stays the config's default (True): import turns it off itself
     if family == "qwen3":
@@ -93,10 +108,12 @@ def row(family: str, attention: str, layers: int) -> str:
 
 
 def _static_export_seconds(module, args, kwargs) -> float:
-    """A plain ``torch.export.export(strict=False)`` at the example sizes, as tracer captures (cache off, no grad)."""
+    """A plain ``torch.export.export(strict=False)`` at the example sizes, as tracer captures (cache off, no grad,
+    a dynamic rope's frequencies settled at the example: its data-dependent branch cannot be exported)."""
     from tracer.importer.capture import capturing
+    from tracer.importer.rotary import settled_rope_updates
 
-    with capturing(module):
+    with capturing(module), settled_rope_updates(module, args, kwargs):
         started = time.perf_counter()
         torch.export.export(module, tuple(args), dict(kwargs), strict=False)
         return time.perf_counter() - started

@@ -19,6 +19,7 @@ from torch.export import Dim
 
 from ..core.errors import Diagnostic, TracerError
 from .idioms import Graph
+from .rotary import settled_rope_updates
 
 
 @contextlib.contextmanager
@@ -66,7 +67,7 @@ class _OutsideTorch(set):
 
 def capture(module: torch.nn.Module, args: tuple, kwargs: dict):
     """(ExportedProgram, whether batch and sequence are symbolic)."""
-    with capturing(module):
+    with capturing(module), settled_rope_updates(module, args, kwargs):
         with contextlib.suppress(Exception):  # a module that specialises B or T: captured at the example sizes
             return torch.export.export(module, tuple(args), dict(kwargs), dynamic_shapes=_auto(module, args, kwargs), strict=False), True
         try:
@@ -85,15 +86,34 @@ def _auto(module, args, kwargs) -> dict:
 def graph_inputs(program, args, kwargs) -> list:
     """The example value of each placeholder, in the graph's order."""
     user = iter(torch.utils._pytree.tree_leaves((tuple(args), dict(kwargs))))
+    mutated = _written_in_place(program.graph_module.graph)
     values = []
     for spec in program.graph_signature.input_specs:
         if spec.kind.name == "USER_INPUT":
             values.append(next(user))
-        elif spec.target in program.state_dict:
-            values.append(program.state_dict[spec.target])
-        else:
-            values.append(program.constants[spec.target])
+            continue
+        value = program.state_dict[spec.target] if spec.target in program.state_dict else program.constants[spec.target]
+        values.append(value.clone() if spec.arg.name in mutated else value)  # evaluating must not change the module's buffer
     return values
+
+
+def _written_in_place(graph: torch.fx.Graph) -> set[str]:
+    """The placeholders an in-place op of the (pre-dispatch, not functionalised) graph writes:
+    LongRoPE's ``inv_freq.copy_(...)``."""
+    written = set()
+    for node in graph.nodes:
+        schema = getattr(node.target, "_schema", None) if node.op == "call_function" else None
+        if schema is None or not schema.is_mutable:
+            continue
+        for argument, value in zip(schema.arguments, node.args):
+            if (
+                argument.alias_info is not None
+                and argument.alias_info.is_write
+                and isinstance(value, torch.fx.Node)
+                and value.op == "placeholder"
+            ):
+                written.add(value.name)
+    return written
 
 
 def symbols(graph: Graph) -> dict[str, tuple[str, int]]:

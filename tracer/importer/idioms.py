@@ -23,6 +23,7 @@ from torch.fx.passes.utils.matcher_utils import SubgraphMatcher
 
 from ..core.errors import Diagnostic, TracerError
 from ..steps.attention import causal_hidden
+from .rotary import scaled_table, tolerance
 
 aten = torch.ops.aten
 NO_OP_CASTS = {aten.to.dtype, aten.to.device, aten.to.dtype_layout, aten.type_as.default, aten.alias.default}
@@ -309,10 +310,29 @@ def _verify_rope(graph: Graph, match) -> dict | None:
     (rows, seq_dim), (sines, _) = (_table_rows(graph.values[n].double()) for n in (cos, sin))
     if rows.shape[0] < 2:  # theta is read at position 1: a table of position 0 only
         return None
+    facts = {
+        "x": x,
+        "style": "interleaved" if interleaved else "half",
+        "seq_dim": seq_dim,
+        **_computed_table(graph, cos, rows, sines, interleaved),
+    }
     theta = _theta(graph, cos, rows, sines, interleaved) if rows.shape[-1] >= 4 else 10000.0  # one frequency, theta ** 0: any theta
-    if not torch.allclose(rows, _rotary_cos(rows.shape[0], rows.shape[-1], theta, interleaved), atol=1e-5):
-        return None
-    return {"x": x, "theta": theta, "style": "interleaved" if interleaved else "half", "seq_dim": seq_dim}
+    atol = tolerance(graph.values[cos].dtype)  # a float16 table is float32's cos rounded
+    if torch.allclose(rows, _rotary_cos(rows.shape[0], rows.shape[-1], theta, interleaved), atol=atol):
+        return {**facts, "theta": theta}
+    return facts if "table" in facts else None
+
+
+def _computed_table(graph: Graph, cos: torch.fx.Node, rows: torch.Tensor, sines: torch.Tensor, interleaved: bool) -> dict:
+    """``table`` (a ``rotary.Table``) and ``owner`` (the module holding its ``inv_freq``) of a rotation
+    table, for the rule to find its scaling in the module's config (``rotary.scaling_of``: Llama 3,
+    YaRN, LongRoPE, linear, dynamic NTK, whose table at the example may also be plain RoPE of
+    another theta); none for a table that is no rotation."""
+    table = scaled_table(rows, sines, graph.values[cos].dtype, interleaved)
+    if table is None:
+        return {}
+    buffer = _ancestor_buffer(graph, cos, "inv_freq")
+    return {"table": table, "owner": graph.target(buffer).rpartition(".")[0] if buffer is not None else None}
 
 
 def _table_rows(table: torch.Tensor) -> tuple[torch.Tensor, int]:
@@ -391,7 +411,8 @@ def _merges(graph: Graph) -> None:
 
 def _joins_last_two(graph: Graph, source: torch.fx.Node, node: torch.fx.Node) -> bool:
     """``node`` is (…, T, H, Dh) ``source`` with its last two axes joined: (…, T, H·Dh), not
-    another reshape of as many elements (``.reshape(2, 5, 16)`` of (2, 4, 5, 4))."""
+    another reshape of as many elements (``.reshape(2, 5, 16)`` of (2, 4, 5, 4), Bloom's (B, H, T, Dh)
+    as (B·H, T, Dh))."""
     before, after = graph.values[source].shape, graph.values[node].shape
     return len(after) == 3 and tuple(after) == (before[0], before[1], before[2] * before[3])
 

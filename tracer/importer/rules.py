@@ -23,9 +23,10 @@ import torch
 
 from ..core.errors import Diagnostic, Position, TracerError
 from ..presentation.export import HEADER as EXPORT_HEADER
-from ..steps.positions import t5_buckets
+from ..steps.positions import alibi_slopes, t5_buckets
 from .idioms import Graph, Idiom, aten, hidden_pattern, module_stack
 from .naming import Namer
+from .rotary import scaling_of
 
 FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)\n\s+(.*)')
 # the tag `tracer export` ends each line of forward with: "  # (B, T, d_model) layer.q_proj" or "  # layer.q_proj"
@@ -314,16 +315,17 @@ class Translator:
         if node.target not in (aten.mul.Tensor, aten.div.Tensor):
             self.emit(node, {"op": BINARY[node.target], "input": self.ref(x), "value": _number(number)})
             return
-        key = "multiply" if node.target == aten.mul.Tensor else "divide"
-        head = _head_width(x)
+        self.emit(node, self._scale_fields(x, "multiply" if node.target == aten.mul.Tensor else "divide", number), "scaled")
+
+    def _scale_fields(self, x, key: str, number, head: int | None = None) -> dict:
+        """``scale`` of x by a number: ``{rsqrt: Dh}``/``{sqrt: Dh}`` where it is the head width's root."""
+        head = head or _head_width(x)
         dh = self.size(head, ("Dh",))
         if key == "multiply" and float(number) == head**-0.5:  # transformers' `scaling = head_dim ** -0.5`, bit for bit
-            fields = {"op": "scale", "input": self.ref(x), "multiply": {"rsqrt": dh}}
-        elif math.isclose(float(number), head ** (-0.5 if key == "multiply" else 0.5), rel_tol=1e-6):
-            fields = {"op": "scale", "input": self.ref(x), "divide": {"sqrt": dh}}
-        else:
-            fields = {"op": "scale", "input": self.ref(x), key: float(number)}
-        self.emit(node, fields, "scaled")
+            return {"op": "scale", "input": self.ref(x), "multiply": {"rsqrt": dh}}
+        if math.isclose(float(number), head ** (-0.5 if key == "multiply" else 0.5), rel_tol=1e-6):
+            return {"op": "scale", "input": self.ref(x), "divide": {"sqrt": dh}}
+        return {"op": "scale", "input": self.ref(x), key: float(number)}
 
     def _additive_mask(self, node, x, mask):
         """``x + constant``: a mask step for a constant causal, window or band mask, nothing for adding
@@ -573,7 +575,11 @@ class Translator:
 
     def _shaped(self, node):
         op = {aten.view.default: "view", aten.reshape.default: "reshape", aten.expand.default: "expand"}[node.target]
-        self.emit(node, {"op": op, "input": self.ref(node.args[0]), "shape": self.namer.shape(node.meta["val"])})
+        shape = self.namer.shape(node.meta["val"])
+        if op != "expand":
+            sizes = (self.graph.values[node.args[0]].shape, self.graph.values[node].shape)
+            shape = _merged_names(self.namer.shape(node.args[0].meta["val"]), shape, *sizes)
+        self.emit(node, {"op": op, "input": self.ref(node.args[0]), "shape": shape})
 
     def _transpose(self, node):
         self.emit(node, {"op": "transpose", "input": self.ref(node.args[0]), "dims": [node.args[1], node.args[2]]})
@@ -585,7 +591,17 @@ class Translator:
         self.emit(node, {"op": "unsqueeze", "input": self.ref(node.args[0]), "dim": node.args[1]})
 
     def _cat(self, node):
-        self.emit(node, {"op": "cat", "inputs": [self.ref(x) for x in node.args[0]], "dim": _arg(node, 1, 0)})
+        fields = {"op": "cat", "inputs": [self.ref(x) for x in node.args[0]], "dim": _arg(node, 1, 0)}
+        self.emit(node, {**fields, **self._cat_size(node, fields["dim"])})
+
+    def _cat_size(self, node, dim: int) -> dict:
+        """``size:`` where parts of literal sizes join into a dim of the model (StableLM's per-head
+        norm: H tensors of one head each, joined back into the H heads)."""
+        parts = [self.namer.shape(x.meta["val"])[dim] for x in node.args[0]]
+        joined = self.namer.shape(node.meta["val"])[dim]
+        sources = {_split_of(x, dim) for x in node.args[0]}  # a dim taken apart one by one and joined back, not sizes that add up by chance
+        units = all(p == 1 for p in parts) and len(sources) == 1 and None not in sources
+        return {"size": joined} if units and len(parts) > 1 and isinstance(joined, str) and joined.isidentifier() else {}
 
     def _slice(self, node):
         fields = {"op": "index", "input": self.ref(node.args[0]), "dim": _arg(node, 1, 0)}
@@ -618,12 +634,58 @@ class Translator:
         beta, alpha = node.kwargs.get("beta", 1), node.kwargs.get("alpha", 1)
         if beta != 1:
             raise Unmapped(f"{_label(node)} with beta={beta}: tracer adds the bias as it is (beta 1)")
+        heads = self._alibi_heads(node)
+        if heads is not None:
+            return self._alibi_scores(node, heads)
         base = self.step_id(node, "scores")
         product = self.emit(node, {"op": "bmm", "inputs": [self.ref(left), self.ref(right)]}, step_id=self._unique(f"{base}_bmm"))
         if alpha != 1:
             fields = {"op": "scale", "input": product.fields["id"], "multiply": float(alpha)}
             self.emit(node, fields, step_id=self._unique(f"{base}_scaled"))
         self.emit(node, {"op": "add", "inputs": [self.names[node], self.ref(bias)]}, step_id=base)
+
+    def _alibi_heads(self, node) -> int | None:
+        """The head count of Bloom's ``alibi.baddbmm(q, k)``: the bias a constant (B·H, 1, T_kv) table of
+        ``slope[h] · j`` (``build_alibi_tensor`` without padding), the scores read only by their view
+        as (B, H, T_q, T_kv); None for another bias."""
+        bias = node.args[0]
+        (user,) = node.users if len(node.users) == 1 else (None,)
+        if (
+            bias not in self.graph.constant
+            or bias in self.names
+            or user is None
+            or user.target not in (aten.view.default, aten.reshape.default)
+        ):
+            return None
+        table, shape = self.graph.values[bias], tuple(self.graph.values[user].shape)
+        if (
+            len(shape) != 4
+            or table.ndim != 3
+            or table.shape[1] != 1
+            or table.shape[0] != shape[0] * shape[1]
+            or not table.is_floating_point()
+        ):
+            return None
+        heads, keys = shape[1], shape[3]
+        expected = (alibi_slopes(torch, heads)[:, None] * torch.arange(keys)).to(table.dtype)
+        found = table.reshape(-1, heads, keys)
+        return heads if torch.allclose(found.double(), expected.double().expand_as(found), rtol=1e-6, atol=0) else None
+
+    def _alibi_scores(self, node, heads: int) -> None:
+        """Bloom's ALiBi scores: ``bmm``, ``scale`` by alpha, the view as (B, H, T_q, T_kv) the module
+        makes next, and ``alibi`` on it (the constant bias is the step's own slopes and key positions)."""
+        left, right = node.args[1:3]
+        (view,) = node.users
+        base = self.step_id(node, "scores")
+        self.emit(node, {"op": "bmm", "inputs": [self.ref(left), self.ref(right)]}, step_id=self._unique(f"{base}_bmm"))
+        alpha = node.kwargs.get("alpha", 1)
+        if alpha != 1:  # Bloom's inv_norm_factor, 1 / sqrt(head_dim)
+            fields = self._scale_fields(node, "multiply", alpha, left.meta["val"].shape[-1])
+            self.emit(node, fields, step_id=self._unique(f"{base}_scaled"))
+        shape = self.namer.shape(view.meta["val"])
+        self.emit(view, {"op": "view", "input": self.names[node], "shape": shape}, step_id=self._unique(f"{base}_heads"))
+        self.emit(view, {"op": "alibi", "input": self.names[view]}, step_id=base)
+        self.graph.consumed.add(view)
 
     def _softmax(self, node):
         self.emit(node, {"op": "softmax", "input": self.ref(node.args[0]), "dim": node.args[1]})
@@ -698,12 +760,34 @@ class Translator:
 
     def _rope(self, idiom: Idiom):
         facts = idiom.facts
-        fields = {"op": "rope", "input": self.ref(facts["x"]), "theta": facts["theta"]}
+        theta, scaling = self._rope_scaling(facts)
+        fields = {"op": "rope", "input": self.ref(facts["x"]), "theta": theta}
+        if scaling is not None:
+            fields["rope_scaling"] = scaling
         if facts.get("style", "half") != "half":
             fields["style"] = facts["style"]
         if facts.get("seq_dim", -2) != -2:
             fields["seq_dim"] = facts["seq_dim"]
         self.emit(idiom.node, fields)
+
+    def _rope_scaling(self, facts: dict) -> tuple[float, dict]:
+        """(theta, rope_scaling or None) of a rotary table: a scaling of the rope parameters of the
+        config of the module that holds its ``inv_freq`` (transformers' rotary embedding), else of
+        any config, that computes the table; else plain RoPE of the theta the idiom read."""
+        found = None
+        if "table" in facts:
+            owner = self.module.get_submodule(facts["owner"]) if facts["owner"] is not None else None
+            configs = [getattr(m, "config", None) for m in (owner, self.module, *self.module.modules()) if m is not None]
+            found = scaling_of(facts["table"], list({id(c): c for c in configs if c is not None}.values()))
+        if found is None and "theta" in facts:
+            return facts["theta"], None
+        if found is None:
+            table = facts["table"]
+            raise Unmapped(
+                f"a rotary table of {table.positions} positions x {table.rotary_dim} (attention factor {table.factor:g}) whose "
+                "frequencies no rope_scaling of the module's config reproduces (linear, dynamic, llama3, yarn, longrope)"
+            )
+        return found
 
     def _repeat_kv(self, idiom: Idiom):
         """GQA's ``repeat_kv(key_states, n_rep)``: named after the keys or values it repeats."""
@@ -1076,6 +1160,40 @@ def _layer(node: torch.fx.Node) -> tuple[str, int] | None:
             if part.isdigit():
                 return ".".join(parts[:i]), int(part)
     return None
+
+
+def _split_of(node: torch.fx.Node, dim: int) -> torch.fx.Node | None:
+    """The split along ``dim`` whose piece ``node`` is computed from, through ops of one data input
+    (a LayerNorm of the piece); None if none."""
+    for _ in range(8):
+        if node.op != "call_function" or not node.args or not isinstance(node.args[0], torch.fx.Node):
+            return None
+        if node.target == operator.getitem:
+            split = node.args[0]
+            along = _arg(split, 2, 0, "dim") if split.op == "call_function" and split.target in SPLITS else None
+            rank = node.meta["val"].ndim
+            return split if along is not None and along % rank == dim % rank else None
+        node = node.args[0]
+    return None
+
+
+def _merged_names(before: list, after: list, sizes_before, sizes_after) -> list:
+    """A view's shape with each dim that merges neighbouring dims of its input, and that has no name
+    of its own (``4 * B``: no config names B·H), written as their product (``B * H``), as Bloom's
+    ``reshape(batch_size * num_heads, …)`` says it: the view keeps the dims in order."""
+    written, i = list(after), 0
+    for j, size in enumerate(sizes_after):
+        run, product = [], 1
+        while i < len(sizes_before) and (not run or product < size):
+            run.append(before[i])
+            product *= sizes_before[i]
+            i += 1
+        if product != size:
+            return after
+        plain = isinstance(after[j], str) and after[j].isidentifier()
+        if len(run) > 1 and not plain and all(isinstance(n, str) and n.isidentifier() for n in run):
+            written[j] = " * ".join(run)
+    return written if i == len(sizes_before) else after
 
 
 def _head_width(x: torch.fx.Node) -> int:
