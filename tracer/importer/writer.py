@@ -39,7 +39,7 @@ class Document:
     def text(self) -> str:
         lines = [f"# {plain_line(line)}" for line in self.header] + [_entry("name", self.name)]
         lines += [] if self.seed is None else [_entry("seed", self.seed)]
-        lines.append("dims:" if self.dims else "dims: {}")  # a module of literal sizes only (captured static) names none
+        lines += ["dims:"] if self.dims else []  # a module whose sizes are all literals has none: `dims:` alone would be null
         lines += [f"  {_entry(name, written)}  # {plain_line(note)}" for name, (written, note) in self.dims.items()]
         for section in ("inputs", "params"):
             entries = getattr(self, section)
