@@ -2,10 +2,11 @@
 downloads, the configs' defaults kept: ``use_cache=True`` too), with eager and sdpa attention, and
 torch's TransformerDecoderLayer. For each: does the import check clean under ``--strict`` and run
 equal to the module on its weights, and how long does it take beside a static
-``torch.export.export`` of the same module? Prints the markdown table docs/import.md shows;
-tests/importing/test_architectures.py runs some rows.
+``torch.export.export`` of the same module (the ratio's target is 1.2)? Prints the markdown table
+docs/import.md shows; tests/importing/test_architectures.py runs some rows. Each time is the best
+of ``--repeat`` runs, the import and the export taking turns (a shared machine's noise aside).
 
-    .venv/bin/python benchmarks/import_sweep.py [--layers N] [FAMILY ...]
+    .venv/bin/python benchmarks/import_sweep.py [--layers N] [--repeat N] [FAMILY ...]
 """
 
 from __future__ import annotations
@@ -62,22 +63,24 @@ def build(family: str, attention: str, layers: int):
     return model, (torch.randint(1, 64, (B, T)),), kwargs
 
 
-def row(family: str, attention: str, layers: int) -> str:
+def row(family: str, attention: str, layers: int, repeat: int) -> str:
     from tracer import TracerError
     from tracer.importing import difference, from_module
 
     module, args, kwargs = build(family, attention, layers)
-    exported = _static_export_seconds(module, args, kwargs)
-    started = time.perf_counter()
-    try:
-        pipeline = from_module(module, *args, name=family, **kwargs)
-    except TracerError as error:
-        return f"| {family} | {attention} | not mapped: {str(error).splitlines()[0]} | | | |"
-    imported = time.perf_counter() - started
+    imported, exported = [], []
+    for _ in range(repeat):
+        exported.append(_static_export_seconds(module, args, kwargs))
+        started = time.perf_counter()
+        try:
+            pipeline = from_module(module, *args, name=family, **kwargs)
+        except TracerError as error:
+            return f"| {family} | {attention} | not mapped: {str(error).splitlines()[0]} | | | | | |"
+        imported.append(time.perf_counter() - started)
     problems = [d for d in pipeline.check().diagnostics if d.severity in ("error", "warning")]
     verdict = "ok" if not problems else f"{len(problems)} warnings under --strict: {problems[0].code}"
     folded = ", ".join(f"{s.id}: repeat {s.repeat}" for s in pipeline.spec.steps if s.op == "block") or "-"
-    seconds = f"{imported:.1f} s / {exported:.1f} s"
+    seconds = f"{min(imported):.2f} | {min(exported):.2f} | {min(imported) / min(exported):.2f}"
     return f"| {family} | {attention} | {verdict} | {folded} | {difference(pipeline, module, *args, **kwargs):.1e} | {seconds} |"
 
 
@@ -94,12 +97,14 @@ def _static_export_seconds(module, args, kwargs) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--repeat", type=int, default=3, help="runs of each import and export; the best is shown")
     parser.add_argument("families", nargs="*", default=[*CONFIGS, "bart", "decoder_layer"])
     options = parser.parse_args()
-    print("| model | attention | --strict | layers folded | max diff | import / static torch.export |\n|---|---|---|---|---|---|")
+    print("| model | attention | --strict | layers folded | max diff | import s | static torch.export s | ratio |")
+    print("|---|---|---|---|---|---|---|---|")
     for family in options.families:
         for attention in ("torch",) if family == "decoder_layer" else ("eager", "sdpa"):
-            print(row(family, attention, options.layers), flush=True)
+            print(row(family, attention, options.layers, options.repeat), flush=True)
 
 
 if __name__ == "__main__":

@@ -39,8 +39,9 @@ def from_module(
     """
     program = capture(module, example_args, example_kwargs)
     graph = Graph(program, graph_inputs(program, example_args, example_kwargs))
-    sizes = Sizes(graph)
-    namer = Namer(model_dims(module, dims), sizes.of_value())
+    model = model_dims(module, dims)
+    sizes = Sizes(graph, frozenset(d.value for d in model.values()))
+    namer = Namer(model, sizes.of_value())
     translator = Translator(graph, module, namer)
     translator.translate()
     name = plain_line(name or type(module).__name__)  # a class name is any string: one printable line in the file

@@ -139,11 +139,12 @@ class InputDim:
     symbol: Poly
 
 
-def input_dims(graph: Graph) -> dict[tuple[str, int], InputDim]:
+def input_dims(graph: Graph, model: frozenset[int] = frozenset()) -> dict[tuple[str, int], InputDim]:
     """(placeholder, axis) -> dim for the first two axes of each input of 2 or more axes: ``B`` and
     ``T`` for the first input, even of one size; for the others, a dim of the same size where there
     is one (a mask's batch and length are the ids', a square mask is ``[T, T]``), the batch's or
-    the length's first as the axis is, else a new one, ``B2``, ``T2``."""
+    the length's first as the axis is, else a new one, ``B2``, ``T2``, unless it is the size of a
+    model dim (``model``: a cache's heads axis, ``[B, H_kv, past, Dh]``)."""
     found: dict[tuple[str, int], InputDim] = {}
     families: dict[str, list[InputDim]] = {"B": [], "T": []}
     for node in graph.fx.nodes:
@@ -157,6 +158,8 @@ def input_dims(graph: Graph) -> dict[tuple[str, int], InputDim]:
                 continue
             other = families["T" if family == "B" else "B"]
             known = None if first else next((d for d in (*families[family], *other) if d.size == size), None)
+            if known is None and not first and size in model:
+                continue
             if known is None:
                 name = family + (str(len(families[family]) + 1) if families[family] else "")
                 known = InputDim(name, size, Poly.symbol(name, size))
@@ -170,8 +173,8 @@ class Sizes:
     where an input holds a KV cache: the axis a ``cat`` joins to the new tokens is a length of its
     own, ``past``)."""
 
-    def __init__(self, graph: Graph):
-        self.graph = graph
+    def __init__(self, graph: Graph, model: frozenset[int] = frozenset()):
+        self.graph, self.model = graph, model  # model: the sizes of the model's dims (d_model, H, n_rep ...)
         self._rules = {
             aten.permute.default: self._permuted,
             aten.transpose.int: self._transposed,
@@ -187,7 +190,7 @@ class Sizes:
             aten.view_as_complex.default: lambda node, first, out: first[:-1],
             aten.view_as_real.default: lambda node, first, out: (*first, 2),
         }
-        self.inputs = input_dims(graph)
+        self.inputs = input_dims(graph, model)
         self._follow()
         cached = self._cache_lengths()
         if cached:
@@ -377,7 +380,7 @@ class Sizes:
     def _expanded(self, node, first: Shape, out: tuple[int, ...]) -> Shape:
         lead = len(out) - len(first)
         return tuple(
-            first[axis - lead] if axis >= lead and size_value(first[axis - lead]) == size else self._guess(size)
+            first[axis - lead] if axis >= lead and size_value(first[axis - lead]) == size else self._guess(size, self.model)
             for axis, size in enumerate(out)
         )
 
@@ -431,9 +434,12 @@ class Sizes:
 
     # ------------------------------------------------------------------ numbers
 
-    def _guess(self, size: int) -> Size:
-        """A size written as a number in the graph: an input's batch or length of that size, else the number."""
-        return next((d.symbol for d in self.dims if d.size == size and size != 1), size)
+    def _guess(self, size: int, besides: frozenset[int] = frozenset()) -> Size:
+        """A size written as a number in the graph: an input's batch or length of that size, else the
+        number; an axis ``expand`` adds keeps a model dim's size (repeat_kv's ``n_rep``)."""
+        if size == 1 or size in besides:
+            return size
+        return next((d.symbol for d in self.dims if d.size == size), size)
 
 
 def _source_input(graph: Graph, node) -> torch.fx.Node | None:
