@@ -81,3 +81,21 @@ def test_a_kv_cache_length_is_a_dim_and_the_keys_after_it_are_past_plus_t():
     assert found["dims"]["past"] == 5
     assert found["inputs"]["past_k"]["shape"] == ["B", "H", "past", "Dh"]
     _runs_equal_at(pipeline, module, {"B": 3, "T": 2, "past": 7}, torch.randn(3, 2, D), torch.randn(3, H, 7, 4), torch.randn(3, H, 7, 4))
+
+
+def test_a_padded_llamas_sequence_stays_t_and_runs_at_other_sizes():
+    """transformers' masking_utils made the symbolic capture fix T (the file said 7); followed
+    through the graph it is T, and the file runs a longer padded batch as the model does."""
+    pytest.importorskip("transformers")
+    from benchmarks.import_sweep import build
+
+    module, (ids,), kwargs = build("llama", "eager", layers=1)
+    pipeline = from_module(module, ids, **kwargs)
+    assert _file(pipeline)["inputs"]["attention_mask"]["shape"] == ["B", "T"]
+    longer, mask = torch.randint(1, 64, (3, 9)), (torch.arange(9) < torch.tensor([[9], [5], [7]])).long()
+    trace = pipeline.run(
+        dims={"B": 3, "T": 9}, params=module.state_dict(), inputs={"input_ids": longer, "attention_mask": mask}, keep_values=True
+    )
+    with torch.no_grad():
+        expected = module(longer, attention_mask=mask).last_hidden_state
+    assert torch.allclose(trace[pipeline.spec.outputs[0]].tensor, expected, atol=1e-5)

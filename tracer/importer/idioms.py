@@ -173,8 +173,7 @@ def _evaluate(module: torch.fx.GraphModule, example: list) -> dict[torch.fx.Node
             values[node] = super().run_node(node)
             return values[node]
 
-    module.recompile()
-    with torch.no_grad():
+    with torch.no_grad():  # the Interpreter reads the graph itself: no recompile after canonicalize
         try:
             Recording(module).run(*example)
         except Exception as exc:  # capture ran on fake tensors, which skip kernels' dtype checks (softmax of int64)

@@ -402,8 +402,8 @@ class Sizes:
 
     def _sliced(self, node, first: Shape, out: tuple[int, ...]) -> Shape:
         """``x[a:b]`` along one axis: the axis less what the slice leaves out, counted from its end
-        where the bound is (``x[:, 1:]`` is ``T - 1``); a bound inside an axis of fixed size (a
-        buffer sliced at the length) is read as an input's size of its value."""
+        where the bound is (``x[:, 1:]`` is ``T - 1``); a bound inside an axis of fixed size of a
+        constant (a buffer sliced at the length) is read as an input's length of its value."""
         args = [*node.args, None, None, None, None][:5]
         dim, start, end, step = args[1] or 0, args[2] or 0, args[3], args[4] or 1
         dim %= len(first)
@@ -412,8 +412,8 @@ class Sizes:
             return (*first[:dim], out[dim], *first[dim + 1 :])
         start_at = plus(axis, start) if start < 0 else min(start, size)
         end_at = axis if end is None or end >= size else plus(axis, end) if end < 0 else end
-        if isinstance(axis, int) and isinstance(end_at, int):
-            end_at = self._guess(end_at)
+        if isinstance(axis, int) and isinstance(end_at, int) and node.args[0] in self.graph.constant:
+            end_at = self._guess(end_at, lengths=True)
         length = plus(end_at, times(start_at, -1))
         return (*first[:dim], length, *first[dim + 1 :])
 
@@ -434,12 +434,13 @@ class Sizes:
 
     # ------------------------------------------------------------------ numbers
 
-    def _guess(self, size: int, besides: frozenset[int] = frozenset()) -> Size:
+    def _guess(self, size: int, besides: frozenset[int] = frozenset(), lengths: bool = False) -> Size:
         """A size written as a number in the graph: an input's batch or length of that size, else the
-        number; an axis ``expand`` adds keeps a model dim's size (repeat_kv's ``n_rep``)."""
+        number; an axis ``expand`` adds keeps a model dim's size (repeat_kv's ``n_rep``), a table
+        sliced at a length is sliced at a length (``lengths``: ``position_ids[:, :T]``)."""
         if size == 1 or size in besides:
             return size
-        return next((d.symbol for d in self.dims if d.size == size), size)
+        return next((d.symbol for d in self.dims if d.size == size and not (lengths and d.name.startswith("B"))), size)
 
 
 def _source_input(graph: Graph, node) -> torch.fx.Node | None:
