@@ -12,6 +12,7 @@ of ``--repeat`` runs, the import and the export taking turns (a shared machine's
 from __future__ import annotations
 
 import argparse
+import gc
 import sys
 import time
 from pathlib import Path
@@ -70,7 +71,9 @@ def row(family: str, attention: str, layers: int, repeat: int) -> str:
     module, args, kwargs = build(family, attention, layers)
     imported, exported = [], []
     for _ in range(repeat):
+        gc.collect()  # each timing starts without the garbage of the one before
         exported.append(_static_export_seconds(module, args, kwargs))
+        gc.collect()
         started = time.perf_counter()
         try:
             pipeline = from_module(module, *args, name=family, **kwargs)

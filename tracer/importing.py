@@ -41,7 +41,7 @@ def from_module(
     graph = Graph(program, graph_inputs(program, example_args, example_kwargs))
     model = model_dims(module, dims)
     sizes = Sizes(graph, frozenset(d.value for d in model.values()))
-    namer = Namer(model, sizes.of_value())
+    namer = Namer(model, sizes.of_value(), sizes.roles())
     translator = Translator(graph, module, namer)
     translator.translate()
     name = plain_line(name or type(module).__name__)  # a class name is any string: one printable line in the file

@@ -99,3 +99,18 @@ def test_a_padded_llamas_sequence_stays_t_and_runs_at_other_sizes():
     with torch.no_grad():
         expected = module(longer, attention_mask=mask).last_hidden_state
     assert torch.allclose(trace[pipeline.spec.outputs[0]].tensor, expected, atol=1e-5)
+
+
+def test_a_positions_table_as_long_as_the_vocab_is_p_not_v():
+    """GPT-2 with n_positions == vocab_size: the two tables have as many rows, but the one looked
+    up at positions 0 .. T-1 has P rows and the one looked up at the ids has V."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(n_embd=D, n_layer=1, n_head=2, n_positions=64, vocab_size=64, bos_token_id=0, eos_token_id=0)
+    module, ids = transformers.GPT2Model(config).eval(), torch.randint(0, 64, (2, 7))
+    pipeline = from_module(module, ids)
+    found = _file(pipeline)
+    assert found["params"]["wte.weight"]["shape"] == ["V", "d_model"] and found["params"]["wpe.weight"]["shape"] == ["P", "d_model"]
+    assert found["dims"]["P"] == found["dims"]["V"] == 64
+    assert difference(pipeline, module, ids) <= 1e-5
+    assert [str(d) for d in pipeline.check().diagnostics if d.severity in ("error", "warning")] == []

@@ -34,6 +34,8 @@ ATTRIBUTES = (
     ("n_inner", "d_ff"),
     ("dim_feedforward", "d_ff"),
     ("vocab_size", "V"),
+    ("n_positions", "P"),  # named only where a table of positions has that many rows: a vocab of the same size stays V
+    ("max_position_embeddings", "P"),
     ("sliding_window", "W"),
     ("attention_chunk_size", "C"),
     *((name, name) for name in ("H", "H_kv", "Dh", "d_ff", "V", "W", "C")),  # a module tracer export wrote keeps its dims by name
@@ -89,8 +91,9 @@ class Namer:
     """Writes sizes in dim names: a batch or sequence size as its expression (``B``, ``T - 1``), a
     number by the model's dims."""
 
-    def __init__(self, dims: dict[str, Dim], shapes: dict[int, Shape]):
+    def __init__(self, dims: dict[str, Dim], shapes: dict[int, Shape], roles: dict[int, dict[int, str]] | None = None):
         self.dims, self.shapes = dims, shapes  # shapes: id(example tensor) -> its sizes (Sizes.of_value)
+        self.roles = roles or {}  # id(example tensor) -> {axis: the dim it is first} (Sizes.roles: a positions table's rows are P)
 
     def size(self, size, prefer: tuple[str, ...] = (), products: tuple = PRODUCTS) -> int | str:
         if isinstance(size, Poly):  # an expression over the batch and sequence sizes
@@ -119,6 +122,7 @@ class Namer:
         for axis in range(len(tensor.shape)):
             last = axis == len(tensor.shape) - 1 >= 3
             after_heads = last and names[-1] in ("H", "H_kv")
-            size = self.axis(tensor, axis)
-            names.append(self.size(size, ("Dh",) if last else (), (*HEAD_PRODUCTS, *PRODUCTS) if after_heads else PRODUCTS))
+            size, role = self.axis(tensor, axis), self.roles.get(id(tensor), {}).get(axis)
+            prefer = (role,) if role else ("Dh",) if last else ()
+            names.append(self.size(size, prefer, (*HEAD_PRODUCTS, *PRODUCTS) if after_heads else PRODUCTS))
         return names

@@ -244,6 +244,15 @@ class Sizes:
                     found[source.name, axes[0]] = known or InputDim(name, shape[dim], Poly.symbol(name, shape[dim]))
         return found
 
+    def roles(self) -> dict[int, dict[int, str]]:
+        """id(example tensor) -> {axis: dim}: the rows of a table looked up at constant positions are
+        positions (``P``), however many tokens the vocab has."""
+        found: dict[int, dict[int, str]] = {}
+        for node in self.graph.calls():
+            if node.target == aten.embedding.default and node.args[1] in self.graph.constant and node.args[0].op == "placeholder":
+                found[id(node.args[0].meta["val"])] = {0: "P"}
+        return found
+
     def of_value(self) -> dict[int, Shape]:
         """id(example tensor) -> its sizes: what the rules hand the namer is a node's ``meta['val']``."""
         found: dict[int, Shape] = {}
