@@ -1,19 +1,21 @@
-"""The batch and sequence sizes followed through a static capture, as a symbolic capture would.
+"""The batch and sequence sizes followed through a static capture, as a symbolic capture would name them.
 
 ``torch.export`` with dynamic shapes names every size computed from an input's batch or sequence
 length, at 2-3.5x the cost of a capture at the example sizes (sympy runs on every size the
 module's Python computes). The graph captured at the example sizes says the same once its sizes
-are followed from the inputs: the first two axes of each input are ``B`` and ``T`` (a second input's
-other batch or length ``B2``, ``T2``), and each op's output axes are expressions over them, found
-from the op's inputs by the op's rule (a view regroups its input's axes, a ``cat`` adds them, a
-slice shortens one) or, for the ops that keep their inputs' axes (elementwise, products,
-reductions, attention), from the input axis it lines up with. Because the sizes follow the dataflow
-and not the values, a batch of 3 beside ``3 * d_model``, ``T == H`` or ``B == T`` keep their
-names, and two model sizes that happen to be equal are never a batch or a length.
+are followed from the inputs: the first two axes of each input are ``B`` and ``T`` (another
+input's other batch or length ``B2``, ``T2``), and each op's output axes are expressions over them
+(:class:`Poly`), found from the op's inputs by the op's rule (a view regroups its input's axes, a
+``cat`` adds them, a slice shortens one) or, for the ops that keep their inputs' axes
+(elementwise, products, reductions, attention), from the input axis it lines up with. Because the
+sizes follow the dataflow and not the values, a batch of 3 beside a fused ``3``, ``T == H`` or
+``B == T`` keep their names. As torch.export would, an input dim that an elementwise op holds
+equal to a fixed size becomes that number; an input axis that a ``cat`` joins to new tokens is a
+KV cache length, ``past``; the rows of a table looked up at constant positions are ``P``.
 
 Sizes written as numbers in the graph (``arange(7)``, ``full((7, 7))``, ``expand(2, -1)``, a
 buffer sliced at ``:7``) carry no provenance; one equal to an input's batch or length is read as
-that size, which is what the module computed them from in every module tracer was tried on.
+that size (a sliced table's at a length only, an expanded axis's only if no model dim has it).
 """
 
 from __future__ import annotations
