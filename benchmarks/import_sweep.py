@@ -4,7 +4,8 @@ torch's TransformerDecoderLayer. For each: does the import check clean under ``-
 equal to the module on its weights, and how long does it take beside a static
 ``torch.export.export`` of the same module (the ratio's target is 1.2)? Prints the markdown table
 docs/import.md shows; tests/importing/test_architectures.py runs some rows. Each time is the best
-of ``--repeat`` runs, the import and the export taking turns (a shared machine's noise aside).
+of ``--repeat`` runs, the import and the export taking turns; the last column is the ratio of their
+process CPU times, steadier than wall time on a shared machine.
 
     .venv/bin/python benchmarks/import_sweep.py [--layers N] [--repeat N] [FAMILY ...]
 """
@@ -66,35 +67,35 @@ def build(family: str, attention: str, layers: int):
 
 def row(family: str, attention: str, layers: int, repeat: int) -> str:
     from tracer import TracerError
+    from tracer.importer.capture import capturing
     from tracer.importing import difference, from_module
 
     module, args, kwargs = build(family, attention, layers)
     imported, exported = [], []
     for _ in range(repeat):
-        gc.collect()  # each timing starts without the garbage of the one before
-        exported.append(_static_export_seconds(module, args, kwargs))
-        gc.collect()
-        started = time.perf_counter()
+        with capturing(module):  # a plain static torch.export.export(strict=False), as tracer captures (cache off, no grad)
+            exported.append(_timed(lambda: torch.export.export(module, tuple(args), dict(kwargs), strict=False)))
         try:
-            pipeline = from_module(module, *args, name=family, **kwargs)
+            pipeline, seconds = _timed(lambda: from_module(module, *args, name=family, **kwargs), keep=True)
         except TracerError as error:
-            return f"| {family} | {attention} | not mapped: {str(error).splitlines()[0]} | | | | | |"
-        imported.append(time.perf_counter() - started)
+            return f"| {family} | {attention} | not mapped: {str(error).splitlines()[0]} | | | | | | |"
+        imported.append(seconds)
     problems = [d for d in pipeline.check().diagnostics if d.severity in ("error", "warning")]
     verdict = "ok" if not problems else f"{len(problems)} warnings under --strict: {problems[0].code}"
     folded = ", ".join(f"{s.id}: repeat {s.repeat}" for s in pipeline.spec.steps if s.op == "block") or "-"
-    seconds = f"{min(imported):.2f} | {min(exported):.2f} | {min(imported) / min(exported):.2f}"
+    (wall, cpu), (export_wall, export_cpu) = (tuple(map(min, zip(*times, strict=True))) for times in (imported, exported))
+    seconds = f"{wall:.2f} | {export_wall:.2f} | {wall / export_wall:.2f} | {cpu / export_cpu:.2f}"
     return f"| {family} | {attention} | {verdict} | {folded} | {difference(pipeline, module, *args, **kwargs):.1e} | {seconds} |"
 
 
-def _static_export_seconds(module, args, kwargs) -> float:
-    """A plain ``torch.export.export(strict=False)`` at the example sizes, as tracer captures (cache off, no grad)."""
-    from tracer.importer.capture import capturing
-
-    with capturing(module):
-        started = time.perf_counter()
-        torch.export.export(module, tuple(args), dict(kwargs), strict=False)
-        return time.perf_counter() - started
+def _timed(call, keep: bool = False):
+    """(wall seconds, CPU seconds of this process) of one call, garbage collected before; with
+    ``keep``, (its result, the times). CPU time is steadier than wall time on a shared machine."""
+    gc.collect()
+    wall, cpu = time.perf_counter(), time.process_time()
+    result = call()
+    times = (time.perf_counter() - wall, time.process_time() - cpu)
+    return (result, times) if keep else times
 
 
 def main() -> None:
@@ -103,8 +104,8 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3, help="runs of each import and export; the best is shown")
     parser.add_argument("families", nargs="*", default=[*CONFIGS, "bart", "decoder_layer"])
     options = parser.parse_args()
-    print("| model | attention | --strict | layers folded | max diff | import s | static torch.export s | ratio |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| model | attention | --strict | layers folded | max diff | import s | static torch.export s | ratio | CPU ratio |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for family in options.families:
         for attention in ("torch",) if family == "decoder_layer" else ("eager", "sdpa"):
             print(row(family, attention, options.layers, options.repeat), flush=True)
