@@ -279,8 +279,13 @@ class Sizes:
         out = tuple(int(s) for s in value.shape)
         first = self._input(node, 0)
         rule = self._rule(node.target)
-        shape = rule(node, first, out) if rule is not None and (first is not None or node.target in FACTORIES) else None
-        if shape is None or tuple(size_value(s) for s in shape) != out:
+        shape = None
+        if rule is not None and (first is not None or node.target in FACTORIES):
+            try:
+                shape = rule(node, first, out)
+            except (IndexError, TypeError, ValueError, ZeroDivisionError):  # an overload with other arguments: lined up instead
+                shape = None
+        if shape is None or len(shape) != len(out) or tuple(size_value(s) for s in shape) != out:
             shape = self._aligned(node, out)
         return shape
 
