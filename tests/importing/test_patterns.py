@@ -1,5 +1,5 @@
 """The idiom patterns (RMSNorm, RoPE, repeat_kv, GPT-2's GELU) are traced with make_fx's
-pre-dispatch mode, a tenth of torch.export's time: the graphs must be the ones torch.export
+pre-dispatch mode, in half torch.export's time: the graphs must be the ones torch.export
 records, or the idioms would stop matching the captured modules."""
 
 import torch
