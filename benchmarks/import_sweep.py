@@ -2,16 +2,19 @@
 downloads, the configs' defaults kept: ``use_cache=True`` too), with eager and sdpa attention, and
 torch's TransformerDecoderLayer. For each: does the import check clean under ``--strict`` and run
 equal to the module on its weights, and how long does it take beside a static
-``torch.export.export`` of the same module? Prints the markdown table docs/import.md shows;
-tests/importing/test_architectures.py runs some rows.
+``torch.export.export`` of the same module (the ratio's target is 1.2)? Prints the markdown table
+docs/import.md shows; tests/importing/test_architectures.py runs some rows. Each time is the best
+of ``--repeat`` runs, the import and the export taking turns; the last column is the ratio of their
+process CPU times, steadier than wall time on a shared machine.
 
-    .venv/bin/python benchmarks/import_sweep.py [--layers N] [FAMILY ...]
+    .venv/bin/python benchmarks/import_sweep.py [--layers N] [--repeat N] [FAMILY ...]
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import gc
 import sys
 import time
 from pathlib import Path
@@ -88,46 +91,53 @@ def build(family: str, attention: str, layers: int):
     return model, (torch.randint(1, 64, (B, T)),), kwargs
 
 
-def row(family: str, attention: str, layers: int) -> str:
+def row(family: str, attention: str, layers: int, repeat: int) -> str:
     from tracer import TracerError
+    from tracer.importer.capture import capturing
+    from tracer.importer.rotary import settled_rope_updates
     from tracer.importing import difference, from_module
 
     module, args, kwargs = build(family, attention, layers)
-    exported = _static_export_seconds(module, args, kwargs)
-    started = time.perf_counter()
-    try:
-        pipeline = from_module(module, *args, name=family, **kwargs)
-    except TracerError as error:
-        return f"| {family} | {attention} | not mapped: {str(error).splitlines()[0]} | | | |"
-    imported = time.perf_counter() - started
+    imported, exported = [], []
+    for _ in range(repeat):
+        # a plain static torch.export.export(strict=False), as tracer captures (cache off, no grad, a dynamic
+        # rope's frequencies settled at the example: its data-dependent branch cannot be exported)
+        with capturing(module), settled_rope_updates(module, args, kwargs):
+            exported.append(_timed(lambda: torch.export.export(module, tuple(args), dict(kwargs), strict=False)))
+        try:
+            pipeline, seconds = _timed(lambda: from_module(module, *args, name=family, **kwargs), keep=True)
+        except TracerError as error:
+            return f"| {family} | {attention} | not mapped: {str(error).splitlines()[0]} | | | | | | |"
+        imported.append(seconds)
     problems = [d for d in pipeline.check().diagnostics if d.severity in ("error", "warning")]
     verdict = "ok" if not problems else f"{len(problems)} warnings under --strict: {problems[0].code}"
     folded = ", ".join(f"{s.id}: repeat {s.repeat}" for s in pipeline.spec.steps if s.op == "block") or "-"
-    seconds = f"{imported:.1f} s / {exported:.1f} s"
+    (wall, cpu), (export_wall, export_cpu) = (tuple(map(min, zip(*times, strict=True))) for times in (imported, exported))
+    seconds = f"{wall:.2f} | {export_wall:.2f} | {wall / export_wall:.2f} | {cpu / export_cpu:.2f}"
     return f"| {family} | {attention} | {verdict} | {folded} | {difference(pipeline, module, *args, **kwargs):.1e} | {seconds} |"
 
 
-def _static_export_seconds(module, args, kwargs) -> float:
-    """A plain ``torch.export.export(strict=False)`` at the example sizes, as tracer captures (cache off, no grad,
-    a dynamic rope's frequencies settled at the example: its data-dependent branch cannot be exported)."""
-    from tracer.importer.capture import capturing
-    from tracer.importer.rotary import settled_rope_updates
-
-    with capturing(module), settled_rope_updates(module, args, kwargs):
-        started = time.perf_counter()
-        torch.export.export(module, tuple(args), dict(kwargs), strict=False)
-        return time.perf_counter() - started
+def _timed(call, keep: bool = False):
+    """(wall seconds, CPU seconds of this process) of one call, garbage collected before; with
+    ``keep``, (its result, the times). CPU time is steadier than wall time on a shared machine."""
+    gc.collect()
+    wall, cpu = time.perf_counter(), time.process_time()
+    result = call()
+    times = (time.perf_counter() - wall, time.process_time() - cpu)
+    return (result, times) if keep else times
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--repeat", type=int, default=3, help="runs of each import and export; the best is shown")
     parser.add_argument("families", nargs="*", default=[*CONFIGS, "bart", "decoder_layer"])
     options = parser.parse_args()
-    print("| model | attention | --strict | layers folded | max diff | import / static torch.export |\n|---|---|---|---|---|---|")
+    print("| model | attention | --strict | layers folded | max diff | import s | static torch.export s | ratio | CPU ratio |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for family in options.families:
         for attention in ATTENTIONS.get(family, ("eager", "sdpa")):
-            print(row(family, attention, options.layers), flush=True)
+            print(row(family, attention, options.layers, options.repeat), flush=True)
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.passes.utils.matcher_utils import SubgraphMatcher
 
 from ..core.errors import Diagnostic, TracerError
@@ -174,8 +175,7 @@ def _evaluate(module: torch.fx.GraphModule, example: list) -> dict[torch.fx.Node
             values[node] = super().run_node(node)
             return values[node]
 
-    module.recompile()
-    with torch.no_grad():
+    with torch.no_grad():  # the Interpreter reads the graph itself: no recompile after canonicalize
         try:
             Recording(module).run(*example)
         except Exception as exc:  # capture ran on fake tensors, which skip kernels' dtype checks (softmax of int64)
@@ -261,10 +261,16 @@ def _patterns() -> list[tuple[str, torch.fx.Graph]]:
     }
     graphs = []
     for (kind, module), example in examples.items():
-        graph = torch.export.export(module, example, strict=False).graph_module.graph
+        graph = _traced(module, example)
         canonicalize(graph)
         graphs.append((kind, graph))
     return graphs
+
+
+def _traced(module: torch.nn.Module, example: tuple) -> torch.fx.Graph:
+    """The pre-dispatch ATen graph ``torch.export.export(strict=False)`` records, without export's
+    machinery around it (half the time: ~0.1 s for the patterns, built once per process)."""
+    return make_fx(lambda *args: (module(*args),), pre_dispatch=True)(*example).graph
 
 
 class _Matcher(SubgraphMatcher):

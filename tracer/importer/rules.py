@@ -393,7 +393,7 @@ class Translator:
         run = _consecutive_positions(self.graph, indices, value.shape)
         if run is not None:  # x[:, [-1]] or x[:, [2, 3]]: a slice of consecutive positions
             dim, first, count = run
-            start, stop = self._from_end(x.meta["val"].shape[dim], first, count) if first < 0 else (first, first + count)
+            start, stop = self._from_end(self.namer.axis(x.meta["val"], dim), first, count) if first < 0 else (first, first + count)
             fields = {"op": "index", "input": self.ref(x), "dim": dim, **({"start": start} if start else {}), "stop": stop}
             return self.emit(node, fields)
         if _picks_a_row_per_batch(self.graph, indices, value.shape):  # CLIP's pooler: x[arange(B), eos]
@@ -495,7 +495,7 @@ class Translator:
             self.inputs[name] = self._declaration(ids.meta["val"], "arange")
             self.names[ids] = name
             return self.emit(node, {"op": "embed", "input": name, "weight": self.ref(table)})
-        length = ids.meta["val"].shape[-1]
+        length = self.namer.axis(ids.meta["val"], -1)
         if torch.equal(value, torch.arange(first, first + value.shape[-1]).expand(value.shape)):
             stop = self.size(length) if first == 0 else f"{self.size(length)} + {first}"
         elif bool((value == first).all()):

@@ -4,7 +4,7 @@ N layers that compute the same steps (ids and params compared with their ``CONTA
 prefix removed), each reading the previous one's output, become one ``op: block`` step with
 ``repeat: N``; the block file holds one layer, its params named as the state_dict names them
 after the prefix, so ``layers/3/self_attn.q_proj.weight`` is ``layers.3.self_attn.q_proj.weight``.
-Every value is written by ``yaml.safe_dump``; source lines go into comments with their line
+Every value is written by PyYAML's safe dumper; source lines go into comments with their line
 breaks removed, so nothing taken from the module changes what the file means.
 """
 
@@ -211,8 +211,12 @@ def _replace_layers(document: Document, container: str, layers, externals: list[
             del document.params[name]
 
 
+# libyaml's emitter when PyYAML has it: the same text, 3-4x faster than the pure-Python one
+SAFE_DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+
+
 def _flow(value) -> str:
-    return yaml.safe_dump(value, default_flow_style=True, sort_keys=False, width=1 << 30, allow_unicode=False).strip()
+    return yaml.dump(value, Dumper=SAFE_DUMPER, default_flow_style=True, sort_keys=False, width=1 << 30, allow_unicode=False).strip()
 
 
 def _entry(key: str, value) -> str:
