@@ -105,4 +105,3 @@ def _written_in_place(graph: torch.fx.Graph) -> set[str]:
             ):
                 written.add(value.name)
     return written
-
