@@ -47,7 +47,7 @@ def from_module(
     name = plain_line(name or type(module).__name__)  # a class name is any string: one printable line in the file
     header = [
         f"Imported by tracer.from_module from {type(module).__module__}.{type(module).__qualname__}:",
-        f"torch.export (non-strict), {'symbolic batch and sequence sizes' if sizes.dims else 'the example sizes'}; weights: module.state_dict().",
+        "torch.export (non-strict) at the example sizes; weights: module.state_dict().",
     ]
     if caching_configs(module):
         header.append("config.use_cache was off for the capture: the pipeline is one forward without a KV cache.")

@@ -248,7 +248,7 @@ def _words(value) -> set[str]:
 
 def dims_of(symbols: dict[str, int], model: dict[str, Dim]) -> dict[str, tuple[int | str, str]]:
     """The dims section: the capture's symbols with their example sizes, then the model's dims, derived ones last."""
-    dims = {name: (size, "example size; symbolic in the capture") for name, size in symbols.items()}
+    dims = {name: (size, "example size; followed from the inputs") for name, size in symbols.items()}
     base = {name: (d.written, d.note) for name, d in model.items() if isinstance(d.written, int)}
     derived = {name: (d.written, f"{d.note}, = {d.value}") for name, d in model.items() if not isinstance(d.written, int)}
     return {**dims, **base, **derived}
