@@ -645,6 +645,8 @@ Profiled with cProfile and pyinstrument (`benchmarks/run.py --profile`) on 3000 
   full passes over every object in the process (torch's included) as the analysis grew, though
   nothing built is garbage. `load_spec` and `analyze` now run with the collector paused
   (`tracer/core/gcpause.py`); `benchmarks/growth.py` prints load + check at 96, 192 and 384 layers.
+  The plan build and every run are paused too: full passes of ~0.6 s landed inside 1,000-layer meta
+  runs that take 0.2-0.5 s.
 - At GPT-2 size the run is the kernels (matmul, softmax, masked_fill on (8, 12, 512, 512)); the
   interpreter frees every tensor, inner ones too, right after its last reader.
 - Meta runs: the first meta op of a process loads torch's meta registrations (~0.2 s), and the
