@@ -25,6 +25,7 @@ sys.path.insert(0, str(ROOT))
 import tracer  # noqa: E402
 from tracer.presentation.export import export_source  # noqa: E402
 
+DOUBLING = 2.2  # load + check of twice the layers, at most this many times as long
 HEAD = ["dims: {B: 1, D: 4}", "inputs:", "  x: {shape: [B, D], init: randn}", "steps:"]
 
 
@@ -113,6 +114,13 @@ def main(argv=None) -> int:
         ratio = f"{took / seconds[previous]:.2f}" if previous else ""
         print(f"{n:>7}{took * 1e3:>11.0f} ms{ratio:>12}")
         previous = n
+    if len(seconds) > 1:
+        small, large = sorted(seconds)[-2:]
+        grown = seconds[large] / seconds[small]
+        limit = DOUBLING * large / small / 2
+        print(
+            f"target: load + check, {large} layers vs {small} {grown:.2f}x (target <= {limit:.2f}x) {'met' if grown <= limit else 'NOT MET'}"
+        )
     return 0
 
 

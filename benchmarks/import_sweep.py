@@ -2,15 +2,19 @@
 downloads, the configs' defaults kept: ``use_cache=True`` too), with eager and sdpa attention, and
 torch's TransformerDecoderLayer. For each: does the import check clean under ``--strict`` and run
 equal to the module on its weights, and how long does it take beside a static
-``torch.export.export`` of the same module? Prints the markdown table docs/import.md shows;
-tests/importing/test_architectures.py runs some rows.
+``torch.export.export`` of the same module (the ratio's target is 1.2)? Prints the markdown table
+docs/import.md shows; tests/importing/test_architectures.py runs some rows. Each time is the best
+of ``--repeat`` runs, the import and the export taking turns; the last column is the ratio of their
+process CPU times, steadier than wall time on a shared machine.
 
-    .venv/bin/python benchmarks/import_sweep.py [--layers N] [FAMILY ...]
+    .venv/bin/python benchmarks/import_sweep.py [--layers N] [--repeat N] [FAMILY ...]
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
+import gc
 import sys
 import time
 from pathlib import Path
@@ -31,7 +35,30 @@ CONFIGS = {  # family: (model class, config class, config arguments besides SIZE
     "bert": ("BertModel", "BertConfig", {"max_position_embeddings": 16}),
     "llama": ("LlamaModel", "LlamaConfig", {"num_key_value_heads": 2}),  # a padded batch: causal and padding masks
     "qwen3": ("Qwen3Model", "Qwen3Config", {"num_key_value_heads": 2, "head_dim": 8, "use_sliding_window": True, "sliding_window": 4}),
-}
+    # multipliers on the embeddings, the residuals, the scores (in place of 1/sqrt(Dh)) and the logits
+    "granite": (
+        "GraniteModel",
+        "GraniteConfig",
+        {"num_key_value_heads": 2, "embedding_multiplier": 12.0, "residual_multiplier": 0.22, "attention_multiplier": 0.0078125},
+    ),
+    # softcapped scores, query_pre_attn_scalar for the scale, sliding-window layers
+    "gemma2": ("Gemma2Model", "Gemma2Config", {"num_key_value_heads": 2, "head_dim": 8, "query_pre_attn_scalar": 16, "sliding_window": 4}),
+    "cohere": ("CohereModel", "CohereConfig", {"num_key_value_heads": 2}),  # a bias-free LayerNorm written out, interleaved rope
+    "phi": ("PhiModel", "PhiConfig", {}),  # partial rotary, parallel attention and MLP
+    # rotary tables computed from the config: rope with rope_scaling (positions 0..6 pass the original context of 4)
+    "llama3_rope": ("LlamaModel", "LlamaConfig", {"num_key_value_heads": 2, "rope_parameters": {"rope_type": "llama3", "factor": 8.0,
+                    "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 4, "rope_theta": 500000.0}}),
+    "yarn_rope": ("Qwen2Model", "Qwen2Config", {"num_key_value_heads": 2, "rope_parameters": {"rope_type": "yarn", "factor": 4.0,
+                  "original_max_position_embeddings": 4, "rope_theta": 10000.0}}),
+    "dynamic_rope": ("LlamaModel", "LlamaConfig", {"num_key_value_heads": 2, "max_position_embeddings": 4,
+                     "rope_parameters": {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0}}),
+    "longrope": ("Phi3Model", "Phi3Config", {"num_key_value_heads": 2, "pad_token_id": 0, "max_position_embeddings": 16,
+                 "original_max_position_embeddings": 4, "rope_parameters": {"rope_type": "longrope", "rope_theta": 10000.0,
+                 "short_factor": [1.0, 1.5, 2.0, 2.5], "long_factor": [2.0, 3.0, 4.0, 5.0]}}),
+    "bloom": ("BloomModel", "BloomConfig", {}),  # ALiBi added by baddbmm; eager only (no sdpa path in transformers)
+    "stablelm": ("StableLmModel", "StableLmConfig", {"num_key_value_heads": 2, "qk_layernorm": True}),  # a LayerNorm per head
+}  # fmt: skip
+ATTENTIONS = {"decoder_layer": ("torch",), "gemma2": ("eager",), "bloom": ("eager",)}  # if not eager and sdpa (Gemma 2 refuses sdpa)
 PADDED = ("bert", "llama", "qwen3")  # given an attention_mask: the second sequence ends after 4 tokens
 BART = {"d_model": D, "encoder_attention_heads": 4, "decoder_attention_heads": 4, "encoder_ffn_dim": 56, "decoder_ffn_dim": 56}
 
@@ -50,7 +77,9 @@ def build(family: str, attention: str, layers: int):
         model_class = transformers.BartModel
     else:
         model_name, config_name, extra = CONFIGS[family]
-        config = getattr(transformers, config_name)(num_hidden_layers=layers, **SIZES, **extra)
+        config = getattr(transformers, config_name)(
+            num_hidden_layers=layers, **SIZES, **copy.deepcopy(extra)
+        )  # configs keep what they are given
         model_class = getattr(transformers, model_name)
     config._attn_implementation = attention  # use_cache stays the config's default (True): import turns it off itself
     if family == "qwen3":
@@ -62,44 +91,53 @@ def build(family: str, attention: str, layers: int):
     return model, (torch.randint(1, 64, (B, T)),), kwargs
 
 
-def row(family: str, attention: str, layers: int) -> str:
+def row(family: str, attention: str, layers: int, repeat: int) -> str:
     from tracer import TracerError
+    from tracer.importer.capture import capturing
+    from tracer.importer.rotary import settled_rope_updates
     from tracer.importing import difference, from_module
 
     module, args, kwargs = build(family, attention, layers)
-    exported = _static_export_seconds(module, args, kwargs)
-    started = time.perf_counter()
-    try:
-        pipeline = from_module(module, *args, name=family, **kwargs)
-    except TracerError as error:
-        return f"| {family} | {attention} | not mapped: {str(error).splitlines()[0]} | | | |"
-    imported = time.perf_counter() - started
+    imported, exported = [], []
+    for _ in range(repeat):
+        # a plain static torch.export.export(strict=False), as tracer captures (cache off, no grad, a dynamic
+        # rope's frequencies settled at the example: its data-dependent branch cannot be exported)
+        with capturing(module), settled_rope_updates(module, args, kwargs):
+            exported.append(_timed(lambda: torch.export.export(module, tuple(args), dict(kwargs), strict=False)))
+        try:
+            pipeline, seconds = _timed(lambda: from_module(module, *args, name=family, **kwargs), keep=True)
+        except TracerError as error:
+            return f"| {family} | {attention} | not mapped: {str(error).splitlines()[0]} | | | | | | |"
+        imported.append(seconds)
     problems = [d for d in pipeline.check().diagnostics if d.severity in ("error", "warning")]
     verdict = "ok" if not problems else f"{len(problems)} warnings under --strict: {problems[0].code}"
     folded = ", ".join(f"{s.id}: repeat {s.repeat}" for s in pipeline.spec.steps if s.op == "block") or "-"
-    seconds = f"{imported:.1f} s / {exported:.1f} s"
+    (wall, cpu), (export_wall, export_cpu) = (tuple(map(min, zip(*times, strict=True))) for times in (imported, exported))
+    seconds = f"{wall:.2f} | {export_wall:.2f} | {wall / export_wall:.2f} | {cpu / export_cpu:.2f}"
     return f"| {family} | {attention} | {verdict} | {folded} | {difference(pipeline, module, *args, **kwargs):.1e} | {seconds} |"
 
 
-def _static_export_seconds(module, args, kwargs) -> float:
-    """A plain ``torch.export.export(strict=False)`` at the example sizes, as tracer captures (cache off, no grad)."""
-    from tracer.importer.capture import capturing
-
-    with capturing(module):
-        started = time.perf_counter()
-        torch.export.export(module, tuple(args), dict(kwargs), strict=False)
-        return time.perf_counter() - started
+def _timed(call, keep: bool = False):
+    """(wall seconds, CPU seconds of this process) of one call, garbage collected before; with
+    ``keep``, (its result, the times). CPU time is steadier than wall time on a shared machine."""
+    gc.collect()
+    wall, cpu = time.perf_counter(), time.process_time()
+    result = call()
+    times = (time.perf_counter() - wall, time.process_time() - cpu)
+    return (result, times) if keep else times
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--repeat", type=int, default=3, help="runs of each import and export; the best is shown")
     parser.add_argument("families", nargs="*", default=[*CONFIGS, "bart", "decoder_layer"])
     options = parser.parse_args()
-    print("| model | attention | --strict | layers folded | max diff | import / static torch.export |\n|---|---|---|---|---|---|")
+    print("| model | attention | --strict | layers folded | max diff | import s | static torch.export s | ratio | CPU ratio |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for family in options.families:
-        for attention in ("torch",) if family == "decoder_layer" else ("eager", "sdpa"):
-            print(row(family, attention, options.layers), flush=True)
+        for attention in ATTENTIONS.get(family, ("eager", "sdpa")):
+            print(row(family, attention, options.layers, options.repeat), flush=True)
 
 
 if __name__ == "__main__":

@@ -68,25 +68,40 @@ def test_the_wheel_installs_works_outside_the_repo_and_carries_license_types_and
     assert Path(where).is_relative_to(installed.parent), where
     assert _run(installed / "tracer", "--version", cwd=tmp_path).stdout.startswith("tracer 0.")
     assert _run(installed / "tracer", "check", "causal_mha", "llama_decoder_layer", "--strict", cwd=tmp_path).stderr == ""
-    _run(installed / "tracer", "render", "causal_mha", "-o", "x.dot", cwd=tmp_path)
-    assert (tmp_path / "x.dot").read_text().startswith("digraph pipeline")
-    _run(installed / "tracer", "render", "causal_mha", "--values", "-o", "x.html", cwd=tmp_path)
-    assert "attentionSection" in (tmp_path / "x.html").read_text()  # the report's script came from the wheel
-    assert _run(installed / "tracer", "schema", cwd=tmp_path).stdout == PACKAGED_SCHEMA.read_text()
-    shipped = Path(_run(installed / "tracer", "schema", "--path", cwd=tmp_path).stdout.strip())
-    assert shipped.is_relative_to(installed.parent) and shipped.read_text() == PACKAGED_SCHEMA.read_text()
     _carries_license_types_and_assets(Path(where).parent)
-    _runs_every_help_example(installed, tmp_path / "examples")
-    _runs_a_bundled_model_by_name_on_a_saved_checkpoint(installed, tmp_path / "checkpoint")
+    examples = _help_examples(installed, tmp_path / "examples")
+    checkpoint = _saved_checkpoint(tmp_path / "checkpoint")
+    _commands(
+        installed,
+        [
+            (tmp_path, "tracer render causal_mha -o x.dot"),
+            (tmp_path, "tracer render causal_mha --values -o x.html"),
+            (tmp_path, "tracer schema > schema.json"),
+            (tmp_path, "tracer schema --path > schema_path.txt"),
+            *examples,
+            # README's `tracer run llama_decoder_layer --weights ./my-llama --layer 3`, as written
+            (checkpoint, "tracer run llama_decoder_layer --weights ./my-llama --layer 3 -q > run.txt"),
+        ],
+    )
+    assert (tmp_path / "x.dot").read_text().startswith("digraph pipeline")
+    assert "attentionSection" in (tmp_path / "x.html").read_text()  # the report's script came from the wheel
+    assert (tmp_path / "schema.json").read_text() == PACKAGED_SCHEMA.read_text()
+    shipped = Path((tmp_path / "schema_path.txt").read_text().strip())
+    assert shipped.is_relative_to(installed.parent) and shipped.read_text() == PACKAGED_SCHEMA.read_text()
+    assert (tmp_path / "examples" / "nanogpt.yaml").is_file() and (tmp_path / "examples" / "report.html").is_file()
+    done = (checkpoint / "run.txt").read_text()
+    assert "W_q" in done and "[32, 32]" in done, done  # the config's size, not the file's 16
     _runs_the_pytest_plugin(installed, tmp_path / "plugin")
 
 
-# Runs the examples in one process of the fresh venv (one torch import, not one per example):
-# each as `tracer ARGS`, with a `> FILE` redirection written as the shell would.
-_EXAMPLES = """
-import contextlib, io, json, sys
+# Runs `tracer ARGS` command lines in one process of the fresh venv (one torch import, not one per
+# command; the console script itself runs above): each in its folder, with a `> FILE` redirection
+# written as the shell would, and the exit status its line documents.
+_COMMANDS = """
+import contextlib, io, json, os, sys
 from tracer.cli import main
-for words, expected in json.loads(sys.argv[1]):
+for folder, words, expected in json.loads(sys.argv[1]):
+    os.chdir(folder)
     target = words[words.index(">") + 1] if ">" in words else None
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
@@ -97,33 +112,38 @@ for words, expected in json.loads(sys.argv[1]):
 """
 
 
-def _runs_every_help_example(installed: Path, folder: Path) -> None:
-    """Each example of `tracer help COMMAND`, as the installed command prints it, in an empty folder."""
+def _commands(installed: Path, lines: list[tuple[Path, str]]) -> None:
+    """Each ``(folder, command line)`` through tracer's CLI in one process of the fresh venv."""
+    runs = [(str(folder), shlex.split(line, comments=True), expected_exit(line)) for folder, line in lines]
+    _run(installed / "python", "-c", _COMMANDS, json.dumps(runs), cwd=lines[0][0])
+
+
+def _help_examples(installed: Path, folder: Path) -> list[tuple[Path, str]]:
+    """Each example of `tracer help COMMAND`, as the installed package prints it, to run in an empty folder."""
     folder.mkdir()
     overview = _run(installed / "tracer", "help", cwd=folder).stdout
     listing = overview.partition("COMMAND\n")[2].partition("\noptions:")[0]
     commands = re.findall(r"^    (\w+) ", listing, re.M)
     assert "run" in commands and "models" in commands, overview
+    _commands(installed, [(folder, f"tracer help {command} > help_{command}.txt") for command in commands])
     examples = []
     for command in commands:
-        text = _run(installed / "tracer", "help", command, cwd=folder).stdout
-        lines = text.partition("\nexamples:\n")[2].splitlines()
-        examples += [(shlex.split(line, comments=True), expected_exit(line)) for line in lines]
-    assert {words[1] for words, _ in examples} == set(commands)  # every command shows an example
-    _run(installed / "python", "-c", _EXAMPLES, json.dumps(examples), cwd=folder)
-    assert (folder / "nanogpt.yaml").is_file() and (folder / "report.html").is_file()
+        text = (folder / f"help_{command}.txt").read_text()
+        (folder / f"help_{command}.txt").unlink()  # the folder the examples run in starts empty
+        examples += [line.strip() for line in text.partition("\nexamples:\n")[2].splitlines()]
+    assert {shlex.split(line, comments=True)[1] for line in examples} == set(commands)  # every command shows an example
+    return [(folder, line) for line in examples]
 
 
-def _runs_a_bundled_model_by_name_on_a_saved_checkpoint(installed: Path, folder: Path) -> None:
-    """README's `tracer run llama_decoder_layer --weights ./my-llama --layer 3`, as written."""
+def _saved_checkpoint(folder: Path) -> Path:
+    """A folder holding ``my-llama``, a 4-layer LlamaForCausalLM saved with save_pretrained."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     config = LlamaConfig(
         hidden_size=32, num_attention_heads=4, num_key_value_heads=2, intermediate_size=24, num_hidden_layers=4, vocab_size=16
     )
     LlamaForCausalLM(config).save_pretrained(folder / "my-llama")
-    done = _run(installed / "tracer", "run", "llama_decoder_layer", "--weights", "./my-llama", "--layer", "3", "-q", cwd=folder)
-    assert "W_q" in done.stdout and "[32, 32]" in done.stdout, done.stdout  # the config's size, not the file's 16
+    return folder
 
 
 def _runs_the_pytest_plugin(installed: Path, folder: Path) -> None:

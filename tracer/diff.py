@@ -15,6 +15,7 @@ linear in the steps (dict lookups along the graph), so a 20,000-step expansion d
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 from collections import defaultdict, deque
@@ -163,6 +164,7 @@ class Matching:
             self.by_inputs[(self.kind_b[node.id], node.inputs)].append(node)
             self.by_kind[self.kind_b[node.id]].append(node)
         self.ready: deque[Node] = deque()  # A's steps whose inputs may all be paired now
+        self.waiting: deque[Node] = deque()  # A's steps left for pairing by position until the walk is done
         self._pair_everything()
 
     def _pair_everything(self) -> None:
@@ -240,17 +242,47 @@ class Matching:
                 self._pair_steps(node, partner)
 
     def _by_position(self, order) -> bool:
-        """Pair the first unpaired step of A whose kind B still has free with B's first free step of
-        that kind. ``order`` walks A's steps once over all calls: a kind B has no free step of
-        stays so, and a step paired stays paired."""
+        """Pair the first unpaired step of A whose kind B still has free with a free step of that
+        kind: one named alike (``q_heads`` with ``q_view``, not ``k_view``: a file may compute k
+        before q) among B's next few, else B's first. A step whose inputs are all paired already
+        found no step of B reading their partners: it waits until the walk has paired what it can
+        (nanoGPT's one fused projection leaves causal_mha's ``k`` for ``out``'s partner, not
+        ``c_proj``), unless a step named alike is free. ``order`` walks A's steps once over all
+        calls, and each waits at most once: a step paired stays paired."""
         for node in order:
             if node.id in self.pairs:
                 continue
-            partner = _first_free(self.by_kind.get(self.kind_a[node.id]), self.taken)
-            if partner is not None:
-                self._pair_steps(node, partner)
+            partner = self._named_alike(node)
+            if partner is None and node.inputs and all(i in self.pairs for i in node.inputs):
+                self.waiting.append(node)
+                continue
+            if self._pair_with(node, partner):
+                return True
+        while self.waiting:
+            node = self.waiting.popleft()
+            if node.id not in self.pairs and self._pair_with(node, self._named_alike(node)):
                 return True
         return False
+
+    def _pair_with(self, node: Node, partner: Node | None) -> bool:
+        partner = partner or _first_free(self.by_kind.get(self.kind_a[node.id]), self.taken)
+        if partner is not None:
+            self._pair_steps(node, partner)
+        return partner is not None
+
+    def _named_alike(self, node: Node) -> Node | None:
+        """A free step of B of the node's kind, among the next few, whose last name shares a word with the node's."""
+        words = _words(node.id)
+        scanned = itertools.islice((c for c in self.by_kind.get(self.kind_a[node.id], ()) if c.id not in self.taken), NAME_SCAN)
+        return next((c for c in scanned if words & _words(c.id)), None) if words else None
+
+
+NAME_SCAN = 16  # free steps of a kind looked at for one named alike: pairing stays linear in the steps
+
+
+def _words(step_id: str) -> set[str]:
+    """The words of a step's own name (after its module path and copy), numbers aside: q_heads -> {q, heads}."""
+    return {w for w in re.split(r"[_\-]+", re.split(r"[./]", step_id)[-1]) if w and not w.isdigit()}
 
 
 def _signature(analysis, name: str) -> tuple | None:
@@ -453,24 +485,29 @@ def _shape(meta, with_dtype: bool = False) -> str:
 
 
 def _param_changes(left, right, pairs: dict[str, str], depth: _Depths) -> list[list[str]]:
-    """[param, A's shape, B's] for params whose partner has other sizes or dtype, or has none."""
+    """[param, A's shape, B's] for params whose partner has other sizes or dtype, or has none, or is
+    a buffer where the other is a weight (``buffer: true``, marked after its shape)."""
     params_a, params_b = _declared(left, "params"), set(_declared(right, "params"))
     rows = []
     for name in params_a:
         other = pairs.get(name)
-        x = left.declared[name].meta
-        y = right.declared[other].meta if other in params_b else None
+        x, y = left.declared[name], right.declared[other] if other in params_b else None
         if y is None and depth.extra_a(name):
             continue
-        if _differ(x, y):
-            rows.append([_pair_name(name, other or name), *_shapes(x, y)])
+        if _differ(x.meta, y and y.meta) or y is not None and x.decl.buffer != y.decl.buffer:
+            rows.append([_pair_name(name, other or name), *(_held(shape, d) for shape, d in zip(_shapes(x.meta, y and y.meta), (x, y)))])
     mapped = {pairs.get(name) for name in params_a}
     rows += [
-        [name, "-", _shape(right.declared[name].meta)]
+        [name, "-", _held(_shape(right.declared[name].meta), right.declared[name])]
         for name in _declared(right, "params")
         if name not in mapped and not depth.extra_b(name)
     ]
     return rows
+
+
+def _held(shape: str, declared) -> str:
+    """A param's shape, ``buffer`` after it for one held but not trained."""
+    return f"{shape} buffer" if declared is not None and declared.decl.buffer else shape
 
 
 def _dim_changes(left, right) -> list[list[str]]:
@@ -481,7 +518,7 @@ def _dim_changes(left, right) -> list[list[str]]:
 
 
 def _count(analysis) -> int:
-    return sum(d.meta.numel for d in analysis.declared.values() if d.section == "params")
+    return sum(d.meta.numel for d in analysis.declared.values() if d.section == "params" and not d.decl.buffer)
 
 
 # ---------------------------------------------------------------- copies folded

@@ -19,10 +19,11 @@ import torch
 from .analysis.lints.structure import unread_declarations
 from .api import Pipeline, load
 from .core.errors import Diagnostic, TracerError
-from .importer.capture import caching_configs, capture, capturing, graph_inputs, symbols
+from .importer.capture import caching_configs, capture, capturing, graph_inputs
 from .importer.idioms import Graph
 from .importer.naming import Namer, model_dims
 from .importer.rules import Translator
+from .importer.sizes import Sizes
 from .importer.writer import Document, dims_of, drop_unused_dims, files, plain_line
 
 
@@ -36,20 +37,21 @@ def from_module(
     ``dims`` names sizes the module's attributes do not (``{"d_model": 64, "H": 4}``).
     An op with no tracer step raises ``TracerError`` listing each one with its source line.
     """
-    program, dynamic = capture(module, example_args, example_kwargs)
+    program = capture(module, example_args, example_kwargs)
     graph = Graph(program, graph_inputs(program, example_args, example_kwargs))
-    found = symbols(graph)
-    namer = Namer(model_dims(module, dims), {symbol: dim for symbol, (dim, _) in found.items()})
+    model = model_dims(module, dims)
+    sizes = Sizes(graph, frozenset(d.value for d in model.values()), _axis_order(module))
+    namer = Namer(model, sizes.of_value(), sizes.roles())
     translator = Translator(graph, module, namer)
     translator.translate()
     name = plain_line(name or type(module).__name__)  # a class name is any string: one printable line in the file
     header = [
         f"Imported by tracer.from_module from {type(module).__module__}.{type(module).__qualname__}:",
-        f"torch.export (non-strict), {'symbolic batch and sequence sizes' if dynamic else 'the example sizes'}; weights: module.state_dict().",
+        "torch.export (non-strict) at the example sizes; weights: module.state_dict().",
     ]
     if caching_configs(module):
         header.append("config.use_cache was off for the capture: the pipeline is one forward without a KV cache.")
-    dims_section = dims_of(dict(found.values()), namer.dims)
+    dims_section = dims_of({d.name: d.size for d in sizes.dims}, namer.dims)
     document = Document(name, header, dims_section, translator.inputs, translator.params, translator.steps, translator.outputs, seed=0)
     drop_unused_dims(document)
     pipeline = _load(document)
@@ -61,6 +63,12 @@ def from_module(
         for name in (n for n in unread if n in section):
             section[name] = {**section[name], "allow": {"unused-tensor": reason}}
     return _load(document)
+
+
+def _axis_order(module: torch.nn.Module) -> str:
+    """The dims of the inputs' first two axes: a module built with ``batch_first=False``
+    (``nn.MultiheadAttention``'s and ``nn.Transformer*``'s default) takes (T, B, E)."""
+    return "TB" if getattr(module, "batch_first", None) is False else "BT"
 
 
 UNREAD_REASON = "a state_dict entry of the module that no captured op reads"

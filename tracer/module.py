@@ -36,12 +36,12 @@ class PipelineModule(nn.Module):
         self._plans: dict[tuple, Plan] = {}
         self._places: dict[str, tuple[nn.Module, str]] = {}
         created = create_tensors(self.analysis, "cpu", self.seed)
-        for name in self.analysis.pipeline.params:
-            self._register(name, created[name])
+        for name, decl in self.analysis.pipeline.params.items():
+            self._register(name, created[name], buffer=decl.buffer)
 
-    def _register(self, name: str, tensor) -> None:
+    def _register(self, name: str, tensor, buffer: bool) -> None:
         """``layers/3/W_q`` as ``self.layers[3].W_q``: containers for each part, a param (or, not
-        floating-point, a buffer) at the end."""
+        floating-point or declared ``buffer: true``, a buffer) at the end."""
         parts = re.split(r"[/.]", name)
         owner = self
         try:
@@ -49,7 +49,7 @@ class PipelineModule(nn.Module):
                 if part not in owner._modules:
                     owner.add_module(part, nn.Module())
                 owner = owner._modules[part]
-            if tensor.dtype in tuple(getattr(torch, d) for d in FLOAT_DTYPES):
+            if not buffer and tensor.dtype in tuple(getattr(torch, d) for d in FLOAT_DTYPES):
                 owner.register_parameter(parts[-1], nn.Parameter(tensor))
             else:
                 owner.register_buffer(parts[-1], tensor)

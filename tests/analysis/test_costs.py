@@ -304,18 +304,18 @@ WORKSPACES = {
     # arange probabilities: every token picks the same two experts, the most an expert can take
     "moe, every token to the same experts": (
         "- {id: r, op: topk, input: p, k: 2, outputs: [w, i]}\n- {id: y, op: moe, inputs: [h, w, i], gate_up: gu, down: dn}",
-        "h: {shape: [4096, 256], init: randn}\np: {shape: [4096, 8], init: arange}",
+        "h: {shape: [1024, 256], init: randn}\np: {shape: [1024, 8], init: arange}",
         "gu: {shape: [8, 1024, 256], init: randn}\ndn: {shape: [8, 256, 512], init: randn}",
     ),
     "moe, tokens spread over the experts": (
         "- {id: r, op: topk, input: p, k: 2, outputs: [w, i]}\n- {id: y, op: moe, inputs: [h, w, i], gate_up: gu, down: dn}",
-        "h: {shape: [4096, 256], init: randn}\np: {shape: [4096, 8], init: rand}",
+        "h: {shape: [1024, 256], init: randn}\np: {shape: [1024, 8], init: rand}",
         "gu: {shape: [8, 1024, 256], init: randn}\ndn: {shape: [8, 256, 512], init: randn}",
     ),
     "moe as GPT-OSS computes it (x @ W + b, interleaved clamped SwiGLU)": (
         "- {id: r, op: topk, input: p, k: 2, outputs: [w, i]}\n- {id: y, op: moe, inputs: [h, w, i], gate_up: gu, down: dn,"
         " gate_up_bias: gub, down_bias: dnb, layout: in_out, interleave: true, activation: clamped_swiglu}",
-        "h: {shape: [4096, 256], init: randn}\np: {shape: [4096, 8], init: arange}",
+        "h: {shape: [1024, 256], init: randn}\np: {shape: [1024, 8], init: arange}",
         "gu: {shape: [8, 256, 1024], init: randn}\ndn: {shape: [8, 512, 256], init: randn}\n"
         "gub: {shape: [8, 1024], init: randn}\ndnb: {shape: [8, 256], init: randn}",
     ),

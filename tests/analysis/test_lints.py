@@ -716,3 +716,23 @@ def test_the_mask_on_queries_example_really_lets_real_tokens_attend_to_padding()
     bad = tracer.load(EXAMPLES / "mask_on_queries.yaml").run(keep_values=True)["weights"].tensor
     fixed = tracer.load(EXAMPLES / "fixed" / "mask_on_queries.yaml").run(keep_values=True)["weights"].tensor
     assert bad[1, :, :2, 2:].sum() > 0.1 and fixed[1, :, :2, 2:].sum() == 0
+
+
+def test_rope_after_a_cat_of_heads_is_no_cache():
+    """StableLM's per-head norms split the key heads and cat them back before RoPE: a cat along the
+    heads, not the tokens, so no cached keys are rotated twice; a cat along the tokens still is."""
+    text = """
+name: heads
+dims: {B: 2, H: 2, T: 5, Dh: 4}
+inputs: {q: {shape: [B, H, T, Dh], init: randn}, k: {shape: [B, H, T, Dh], init: randn}, v: {shape: [B, H, T, Dh], init: randn}}
+steps:
+  - {id: parts, op: split, input: k, dim: 1, sizes: 1, outputs: [k0, k1]}
+  - {id: joined, op: cat, inputs: [k0, k1], dim: JOIN, size: SIZE}
+  - {id: k_rot, op: rope, input: joined}
+  - {id: q_rot, op: rope, input: q}
+  - {id: out, op: sdpa, inputs: [q_rot, k_rot, v]}
+"""
+    assert "rope-after-cache" not in codes(text.replace("JOIN", "1").replace("SIZE", "H"))
+    assert "rope-after-cache" in codes(
+        text.replace("dim: 1, sizes: 1", "dim: 2, sizes: [2, 3]").replace("JOIN", "2").replace(", size: SIZE", "")
+    )

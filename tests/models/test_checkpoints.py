@@ -61,6 +61,15 @@ def llama(folder):
     return saved(LlamaForCausalLM(config), folder, shard="4KB")
 
 
+def llama31(folder):  # Llama 3.1's rope: the file's rope_scaling, required of the config
+    rope = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0}
+    config = LlamaConfig(
+        hidden_size=32, num_attention_heads=4, num_key_value_heads=2, intermediate_size=48, rms_norm_eps=1e-5,
+        rope_parameters={**rope, "original_max_position_embeddings": 8192}, **SMALL,
+    )  # fmt: skip
+    return saved(LlamaForCausalLM(config), folder)
+
+
 def qwen3(folder):
     config = Qwen3Config(hidden_size=24, num_attention_heads=4, num_key_value_heads=2, head_dim=8, intermediate_size=40, **SMALL)
     return saved(Qwen3ForCausalLM(config), folder)
@@ -114,6 +123,7 @@ def gpt2_expected(model, x):
 CASES = {  # pipeline, the model saved, the layer picked, what that layer computes, another layer of the same kind
     "llama (sharded)": ("llama_decoder_layer.yaml", llama, 1, llama_expected, 0),
     "qwen3": ("qwen3_decoder_layer.yaml", qwen3, 1, qwen3_expected, 0),
+    "llama31": ("llama31_decoder_layer.yaml", llama31, 1, llama_expected, 0),
     "gemma2 (sharded)": ("gemma2_decoder_layer.yaml", gemma2, 0, gemma2_expected, 2),
     "mistral": ("mistral_sliding_window.yaml", mistral, 1, mistral_expected, 0),
     "gpt2": ("gpt2_attention.yaml", gpt2, 1, gpt2_expected, 0),

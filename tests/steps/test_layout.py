@@ -77,6 +77,36 @@ def test_cat_and_stack():
     assert close(t["s"].tensor, torch.stack([x, x, x], 1))
 
 
+def test_cat_size_names_the_joined_dim_of_parts_that_add_up_to_it():
+    t = trace_of(
+        """
+        - {id: heads, op: split, dim: 1, sizes: 1, outputs: [h0, h1, h2, h3]}
+        - {id: joined, op: cat, inputs: [h3, h2, h1, h0], dim: 1, size: H}
+        """,
+        inputs="x: {shape: [2, H, 3], init: randn}",
+        dims="H: 4",
+    )
+    x = t["x"].tensor
+    assert close(t["joined"].tensor, torch.cat(list(x.split(1, dim=1))[::-1], 1))
+    assert t["joined"].symbolic_shape == ("2", "H", "3")  # not 4: the four heads are H again
+
+
+def test_cat_size_that_the_parts_do_not_add_up_to_is_a_located_error():
+    spec = """
+name: c
+dims: {H: 4}
+inputs:
+  x: {shape: [2, H, 3], init: randn}
+steps:
+  - {id: heads, op: split, input: x, dim: 1, sizes: 1, outputs: [h0, h1, h2, h3]}
+  - {id: joined, op: cat, inputs: [h0, h1, h2], dim: 1, size: H}
+"""
+    with pytest.raises(tracer.TracerError) as raised:
+        tracer.loads(spec)
+    (problem,) = raised.value.diagnostics
+    assert problem.code == "cat-shape" and "joins 3 inputs into 3, not size H=4" in problem.message and problem.position.line == 8
+
+
 @covers("merge")
 def test_merge_records_transpose_contiguous_view():
     t = trace_of("- {id: m, op: merge}", inputs="x: {shape: [2, 3, 5, 4], init: randn}")

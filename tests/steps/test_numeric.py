@@ -136,6 +136,8 @@ def test_reduce_over_ints_and_dim_names():
         - {id: si, op: reduce, fn: sum, input: i, dim: 1}
         - {id: an, op: reduce, fn: any, input: b}
         - {id: al, op: reduce, fn: all, input: xt, dim: [0, 2], keepdim: true}
+        - {id: ax, op: reduce, fn: argmax, input: x, dim: -1}
+        - {id: ai, op: reduce, fn: argmin, input: i, dim: 1, keepdim: true}
         """,
         dims="{B: 2, T: 3, D: 4}",
         inputs=MIXED.replace("[2, 3, 4]", "[B, T, D]"),
@@ -146,6 +148,7 @@ def test_reduce_over_ints_and_dim_names():
     assert close(t["m"].tensor, xt.mean(-1, keepdim=True)) and equal(t["mx"].tensor, x.amax(1)) and equal(t["mn"].tensor, i.amin())
     assert equal(t["p"].tensor, i.prod(0)) and equal(t["si"].tensor, i.sum(1)) and equal(t["an"].tensor, b.any())
     assert equal(t["al"].tensor, xt.all(dim=(0, 2), keepdim=True))
+    assert equal(t["ax"].tensor, x.argmax(-1)) and equal(t["ai"].tensor, i.argmin(1, keepdim=True)) and t["ax"].dtype == "int64"
 
 
 @pytest.mark.parametrize(
@@ -153,6 +156,7 @@ def test_reduce_over_ints_and_dim_names():
     [
         ("{id: r, op: reduce, fn: sum, input: x, dim: E}", "'x' (B, T, D) has no dim named E"),
         ("{id: r, op: reduce, fn: prod, input: x, dim: [0, 1]}", "torch's prod reduces one dim"),
+        ("{id: r, op: reduce, fn: argmax, input: x}", "torch's argmax reduces one dim"),
         ("{id: r, op: reduce, fn: mean, input: i, dim: 0}", "mean needs a floating-point tensor"),
         ("{id: r, op: reduce, fn: sum, input: x, dim: [T, 1]}", "reduce over the same dim twice"),
     ],

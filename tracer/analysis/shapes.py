@@ -502,6 +502,11 @@ def _resolve(form: str, reads: tuple | None, inputs: tuple[str, ...], step_id: s
 def _source_problem(name: str, decl: TensorDecl, sizes: tuple[int, ...], section: str, dtype: str) -> tuple[str, str] | None:
     """Why the declaration cannot make a tensor of these sizes: its init's own rule, or literal
     values and tokens that do not have the declared shape."""
+    if decl.buffer and section == "inputs":
+        return (
+            "buffer",
+            f"'{name}': buffer: true marks a param the module holds but does not train; an input is given to each run, so drop it",
+        )
     if decl.init is not None:
         problem = INITS[decl.init].problem(decl, sizes, section)
         if problem:

@@ -28,7 +28,7 @@ def _valid_dim(value: int | str) -> int | str:
 DimText = Annotated[
     StrictInt | str, AfterValidator(_valid_dim), Field(description="a dim name, an int, or an expression such as 'd_model // H'")
 ]
-TensorId = Annotated[str, Field(pattern=ID_PATTERN, max_length=64)]
+TensorId = Annotated[str, Field(pattern=ID_PATTERN, max_length=128)]  # a state_dict key as it is: T5's reach 69 characters
 RecordId = Annotated[str, Field(pattern=RECORD_PATTERN, max_length=200)]
 ParamRef = Annotated[str, Field(pattern=PARAM_PATTERN, max_length=200)]
 

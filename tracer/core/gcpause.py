@@ -5,7 +5,8 @@ pydantic models, symbolic dims, records) that all stay alive. CPython's collecto
 over every tracked object in the process (torch's included, in a notebook) each time the number of
 objects has grown by a quarter, so with it on, checking 384 layers cost more than twice checking
 192. None of these objects is garbage while they are built, so the collector is paused for the
-build and left as the caller had it afterwards.
+build and left as the caller had it afterwards. A run is paused too: its tensors and records are
+freed by reference counts, and a full pass inside a 1,000-layer meta run cost more than the run.
 """
 
 from __future__ import annotations

@@ -3,22 +3,21 @@
 The capture is made under ``torch.no_grad()``, in eval mode, with the fused
 ``nn.MultiheadAttention`` / encoder-layer fast path off, with every config's KV cache off, and
 with no ``run_decompositions``: that graph keeps linear, SDPA, layer norm, softmax and split
-whole, as tracer's steps are, and records every op's module path and source line. The batch and
-sequence dims of the inputs are captured symbolically (``Dim.AUTO``), so they are ``B`` and ``T``
-in the file; a module that specialises them is captured at the example sizes.
+whole, as tracer's steps are, and records every op's module path and source line. The capture is
+made at the example sizes: a symbolic one (``Dim.AUTO``) costs 2-3.5x as much, and the batch and
+sequence sizes are followed through the graph afterwards (``sizes.py``), so they are ``B`` and ``T``
+in the file all the same.
 """
 
 from __future__ import annotations
 
 import contextlib
-import inspect
 
 import torch
 import torch.fx.proxy
-from torch.export import Dim
 
 from ..core.errors import Diagnostic, TracerError
-from .idioms import Graph
+from .rotary import settled_rope_updates
 
 
 @contextlib.contextmanager
@@ -65,47 +64,44 @@ class _OutsideTorch(set):
 
 
 def capture(module: torch.nn.Module, args: tuple, kwargs: dict):
-    """(ExportedProgram, whether batch and sequence are symbolic)."""
-    with capturing(module):
-        with contextlib.suppress(Exception):  # a module that specialises B or T: captured at the example sizes
-            return torch.export.export(module, tuple(args), dict(kwargs), dynamic_shapes=_auto(module, args, kwargs), strict=False), True
+    """The ExportedProgram of the module at the example sizes."""
+    with capturing(module), settled_rope_updates(module, args, kwargs):
         try:
-            return torch.export.export(module, tuple(args), dict(kwargs), strict=False), False
+            return torch.export.export(module, tuple(args), dict(kwargs), strict=False)
         except Exception as exc:  # torch's own message says why (data-dependent control flow, unsupported types)
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
             message = f"torch.export could not capture {type(module).__name__}: {type(exc).__name__}: {first}"
             raise TracerError(Diagnostic("<module>", None, "import-capture", message)) from None
 
 
-def _auto(module, args, kwargs) -> dict:
-    bound = inspect.signature(module.forward).bind(*args, **kwargs).arguments
-    return {name: {0: Dim.AUTO, 1: Dim.AUTO} if isinstance(v, torch.Tensor) and v.ndim >= 2 else None for name, v in bound.items()}
-
-
 def graph_inputs(program, args, kwargs) -> list:
     """The example value of each placeholder, in the graph's order."""
     user = iter(torch.utils._pytree.tree_leaves((tuple(args), dict(kwargs))))
+    mutated = _written_in_place(program.graph_module.graph)
     values = []
     for spec in program.graph_signature.input_specs:
         if spec.kind.name == "USER_INPUT":
             values.append(next(user))
-        elif spec.target in program.state_dict:
-            values.append(program.state_dict[spec.target])
-        else:
-            values.append(program.constants[spec.target])
+            continue
+        value = program.state_dict[spec.target] if spec.target in program.state_dict else program.constants[spec.target]
+        values.append(value.clone() if spec.arg.name in mutated else value)  # evaluating must not change the module's buffer
     return values
 
 
-def symbols(graph: Graph) -> dict[str, tuple[str, int]]:
-    """Capture symbol -> (dim name, example size): the first two dims of the inputs, B and T."""
-    found: dict[str, tuple[str, int]] = {}
-    for node in graph.fx.nodes:
-        value = node.meta.get("val")
-        if node.op != "placeholder" or graph.kind(node) != "USER_INPUT" or not isinstance(value, torch.Tensor):
+def _written_in_place(graph: torch.fx.Graph) -> set[str]:
+    """The placeholders an in-place op of the (pre-dispatch, not functionalised) graph writes:
+    LongRoPE's ``inv_freq.copy_(...)``."""
+    written = set()
+    for node in graph.nodes:
+        schema = getattr(node.target, "_schema", None) if node.op == "call_function" else None
+        if schema is None or not schema.is_mutable:
             continue
-        for axis, size in enumerate(value.shape[:2]):
-            symbol = str(size.node.expr) if isinstance(size, torch.SymInt) else None
-            if symbol and symbol.isidentifier() and symbol not in found:
-                taken = sum(name.startswith("BT"[axis]) for name, _ in found.values())
-                found[symbol] = ("BT"[axis] + (str(taken + 1) if taken else ""), int(graph.values[node].shape[axis]))
-    return found
+        for argument, value in zip(schema.arguments, node.args):
+            if (
+                argument.alias_info is not None
+                and argument.alias_info.is_write
+                and isinstance(value, torch.fx.Node)
+                and value.op == "placeholder"
+            ):
+                written.add(value.name)
+    return written

@@ -19,10 +19,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.passes.utils.matcher_utils import SubgraphMatcher
 
 from ..core.errors import Diagnostic, TracerError
 from ..steps.attention import causal_hidden
+from .rotary import scaled_table, tolerance
 
 aten = torch.ops.aten
 NO_OP_CASTS = {aten.to.dtype, aten.to.device, aten.to.dtype_layout, aten.type_as.default, aten.alias.default}
@@ -106,7 +108,8 @@ class Graph:
                 facts = VERIFY[kind](self, match)
                 if facts is not None and not self.consumed & set(inner):
                     self.claim(Idiom(kind, match.returning_nodes[0], facts), inner)
-        for walker in (_multi_head_attention, _complex_ropes, _merges, _conv1d, _in_out_linears, _mask_fills, _kept_masks, _softcaps):
+        walkers = (_multi_head_attention, _complex_ropes, _merges, _conv1d, _in_out_linears, _mask_fills, _kept_masks, _softcaps)
+        for walker in (*walkers, _relative_biases):
             walker(self)
 
 
@@ -172,8 +175,7 @@ def _evaluate(module: torch.fx.GraphModule, example: list) -> dict[torch.fx.Node
             values[node] = super().run_node(node)
             return values[node]
 
-    module.recompile()
-    with torch.no_grad():
+    with torch.no_grad():  # the Interpreter reads the graph itself: no recompile after canonicalize
         try:
             Recording(module).run(*example)
         except Exception as exc:  # capture ran on fake tensors, which skip kernels' dtype checks (softmax of int64)
@@ -259,10 +261,16 @@ def _patterns() -> list[tuple[str, torch.fx.Graph]]:
     }
     graphs = []
     for (kind, module), example in examples.items():
-        graph = torch.export.export(module, example, strict=False).graph_module.graph
+        graph = _traced(module, example)
         canonicalize(graph)
         graphs.append((kind, graph))
     return graphs
+
+
+def _traced(module: torch.nn.Module, example: tuple) -> torch.fx.Graph:
+    """The pre-dispatch ATen graph ``torch.export.export(strict=False)`` records, without export's
+    machinery around it (half the time: ~0.1 s for the patterns, built once per process)."""
+    return make_fx(lambda *args: (module(*args),), pre_dispatch=True)(*example).graph
 
 
 class _Matcher(SubgraphMatcher):
@@ -308,10 +316,29 @@ def _verify_rope(graph: Graph, match) -> dict | None:
     (rows, seq_dim), (sines, _) = (_table_rows(graph.values[n].double()) for n in (cos, sin))
     if rows.shape[0] < 2:  # theta is read at position 1: a table of position 0 only
         return None
+    facts = {
+        "x": x,
+        "style": "interleaved" if interleaved else "half",
+        "seq_dim": seq_dim,
+        **_computed_table(graph, cos, rows, sines, interleaved),
+    }
     theta = _theta(graph, cos, rows, sines, interleaved) if rows.shape[-1] >= 4 else 10000.0  # one frequency, theta ** 0: any theta
-    if not torch.allclose(rows, _rotary_cos(rows.shape[0], rows.shape[-1], theta, interleaved), atol=1e-5):
-        return None
-    return {"x": x, "theta": theta, "style": "interleaved" if interleaved else "half", "seq_dim": seq_dim}
+    atol = tolerance(graph.values[cos].dtype)  # a float16 table is float32's cos rounded
+    if torch.allclose(rows, _rotary_cos(rows.shape[0], rows.shape[-1], theta, interleaved), atol=atol):
+        return {**facts, "theta": theta}
+    return facts if "table" in facts else None
+
+
+def _computed_table(graph: Graph, cos: torch.fx.Node, rows: torch.Tensor, sines: torch.Tensor, interleaved: bool) -> dict:
+    """``table`` (a ``rotary.Table``) and ``owner`` (the module holding its ``inv_freq``) of a rotation
+    table, for the rule to find its scaling in the module's config (``rotary.scaling_of``: Llama 3,
+    YaRN, LongRoPE, linear, dynamic NTK, whose table at the example may also be plain RoPE of
+    another theta); none for a table that is no rotation."""
+    table = scaled_table(rows, sines, graph.values[cos].dtype, interleaved)
+    if table is None:
+        return {}
+    buffer = _ancestor_buffer(graph, cos, "inv_freq")
+    return {"table": table, "owner": graph.target(buffer).rpartition(".")[0] if buffer is not None else None}
 
 
 def _table_rows(table: torch.Tensor) -> tuple[torch.Tensor, int]:
@@ -384,8 +411,16 @@ def _merges(graph: Graph) -> None:
         while source.op == "call_function" and source.target == aten.contiguous.default and len(source.users) == 1:
             chain.append(source)
             source = source.args[0]
-        if _swaps_heads(source) and node.meta["val"].ndim == 3 and len(source.users) == 1:
+        if _swaps_heads(source) and _joins_last_two(graph, source, node) and len(source.users) == 1:
             graph.claim(Idiom("merge", node, {"x": source.args[0]}), [*chain, source])
+
+
+def _joins_last_two(graph: Graph, source: torch.fx.Node, node: torch.fx.Node) -> bool:
+    """``node`` is (…, T, H, Dh) ``source`` with its last two axes joined: (…, T, H·Dh), not
+    another reshape of as many elements (``.reshape(2, 5, 16)`` of (2, 4, 5, 4), Bloom's (B, H, T, Dh)
+    as (B·H, T, Dh))."""
+    before, after = graph.values[source].shape, graph.values[node].shape
+    return len(after) == 3 and tuple(after) == (before[0], before[1], before[2] * before[3])
 
 
 def _swaps_heads(node: torch.fx.Node) -> bool:
@@ -430,6 +465,35 @@ def _complex_rotary(table: torch.Tensor, ndim: int) -> dict | None:
     if not torch.allclose(torch.polar(torch.ones_like(expected), expected), table.reshape(angles.shape).to(torch.complex128), atol=1e-5):
         return None
     return {"theta": theta, "style": "interleaved", "seq_dim": positions[0] - table.ndim if table.ndim == ndim else -2}
+
+
+def _relative_biases(graph: Graph) -> None:
+    """T5's ``compute_bias``: a learned (num_buckets, H) table looked up at constant buckets,
+    ``permute(2, 0, 1).unsqueeze(0)`` to (1, H, T_q, T_kv) and added to the scores (every layer adds
+    the first one's): a ``relative_bias`` step at each add, once rules has checked the buckets."""
+    for node in graph.calls():
+        if node.target != aten.embedding.default or graph.kind(node.args[0]) != "PARAMETER" or node.args[1] not in graph.constant:
+            continue
+        chain = _single_users(node, (aten.permute.default, aten.unsqueeze.default))
+        if chain is None or list(chain[0].args[1]) != [2, 0, 1] or chain[1].args[1] != 0:
+            continue
+        adds = [u for u in chain[1].users if u.target == aten.add.Tensor and u.args[1] is chain[1] and u.args[0] not in graph.constant]
+        if not adds or len(adds) != len(chain[1].users):
+            continue
+        for add in adds:
+            facts = {"x": add.args[0], "table": node.args[0], "buckets": graph.values[node.args[1]]}
+            graph.claim(Idiom("relative_bias", add, facts), [node, *chain, add])
+
+
+def _single_users(node: torch.fx.Node, targets: tuple) -> list[torch.fx.Node] | None:
+    """The chain of ops ``targets`` that reads ``node``, each the only reader of the one before (the last may have several)."""
+    chain = []
+    for target in targets:
+        if len(node.users) != 1 or next(iter(node.users)).target != target:
+            return None
+        node = next(iter(node.users))
+        chain.append(node)
+    return chain
 
 
 def _conv1d(graph: Graph) -> None:

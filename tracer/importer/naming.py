@@ -1,7 +1,7 @@
 """Dim names for an imported module: sizes become the names a person would write.
 
-The batch and sequence sizes are symbols of the capture (``Dim.AUTO`` on the first two dims of
-each input), so they are ``B`` and ``T`` wherever they occur. The model's sizes come from its
+The batch and sequence sizes are followed from the inputs through the graph (``sizes.py``), so
+they are ``B`` and ``T`` wherever they occur (``B * T``, ``T - 1``). The model's sizes come from its
 config or attributes (``hidden_size`` or ``n_embd`` is ``d_model``, ``num_attention_heads`` is
 ``H`` ...), and the sizes that follow from them are expressions (``Dh: d_model // H``,
 ``n_rep: H // H_kv``), so that tracer sees ``d_model = H * Dh``. Other sizes stay numbers.
@@ -10,10 +10,11 @@ config or attributes (``hidden_size`` or ``n_embd`` is ``d_model``, ``num_attent
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass
 
 import torch
+
+from .sizes import Poly, Shape
 
 # (attribute, dim) in order of preference; the first found names the dim
 ATTRIBUTES = (
@@ -33,6 +34,8 @@ ATTRIBUTES = (
     ("n_inner", "d_ff"),
     ("dim_feedforward", "d_ff"),
     ("vocab_size", "V"),
+    ("n_positions", "P"),  # named only where a table of positions has that many rows: a vocab of the same size stays V
+    ("max_position_embeddings", "P"),
     ("sliding_window", "W"),
     ("attention_chunk_size", "C"),
     *((name, name) for name in ("H", "H_kv", "Dh", "d_ff", "V", "W", "C")),  # a module tracer export wrote keeps its dims by name
@@ -85,17 +88,16 @@ def _derive(found: dict[str, Dim]) -> None:
 
 
 class Namer:
-    """Writes sizes in dim names: a capture symbol as B or T, a number by the model's dims."""
+    """Writes sizes in dim names: a batch or sequence size as its expression (``B``, ``T - 1``), a
+    number by the model's dims."""
 
-    def __init__(self, dims: dict[str, Dim], symbols: dict[str, str]):
-        self.dims, self.symbols = dims, symbols
+    def __init__(self, dims: dict[str, Dim], shapes: dict[int, Shape], roles: dict[int, dict[int, str]] | None = None):
+        self.dims, self.shapes = dims, shapes  # shapes: id(example tensor) -> its sizes (Sizes.of_value)
+        self.roles = roles or {}  # id(example tensor) -> {axis: the dim it is first} (Sizes.roles: a positions table's rows are P)
 
     def size(self, size, prefer: tuple[str, ...] = (), products: tuple = PRODUCTS) -> int | str:
-        if isinstance(size, torch.SymInt) and not str(size.node.expr).isdigit():  # a symbol the capture kept
-            text = str(size.node.expr)
-            for symbol, name in self.symbols.items():
-                text = re.sub(rf"\b{symbol}\b", name, text)
-            return text.replace("*", " * ")
+        if isinstance(size, Poly):  # an expression over the batch and sequence sizes
+            return str(size)
         value = int(size)
         if value == 1:  # a broadcast axis far more often than a dim of size 1 (a head width of 1)
             return 1
@@ -108,12 +110,19 @@ class Namer:
                 return " * ".join(map(str, product))
         return value
 
+    def axis(self, tensor, axis: int):
+        """The size of one axis of an example tensor: its expression, or its number."""
+        sizes = self.shapes.get(id(tensor))
+        return sizes[axis] if sizes is not None else int(tensor.shape[axis])
+
     def shape(self, tensor) -> list[int | str]:
         """The sizes in dim names; the last axis of a tensor with heads is the head width first (H = Dh = 4),
         or a multiple of it right after the heads axis (GPT-NeoX's fused q, k, v: ``[B, T, H, 3 * Dh]``)."""
         names: list[int | str] = []
-        for axis, size in enumerate(tensor.shape):
+        for axis in range(len(tensor.shape)):
             last = axis == len(tensor.shape) - 1 >= 3
             after_heads = last and names[-1] in ("H", "H_kv")
-            names.append(self.size(size, ("Dh",) if last else (), (*HEAD_PRODUCTS, *PRODUCTS) if after_heads else PRODUCTS))
+            size, role = self.axis(tensor, axis), self.roles.get(id(tensor), {}).get(axis)
+            prefer = (role,) if role else ("Dh",) if last else ()
+            names.append(self.size(size, prefer, (*HEAD_PRODUCTS, *PRODUCTS) if after_heads else PRODUCTS))
         return names

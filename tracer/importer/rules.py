@@ -8,9 +8,12 @@ with no rule is reported with the line it came from; nothing is dropped.
 
 from __future__ import annotations
 
+import functools
+import inspect
 import linecache
 import math
 import operator
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,8 +23,10 @@ import torch
 
 from ..core.errors import Diagnostic, Position, TracerError
 from ..presentation.export import HEADER as EXPORT_HEADER
+from ..steps.positions import alibi_slopes, t5_buckets
 from .idioms import Graph, Idiom, aten, hidden_pattern, module_stack
 from .naming import Namer
+from .rotary import scaling_of
 
 FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)\n\s+(.*)')
 # the tag `tracer export` ends each line of forward with: "  # (B, T, d_model) layer.q_proj" or "  # layer.q_proj"
@@ -59,6 +64,7 @@ ADVANCED_INDEXING = (
     "(a run, as x[:, [-1]] or x[:, [2, 3]], imports as op: index with start/stop)"
 )
 UNMAPPED_HINTS = {aten.index_select.default: ADVANCED_INDEXING}
+MASKED_FILLS = (aten.masked_fill.Scalar, aten.masked_fill_.Scalar)
 SPLITS = (aten.split.Tensor, aten.split_with_sizes.default, aten.chunk.default)
 
 
@@ -95,6 +101,31 @@ def source_line(node: torch.fx.Node) -> tuple[str, int, str] | None:
     return (found[-1][0], found[-1][1], found[-1][3]) if found else None
 
 
+def calling_line(node: torch.fx.Node, leaf: torch.nn.Module) -> tuple[str, int, str] | None:
+    """The line that called the leaf module whose output the node is (``q = self.q_proj(x)``),
+    not a line of the module's own forward (torch's ``linear.py: return F.linear(...)``)."""
+    found, span = frames(node), _forward_span(type(leaf))
+    own = [i for i, (file, line, _, _) in enumerate(found) if span and _same_file(file, span[0]) and span[1] <= line <= span[2]]
+    if not own or own[-1] == 0:
+        return source_line(node)
+    file, line, _, code = found[own[-1] - 1]
+    return file, line, code
+
+
+@functools.cache
+def _forward_span(cls: type) -> tuple[str, int, int] | None:
+    """(file, first line, last line) of a module class's ``forward``; None where its source is not to be had."""
+    try:
+        lines, start = inspect.getsourcelines(cls.forward)
+        return os.path.realpath(inspect.getsourcefile(cls.forward) or ""), start, start + len(lines) - 1
+    except (OSError, TypeError):
+        return None
+
+
+def _same_file(file: str, real: str) -> bool:
+    return os.path.realpath(file) == real
+
+
 class Translator:
     """Walks the graph in order and writes a step for each node that computes something."""
 
@@ -120,7 +151,7 @@ class Translator:
                 self._translate(node)
             except Unmapped as exc:
                 self.failed.add(node)
-                problems.append(_problem(node, str(exc)))
+                problems.append(_problem(node, str(exc), self._line(node)))
             except _Downstream:
                 self.failed.add(node)
         if problems:
@@ -144,7 +175,8 @@ class Translator:
                 self.names[node] = node.name
                 self.taken.add(node.name)
             elif kind in ("PARAMETER", "BUFFER") and self.graph.target(node) in state:
-                self.params[self.graph.target(node)] = self._declaration(value)
+                buffer = {"buffer": True} if kind == "BUFFER" else {}  # held, not trained: export registers it as a buffer
+                self.params[self.graph.target(node)] = {**self._declaration(value), **buffer}
                 self.names[node] = self.graph.target(node)
                 self.taken.add(self.graph.target(node))
 
@@ -182,6 +214,11 @@ class Translator:
         if base in self.module_paths and not tagged:  # `down_proj = self.down_proj(a * b)`: the product is not the Linear
             base = f"{base}_{op}"
         return self._unique(base)
+
+    def _line(self, node: torch.fx.Node) -> tuple[str, int, str] | None:
+        """The line a step is commented with and a problem located at: a leaf module's caller's."""
+        leaf = self._leaf_module(node)
+        return calling_line(node, self.module.get_submodule(leaf)) if leaf else source_line(node)
 
     def _leaf_module(self, node: torch.fx.Node) -> str | None:
         """The path of a childless module whose output this node is (a Linear, an Embedding, a norm)."""
@@ -225,7 +262,7 @@ class Translator:
     def emit(self, node: torch.fx.Node, fields: dict, op_name: str | None = None, step_id: str | None = None) -> Step:
         step_id = step_id or self.step_id(node, op_name or fields["op"])
         self.names[node] = step_id
-        comment = _comment(source_line(node))
+        comment = _comment(self._line(node))
         value = node.meta.get("val")
         shape = self.namer.shape(value) if isinstance(value, torch.Tensor) else None
         step = Step({"id": step_id, **fields}, node, comment, _layer(node), shape)
@@ -278,22 +315,28 @@ class Translator:
         if node.target not in (aten.mul.Tensor, aten.div.Tensor):
             self.emit(node, {"op": BINARY[node.target], "input": self.ref(x), "value": _number(number)})
             return
-        key = "multiply" if node.target == aten.mul.Tensor else "divide"
-        head = _head_width(x)
+        self.emit(node, self._scale_fields(x, "multiply" if node.target == aten.mul.Tensor else "divide", number), "scaled")
+
+    def _scale_fields(self, x, key: str, number, head: int | None = None) -> dict:
+        """``scale`` of x by a number: ``{rsqrt: Dh}``/``{sqrt: Dh}`` where it is the head width's root."""
+        head = head or _head_width(x)
         dh = self.size(head, ("Dh",))
         if key == "multiply" and float(number) == head**-0.5:  # transformers' `scaling = head_dim ** -0.5`, bit for bit
-            fields = {"op": "scale", "input": self.ref(x), "multiply": {"rsqrt": dh}}
-        elif math.isclose(float(number), head ** (-0.5 if key == "multiply" else 0.5), rel_tol=1e-6):
-            fields = {"op": "scale", "input": self.ref(x), "divide": {"sqrt": dh}}
-        else:
-            fields = {"op": "scale", "input": self.ref(x), key: float(number)}
-        self.emit(node, fields, "scaled")
+            return {"op": "scale", "input": self.ref(x), "multiply": {"rsqrt": dh}}
+        if math.isclose(float(number), head ** (-0.5 if key == "multiply" else 0.5), rel_tol=1e-6):
+            return {"op": "scale", "input": self.ref(x), "divide": {"sqrt": dh}}
+        return {"op": "scale", "input": self.ref(x), key: float(number)}
 
     def _additive_mask(self, node, x, mask):
-        if not _hides_any(self.graph.values[mask]):  # BART's encoder mask without padding: adding zeros
+        """``x + constant``: a mask step for a constant causal, window or band mask, nothing for adding
+        zeros; a buffer of the state_dict that is no mask is added as it is (loading may change it)."""
+        declared = mask in self.names
+        if not declared and not _hides_any(self.graph.values[mask]):  # BART's encoder mask without padding: adding zeros
             self.names[node] = self.ref(x)
             return
         found = _additive_pattern(self.graph.values[mask])
+        if found is None and declared:
+            return self.emit(node, {"op": "add", "inputs": [self.ref(x), self.ref(mask)]})
         if found is None:
             raise Unmapped(f"it adds '{mask.name}', a constant that is not a causal, sliding-window or band mask")
         fields = {"op": "mask", "input": self.ref(x), **self._pattern(found[0]), "fill": _fill(found[1], x.meta["val"].dtype)}
@@ -305,8 +348,18 @@ class Translator:
         return {**pattern, **sizes}
 
     def _masked_fill(self, node):
-        """A masked_fill the mask walker left: its mask is a constant no pattern hides, or two masks."""
+        """A masked_fill the mask walker left: torch's ``_canonical_mask`` (a bool mask as a float one:
+        ``zeros_like(m, dtype=float).masked_fill_(m, -inf)``, as nn.TransformerEncoder makes its
+        ``src_key_padding_mask``) is a ``where``; any other is a constant no pattern hides, or two masks."""
+        base, mask, fill = node.args[:3]
+        if _fresh_zeros(base) and mask is base.args[0] and mask.meta["val"].dtype == torch.bool:
+            return self.emit(node, {"op": "where", "inputs": [self.ref(mask)], "then": float(fill), "otherwise": 0.0})
         raise Unmapped(f"masked_fill with '{node.args[1].name}': not a causal, sliding-window or band pattern or one given mask")
+
+    def _zeros_like(self, node):
+        """``zeros_like(m)`` that only ``_canonical_mask``'s masked_fill reads: no step of its own."""
+        if not all(u.target in MASKED_FILLS and u.args[0] is node and u.args[1] is node.args[0] for u in node.users):
+            raise Unmapped(f"{_label(node)} read as a tensor of its own: tracer makes zeros with an input's init: zeros")
 
     def _pow(self, node):
         x, exponent = node.args[:2]
@@ -340,9 +393,11 @@ class Translator:
         run = _consecutive_positions(self.graph, indices, value.shape)
         if run is not None:  # x[:, [-1]] or x[:, [2, 3]]: a slice of consecutive positions
             dim, first, count = run
-            start, stop = self._from_end(x.meta["val"].shape[dim], first, count) if first < 0 else (first, first + count)
+            start, stop = self._from_end(self.namer.axis(x.meta["val"], dim), first, count) if first < 0 else (first, first + count)
             fields = {"op": "index", "input": self.ref(x), "dim": dim, **({"start": start} if start else {}), "stop": stop}
             return self.emit(node, fields)
+        if _picks_a_row_per_batch(self.graph, indices, value.shape):  # CLIP's pooler: x[arange(B), eos]
+            return self._picked_rows(node, x, indices[1])
         axes = [
             _range_axis(self.graph.values[i], n) if i in self.graph.constant else None for i, n in zip(indices, value.shape, strict=False)
         ]
@@ -352,6 +407,27 @@ class Translator:
         indexed = INDEXED.search(line[2]) if line else None  # `return padding_mask[batch_idx, kv_idx]`: padding_mask
         fields = {"op": "reshape", "input": self.ref(x), "shape": self.namer.shape(node.meta["val"])}
         self.emit(node, fields, indexed.group(1) if indexed and not _assigned(line[2]) else None)
+
+    def _picked_rows(self, node, x, positions):
+        """``x[arange(B), positions]``: for each batch entry the row at its own position, as
+        ``gather`` along dim 1 of the positions viewed (B, 1, 1…) and expanded, then that axis dropped."""
+        shape = self.namer.shape(x.meta["val"])
+        base = self.step_id(node, "picked")
+        index = {"op": "view", "input": self.ref(positions), "shape": [shape[0], 1] + [1] * (len(shape) - 2)}
+        self.emit(node, index, step_id=self._unique(f"{base}_at"))
+        expanded = {"op": "expand", "input": self.names[node], "shape": [shape[0], 1, *shape[2:]]}
+        self.emit(node, expanded, step_id=self._unique(f"{base}_index"))
+        self.emit(node, {"op": "gather", "inputs": [self.ref(x), self.names[node]], "dim": 1}, step_id=self._unique(f"{base}_gathered"))
+        self.emit(node, {"op": "index", "input": self.names[node], "dim": 1, "index": 0}, step_id=base)
+
+    def _argmax(self, node):
+        """``x.argmax(dim)`` (CLIP's end-of-text position): a ``reduce`` over that dim."""
+        dim = _arg(node, 1, None, "dim")
+        if dim is None and node.args[0].meta["val"].ndim != 1:
+            raise Unmapped(f"{_label(node)} without dim (the position in the flattened tensor): tracer's argmax runs along one dim")
+        fields = {"op": "reduce", "fn": "argmax" if node.target == aten.argmax.default else "argmin", "input": self.ref(node.args[0])}
+        fields.update({"dim": dim} if dim is not None else {}, **({"keepdim": True} if _arg(node, 2, False, "keepdim") else {}))
+        self.emit(node, fields)
 
     def _from_end(self, size, first: int, count: int) -> tuple[int | str, int | str]:
         """(start, stop) of positions counted from the end (``[-1]``), in the dim's name where it has one (``T - 1``)."""
@@ -419,7 +495,7 @@ class Translator:
             self.inputs[name] = self._declaration(ids.meta["val"], "arange")
             self.names[ids] = name
             return self.emit(node, {"op": "embed", "input": name, "weight": self.ref(table)})
-        length = ids.meta["val"].shape[-1]
+        length = self.namer.axis(ids.meta["val"], -1)
         if torch.equal(value, torch.arange(first, first + value.shape[-1]).expand(value.shape)):
             stop = self.size(length) if first == 0 else f"{self.size(length)} + {first}"
         elif bool((value == first).all()):
@@ -499,7 +575,11 @@ class Translator:
 
     def _shaped(self, node):
         op = {aten.view.default: "view", aten.reshape.default: "reshape", aten.expand.default: "expand"}[node.target]
-        self.emit(node, {"op": op, "input": self.ref(node.args[0]), "shape": self.namer.shape(node.meta["val"])})
+        shape = self.namer.shape(node.meta["val"])
+        if op != "expand":
+            sizes = (self.graph.values[node.args[0]].shape, self.graph.values[node].shape)
+            shape = _merged_names(self.namer.shape(node.args[0].meta["val"]), shape, *sizes)
+        self.emit(node, {"op": op, "input": self.ref(node.args[0]), "shape": shape})
 
     def _transpose(self, node):
         self.emit(node, {"op": "transpose", "input": self.ref(node.args[0]), "dims": [node.args[1], node.args[2]]})
@@ -511,7 +591,17 @@ class Translator:
         self.emit(node, {"op": "unsqueeze", "input": self.ref(node.args[0]), "dim": node.args[1]})
 
     def _cat(self, node):
-        self.emit(node, {"op": "cat", "inputs": [self.ref(x) for x in node.args[0]], "dim": _arg(node, 1, 0)})
+        fields = {"op": "cat", "inputs": [self.ref(x) for x in node.args[0]], "dim": _arg(node, 1, 0)}
+        self.emit(node, {**fields, **self._cat_size(node, fields["dim"])})
+
+    def _cat_size(self, node, dim: int) -> dict:
+        """``size:`` where parts of literal sizes join into a dim of the model (StableLM's per-head
+        norm: H tensors of one head each, joined back into the H heads)."""
+        parts = [self.namer.shape(x.meta["val"])[dim] for x in node.args[0]]
+        joined = self.namer.shape(node.meta["val"])[dim]
+        sources = {_split_of(x, dim) for x in node.args[0]}  # a dim taken apart one by one and joined back, not sizes that add up by chance
+        units = all(p == 1 for p in parts) and len(sources) == 1 and None not in sources
+        return {"size": joined} if units and len(parts) > 1 and isinstance(joined, str) and joined.isidentifier() else {}
 
     def _slice(self, node):
         fields = {"op": "index", "input": self.ref(node.args[0]), "dim": _arg(node, 1, 0)}
@@ -544,12 +634,58 @@ class Translator:
         beta, alpha = node.kwargs.get("beta", 1), node.kwargs.get("alpha", 1)
         if beta != 1:
             raise Unmapped(f"{_label(node)} with beta={beta}: tracer adds the bias as it is (beta 1)")
+        heads = self._alibi_heads(node)
+        if heads is not None:
+            return self._alibi_scores(node, heads)
         base = self.step_id(node, "scores")
         product = self.emit(node, {"op": "bmm", "inputs": [self.ref(left), self.ref(right)]}, step_id=self._unique(f"{base}_bmm"))
         if alpha != 1:
             fields = {"op": "scale", "input": product.fields["id"], "multiply": float(alpha)}
             self.emit(node, fields, step_id=self._unique(f"{base}_scaled"))
         self.emit(node, {"op": "add", "inputs": [self.names[node], self.ref(bias)]}, step_id=base)
+
+    def _alibi_heads(self, node) -> int | None:
+        """The head count of Bloom's ``alibi.baddbmm(q, k)``: the bias a constant (B·H, 1, T_kv) table of
+        ``slope[h] · j`` (``build_alibi_tensor`` without padding), the scores read only by their view
+        as (B, H, T_q, T_kv); None for another bias."""
+        bias = node.args[0]
+        (user,) = node.users if len(node.users) == 1 else (None,)
+        if (
+            bias not in self.graph.constant
+            or bias in self.names
+            or user is None
+            or user.target not in (aten.view.default, aten.reshape.default)
+        ):
+            return None
+        table, shape = self.graph.values[bias], tuple(self.graph.values[user].shape)
+        if (
+            len(shape) != 4
+            or table.ndim != 3
+            or table.shape[1] != 1
+            or table.shape[0] != shape[0] * shape[1]
+            or not table.is_floating_point()
+        ):
+            return None
+        heads, keys = shape[1], shape[3]
+        expected = (alibi_slopes(torch, heads)[:, None] * torch.arange(keys)).to(table.dtype)
+        found = table.reshape(-1, heads, keys)
+        return heads if torch.allclose(found.double(), expected.double().expand_as(found), rtol=1e-6, atol=0) else None
+
+    def _alibi_scores(self, node, heads: int) -> None:
+        """Bloom's ALiBi scores: ``bmm``, ``scale`` by alpha, the view as (B, H, T_q, T_kv) the module
+        makes next, and ``alibi`` on it (the constant bias is the step's own slopes and key positions)."""
+        left, right = node.args[1:3]
+        (view,) = node.users
+        base = self.step_id(node, "scores")
+        self.emit(node, {"op": "bmm", "inputs": [self.ref(left), self.ref(right)]}, step_id=self._unique(f"{base}_bmm"))
+        alpha = node.kwargs.get("alpha", 1)
+        if alpha != 1:  # Bloom's inv_norm_factor, 1 / sqrt(head_dim)
+            fields = self._scale_fields(node, "multiply", alpha, left.meta["val"].shape[-1])
+            self.emit(node, fields, step_id=self._unique(f"{base}_scaled"))
+        shape = self.namer.shape(view.meta["val"])
+        self.emit(view, {"op": "view", "input": self.names[node], "shape": shape}, step_id=self._unique(f"{base}_heads"))
+        self.emit(view, {"op": "alibi", "input": self.names[view]}, step_id=base)
+        self.graph.consumed.add(view)
 
     def _softmax(self, node):
         self.emit(node, {"op": "softmax", "input": self.ref(node.args[0]), "dim": node.args[1]})
@@ -624,12 +760,34 @@ class Translator:
 
     def _rope(self, idiom: Idiom):
         facts = idiom.facts
-        fields = {"op": "rope", "input": self.ref(facts["x"]), "theta": facts["theta"]}
+        theta, scaling = self._rope_scaling(facts)
+        fields = {"op": "rope", "input": self.ref(facts["x"]), "theta": theta}
+        if scaling is not None:
+            fields["rope_scaling"] = scaling
         if facts.get("style", "half") != "half":
             fields["style"] = facts["style"]
         if facts.get("seq_dim", -2) != -2:
             fields["seq_dim"] = facts["seq_dim"]
         self.emit(idiom.node, fields)
+
+    def _rope_scaling(self, facts: dict) -> tuple[float, dict]:
+        """(theta, rope_scaling or None) of a rotary table: a scaling of the rope parameters of the
+        config of the module that holds its ``inv_freq`` (transformers' rotary embedding), else of
+        any config, that computes the table; else plain RoPE of the theta the idiom read."""
+        found = None
+        if "table" in facts:
+            owner = self.module.get_submodule(facts["owner"]) if facts["owner"] is not None else None
+            configs = [getattr(m, "config", None) for m in (owner, self.module, *self.module.modules()) if m is not None]
+            found = scaling_of(facts["table"], list({id(c): c for c in configs if c is not None}.values()))
+        if found is None and "theta" in facts:
+            return facts["theta"], None
+        if found is None:
+            table = facts["table"]
+            raise Unmapped(
+                f"a rotary table of {table.positions} positions x {table.rotary_dim} (attention factor {table.factor:g}) whose "
+                "frequencies no rope_scaling of the module's config reproduces (linear, dynamic, llama3, yarn, longrope)"
+            )
+        return found
 
     def _repeat_kv(self, idiom: Idiom):
         """GQA's ``repeat_kv(key_states, n_rep)``: named after the keys or values it repeats."""
@@ -659,6 +817,21 @@ class Translator:
         fields["fill"] = _fill(facts["fill"], facts["x"].meta["val"].dtype)
         self.emit(idiom.node, fields, "masked")
 
+    def _relative_bias(self, idiom: Idiom):
+        """T5's relative position bias, its settings read from the attention module that owns the
+        table (``relative_attention_max_distance``, ``is_decoder``) and held against the buckets."""
+        facts = idiom.facts
+        table = facts["table"]
+        owner = self.module.get_submodule(self.graph.target(table).rpartition(".relative_attention_bias")[0] or "")
+        settings = _t5_settings(owner, facts["buckets"], int(table.meta["val"].shape[0]))
+        if settings is None:
+            raise Unmapped(
+                f"it looks up '{table.name}' at constant ids that are not T5's relative position buckets, or that several "
+                "max_distance give at this length (its attention module's relative_attention_max_distance settles it)"
+            )
+        fields = {"op": "relative_bias", "input": self.ref(facts["x"]), "table": self.ref(table), **settings}
+        self.emit(idiom.node, fields, "biased")
+
     def _mha(self, idiom: Idiom):
         from_template(self, idiom)
 
@@ -668,20 +841,22 @@ class _Downstream(Exception):
 
 
 def from_template(t: Translator, idiom: Idiom) -> None:
-    """``nn.MultiheadAttention`` (no masks, ``need_weights=False``) as the steps it stands for."""
+    """``nn.MultiheadAttention`` (``need_weights=False``; a key padding mask and an attention mask
+    as the module is given them) as the steps it stands for."""
     path, node = idiom.facts["path"], idiom.node
     mha = t.module.get_submodule(path)
     sdpa = [n for n in t.graph.calls() if n in t.graph.consumed | {node} and n.target == aten.scaled_dot_product_attention.default]
     sdpa = [n for n in sdpa if any(p == path for p, _ in module_stack(n))]
-    if len(sdpa) != 1 or len(idiom.facts["leaving"]) != 1 or _arg(sdpa[0], 3, None, "attn_mask") is not None:
-        raise Unmapped(
-            f"nn.MultiheadAttention '{path or 'the module'}' with an attention mask or need_weights=True (average weights): not supported"
-        )
+    if len(sdpa) != 1 or len(idiom.facts["leaving"]) != 1:
+        raise Unmapped(f"nn.MultiheadAttention '{path or 'the module'}' with need_weights=True (average weights): not supported")
     if mha.bias_k is not None or mha.add_zero_attn or not mha._qkv_same_embed_dim:
         raise Unmapped(f"nn.MultiheadAttention '{path or 'the module'}' with add_bias_kv, add_zero_attn or kdim/vdim: not supported")
-    sources = _mha_sources(t, idiom)
+    masks = _MhaMasks(t, idiom, sdpa[0])
+    sources = _mha_sources(t, idiom, masks.given)
     projected = _mha_projections(t, node, path, sources)
     batch, tokens, width = t.namer.shape(sources[0].meta["val"])
+    if not mha.batch_first:  # (T, B, E)
+        batch, tokens = tokens, batch
     heads, head_width = t.size(mha.num_heads, ("H",)), t.size(mha.head_dim, ("Dh",))
     split = {"op": "transpose", "dims": [1, 2]} if mha.batch_first else {"op": "permute", "dims": [1, 2, 0, 3]}
     heads_of = []
@@ -689,7 +864,11 @@ def from_template(t: Translator, idiom: Idiom) -> None:
         order = t.namer.shape(source.meta["val"])[:2]  # (batch, tokens) or (tokens, batch), as this source has them
         t.emit(node, {"op": "view", "input": name, "shape": [*order, heads, head_width]}, step_id=t._unique(f"{name}_heads"))
         heads_of.append(t.emit(node, {**split, "input": t.names[node]}, step_id=t._unique(f"{name}_h")).fields["id"])
-    t.emit(node, {"op": "sdpa", "inputs": heads_of, **t._sdpa_options(sdpa[0])}, step_id=t._unique(_join(path, "context")))
+    if masks.given or masks.fixed is not None:
+        options = masks.steps(sources[0].meta["val"].shape[0 if mha.batch_first else 1], heads)
+    else:
+        options = t._sdpa_options(sdpa[0])
+    t.emit(node, {"op": "sdpa", "inputs": heads_of, **options}, step_id=t._unique(_join(path, "context")))
     if mha.batch_first:
         t.emit(node, {"op": "merge", "input": t.names[node]}, step_id=t._unique(_join(path, "merged")))
     else:
@@ -699,12 +878,122 @@ def from_template(t: Translator, idiom: Idiom) -> None:
     t.emit(node, out, step_id=t._unique(path or "attn_output"))
 
 
-def _mha_sources(t: Translator, idiom: Idiom) -> list[torch.fx.Node]:
+MHA_MASK_WALK = {
+    aten.add.Tensor,
+    aten.view.default,
+    aten.reshape.default,
+    aten.expand.default,
+    aten.unsqueeze.default,
+    aten.masked_fill_.Scalar,
+    aten.masked_fill.Scalar,
+    aten.zeros_like.default,
+    *CASTS,
+}
+
+
+class _MhaMasks:
+    """The masks an ``nn.MultiheadAttention`` merges into its SDPA's ``attn_mask``: the
+    ``key_padding_mask`` (B, S) and the ``attn_mask`` (T, S) or (B·H, T, S) it is given (bool, True
+    hides, or float, added), and a constant mask made before it (``generate_square_subsequent_mask``
+    in the model's forward), read as its pattern."""
+
+    def __init__(self, t: Translator, idiom: Idiom, sdpa: torch.fx.Node):
+        self.t, self.path, self.node = t, idiom.facts["path"], idiom.node
+        self.padding = self.attn = self.fixed = None
+        mask = _arg(sdpa, 3, None, "attn_mask")
+        leaves = _mask_leaves(t.graph, mask, set(t.graph.consumed) | {idiom.node}) if mask is not None else []
+        for leaf in leaves:
+            if leaf in t.graph.constant and leaf not in t.names:
+                self.fixed = leaf
+            elif leaf.meta["val"].ndim == 2 and _viewed_per_batch(leaf):
+                self.padding = leaf
+            else:
+                self.attn = leaf
+        self.given = [m for m in (self.padding, self.attn) if m is not None]
+
+    def steps(self, batch_size: int, heads) -> dict:
+        """The sdpa fields that apply them, after the steps that bring them to (B, H or 1, T, S)."""
+        t, fields = self.t, {}
+        if self.fixed is not None:
+            value = t.graph.values[self.fixed]
+            pattern = hidden_pattern(~value) if value.dtype == torch.bool else (_additive_pattern(value) or (None,))[0]
+            if pattern is None and _hides_any(value):
+                raise Unmapped(f"nn.MultiheadAttention '{self.path or 'the module'}' with a constant mask of no causal or window pattern")
+            fields.update(t._pattern(pattern or {}))
+        terms = [self._shaped(m, batch_size, heads) for m in self.given]
+        if not terms:
+            return fields
+        if all(m.meta["val"].dtype == torch.bool for m in self.given):
+            if len(terms) == 2:
+                terms = [
+                    t.emit(self.node, {"op": "logical", "fn": "or", "inputs": terms}, step_id=t._unique(_join(self.path, "hidden"))).fields[
+                        "id"
+                    ]
+                ]
+            return {**fields, "mask": terms[0], "polarity": "block"}
+        added = [self._additive(name, m) for name, m in zip(terms, self.given, strict=True)]
+        if len(added) == 2:
+            added = [t.emit(self.node, {"op": "add", "inputs": added}, step_id=t._unique(_join(self.path, "attn_bias"))).fields["id"]]
+        return {**fields, "mask": added[0]}
+
+    def _shaped(self, mask: torch.fx.Node, batch_size: int, heads) -> str:
+        """The padding mask as (B, 1, 1, S) and a per-head mask as (B, H, T, S); a (T, S) one broadcasts as it is."""
+        t, value = self.t, mask.meta["val"]
+        if mask is self.padding:
+            shape, name = [t.namer.shape(value)[0], 1, 1, t.namer.shape(value)[1]], "key_padding"
+        elif value.ndim == 3:
+            _, queries, keys = t.namer.shape(value)
+            shape, name = [t.size(batch_size, ("B",)), heads, queries, keys], "attn_mask_heads"
+        else:
+            return t.ref(mask)
+        return t.emit(self.node, {"op": "view", "input": t.ref(mask), "shape": shape}, step_id=t._unique(_join(self.path, name))).fields[
+            "id"
+        ]
+
+    def _additive(self, name: str, mask: torch.fx.Node) -> str:
+        """A bool mask as the float one MultiheadAttention makes of it (-inf where True) when the other is a float one."""
+        if mask.meta["val"].dtype != torch.bool:
+            return name
+        fields = {"op": "where", "inputs": [name], "then": -math.inf, "otherwise": 0.0}
+        return self.t.emit(self.node, fields, step_id=self.t._unique(f"{name}_additive")).fields["id"]
+
+
+def _mask_leaves(graph: Graph, mask: torch.fx.Node, inside: set) -> list[torch.fx.Node]:
+    """What an MHA's merged mask is made of: the tensors it reads from outside the module's nodes,
+    and the largest constant parts (a mask the model built), each once."""
+    leaves, todo, seen = [], [mask], set()
+    while todo:
+        node = todo.pop()
+        if node in seen:
+            continue
+        seen.add(node)
+        if node in graph.constant or node not in inside or node.target not in MHA_MASK_WALK:
+            leaves.append(node)
+            continue
+        todo += [a for a in node.all_input_nodes if isinstance(a.meta.get("val"), torch.Tensor)]  # not the sizes a view reads
+    return sorted(leaves, key=lambda n: list(graph.fx.nodes).index(n))
+
+
+def _viewed_per_batch(mask: torch.fx.Node) -> bool:
+    """A key padding mask (B, S): MultiheadAttention views it (B, 1, 1, S); a (T, S) attention mask is unsqueezed."""
+    todo = [mask]
+    while todo:
+        node = todo.pop()
+        for user in node.users:
+            if user.target in (aten.view.default, aten.reshape.default):
+                shape = user.meta["val"].shape
+                return len(shape) == 4 and shape[1] == shape[2] == 1
+            if user.target in (aten.zeros_like.default, aten.masked_fill_.Scalar, aten.masked_fill.Scalar, *CASTS):
+                todo.append(user)  # made float (-inf where True) first; its sizes read elsewhere are not the mask
+    return False
+
+
+def _mha_sources(t: Translator, idiom: Idiom, masks: list[torch.fx.Node]) -> list[torch.fx.Node]:
     """query, key and value: the module's own inputs, or what a self- or cross-attention in a model reads."""
     if not idiom.facts["path"]:
         by_name = {n.name: n for n in t.graph.fx.nodes if n.op == "placeholder"}
         return [by_name[name] for name in ("query", "key", "value")]
-    sources = idiom.facts["sources"]
+    sources = [s for s in idiom.facts["sources"] if s not in masks]
     if len(sources) > 2:
         raise Unmapped(
             f"nn.MultiheadAttention '{idiom.facts['path']}' reads {len(sources)} tensors: self-attention (one) "
@@ -759,8 +1048,11 @@ RULES = {
     aten.conv2d.default: Translator._conv,
     aten.repeat.default: Translator._repeat,
     aten.index.Tensor: Translator._index,
+    aten.argmax.default: Translator._argmax,
+    aten.argmin.default: Translator._argmax,
     aten.stack.default: Translator._stack,
-    aten.masked_fill.Scalar: Translator._masked_fill,
+    **dict.fromkeys(MASKED_FILLS, Translator._masked_fill),
+    aten.zeros_like.default: Translator._zeros_like,
     aten.linear.default: Translator._linear,
     aten.embedding.default: Translator._embedding,
     aten.transpose.int: Translator._transpose,
@@ -786,6 +1078,7 @@ IDIOMS = {
     "mask": Translator._mask,
     "softcap": Translator._softcap,
     "mha": Translator._mha,
+    "relative_bias": Translator._relative_bias,
 }
 
 
@@ -869,6 +1162,40 @@ def _layer(node: torch.fx.Node) -> tuple[str, int] | None:
     return None
 
 
+def _split_of(node: torch.fx.Node, dim: int) -> torch.fx.Node | None:
+    """The split along ``dim`` whose piece ``node`` is computed from, through ops of one data input
+    (a LayerNorm of the piece); None if none."""
+    for _ in range(8):
+        if node.op != "call_function" or not node.args or not isinstance(node.args[0], torch.fx.Node):
+            return None
+        if node.target == operator.getitem:
+            split = node.args[0]
+            along = _arg(split, 2, 0, "dim") if split.op == "call_function" and split.target in SPLITS else None
+            rank = node.meta["val"].ndim
+            return split if along is not None and along % rank == dim % rank else None
+        node = node.args[0]
+    return None
+
+
+def _merged_names(before: list, after: list, sizes_before, sizes_after) -> list:
+    """A view's shape with each dim that merges neighbouring dims of its input, and that has no name
+    of its own (``4 * B``: no config names B·H), written as their product (``B * H``), as Bloom's
+    ``reshape(batch_size * num_heads, …)`` says it: the view keeps the dims in order."""
+    written, i = list(after), 0
+    for j, size in enumerate(sizes_after):
+        run, product = [], 1
+        while i < len(sizes_before) and (not run or product < size):
+            run.append(before[i])
+            product *= sizes_before[i]
+            i += 1
+        if product != size:
+            return after
+        plain = isinstance(after[j], str) and after[j].isidentifier()
+        if len(run) > 1 and not plain and all(isinstance(n, str) and n.isidentifier() for n in run):
+            written[j] = " * ".join(run)
+    return written if i == len(sizes_before) else after
+
+
 def _head_width(x: torch.fx.Node) -> int:
     """Dh of scores ``q @ k^T`` (through masks and other scales: a scale may come after the mask):
     the last dim of q, else the last dim of x."""
@@ -914,6 +1241,42 @@ def _range_axis(index: torch.Tensor, size: int) -> int | None:
     return axes[0]
 
 
+MAX_DISTANCE_SEARCHED = 1025  # T5 uses 128; buckets that no max_distance below this gives are no T5 buckets
+
+
+def _t5_settings(owner: torch.nn.Module, buckets: torch.Tensor, num_buckets: int) -> dict | None:
+    """{bidirectional, max_distance} under which T5 computes these (T_q, T_kv) buckets: the owner's
+    own settings (T5Attention's ``is_decoder`` and ``relative_attention_max_distance``), else the one
+    max_distance that gives them (a module `tracer export` wrote keeps no settings); None when none
+    does, or several do at this length (no guess)."""
+    if buckets.ndim != 2 or buckets.dtype.is_floating_point:
+        return None
+    own = getattr(owner, "relative_attention_max_distance", None)
+    decoder = getattr(owner, "is_decoder", None)
+    found = []
+    for bidirectional in (not decoder,) if isinstance(decoder, bool) else (True, False):
+        exact = num_buckets // (4 if bidirectional else 2)
+        for max_distance in (own,) if isinstance(own, int) else range(exact + 1, MAX_DISTANCE_SEARCHED):
+            expected = t5_buckets(torch, *buckets.shape, num_buckets, max_distance, bidirectional)
+            if torch.equal(expected, buckets.to(torch.long)):
+                found.append({"bidirectional": bidirectional, "max_distance": max_distance})
+    return found[0] if len(found) == 1 else None
+
+
+def _fresh_zeros(node) -> bool:
+    return isinstance(node, torch.fx.Node) and node.target == aten.zeros_like.default and isinstance(node.args[0], torch.fx.Node)
+
+
+def _picks_a_row_per_batch(graph: Graph, indices: list, shape) -> bool:
+    """``x[arange(B), positions]``: a constant 0 .. B-1 for the first dim, a computed (B,) integer
+    tensor for the second, the other dims whole."""
+    if len(indices) != 2 or len(shape) < 2 or indices[0] not in graph.constant or indices[1] in graph.constant:
+        return False
+    rows, positions = graph.values[indices[0]], indices[1].meta["val"]
+    given = positions.ndim == 1 and not positions.dtype.is_floating_point and positions.dtype != torch.bool
+    return given and rows.ndim == 1 and _range_axis(rows, int(shape[0])) == 0 and int(positions.shape[0]) == int(shape[0])
+
+
 def _hides_any(value: torch.Tensor) -> bool:
     """Whether a constant attention mask hides a key: a bool one (True = attend) False somewhere, a float one not 0."""
     return bool((~value).any()) if value.dtype == torch.bool else bool(value.any())
@@ -922,7 +1285,7 @@ def _hides_any(value: torch.Tensor) -> bool:
 def _additive_pattern(value: torch.Tensor) -> tuple[dict, float] | None:
     """(pattern, fill) of a float mask that is 0 where a key is kept and one value where it is hidden."""
     hidden = value != 0
-    if value.dtype == torch.bool or not bool(hidden.any()):
+    if value.dtype == torch.bool or value.ndim < 2 or not bool(hidden.any()):
         return None
     pattern, blocked = hidden_pattern(hidden), value[hidden]
     return (pattern, float(blocked[0])) if pattern is not None and bool((blocked == blocked[0]).all()) else None
@@ -934,8 +1297,7 @@ def _outputs(graph: Graph) -> list[torch.fx.Node]:
     return [n for n in flat if isinstance(n, torch.fx.Node)]
 
 
-def _problem(node: torch.fx.Node, message: str) -> Diagnostic:
-    line = source_line(node)
+def _problem(node: torch.fx.Node, message: str, line: tuple[str, int, str] | None) -> Diagnostic:
     if line is None:
         return Diagnostic("<module>", None, "import-unmapped", f"'{node.name}': {message}")
     return Diagnostic(line[0], Position(line[1], 1), "import-unmapped", f"'{node.name}' ({line[2]}): {message}")

@@ -360,7 +360,7 @@ class _Writer:
         owner, declared = _access(parts[:-1]), "(" + ", ".join(str(dimexpr.parse(t)) for t in decl.shape) + ")"
         if not scope.prefix and name in self.linear_params:
             return lines + self._linear_param(scope, name, value, declared)
-        if meta.dtype in FLOAT_DTYPES:
+        if meta.dtype in FLOAT_DTYPES and not decl.buffer:
             lines.append(_assign(owner, parts[-1], f"nn.Parameter({value})") + f"  # {declared}")
         else:
             lines.append(f"{owner}.register_buffer({parts[-1]!r}, {value})  # {declared}")

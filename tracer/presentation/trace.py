@@ -68,12 +68,17 @@ class Trace:
 
     @property
     def param_count(self) -> int:
-        """Elements of the pipeline's params (torchinfo's "Total params")."""
-        return sum(math.prod(r.shape) for r in self.records if r.op == "param")
+        """Elements of the pipeline's params, buffers aside (torchinfo's "Total params")."""
+        return sum(math.prod(r.shape) for r in self._weights())
 
     @property
     def param_bytes(self) -> int:
-        return sum(r.nbytes for r in self.records if r.op == "param")
+        return sum(r.nbytes for r in self._weights())
+
+    def _weights(self) -> list[TensorRecord]:
+        """The param records but those declared ``buffer: true`` (a module's mask or table, not trained)."""
+        declared = self.analysis.declared
+        return [r for r in self.records if r.op == "param" and not (r.id in declared and declared[r.id].decl.buffer)]
 
     def __getitem__(self, tensor_id: str) -> TensorRecord:
         record = self._by_id.get(tensor_id) or self._by_id.get(self.analysis.record_of(tensor_id))

@@ -176,6 +176,8 @@ class Plan:
         )
         return Expected(rid, meta.sizes, meta.stride, meta.offset, getattr(torch, meta.dtype), view_of, template)
 
+    @gc_paused  # a run makes records and tensors freed by reference counts: a collector pass finds no garbage,
+    # and at 1,000 layers a full one (over every object of the process) cost more than the meta run itself
     def run(self, tensors: dict[str, Any], keep_values: bool, observe: Callable | None = None, grad: bool = False) -> RunResult:
         """Run every kernel and record every tensor; ``observe(record_id, tensor)``, when given, sees
         each tensor a step produces (inner records too) while it is still alive.

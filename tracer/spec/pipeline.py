@@ -73,6 +73,11 @@ class TensorDecl(Strict):
     fan_in: DimText | None = Field(None, description="fan-in for init: linear (default: the last dim of a 2-D weight)")
     value: Scalar | None = Field(None, description="the fill value of init: full, e.g. 1.0 or -10000.0 (torch.full)")
     note: str | None = Field(None, max_length=500, description="free text shown in diagrams")
+    buffer: bool = Field(
+        False,
+        description="params only: a module buffer, held but not trained (a causal mask, a rotary table): "
+        "`tracer export` and `tracer.to_module` register it with register_buffer, and parameter counts leave it out",
+    )
     allow: dict[Literal["unused-tensor"], Annotated[str, Field(min_length=1, max_length=300)]] | None = Field(
         None,
         description="declared on purpose and read by no step, with the reason: {unused-tensor: 'advances the RNG as the tutorial did'}",

@@ -463,12 +463,20 @@ def _clamp(i: int, size: int) -> int:
 
 @register
 class Cat(StepBase):
-    """``torch.cat(inputs, dim)``: joins tensors along an existing dim (a copy)."""
+    """``torch.cat(inputs, dim)``: joins tensors along an existing dim (a copy).
+
+    The joined dim is the sum of the inputs' (``d + d``, ``1 + 1 + 1 + 1`` = 4). ``size`` names it
+    where the parts are a dim taken apart: StableLM's per-head norm splits the H heads into H
+    tensors of one head, normalises each with its own weights and joins them back, ``size: H``;
+    the shape pass checks that the parts add up to it."""
 
     op: Literal["cat"] = "cat"
     copies_data = True
     arity = None
     dim: StrictInt = 0
+    size: DimText | None = Field(
+        None, description="the joined dim as a dim expression (H for heads split and joined back); default: the sum"
+    )
     example = """\
 - id: combined_context
   op: cat
@@ -476,7 +484,7 @@ class Cat(StepBase):
   dim: 1"""
 
     def args(self):
-        return [f"dim={self.dim}"]
+        return [f"dim={self.dim}"] + ([] if self.size is None else [f"size={self.size}"])
 
     def joins(self):
         return self.dim
@@ -495,7 +503,21 @@ class Cat(StepBase):
         total = first.shape[d]
         for other in ins[1:]:
             total = ctx.alg.add(total, other.shape[d])
+        if self.size is not None:
+            total = self._named(total, ctx)
         return cat_layout(ins, first.shape[:d] + (total,) + first.shape[d + 1 :], promote(ins))  # torch.cat promotes: f32 + f64 is f64
+
+    def _named(self, total, ctx):
+        named = ctx.dim(self.size, "size")
+        if named.value != total.value:
+            joined = str(total) if str(total) == str(total.value) else f"{total}={total.value}"
+            raise StepError(
+                "cat-shape",
+                f"cat along dim {self.dim} joins {len(ctx.input_ids)} inputs into {joined}, not size {named}={named.value}",
+                "size",
+                f"give as many inputs as {named} is (or drop size: the sum is the joined dim)",
+            )
+        return named
 
     def kernel(self, k):
         cat, d = k.torch.cat, self.dim

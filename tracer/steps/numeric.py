@@ -470,19 +470,29 @@ class Diff(StepBase):
         return f"torch.diff({e.args[0]}, n={self.n}, dim={self.dim})"
 
 
-_REDUCED_DTYPE = {"sum": _sum_dtype, "prod": _sum_dtype, "any": lambda d: "bool", "all": lambda d: "bool"}
+_REDUCED_DTYPE = {
+    "sum": _sum_dtype,
+    "prod": _sum_dtype,
+    "any": lambda d: "bool",
+    "all": lambda d: "bool",
+    "argmax": lambda d: "int64",
+    "argmin": lambda d: "int64",
+}
+ONE_DIM = ("prod", "argmax", "argmin")  # torch's own take one dim
 
 
 @register
 class Reduce(StepBase):
-    """``x.FN(dim, keepdim)``, FN one of ``sum mean prod amax amin any all``, over one dim or
+    """``x.FN(dim, keepdim)``, FN one of ``sum mean prod amax amin any all argmax argmin``, over one dim or
     several; a dim is an int or the NAME of one of the input's dims (``dim: [H, T]``), resolved
     against its symbolic shape. No ``dim``: over every dim (``dim: []`` is refused: torch reads it
     as every dim too). Integers sum in int64; ``mean`` needs
-    floats; ``amax``/``amin`` are torch's values-only max and min; ``prod`` takes one dim."""
+    floats; ``amax``/``amin`` are torch's values-only max and min; ``prod`` takes one dim, and so
+    do ``argmax``/``argmin``, the int64 position of the first largest or smallest value along it
+    (CLIP's pooler finds each sequence's end-of-text token with ``input_ids.argmax(-1)``)."""
 
     op: Literal["reduce"] = "reduce"
-    fn: Literal["sum", "mean", "prod", "amax", "amin", "any", "all"]
+    fn: Literal["sum", "mean", "prod", "amax", "amin", "any", "all", "argmax", "argmin"]
     dim: StrictInt | str | list[StrictInt | str] | None = Field(None, description="an int, a dim name, or a list of them (none: all)")
     keepdim: StrictBool = False
     example = """\
@@ -500,12 +510,12 @@ class Reduce(StepBase):
         if not x.shape:
             raise StepError("shape", f"reduce needs a tensor with dims, '{name}' is 0-d", "input")
         axes = self.axes(x.shape, name)
-        if self.fn == "prod" and len(axes) != 1:
-            raise StepError("dim", f"torch's prod reduces one dim, got {len(axes)}", "dim", "reduce in steps, one dim each")
+        if self.fn in ONE_DIM and (len(axes) != 1 or self.dim is None and len(x.shape) != 1):
+            raise StepError("dim", f"torch's {self.fn} reduces one dim, got {len(axes)}", "dim", "reduce in steps, one dim each")
         if self.fn == "mean" and x.dtype not in FLOAT_DTYPES:
             raise StepError("dtype", f"mean needs a floating-point tensor, '{name}' is {x.dtype}", "input", "op: cast to float32 first")
         empty = [i for i in axes if x.shape[i].value == 0]
-        if empty and self.fn in ("amax", "amin"):  # no identity: the max of nothing does not exist
+        if empty and self.fn in ("amax", "amin", "argmax", "argmin"):  # no identity: the max of nothing does not exist
             raise StepError(
                 "reduce-empty",
                 f"{self.fn} over dim {empty[0]} of '{name}' {show(x)}, which has size 0: the {self.fn[1:]} of no values does not exist",
@@ -538,13 +548,13 @@ class Reduce(StepBase):
 
     def kernel(self, k):
         axes, keepdim, fn = self.axes(k.ins[0].shape, ""), self.keepdim, self.fn
-        if fn == "prod":
-            return lambda x: x.prod(axes[0], keepdim=keepdim)
+        if fn in ONE_DIM:
+            return lambda x: getattr(x, fn)(axes[0], keepdim=keepdim)
         return lambda x: getattr(x, fn)(dim=axes, keepdim=keepdim)
 
     def emit(self, e):
         axes = self.axes(e.ins[0].shape, "")
-        dims = str(axes[0]) if self.fn == "prod" else repr(axes)
+        dims = str(axes[0]) if self.fn in ONE_DIM else repr(axes)
         return f"{e.args[0]}.{self.fn}(dim={dims}, keepdim={self.keepdim})"
 
 

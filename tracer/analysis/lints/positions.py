@@ -47,12 +47,26 @@ def _walk(analysis, tensor_id: str, site) -> _Path:
 
 
 def _joins_tokens(analysis, join, site) -> bool:
-    """Whether a cat appends tokens (a cache) rather than features: DeepSeek's keys are
-    ``cat([k_nope, k_rope], -1)``, as long along the cat dim as the head dim q · k contracts over."""
+    """Whether a cat appends tokens (a cache) rather than features or heads: DeepSeek's keys are
+    ``cat([k_nope, k_rope], -1)``, as long along the cat dim as the head dim q · k contracts over;
+    StableLM's per-head norms ``cat`` the H_kv heads back, as long as the heads, not the keys."""
     meta = analysis.meta(join.id)
-    if meta is None or site.head_dim is None:
+    if meta is None:
         return True
-    return meta.shape[join.step.joins() % len(meta.shape)].poly != site.head_dim.poly
+    joined = meta.shape[join.step.joins() % len(meta.shape)].poly
+    if site.head_dim is not None and joined == site.head_dim.poly:
+        return False
+    length = _key_length(analysis, site)
+    return length is None or joined == length
+
+
+def _key_length(analysis, site) -> Poly | None:
+    """How many keys the site attends over: the scores' key axis, or a fused kernel's (…, T_kv, Dh) keys."""
+    if site.scores is not None and site.key_axis is not None:
+        meta = analysis.meta(site.scores)
+        return None if meta is None else meta.shape[site.key_axis].poly
+    meta = analysis.meta(site.keys)
+    return None if meta is None or len(meta.shape) < 2 else meta.shape[-2].poly
 
 
 def _offset(node) -> Poly:

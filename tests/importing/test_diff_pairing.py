@@ -1,0 +1,27 @@
+"""``tracer diff`` of the hand-written causal attention and the imported nanoGPT one pairs the
+steps a reader pairs: q with q, k with k (nanoGPT computes k first), the scores with the scores,
+the output projection with ``c_proj``; causal_mha's separate k and v projections, which nanoGPT's
+fused ``c_attn`` has no partner for, are removed, not renamed to ``c_proj``."""
+
+import tracer
+from tests.conftest import PIPELINES
+from tracer.diff import diff
+
+
+def test_causal_mha_against_imported_nanogpt_pairs_what_a_reader_pairs():
+    found = diff(tracer.load(PIPELINES / "causal_mha.yaml"), tracer.load(PIPELINES / "imported/nanogpt_attention.yaml"))
+    renamed = set(found.renamed)
+    expected = {
+        "step q_heads -> q_view: view",
+        "step k_heads -> k_view: view",
+        "step v_heads -> v_view: view",
+        "step q_h -> q_2: transpose",
+        "step k_h -> k_2: transpose",
+        "step k_t -> att_transpose: transpose",
+        "step scores -> att_matmul: matmul",
+        "step masked -> att_2: mask",
+        "step out -> c_proj: linear",
+        "param W_o -> c_proj.weight",
+    }
+    assert expected <= renamed, sorted(renamed)
+    assert {"k: linear", "v: linear", "weights_d: dropout"} <= set(found.removed) and found.added == ["q_split: split"]

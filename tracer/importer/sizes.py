@@ -1,0 +1,475 @@
+"""The batch and sequence sizes followed through a static capture, as a symbolic capture would name them.
+
+``torch.export`` with dynamic shapes names every size computed from an input's batch or sequence
+length, at 2-3.5x the cost of a capture at the example sizes (sympy runs on every size the
+module's Python computes). The graph captured at the example sizes says the same once its sizes
+are followed from the inputs: the first two axes of each input are ``B`` and ``T`` (another
+input's other batch or length ``B2``, ``T2``), and each op's output axes are expressions over them
+(:class:`Poly`), found from the op's inputs by the op's rule (a view regroups its input's axes, a
+``cat`` adds them, a slice shortens one) or, for the ops that keep their inputs' axes
+(elementwise, products, reductions, attention), from the input axis it lines up with. Because the
+sizes follow the dataflow and not the values, a batch of 3 beside a fused ``3``, ``T == H`` or
+``B == T`` keep their names. As torch.export would, an input dim that an elementwise op holds
+equal to a fixed size becomes that number; an input axis that a ``cat`` joins to new tokens is a
+KV cache length, ``past``; the rows of a table looked up at constant positions are ``P``.
+
+Sizes written as numbers in the graph (``arange(7)``, ``full((7, 7))``, ``expand(2, -1)``, a
+buffer sliced at ``:7``) carry no provenance; one equal to an input's batch or length is read as
+that size (a sliced table's at a length only, an expanded axis's only if no model dim has it).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import operator
+from dataclasses import dataclass
+
+import torch
+
+from .idioms import Graph, aten
+
+
+class Poly:
+    """A size over the input dims: a sum of products of dims (``B * T``, ``past + T``, ``T - 1``),
+    its terms in the order the graph made them, with its value at the example sizes."""
+
+    __slots__ = ("terms", "value")
+
+    def __init__(self, terms: dict[tuple[str, ...], int], value: int):
+        self.terms, self.value = terms, value
+
+    @staticmethod
+    def symbol(name: str, value: int) -> Poly:
+        return Poly({(name,): 1}, value)
+
+    def names(self) -> tuple[str, ...] | None:
+        """The dims of a product of dims (``B * T``: B, T), else None."""
+        if len(self.terms) != 1:
+            return None
+        ((names, coefficient),) = self.terms.items()
+        return names if coefficient == 1 else None
+
+    def __str__(self) -> str:
+        terms = sorted(self.terms.items(), key=lambda term: not term[0])  # the number last: T - 1
+        parts = [("-" if c < 0 else "+", " * ".join(n) if abs(c) == 1 and n else " * ".join((str(abs(c)), *n))) for n, c in terms]
+        return ("-" if parts[0][0] == "-" else "") + parts[0][1] + "".join(f" {sign} {body}" for sign, body in parts[1:])
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Poly) and self.terms == other.terms
+
+    def __hash__(self) -> int:
+        return hash(tuple(sorted(self.terms.items())))
+
+
+Size = int | Poly
+Shape = tuple[Size, ...]
+
+
+def size_value(size: Size) -> int:
+    return size if isinstance(size, int) else size.value
+
+
+def _terms(size: Size) -> dict[tuple[str, ...], int]:
+    return dict(size.terms) if isinstance(size, Poly) else ({(): size} if size else {})
+
+
+def _made(terms: dict[tuple[str, ...], int], at: int) -> Size:
+    terms = {names: c for names, c in terms.items() if c}
+    return terms.get((), 0) if not any(terms) else Poly(terms, at)
+
+
+def plus(a: Size, b: Size) -> Size:
+    terms = _terms(a)
+    for names, coefficient in _terms(b).items():
+        terms[names] = terms.get(names, 0) + coefficient
+    return _made(terms, size_value(a) + size_value(b))
+
+
+def times(a: Size, b: Size) -> Size:
+    terms: dict[tuple[str, ...], int] = {}
+    for names_a, ca in _terms(a).items():
+        for names_b, cb in _terms(b).items():
+            names = tuple(sorted(names_a + names_b))
+            terms[names] = terms.get(names, 0) + ca * cb
+    return _made(terms, size_value(a) * size_value(b))
+
+
+VIEWS = {
+    aten.view.default,
+    aten.reshape.default,
+    aten._unsafe_view.default,
+    aten.flatten.using_ints,
+    aten.unflatten.int,
+    aten.squeeze.dim,
+    aten.squeeze.dims,
+    aten.squeeze.default,
+    aten.unsqueeze.default,
+}
+FACTORIES = {
+    aten.arange.default,
+    aten.arange.start,
+    aten.arange.start_step,
+    aten.full.default,
+    aten.zeros.default,
+    aten.ones.default,
+    aten.empty.memory_format,
+    aten.new_zeros.default,
+    aten.new_ones.default,
+    aten.new_full.default,
+    aten.new_empty.default,
+    aten.scalar_tensor.default,
+    aten.randn.default,
+    aten.rand.default,
+}
+# ops whose inputs' axes must be equal where they line up from the end (broadcasting; all but the
+# last two axes of a product or attention)
+BROADCASTS = {
+    getattr(aten, name).Tensor
+    for name in ("add", "sub", "mul", "div", "eq", "ne", "lt", "le", "gt", "ge", "bitwise_and", "bitwise_or", "bitwise_xor")
+} | {aten.where.self, aten.masked_fill.Scalar, aten.masked_fill.Tensor, aten.maximum.default, aten.minimum.default}
+BATCHED = {aten.matmul.default, aten.bmm.default, aten.scaled_dot_product_attention.default}
+SPLITS = {aten.split.Tensor, aten.split_with_sizes.default, aten.chunk.default, aten.unbind.int}
+
+
+@dataclass(frozen=True)
+class InputDim:
+    """A batch or sequence size of the inputs: its name and its example size."""
+
+    name: str
+    size: int
+    symbol: Poly
+
+
+def input_dims(graph: Graph, model: frozenset[int] = frozenset(), order: str = "BT") -> dict[tuple[str, int], InputDim]:
+    """(placeholder, axis) -> dim for the first two axes of each input of 2 or more axes: ``B`` and
+    ``T`` for the first input, even of one size; for the others, a dim of the same size where there
+    is one (a mask's batch and length are the ids', a square mask is ``[T, T]``), the batch's or
+    the length's first as the axis is, else a new one, ``B2``, ``T2``, unless it is the size of a
+    model dim (``model``: a cache's heads axis, ``[B, H_kv, past, Dh]``). ``order`` is ``TB`` for a
+    module whose inputs are (T, B, E) (``batch_first=False``)."""
+    found: dict[tuple[str, int], InputDim] = {}
+    families: dict[str, list[InputDim]] = {"B": [], "T": []}
+    for node in graph.fx.nodes:
+        value = node.meta.get("val")
+        if node.op != "placeholder" or graph.kind(node) != "USER_INPUT" or not isinstance(value, torch.Tensor) or value.ndim < 2:
+            continue
+        first = not found
+        for axis, family in enumerate(order):
+            size = int(value.shape[axis])
+            if size <= 1:  # torch.export keeps sizes 0 and 1 fixed too: an axis of 1 broadcasts
+                continue
+            other = families["T" if family == "B" else "B"]
+            known = None if first else next((d for d in (*families[family], *other) if d.size == size), None)
+            if known is None and not first and size in model:
+                continue
+            if known is None:
+                name = family + (str(len(families[family]) + 1) if families[family] else "")
+                known = InputDim(name, size, Poly.symbol(name, size))
+                families[family].append(known)
+            found[node.name, axis] = known
+    return found
+
+
+class Sizes:
+    """Each node's output shape as sizes over the input dims, followed through the graph once (twice
+    where an input holds a KV cache: the axis a ``cat`` joins to the new tokens is a length of its
+    own, ``past``)."""
+
+    def __init__(self, graph: Graph, model: frozenset[int] = frozenset(), order: str = "BT"):
+        self.graph, self.model = graph, model  # model: the sizes of the model's dims (d_model, H, n_rep ...)
+        self._rules = {
+            aten.permute.default: self._permuted,
+            aten.transpose.int: self._transposed,
+            aten.t.default: self._transposed,
+            aten.numpy_T.default: lambda node, first, out: first[::-1],
+            aten.expand.default: self._expanded,
+            aten.cat.default: self._concatenated,
+            aten.stack.default: self._stacked,
+            aten.slice.Tensor: self._sliced,
+            aten.select.int: lambda node, first, out: _without(first, node.args[1]),
+            aten.repeat.default: self._repeated,
+            aten.embedding.default: lambda node, first, out: (*self._input(node, 1), first[-1]),
+            aten.view_as_complex.default: lambda node, first, out: first[:-1],
+            aten.view_as_real.default: lambda node, first, out: (*first, 2),
+        }
+        self.inputs = input_dims(graph, model, order)
+        self._follow()
+        cached = self._cache_lengths()
+        if cached:
+            self.inputs.update(cached)
+            self._follow()
+
+    def _follow(self) -> None:
+        """The shapes of every node; again without the input dims an op holds equal to a fixed size
+        (a second input's axis 1 that is really its heads), as torch.export specialises them."""
+        while True:
+            self.fixed: set[str] = set()
+            self._follow_once()
+            if not self.fixed:
+                return
+            self.inputs = {key: d for key, d in self.inputs.items() if d.name not in self.fixed}
+
+    @property
+    def dims(self) -> list[InputDim]:
+        return list(dict.fromkeys(self.inputs.values()))
+
+    def _follow_once(self) -> None:
+        self.values = {d.name: d.size for d in self.dims}
+        self.shapes: dict[torch.fx.Node, Shape | list[Shape]] = {}
+        for node in self.graph.fx.nodes:
+            value = node.meta.get("val")
+            if node.op == "placeholder" and isinstance(value, torch.Tensor):
+                own = {axis: d.symbol for (name, axis), d in self.inputs.items() if name == node.name}
+                self.shapes[node] = tuple(own.get(axis, int(s)) for axis, s in enumerate(value.shape))
+            elif node.op == "call_function":
+                shape = self._infer(node, value)
+                if shape is not None:
+                    self.shapes[node] = shape
+
+    def _cache_lengths(self) -> dict[tuple[str, int], InputDim]:
+        """(input, axis) -> ``past`` for an axis of fixed size that a ``cat`` joins to a sequence axis:
+        the keys or values a decoding step appends its new ones to."""
+        found: dict[tuple[str, int], InputDim] = {}
+        for node in self.graph.calls():
+            if node.target != aten.cat.default or not isinstance(self.shapes.get(node), tuple):
+                continue
+            dim = (node.args[1] if len(node.args) > 1 else 0) % len(self.shapes[node])
+            parts = [(self.shapes.get(part), _source_input(self.graph, part)) for part in node.args[0]]
+            for shape, source in parts:
+                others = {other for _, other in parts} - {source}
+                if source is None or not others or not isinstance(shape, tuple) or not isinstance(shape[dim], int) or shape[dim] <= 1:
+                    continue
+                axes = [a for a, size in enumerate(source.meta["val"].shape) if size == shape[dim] and (source.name, a) not in self.inputs]
+                if len(axes) == 1:  # the values' cache is as long as the keys': one dim
+                    known = next((d for d in found.values() if d.size == shape[dim]), None)
+                    name = known.name if known else "past" + (str(len(found) + 1) if found else "")
+                    found[source.name, axes[0]] = known or InputDim(name, shape[dim], Poly.symbol(name, shape[dim]))
+        return found
+
+    def roles(self) -> dict[int, dict[int, str]]:
+        """id(example tensor) -> {axis: dim}: the rows of a table looked up at constant positions are
+        positions (``P``), however many tokens the vocab has."""
+        found: dict[int, dict[int, str]] = {}
+        for node in self.graph.calls():
+            if node.target == aten.embedding.default and node.args[1] in self.graph.constant and node.args[0].op == "placeholder":
+                found[id(node.args[0].meta["val"])] = {0: "P"}
+        return found
+
+    def of_value(self) -> dict[int, Shape]:
+        """id(example tensor) -> its sizes: what the rules hand the namer is a node's ``meta['val']``."""
+        found: dict[int, Shape] = {}
+        for node, shape in self.shapes.items():
+            value = node.meta.get("val")
+            if isinstance(value, torch.Tensor) and isinstance(shape, tuple):
+                found[id(value)] = shape
+            elif isinstance(value, list | tuple) and isinstance(shape, list):
+                found.update((id(v), s) for v, s in zip(value, shape, strict=False) if isinstance(v, torch.Tensor))
+        return found
+
+    # ------------------------------------------------------------------ the rules
+
+    def _infer(self, node: torch.fx.Node, value) -> Shape | list[Shape] | None:
+        if node.target == operator.getitem:
+            source = self.shapes.get(node.args[0])
+            return source[node.args[1]] if isinstance(source, list) and node.args[1] < len(source) else None
+        if isinstance(value, list | tuple):
+            return self._pieces(node, value)
+        if not isinstance(value, torch.Tensor):
+            return None
+        out = tuple(int(s) for s in value.shape)
+        first = self._input(node, 0)
+        rule = self._rule(node.target)
+        shape = None
+        if rule is not None and (first is not None or node.target in FACTORIES):
+            try:
+                shape = rule(node, first, out)
+            except (IndexError, TypeError, ValueError, ZeroDivisionError):  # an overload with other arguments: lined up instead
+                shape = None
+        if shape is None or len(shape) != len(out) or tuple(size_value(s) for s in shape) != out:
+            shape = self._aligned(node, out)
+        return shape
+
+    def _rule(self, target):
+        if target in VIEWS:
+            return self._regrouped
+        if target in FACTORIES:
+            return self._made_of_numbers
+        return self._rules.get(target)
+
+    def _made_of_numbers(self, node, first, out: tuple[int, ...]) -> Shape:
+        return tuple(self._guess(s) for s in out)
+
+    def _input(self, node: torch.fx.Node, index: int) -> Shape | None:
+        arg = node.args[index] if index < len(node.args) else None
+        shape = self.shapes.get(arg) if isinstance(arg, torch.fx.Node) else None
+        return shape if isinstance(shape, tuple) else None
+
+    def _tensor_inputs(self, node: torch.fx.Node) -> list[Shape]:
+        args = [a for arg in node.args for a in (arg if isinstance(arg, list | tuple) else [arg])]
+        found = [self.shapes.get(a) for a in [*args, *node.kwargs.values()] if isinstance(a, torch.fx.Node)]
+        return [s for s in found if isinstance(s, tuple)]
+
+    def _aligned(self, node: torch.fx.Node, out: tuple[int, ...]) -> Shape:
+        """An op that keeps its inputs' axes (elementwise with broadcasting, products, reductions,
+        attention): each output axis is the input axis of its size that lines up with it, counted
+        from the end (broadcasting, ``matmul``, ``linear``), else from the start (a reduction
+        that drops the last axes); a size no input axis gives is a number."""
+        inputs = self._tensor_inputs(node)
+        shape = []
+        for axis, size in enumerate(out):
+            from_end = [s[len(s) - len(out) + axis] for s in inputs if 0 <= len(s) - len(out) + axis < len(s)]
+            from_start = [s[axis] for s in inputs if axis < len(s)]
+            named = [s for s in (*from_end, *from_start) if not isinstance(s, int) and size_value(s) == size]
+            if size > 1 and node.target in BROADCASTS | BATCHED and (size in from_end or size in from_start):
+                batched = node.target in BATCHED and axis >= len(out) - 2
+                if not batched and size in from_end:  # a fixed size the op holds equal to an input dim
+                    self.fixed.update(s.names()[0] for s in from_end if isinstance(s, Poly) and len(s.names() or ()) == 1)
+            shape.append(named[0] if named else size)
+        return tuple(shape)
+
+    def _regrouped(self, node, first: Shape, out: tuple[int, ...]) -> Shape | None:
+        """A view: runs of input axes whose sizes multiply to runs of output axes (``[B, T, d]`` ->
+        ``[B * T, d]`` -> ``[B, T, H, Dh]``); a merged run is the product of its sizes, a split one
+        hands its named factors to the output axes of their sizes. Axes of size 1 come and go."""
+        inputs = [s for s in first if size_value(s) != 1]
+        shape: list[Size] = []
+        i = j = 0
+        while j < len(out):
+            if out[j] == 1:
+                shape.append(1)
+                j += 1
+                continue
+            if i >= len(inputs):
+                return None
+            group_in, group_out = [inputs[i]], [out[j]]
+            i, j = i + 1, j + 1
+            while (have := math.prod(size_value(s) for s in group_in)) != (want := math.prod(group_out)):
+                if have < want and i < len(inputs):
+                    group_in.append(inputs[i])
+                    i += 1
+                elif have > want and j < len(out):
+                    group_out.append(out[j])
+                    j += 1
+                else:
+                    return None
+            shape += self._split(functools.reduce(times, group_in), group_out)
+        return tuple(shape) if i == len(inputs) else None
+
+    def _split(self, product: Size, sizes: list[int]) -> list[Size]:
+        """A run of axes cut from one product: each dim of the product goes to the output axis of its
+        size, else to the first it divides (``[T, B * d]`` -> ``[T, 4 * B, Dh]``); the rest are numbers."""
+        if len(sizes) == 1:
+            return [product]
+        terms = _terms(product)
+        if len(terms) != 1:
+            return list(sizes)
+        ((names, coefficient),) = terms.items()
+        owner: dict[int, list[str]] = {}
+        left = list(names)
+        for exact in (True, False):
+            for name in list(left):
+                free = [j for j, size in enumerate(sizes) if size % math.prod(self.values[n] for n in (*owner.get(j, []), name)) == 0]
+                j = next((j for j in free if not exact or (sizes[j] == self.values[name] and j not in owner)), None)
+                if j is not None:
+                    owner.setdefault(j, []).append(name)
+                    left.remove(name)
+        shape = [
+            functools.reduce(
+                times,
+                [Poly.symbol(n, self.values[n]) for n in owner.get(j, [])],
+                size // math.prod(self.values[n] for n in owner.get(j, [])),
+            )
+            for j, size in enumerate(sizes)
+        ]
+        constants = math.prod(size_value(s) // math.prod(self.values[n] for n in owner.get(j, [])) for j, s in enumerate(shape))
+        return shape if not left and constants == coefficient else list(sizes)
+
+    def _permuted(self, node, first: Shape, out) -> Shape:
+        return tuple(first[d % len(first)] for d in node.args[1])
+
+    def _transposed(self, node, first: Shape, out) -> Shape:
+        a, b = (node.args[1] % len(first), node.args[2] % len(first)) if len(node.args) > 2 else (0, 1)
+        shape = list(first)
+        shape[a], shape[b] = shape[b], shape[a]
+        return tuple(shape)
+
+    def _expanded(self, node, first: Shape, out: tuple[int, ...]) -> Shape:
+        lead = len(out) - len(first)
+        return tuple(
+            first[axis - lead] if axis >= lead and size_value(first[axis - lead]) == size else self._guess(size, self.model)
+            for axis, size in enumerate(out)
+        )
+
+    def _concatenated(self, node, first, out) -> Shape | None:
+        shapes = [self.shapes.get(t) for t in node.args[0]]
+        if any(not isinstance(s, tuple) or len(s) != len(out) for s in shapes):
+            return None
+        dim = (node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0)) % len(out)
+        shape = list(shapes[0])
+        shape[dim] = functools.reduce(plus, (s[dim] for s in shapes))
+        return tuple(shape)
+
+    def _stacked(self, node, first, out) -> Shape | None:
+        shapes = [self.shapes.get(t) for t in node.args[0]]
+        if any(not isinstance(s, tuple) for s in shapes):
+            return None
+        dim = (node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0)) % len(out)
+        return (*shapes[0][:dim], len(shapes), *shapes[0][dim:])
+
+    def _sliced(self, node, first: Shape, out: tuple[int, ...]) -> Shape:
+        """``x[a:b]`` along one axis: the axis less what the slice leaves out, counted from its end
+        where the bound is (``x[:, 1:]`` is ``T - 1``); a bound inside an axis of fixed size of a
+        constant (a buffer sliced at the length) is read as an input's length of its value."""
+        args = [*node.args, None, None, None, None][:5]
+        dim, start, end, step = args[1] or 0, args[2] or 0, args[3], args[4] or 1
+        dim %= len(first)
+        axis, size = first[dim], size_value(first[dim])
+        if step != 1 or not isinstance(start, int) or not (end is None or isinstance(end, int)):
+            return (*first[:dim], out[dim], *first[dim + 1 :])
+        start_at = plus(axis, start) if start < 0 else min(start, size)
+        end_at = axis if end is None or end >= size else plus(axis, end) if end < 0 else end
+        if isinstance(axis, int) and isinstance(end_at, int) and node.args[0] in self.graph.constant:
+            end_at = self._guess(end_at, lengths=True)
+        length = plus(end_at, times(start_at, -1))
+        return (*first[:dim], length, *first[dim + 1 :])
+
+    def _repeated(self, node, first: Shape, out) -> Shape:
+        repeats = list(node.args[1])
+        lead = len(repeats) - len(first)
+        return tuple(times(first[axis - lead], r) if axis >= lead else self._guess(int(r)) for axis, r in enumerate(repeats))
+
+    def _pieces(self, node: torch.fx.Node, value) -> list[Shape] | None:
+        """A split's or unbind's outputs: the input's axes, the cut one a number (or the whole axis)."""
+        first = self._input(node, 0)
+        if node.target not in SPLITS or first is None:
+            return [self._aligned(node, tuple(int(s) for s in v.shape)) for v in value if isinstance(v, torch.Tensor)] or None
+        if node.target == aten.unbind.int:
+            return [_without(first, node.args[1] if len(node.args) > 1 else 0)] * len(value)
+        dim = (node.args[2] if len(node.args) > 2 else node.kwargs.get("dim", 0)) % len(first)
+        return [(*first[:dim], first[dim] if len(value) == 1 else int(v.shape[dim]), *first[dim + 1 :]) for v in value]
+
+    # ------------------------------------------------------------------ numbers
+
+    def _guess(self, size: int, besides: frozenset[int] = frozenset(), lengths: bool = False) -> Size:
+        """A size written as a number in the graph: an input's batch or length of that size, else the
+        number; an axis ``expand`` adds keeps a model dim's size (repeat_kv's ``n_rep``), a table
+        sliced at a length is sliced at a length (``lengths``: ``position_ids[:, :T]``)."""
+        if size == 1 or size in besides:
+            return size
+        return next((d.symbol for d in self.dims if d.size == size and not (lengths and d.name.startswith("B"))), size)
+
+
+def _source_input(graph: Graph, node) -> torch.fx.Node | None:
+    """The input a tensor is, or is computed from through ops of one tensor input (a cache transposed, cast)."""
+    while isinstance(node, torch.fx.Node) and node.op == "call_function":
+        tensors = [a for a in node.all_input_nodes if isinstance(a.meta.get("val"), torch.Tensor)]
+        node = tensors[0] if len(tensors) == 1 else None
+    if isinstance(node, torch.fx.Node) and node.op == "placeholder" and graph.kind(node) == "USER_INPUT":
+        return node
+    return None
+
+
+def _without(shape: Shape, dim: int) -> Shape:
+    dim %= len(shape)
+    return (*shape[:dim], *shape[dim + 1 :])
