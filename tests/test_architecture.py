@@ -32,6 +32,7 @@ LAZY = {
     ("tracer.cli", "tracer.importing"),  # to_module, from_module, `tracer import`: torch
     ("tracer", "tracer.api"),
     ("tracer", "tracer.presentation.trace"),  # load, run, Trace: ~0.3 s, twice the start-up target
+    ("tracer", "tracer.distributed"),  # run_parallel: the same
 }
 
 

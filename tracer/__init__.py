@@ -13,6 +13,7 @@ from .runtime.records import TensorRecord
 
 if TYPE_CHECKING:  # what the attributes below are, for type checkers and editors
     from .api import Pipeline, load, loads, run
+    from .distributed import ParallelRun, run_parallel
     from .importing import from_module
     from .module import to_module
     from .presentation.trace import Trace
@@ -20,6 +21,7 @@ if TYPE_CHECKING:  # what the attributes below are, for type checkers and editor
 __all__ = [
     "Diagnostic",
     "ExpectationError",
+    "ParallelRun",
     "Pipeline",
     "TensorRecord",
     "Trace",
@@ -28,6 +30,7 @@ __all__ = [
     "load",
     "loads",
     "run",
+    "run_parallel",
     "to_module",
 ]
 __version__ = "0.1.0"
@@ -43,6 +46,10 @@ def __getattr__(name: str):
         from . import api
 
         return getattr(api, name)
+    if name in ("ParallelRun", "run_parallel"):
+        from . import distributed
+
+        return getattr(distributed, name)
     if name == "Trace":
         from .presentation.trace import Trace
 

@@ -21,6 +21,7 @@ from .api import Pipeline, load
 from .core.errors import Diagnostic, InternalError, TracerError, display, printable
 from .core.formatting import human_bytes
 from .diff import diff, diff_json, diff_page, format_diff
+from .distributed import run_parallel
 from .presentation import outputs, ranks
 from .presentation.export import export_source
 from .presentation.files import OutputExists, Writes
@@ -34,6 +35,7 @@ from .spec.load import load_named
 
 DRAWINGS = ("svg", "png", "pdf", "dot", "html")  # what `tracer render -o` writes, by suffix
 DIFF_TROUBLE = 2  # `tracer diff`'s exit status for a problem, as diff(1) and `git diff --exit-code` use it
+WORLD_TIMEOUT = 60.0  # seconds: tracer run --world's default (tracer.distributed.run_parallel's too)
 RENDER_TIMEOUT = 120.0  # seconds; the same default as tracer.presentation.diagram.DOT_TIMEOUT (kept here: the parser imports no renderer)
 
 
@@ -166,6 +168,7 @@ def _parser() -> argparse.ArgumentParser:
             "tracer run causal_mha --json -o trace.json",
             "tracer run causal_mha --collapse 'attention core'  # one row for the group",
             "tracer run llama_decoder_layer --dim T=32        # a bundled model (tracer models lists them)",
+            "tracer run parallel/llama_tp --world 2            # as 2 processes on torch.distributed, sharded as its plan says",
         ),
     )
     run.add_argument("file", metavar="FILE", type=_pipeline_file, help=FILE_HELP)
@@ -230,6 +233,22 @@ def _parser() -> argparse.ArgumentParser:
         "--weights-map",
         metavar="MAP",
         help="a YAML file renaming a foreign checkpoint's keys: KEY: PARAM, KEY: [P1, P2, P3] (split a packed tensor), KEY: null (drop)",
+    )
+    run.add_argument(
+        "--world",
+        type=_positive,
+        metavar="N",
+        help="run as N processes on torch.distributed (gloo on cpu, nccl on cuda), sharded by torch's parallelize_module as the "
+        "file's parallel: section plans it; N is the mesh's size. Prints rank 0's records (--rank R's) and its collectives, and "
+        "fails unless the outputs gathered from the ranks equal the single-device run's, every rank issued the predicted "
+        "collectives and made the static per-rank shapes",
+    )
+    run.add_argument(
+        "--timeout",
+        type=_seconds,
+        default=WORLD_TIMEOUT,
+        metavar="SECONDS",
+        help=f"with --world: stop every rank and fail when the run has not finished after this long (default: {WORLD_TIMEOUT:g})",
     )
     run.set_defaults(handler=_run)
 
@@ -537,7 +556,8 @@ def _print_rank(analysis, rank: int, file: str) -> bool:
 
 
 def _run(args) -> int:
-
+    if args.world is not None:
+        return _run_world(args)
     pipeline = _pipeline_to_run(args)
     analysis = pipeline.check(dict(args.dim))
     rank = _rank_to_show(analysis, args)
@@ -582,6 +602,37 @@ def _run(args) -> int:
     for record in shown:
         print(f"\n{record.id} {record.symbolic}:\n{record.tensor}")
     return 0
+
+
+def _run_world(args) -> int:
+    """``tracer run FILE --world N``: rank 0's records (``--rank R``'s), then its collectives and the checks."""
+    unsupported = [
+        flag for flag, given in (("--values", args.values is not None), ("--weights", args.weights), ("-o", args.output)) if given
+    ]
+    if unsupported or args.device == "meta":
+        flag = unsupported[0] if unsupported else "--device meta"
+        raise TracerError(Diagnostic(args.file, None, "usage", f"--world runs with the drawn tensors on cpu or cuda: leave out {flag}"))
+    pipeline = load(args.file) if not args.dim else _load_unchecked(args.file)
+    run = run_parallel(pipeline, args.world, dict(args.dim), args.seed, args.timeout, args.device)
+    if args.json:
+        print(run.to_json())
+        return 0
+    rank = args.rank or 0
+    if rank >= run.world:
+        raise TracerError(Diagnostic(args.file, None, "rank", f"--rank {rank}: the run had {run.world} ranks (0 to {run.world - 1})"))
+    print(_table(run.ranks[rank], args, args.width or _terminal_width()))
+    print(run.summary(rank))
+    return 0
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not value > 0 or math.isinf(value):
+        raise argparse.ArgumentTypeError(f"expected a number of seconds above 0, got '{text}'")
+    return value
 
 
 def _rank_to_show(analysis, args) -> int | None:

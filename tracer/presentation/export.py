@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..analysis.graph import execution_order
+from ..analysis.parallel import parse_placement, resolved_plan, shard_axis
 from ..analysis.shapes import Analysis
 from ..core import dimexpr
 from ..core.dtypes import FLOAT_DTYPES
@@ -55,7 +56,7 @@ HEADER = (
     "# It needs only torch. Each line of forward says its shape and the YAML step it comes from.",
 )
 IMPORTED = ("math", "torch", "F", "nn")  # what the generated module imports
-MODULE_LEVEL = ("__all__",)
+MODULE_LEVEL = ("__all__", "parallelize", "param_ids", "step_keys")  # parallelize and its state_dict hooks: files with parallel:
 
 
 def export_source(pipeline, dims: dict[str, int] | None = None) -> str:
@@ -192,6 +193,14 @@ class _Writer:
         self.specs: dict[str, tuple] = {}  # block file path -> (its spec, its source map)
         self.class_names: dict[str, str] = {}  # block file path -> its class's name
         self.classes: dict[str, tuple[str, str, _Scope]] = {}  # block file path -> (class name, source, its scope)
+        self.linears = _planned_linears(analysis)  # step id -> (its plan entry, its projection): nn.Linear submodules
+        self.linear_params = {
+            param: (step_id, role)
+            for step_id, (_, projection) in self.linears.items()
+            for param, role in ((projection.weight, "weight"), (projection.bias, "bias"))
+            if param
+        }
+        self.linear_attrs: dict[str, str] = {}  # step id -> its submodule's attribute
 
     # ------------------------------------------------------------------ the module
 
@@ -204,15 +213,19 @@ class _Writer:
                 self.class_names[info.path] = self.module_names.claim(class_name(self.specs[info.path][0].name))
         body = self._class(top, main, top=True)
         classes = [main] + [name for name, _, _ in self.classes.values()]
-        text = "\n\n".join([*self.helpers.values(), *(src for _, src, _ in self.classes.values()), body])
+        parts = [*self.helpers.values(), *(src for _, src, _ in self.classes.values()), body]
+        if spec.parallel is not None:
+            parts.append(self._parallelize(spec))
+        text = "\n\n".join(parts)
         imports = ["import math\n"] if re.search(r"(?<![\w.])math\.", text) else []
         imports += ["import torch"] if re.search(r"(?<![\w.])torch\.", text) else []
         imports += ["import torch.nn.functional as F"] if re.search(r"(?<![\w.])F\.", text) else []
         imports += ["from torch import nn"]
         about = [comment(f"{spec.name}: from {Path(source.file).name}")]
         about += [comment(line) for line in spec.description.strip().splitlines()]
-        all_ = "__all__ = [" + ", ".join(f'"{c}"' for c in classes) + "]"  # class_name() makes only letters and digits
-        all_ += "  # noqa: RUF022 - the pipeline's class first" if classes != sorted(classes) else ""
+        names = classes + (["parallelize"] if spec.parallel is not None else [])
+        all_ = "__all__ = [" + ", ".join(f'"{c}"' for c in names) + "]"  # class_name() makes only letters and digits
+        all_ += "  # noqa: RUF022 - the pipeline's class first" if names != sorted(names) else ""
         return "\n".join([*HEADER, *about]) + "\n\n" + "\n".join(imports) + f"\n\n{all_}\n\n\n" + text
 
     def _scope(self, spec, source, prefix: str, param_prefix: str, values: dict[str, int]) -> _Scope:
@@ -294,6 +307,8 @@ class _Writer:
                 f"{generator} = None if {seed} is None else torch.Generator().manual_seed({seed})  # a seed: the traced run's params"
             )
         lines += tensors
+        if top:
+            lines += self._state_dict_hooks(scope)
         signature = ", ".join(["self", "*", *args])
         return f"    def __init__({signature}):\n" + "\n".join(f"        {line}" for line in lines)
 
@@ -343,12 +358,81 @@ class _Writer:
         setup, value = _init_source(decl, meta, scope, self, generator)
         lines += setup
         owner, declared = _access(parts[:-1]), "(" + ", ".join(str(dimexpr.parse(t)) for t in decl.shape) + ")"
+        if not scope.prefix and name in self.linear_params:
+            return lines + self._linear_param(scope, name, value, declared)
         if meta.dtype in FLOAT_DTYPES and not decl.buffer:
             lines.append(_assign(owner, parts[-1], f"nn.Parameter({value})") + f"  # {declared}")
         else:
             lines.append(f"{owner}.register_buffer({parts[-1]!r}, {value})  # {declared}")
         scope.exprs[scope.param_prefix + name] = _access(parts)
         return lines
+
+    def _linear_param(self, scope: _Scope, name: str, value: str, declared: str) -> list[str]:
+        """A planned projection's param, held by the step's nn.Linear (made, on the meta device,
+        before its first param) so that torch's ColwiseParallel / RowwiseParallel can shard it;
+        ``state_dict()`` still names it by its id (the param_ids hook)."""
+        step_id, role = self.linear_params[name]
+        lines = []
+        if step_id not in self.linear_attrs:
+            if not scope.attrs.exact(step_id):
+                raise self._name_error(scope, ("parallel", "plan", self.linears[step_id][0].target), f"step '{step_id}'", step_id)
+            self.linear_attrs[step_id] = step_id
+            entry, projection = self.linears[step_id]
+            out_features, in_features = (_source(dimexpr.parse(t), scope.names) for t in scope.spec.params[projection.weight].shape)
+            bias = projection.bias is not None
+            made = f"nn.Linear({in_features}, {out_features}, bias={bias}, device='meta')"
+            lines.append(_assign("self", step_id, made) + f"  # {entry.style}: parallelize() shards it")
+        lines.append(_assign(_access([self.linear_attrs[step_id]]), role, f"nn.Parameter({value})") + f"  # {declared} {display(name)}")
+        scope.exprs[name] = _access([self.linear_attrs[step_id], role])
+        return lines
+
+    def _state_dict_hooks(self, scope: _Scope) -> list[str]:
+        """The hooks that keep ``state_dict()`` keyed by param ids when nn.Linear submodules hold them."""
+        if not self.linear_params:
+            return []
+        if not scope.attrs.exact("param_ids"):
+            raise TracerError(scope.source.error(("params",), "export-name", "'param_ids' is taken: rename that param", prefer_key=True))
+        keys = {f"{self.linear_attrs[step]}.{role}": name for name, (step, role) in self.linear_params.items()}
+        _helper(self, "param_ids", PARAM_IDS_HELPER)
+        _helper(self, "step_keys", STEP_KEYS_HELPER)
+        return [
+            "self.param_ids = {" + ", ".join(f"{key!r}: {name!r}" for key, name in keys.items()) + "}  # state_dict key -> param id",
+            "self.register_state_dict_post_hook(param_ids)",
+            "self.register_load_state_dict_pre_hook(step_keys)",
+        ]
+
+    def _parallelize(self, spec) -> str:
+        """``parallelize(module, mesh)``: the plan in torch's own API, one parallelize_module call per
+        mesh dim. Norms planned ``sequence`` need nothing here: run on a sequence shard with the whole
+        weight, they compute what SequenceParallel computes; steps planned ``replicate`` run whole."""
+        by_mesh_dim: dict[str, list[str]] = {}
+        styles, layouts = set(), set()
+        for step_id, (entry, _) in self.linears.items():
+            style = "ColwiseParallel" if entry.style == "colwise" else "RowwiseParallel"
+            given = (_placement(entry.input), _placement(entry.output))
+            styles.add(style)
+            layouts |= {text.split("(")[0] for text in given}
+            call = f"{style}(input_layouts={given[0]}, output_layouts={given[1]})"
+            by_mesh_dim.setdefault(entry.mesh_dim, []).append(f"{self.linear_attrs[step_id]!r}: {call},")
+        mesh = ", ".join(spec.parallel.mesh)
+        degrees = ", ".join(f"{dim}=N" for dim in spec.parallel.mesh)
+        lines = [
+            "def parallelize(module, mesh):",
+            f'    """Shard ``module`` over ``mesh`` (a DeviceMesh with dims ({mesh})) as the pipeline\'s plan says, with',
+            f"    torch's parallelize_module. Build the module with the mesh's degrees ({degrees}): its views",
+            '    then take each rank\'s heads, and forward takes each rank\'s shard of the inputs."""',
+        ]
+        if layouts:
+            lines.append(f"    from torch.distributed.tensor import {', '.join(sorted(layouts))}")
+        if styles:
+            names = [*sorted(styles), "parallelize_module"]
+            lines += ["    from torch.distributed.tensor.parallel import (", *(f"        {name}," for name in names), "    )", ""]
+        for mesh_dim, items in by_mesh_dim.items():
+            lines += ["    parallelize_module(", "        module,", f"        mesh[{mesh_dim!r}],", "        {"]
+            lines += [f"            {item}" for item in items] + ["        },", "    )"]
+        planned = {entry.style for entry in resolved_plan(self.analysis).values()}
+        lines += [f"    {note}" for style, note in PLAN_NOTES.items() if style in planned]
+        return "\n".join([*lines, "    return module"]) + "\n"
 
     def _blocks(self, scope: _Scope, generator: str) -> list[str]:
         """Each ``op: block`` step as a submodule: its class, or an nn.ModuleList of copies."""
@@ -436,7 +520,7 @@ class _Writer:
                 by_input.setdefault(scope.from_input[name][0], []).append(name)
         for input_name, names in by_input.items():
             var = inputs[input_name]
-            reads = ", ".join(f"{var}.shape[{scope.from_input[n][1]}]" for n in names)
+            reads = ", ".join(self._size_read(scope, var, input_name, scope.from_input[n][1]) for n in names)
             head.append(f"{', '.join(scope.names[n] for n in names)} = {reads}  # sizes from the input")
         if model:
             head.append(
@@ -447,6 +531,19 @@ class _Writer:
                 head += _dim_checks(name, exprs[name], scope)
                 head.append(f"{scope.names[name]} = {_source(exprs[name], scope.names)}")
         return head
+
+    def _size_read(self, scope: _Scope, var: str, input_name: str, axis: int) -> str:
+        """A size read from an input: times the degree of each mesh dim that shards that axis
+        (forward gets a rank's shard: ``T = x.shape[1] * tp`` is the whole length)."""
+        read = f"{var}.shape[{axis}]"
+        parallel = scope.spec.parallel if not scope.prefix else None
+        if parallel is None:
+            return read
+        ndim = len(scope.spec.inputs[input_name].shape)
+        for mesh_dim, placement in zip(parallel.mesh, parallel.inputs.get(input_name, [])):
+            if shard_axis(placement, ndim) == axis:
+                read += f" * self.{scope.dim_attrs[mesh_dim]}"
+        return read
 
     def _outputs(self, scope: _Scope, top: bool) -> list[str]:
         spec = scope.spec
@@ -477,7 +574,10 @@ class _Writer:
         outs = [out.meta for out in node.outs]
         targets = [scope.local.claim(name) for name in step.output_ids()]
         args, ins = [scope.exprs[r] for r in node.reads], [analysis.metas[r] for r in node.reads]
-        code = node.step.emit(_EmitContext(self, scope, step.id, args, ins, outs, targets))
+        if not scope.prefix and step.id in self.linear_attrs:
+            code = f"{_access([self.linear_attrs[step.id]])}({args[0]})"
+        else:
+            code = node.step.emit(_EmitContext(self, scope, step.id, args, ins, outs, targets))
         for name, var in zip(node.step.output_ids(), targets):
             scope.exprs[name] = var
             self._own(scope, var, scope.prefix + name)
@@ -746,6 +846,50 @@ def _init_source(
     if any("linear_bound(" in line for line in setup):
         _helper(writer, "linear_bound", inspect.getsource(linear_bound))
     return setup, value
+
+
+PLAN_NOTES = {  # what parallelize() leaves to the caller, per style (tracer's own text)
+    "sequence": "# sequence: each rank normalises its own rows with the whole weight, as SequenceParallel does",
+    "replicate": "# replicate: those steps run whole on every rank",
+    "context": "# context: wrap the call in torch.distributed.tensor.experimental.context_parallel (not a module style)",
+}
+PARAM_IDS_HELPER = '''def param_ids(module, state_dict, prefix, local_metadata):
+    """state_dict() hook: the params a planned projection's nn.Linear holds, under their ids (as
+    tracer.to_module and tracer run --weights name them)."""
+    for key, name in module.param_ids.items():
+        state_dict[prefix + name] = state_dict.pop(prefix + key)
+'''
+STEP_KEYS_HELPER = '''def step_keys(module, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs):
+    """load_state_dict() hook: the param ids back to the keys of the nn.Linear that holds them."""
+    for key, name in module.param_ids.items():
+        if prefix + name in state_dict:
+            state_dict[prefix + key] = state_dict.pop(prefix + name)
+'''
+
+
+def _planned_linears(analysis: Analysis) -> dict:
+    """step id -> (plan entry, projection) for each colwise or rowwise step of the file's plan: the
+    steps the exported module computes with an nn.Linear, for torch's styles to shard. A planned
+    step in a block, or a projection stored (in, out), is a located error at its plan entry."""
+    found = {}
+    for step_id, entry in resolved_plan(analysis).items():
+        if entry.style not in ("colwise", "rowwise"):
+            continue
+        projection = analysis.node(step_id).step.projection()
+        path = ("parallel", "plan", entry.target)
+        if step_id not in {step.id for step in analysis.pipeline.steps} or analysis.node(step_id).copy is not None:
+            message = "it is in a block: tracer export writes parallelize() for the planned steps of the file itself"
+            raise TracerError(analysis.source.error(path, "export-plan", message, step_id, prefer_key=True))
+        if projection.transposed:
+            message = f"it stores its weight (in, out) (layout: in_out); {entry.style} shards an nn.Linear, which stores it (out, in)"
+            raise TracerError(analysis.source.error(path, "export-plan", message, step_id, prefer_key=True))
+        found[step_id] = (entry, projection)
+    return found
+
+
+def _placement(text: str) -> str:
+    kind, axis = parse_placement(text)
+    return f"Shard({axis})" if kind == "shard" else "Replicate()"
 
 
 def _helper(writer: _Writer, name: str, source: str) -> str:
