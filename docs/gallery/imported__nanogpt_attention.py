@@ -27,7 +27,7 @@ class CausalSelfAttention(nn.Module):
         generator = None if seed is None else torch.Generator().manual_seed(seed)  # a seed: the traced run's params
         if generator is not None:
             torch.empty(2, 6, 8).normal_(generator=generator)  # input 'x' is drawn here in the traced run: same seed, same params
-        self.bias = nn.Parameter(torch.empty(1, 1, 12, 12).normal_(generator=generator))  # (1, 1, 12, 12)
+        self.register_buffer('bias', torch.empty(1, 1, 12, 12).normal_(generator=generator))  # (1, 1, 12, 12)
         self.c_attn = nn.Module()  # holds 'c_attn.weight'
         self.c_attn.weight = nn.Parameter(torch.empty(3 * d_model, d_model).normal_(generator=generator))  # (3 * d_model, d_model)
         self.c_attn.bias = nn.Parameter(torch.empty(3 * d_model).normal_(generator=generator))  # (3 * d_model)
