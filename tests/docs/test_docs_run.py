@@ -35,6 +35,7 @@ NOT_RUN = {  # (document, the block's first word) of the blocks that only illust
     ("import.md", "pipeline"),  # nanoGPT and Llama imports: tests/importing runs the same, with the classes
     ("import.md", "tracer"),  # tracer import of the reader's own module: tests/cli/test_import_and_diff.py runs one
     ("import.md", "$"),  # tracer diff's output, abridged: tests/importing/test_imported_pipelines.py checks those lines
+    ("parallel.md", "from"),  # parallelize() on a 2-rank process group: tests/runtime/test_parallel_run.py runs it
 }
 
 
