@@ -183,6 +183,33 @@ def test_context_parallel_with_rope_runs_on_cpu_as_torchs_ring_attention_equal_t
     assert parallel.rank_view(analysis, 1)["pos"].positions == ("T // cp .. 2*T // cp - 1",)  # rank 1 ropes from T // cp
 
 
+CROSS_CONTEXT = """\
+name: cross_context
+dims: {B: 1, T: 4, S: 8, D: 4}
+inputs:
+  x: {shape: [B, 1, T, D], init: randn}
+  m: {shape: [B, 1, S, D], init: randn}
+steps:
+  - {id: ctx, op: sdpa, inputs: [x, m, m], causal: true, align: top-left}
+parallel:
+  mesh: {cp: 2}
+  inputs: {x: [Shard(2)], m: [Shard(2)]}
+  plan: {ctx: context}
+"""
+
+
+def test_a_context_step_the_ring_cannot_run_is_refused_at_its_plan_entry(tmp_path):
+    path = tmp_path / "cross.yaml"
+    path.write_text(CROSS_CONTEXT)
+    with pytest.raises(TracerError, match="takes no causal mask between 4 queries and 8 keys") as caught:
+        tracer.run_parallel(path, world=2)
+    assert caught.value.code == "plan-runtime" and caught.value.diagnostics[0].position.line == 11
+    path.write_text(CROSS_CONTEXT.replace("causal: true, align: top-left", "scale: 0.5"))
+    run = tracer.run_parallel(path, world=2)  # without the causal mask, queries meet keys of any length
+    assert run.differences["ctx"] <= 1e-5 and run.counts(1) == {("ctx", "all_gather_into_tensor"): 1}
+    assert _children() == []
+
+
 def test_context_parallel_roping_every_shard_from_0_differs_from_the_single_device_run_at_the_output():
     """shard-offset's example: the same ring, but its rope reads no positions, so every rank
     rotates its tokens from 0; the run finds what the lint says."""

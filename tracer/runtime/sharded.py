@@ -113,7 +113,7 @@ def check_runnable(analysis: Analysis) -> None:
     source = analysis.source
     for step_id, entry in resolved_plan(analysis).items():
         path = ("parallel", "plan", entry.target)
-        if entry.style == "context" and (unsupported := _ring_unsupported(analysis.node(step_id).step)):
+        if entry.style == "context" and (unsupported := _ring_unsupported(analysis, analysis.node(step_id))):
             message = (
                 f"--world runs context parallelism as torch's ring attention, which takes no {unsupported}; it is checked statically only"
             )
@@ -131,9 +131,13 @@ def check_runnable(analysis: Analysis) -> None:
                 raise TracerError(source.error(path, "plan-shared-param", message, step_id, prefer_key=True))
 
 
-def _ring_unsupported(step) -> str | None:
+def _ring_unsupported(analysis: Analysis, node) -> str | None:
     """What of a ``context`` step torch's ring attention does not take (its attention op is
-    called with ``is_causal`` and ``scale`` only), or None."""
+    called with ``is_causal`` and ``scale`` only, and causal blocks must be square), or None."""
+    step = node.step
+    queries, keys = (analysis.meta(record).sizes[-2] for record in node.reads[:2])
+    if step.causal and queries != keys:
+        return f"causal mask between {queries} queries and {keys} keys (it needs as many of each)"
     if step.mask is not None:
         return "mask"
     if step.window is not None:
