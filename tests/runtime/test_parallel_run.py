@@ -183,6 +183,32 @@ def test_context_parallel_with_rope_runs_on_cpu_as_torchs_ring_attention_equal_t
     assert parallel.rank_view(analysis, 1)["pos"].positions == ("T // cp .. 2*T // cp - 1",)  # rank 1 ropes from T // cp
 
 
+def test_context_parallel_over_cp_combines_with_tensor_parallel_heads_on_a_2d_mesh(tmp_path):
+    """{tp: 2, cp: 2}: q, k, v column-parallel (H // tp heads), the ring over cp within each tp
+    column, the output projection row-parallel: the ring's all-gather spans the cp group only."""
+    text = (PIPELINES / "parallel" / "context_parallel.yaml").read_text()
+    for old, new in (
+        ("mesh: {cp: 2}", "mesh: {tp: 2, cp: 2}"),
+        ("x: [Shard(1)]", "x: [Replicate(), Shard(1)]"),
+        ("pos: [Shard(0)]", "pos: [Replicate(), Shard(0)]"),
+        ("H, Dh]", "H // tp, Dh]"),
+        ("context: context", "{q: colwise, k: colwise, v: colwise, out: rowwise, context: context}"),
+    ):
+        assert old in text
+        text = text.replace(old, new)
+    path = tmp_path / "tp_cp.yaml"
+    path.write_text(text)
+    run = tracer.run_parallel(path, world=4)
+    assert run.differences["out"] <= 1e-5
+    kv_bytes = 2 * 2 * 1 * 4 * 4 * 4  # cat(k, v) of one rank: B, H // tp, T // cp, Dh in float32
+    for rank in range(4):
+        assert [(e.step, e.op, e.bytes, e.group_size) for e in run.collectives[rank]] == [
+            ("context", "all_gather_into_tensor", kv_bytes, 2),
+            ("out", "all_reduce", 2 * 4 * 8 * 4, 2),
+        ]
+        assert run.ranks[rank]["context"].shape == (2, 1, 4, 4)
+
+
 CROSS_CONTEXT = """\
 name: cross_context
 dims: {B: 1, T: 4, S: 8, D: 4}
