@@ -4,8 +4,9 @@ torch.distributed (gloo, CPU) at world 2 and 4, each collective the static analy
 of the tensor it was called with): the whole tensor's bytes, and the ring's bytes sent per rank.
 
 A mesh of another size runs with its innermost dim at the world and the others at 1 (``--dim
-tp=4``, ``--dim dp=1 --dim tp=2``); a run that cannot be made (context parallelism on the CPU, a
-degree that does not divide the file's heads) is listed with its reason.
+tp=4``, ``--dim dp=1 --dim tp=2``); a run that cannot be made (a degree that does not divide the
+file's heads) is listed with its reason. Context parallelism runs as torch's ring attention with
+the CPU attention op: one all-gather of every rank's cat(k, v).
 
     .venv/bin/python benchmarks/parallel_bytes.py [--worlds 2 4]
 """

@@ -238,8 +238,8 @@ def _parser() -> argparse.ArgumentParser:
         "--world",
         type=_positive,
         metavar="N",
-        help="run as N processes on torch.distributed (gloo on cpu, nccl on cuda), sharded by torch's parallelize_module as the "
-        "file's parallel: section plans it; N is the mesh's size. Prints rank 0's records (--rank R's) and its collectives, and "
+        help="run as N processes on torch.distributed (gloo on cpu, nccl on cuda), sharded by torch's parallelize_module (a context step: torch's "
+        "ring attention) as the file's parallel: section plans it; N is the mesh's size. Prints rank 0's records (--rank R's) and its collectives, and "
         "fails unless the outputs gathered from the ranks equal the single-device run's, every rank issued the predicted "
         "collectives and made the static per-rank shapes",
     )

@@ -164,6 +164,87 @@ def test_sequence_parallel_runs_as_predicted_shard_by_shard_and_collective_by_co
     assert run.outputs["out"].shape == (2, 4, 8)  # gathered along the sequence
 
 
+@pytest.mark.parametrize("cp", [2, 4])
+def test_context_parallel_with_rope_runs_on_cpu_as_torchs_ring_attention_equal_to_the_single_device_run(cp):
+    """Each rank ropes its own positions (pos: [Shard(0)]) and attends its queries to every
+    rank's keys, gathered once, causally at its offset: the gathered output is the single-device
+    run's, and the one all-gather of cat(k, v) per rank is the predicted one, byte for byte."""
+    pipeline = tracer.load(PIPELINES / "parallel" / "context_parallel.yaml")
+    run = tracer.run_parallel(pipeline, world=cp, dims={"cp": cp})
+    assert run.differences["out"] <= 1e-5
+    assert run.outputs["out"].shape == (2, 8, 8)
+    analysis = pipeline.check({"cp": cp})
+    predicted = [(c.step, c.op, c.shape) for c in parallel.collectives(analysis)]
+    assert predicted == [("context", "all_gather_into_tensor", (2 * 2 * 2 * 8 * 4,))]  # cat(k, v) of every rank: 2·B·H·T·Dh
+    local = 2 * 2 * 2 * (8 // cp) * 4 * 4  # this rank's cat(k, v) in bytes
+    for rank, trace in enumerate(run.ranks):
+        assert [(e.step, e.op, e.bytes, e.group_size) for e in run.collectives[rank]] == [("context", "all_gather_into_tensor", local, cp)]
+        assert trace["context"].shape == (2, 2, 8 // cp, 4)
+    assert parallel.rank_view(analysis, 1)["pos"].positions == ("T // cp .. 2*T // cp - 1",)  # rank 1 ropes from T // cp
+
+
+def test_context_parallel_over_cp_combines_with_tensor_parallel_heads_on_a_2d_mesh(tmp_path):
+    """{tp: 2, cp: 2}: q, k, v column-parallel (H // tp heads), the ring over cp within each tp
+    column, the output projection row-parallel: the ring's all-gather spans the cp group only."""
+    text = (PIPELINES / "parallel" / "context_parallel.yaml").read_text()
+    for old, new in (
+        ("mesh: {cp: 2}", "mesh: {tp: 2, cp: 2}"),
+        ("x: [Shard(1)]", "x: [Replicate(), Shard(1)]"),
+        ("pos: [Shard(0)]", "pos: [Replicate(), Shard(0)]"),
+        ("H, Dh]", "H // tp, Dh]"),
+        ("context: context", "{q: colwise, k: colwise, v: colwise, out: rowwise, context: context}"),
+    ):
+        assert old in text
+        text = text.replace(old, new)
+    path = tmp_path / "tp_cp.yaml"
+    path.write_text(text)
+    run = tracer.run_parallel(path, world=4)
+    assert run.differences["out"] <= 1e-5
+    kv_bytes = 2 * 2 * 1 * 4 * 4 * 4  # cat(k, v) of one rank: B, H // tp, T // cp, Dh in float32
+    for rank in range(4):
+        assert [(e.step, e.op, e.bytes, e.group_size) for e in run.collectives[rank]] == [
+            ("context", "all_gather_into_tensor", kv_bytes, 2),
+            ("out", "all_reduce", 2 * 4 * 8 * 4, 2),
+        ]
+        assert run.ranks[rank]["context"].shape == (2, 1, 4, 4)
+
+
+CROSS_CONTEXT = """\
+name: cross_context
+dims: {B: 1, T: 4, S: 8, D: 4}
+inputs:
+  x: {shape: [B, 1, T, D], init: randn}
+  m: {shape: [B, 1, S, D], init: randn}
+steps:
+  - {id: ctx, op: sdpa, inputs: [x, m, m], causal: true, align: top-left}
+parallel:
+  mesh: {cp: 2}
+  inputs: {x: [Shard(2)], m: [Shard(2)]}
+  plan: {ctx: context}
+"""
+
+
+def test_a_context_step_the_ring_cannot_run_is_refused_at_its_plan_entry(tmp_path):
+    path = tmp_path / "cross.yaml"
+    path.write_text(CROSS_CONTEXT)
+    with pytest.raises(TracerError, match="takes no causal mask between 4 queries and 8 keys") as caught:
+        tracer.run_parallel(path, world=2)
+    assert caught.value.code == "plan-runtime" and caught.value.diagnostics[0].position.line == 11
+    path.write_text(CROSS_CONTEXT.replace("causal: true, align: top-left", "scale: 0.5"))
+    run = tracer.run_parallel(path, world=2)  # without the causal mask, queries meet keys of any length
+    assert run.differences["ctx"] <= 1e-5 and run.counts(1) == {("ctx", "all_gather_into_tensor"): 1}
+    assert _children() == []
+
+
+def test_context_parallel_roping_every_shard_from_0_differs_from_the_single_device_run_at_the_output():
+    """shard-offset's example: the same ring, but its rope reads no positions, so every rank
+    rotates its tokens from 0; the run finds what the lint says."""
+    path = PIPELINES / "lint_examples" / "shard_offset.yaml"
+    with pytest.raises(TracerError) as caught:
+        tracer.run_parallel(path, world=2)
+    assert caught.value.code == "parallel-mismatch" and "output 'out' differs from the single-device run" in str(caught.value)
+
+
 def test_a_collective_the_prediction_lacks_is_a_located_error(tp_run, tp_file):
     run = copy.copy(tp_run)
     run.predicted = []
@@ -227,9 +308,11 @@ def test_what_the_run_cannot_do_is_a_located_error(tmp_path, tp_file):
     path.write_text(TP.replace("out: rowwise}", "out: rowwise, ctx: colwise}"))
     with pytest.raises(TracerError, match="colwise applies to a linear step .*, but step 'ctx' is op sdpa"):
         tracer.run_parallel(path, world=2)
-    path.write_text(TP.replace("out: rowwise}", "out: rowwise, ctx: context}").replace("{tp: 2}", "{tp: 2, cp: 1}"))
-    with pytest.raises(TracerError, match="_scaled_dot_product_flash_attention_for_cpu"):
+    windowed = TP.replace("causal: true}", "causal: true, window: 2}").replace("out: rowwise}", "out: rowwise, ctx: context}")
+    path.write_text(windowed.replace("{tp: 2}", "{tp: 2, cp: 1}"))
+    with pytest.raises(TracerError, match="torch's ring attention, which takes no window") as caught:
         tracer.run_parallel(path, world=2)
+    assert caught.value.code == "plan-runtime" and caught.value.diagnostics[0].position.line == 27  # plan:
     path.write_text(TP.replace("H // tp", "H").split("parallel:")[0])
     with pytest.raises(TracerError, match="this file has none"):
         tracer.run_parallel(path, world=2)

@@ -12,6 +12,9 @@ parallelised module instead, so that torch's style hooks move the data:
   ColwiseParallel / RowwiseParallel with the entry's input and output layouts;
 - ``sequence``: the step's own kernel as a module with the step's params, under SequenceParallel
   (its input a sequence shard, the params replicated);
+- ``context``: torch's ring attention (``_templated_ring_attention``) on the rank's sequence
+  shard of q, k and v, with the CPU attention op on the CPU, where ``context_parallel`` replaces
+  no kernel (``RingAttention``);
 - ``replicate``: the step's kernel itself, on every rank.
 
 Since the program is the static per-rank analysis, the interpreter's check that every tensor
@@ -41,11 +44,11 @@ from .tensors import create_tensors
 
 PR_SET_PDEATHSIG = 1  # prctl(2): the signal a process gets when its parent dies
 GROUP_TIMEOUT = datetime.timedelta(seconds=600)  # a collective waiting longer fails; the launcher's --timeout ends runs sooner
-RANK_MODULES = ("torch.distributed._functional_collectives", "torch.distributed.device_mesh", "torch.distributed.tensor.parallel")
-_NOT_RUN = (
-    "context parallelism is checked statically but not run by --world: torch 2.13's ring attention (context_parallel) "
-    "replaces only the CUDA attention kernels (aten._scaled_dot_product_flash/efficient/cudnn_attention), never the CPU "
-    "one (_scaled_dot_product_flash_attention_for_cpu), and tracer runs no collective of its own"
+RANK_MODULES = (
+    "torch.distributed._functional_collectives",
+    "torch.distributed.device_mesh",
+    "torch.distributed.tensor.parallel",
+    "torch.distributed.tensor.experimental._context_parallel._attention",
 )
 
 
@@ -104,13 +107,17 @@ class RankResult:
 
 def check_runnable(analysis: Analysis) -> None:
     """What ``--world`` cannot run, as a located error at its plan entry, before any process
-    starts: context parallelism on the CPU, a DTensor output (``local_output: false``), and a
+    starts: an attention torch's ring attention cannot run (a mask, a window, gqa, dropout), a
+    DTensor output (``local_output: false``), and a
     sharded projection whose param another step reads too (each rank holds only its shard)."""
     source = analysis.source
     for step_id, entry in resolved_plan(analysis).items():
         path = ("parallel", "plan", entry.target)
-        if entry.style == "context":
-            raise TracerError(source.error(path, "plan-runtime", _NOT_RUN, step_id, prefer_key=True))
+        if entry.style == "context" and (unsupported := _ring_unsupported(analysis, analysis.node(step_id))):
+            message = (
+                f"--world runs context parallelism as torch's ring attention, which takes no {unsupported}; it is checked statically only"
+            )
+            raise TracerError(source.error(path, "plan-runtime", message, step_id, prefer_key=True))
         if not entry.local_output:
             message = (
                 "--world runs every step on the rank's local tensors: local_output: false (a DTensor output) is checked statically only"
@@ -122,6 +129,22 @@ def check_runnable(analysis: Analysis) -> None:
             if others:
                 message = f"param '{param}' of {entry.style} step '{step_id}' is read by step '{others[0]}' too, but each rank holds only its shard"
                 raise TracerError(source.error(path, "plan-shared-param", message, step_id, prefer_key=True))
+
+
+def _ring_unsupported(analysis: Analysis, node) -> str | None:
+    """What of a ``context`` step torch's ring attention does not take (its attention op is
+    called with ``is_causal`` and ``scale`` only, and causal blocks must be square), or None."""
+    step = node.step
+    queries, keys = (analysis.meta(record).sizes[-2] for record in node.reads[:2])
+    if step.causal and queries != keys:
+        return f"causal mask between {queries} queries and {keys} keys (it needs as many of each)"
+    if step.mask is not None:
+        return "mask"
+    if step.window is not None:
+        return "window"
+    if step.gqa:
+        return "gqa (fewer kv heads)"
+    return "dropout" if step.is_random() else None
 
 
 # ---------------------------------------------------------------- in the rank's process
@@ -223,6 +246,9 @@ def _parallelised(analysis: Analysis, entries: Mapping[str, PlanEntry], plan: Pl
             continue
         node = analysis.node(step_id)
         projection = node.step.projection()
+        if entry.style == "context":
+            modules[step_id] = RingAttention(node.step, mesh[entry.mesh_dim])
+            continue
         if entry.style in ("colwise", "rowwise"):
             module = _linear(projection, created)
         else:
@@ -294,17 +320,54 @@ def _kernel_module(kernel, reads: tuple[str, ...], params: dict):
 
 
 def _module_call(module, step_id: str, mode):
-    """A planned step's kernel: its parallelised module on the step's data input (its params are
-    the module's), the collectives it issues counted for the step."""
+    """A planned step's kernel: its parallelised module on the step's data inputs (one, or q, k
+    and v for ring attention; a projection's params are the module's), the collectives it issues
+    counted for the step."""
     from torch.distributed._functional_collectives import AsyncCollectiveTensor
 
-    def call(x, *params):
+    inputs = 3 if isinstance(module, RingAttention) else 1
+
+    def call(*args):
         mode.step = step_id
-        out = module(x)
+        out = module(*args[:inputs])
         mode.step = None
         return out.wait() if isinstance(out, AsyncCollectiveTensor) else out
 
     return call
+
+
+class RingAttention:
+    """A ``context`` step: torch's ring attention (``_templated_ring_attention``, to which
+    ``context_parallel`` dispatches the CUDA SDPA kernels) on the rank's contiguous sequence shard
+    of q, k and v (``Shard(2)``). On the CPU it is called with the CPU attention op, which returns
+    the log-sum-exp its merge needs (``_scaled_dot_product_flash_attention_for_cpu``, the kernel
+    ``context_parallel`` does not replace); on CUDA through torch's own memory-efficient ring.
+    The keys and values are exchanged by torch's all-gather rotation (one
+    ``all_gather_into_tensor`` of ``cat(k.flatten(), v.flatten())``), and each rank attends the
+    key block of its own tokens causally, the blocks before it whole and those after it not at
+    all: the causal mask at the rank's query offset."""
+
+    def __init__(self, step, mesh):
+        self.mesh, self.causal = mesh, step.causal
+        self.scale = None if step.scale is None else float(step.scale)
+
+    def __call__(self, q, k, v):
+        from torch.distributed.tensor.experimental._context_parallel import _attention as cp
+
+        options = cp._cp_options
+        saved = options.rotate_method, options.enable_load_balance
+        # the contiguous layout (torch's default is load-balanced: two chunks per rank) and the
+        # all-gather rotation, which set_rotate_method("allgather") selects
+        options.rotate_method, options.enable_load_balance = cp._RotateMethod.ALL_GATHER, False
+        try:
+            if self.mesh.device_type == "cuda":
+                out, *_ = cp._scaled_dot_product_ring_efficient_attention(self.mesh, q, k, v, is_causal=self.causal, scale=self.scale)
+            else:
+                op = torch_module().ops.aten._scaled_dot_product_flash_attention_for_cpu.default
+                out, *_ = cp._templated_ring_attention(self.mesh.get_group(), 2, op, q, k, v, is_causal=self.causal, scale=self.scale)
+        finally:
+            options.rotate_method, options.enable_load_balance = saved
+        return out
 
 
 def _gathered(meta, tensor, mesh):
