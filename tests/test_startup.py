@@ -40,3 +40,13 @@ def test_checking_a_file_builds_the_validators_of_its_own_kinds_only():
     )
     ops = {step.op for step in tracer.load(PIPELINES / "causal_mha.yaml").spec.steps}
     assert _run(code) == str(sorted(ops))
+
+
+def test_the_pytest_plugin_loads_no_file_format_until_a_pipeline_is_collected_or_traced():
+    """Every pytest session where tracer is installed loads the plugin: it must cost no more than
+    ``import tracer`` (it took ~0.25 s when it imported the file format up front)."""
+    heavy = (
+        "sorted(m for m, mod in sys.modules.items() if mod and (m.split('.')[0] in ('pydantic', 'yaml') or m.startswith('tracer.steps')))"
+    )
+    code = f"import tracer.pytest_plugin, tracer.testing; print({heavy})"
+    assert _run(code) == "[]"

@@ -23,9 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from .api import load
 from .core.errors import TracerError, printable
-from .spec.source import read_document
 from .testing import trace_pipeline  # noqa: F401  (fixture)
 
 SUFFIXES = (".yaml", ".yml")
@@ -163,6 +161,7 @@ class PipelineFile(pytest.File):
 def _pipeline_name(path: Path) -> str:
     """The file's ``name:`` as the item's name; the file's stem when it has none usable in a node id
     (the file is not loaded here: a broken one is collected, and fails when it runs)."""
+    from .spec.source import read_document  # yaml: only when pipelines are collected
 
     try:
         data, _ = read_document(path)
@@ -176,6 +175,8 @@ def _pipeline_name(path: Path) -> str:
 class PipelineItem(pytest.Item):
     def runtest(self) -> None:
         __tracebackhide__ = True  # a failure is the pipeline's located message, not tracer's frames
+
+        from .api import load  # the file format: only when a pipeline item runs
 
         trace = load(self._shown_path()).run(device="cpu")
         for lint in trace.analysis.warnings:

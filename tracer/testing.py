@@ -9,14 +9,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
-from .analysis.expect import contiguity_problem
-from .api import load
 from .core import dimexpr
 from .core.errors import Diagnostic, ExpectationError
-from .presentation.trace import Trace
+
+if TYPE_CHECKING:
+    from .presentation.trace import Trace
 
 
 def assert_shape(trace: Trace, tensor_id: str, expected: str | Sequence[int | str]) -> None:
@@ -40,6 +41,8 @@ def assert_contiguous(trace: Trace, tensor_id: str, contiguous: bool = True) -> 
     """The rule of ``expect: {contiguous: ...}``: torch's ``is_contiguous()``, and a layout that is
     row-major only because of size-1 dims meets both (a transposed (B, H, T, Dh) at T = 1)."""
     __tracebackhide__ = True  # a failure shows the test's line, not this helper's source
+    from .analysis.expect import contiguity_problem  # the file format: not imported by every pytest run
+
     problem = contiguity_problem(tensor_id, trace.layout(tensor_id), contiguous)
     if problem:
         raise _failure(trace, tensor_id, problem)
@@ -82,6 +85,8 @@ def trace_pipeline():
     """``trace_pipeline("pipelines/causal_mha.yaml", dims={"T": 8})`` → a Trace (values kept)."""
 
     def _trace(path: str | Path, dims: Mapping[str, int] | None = None, **kwargs) -> Trace:
+        from .api import load  # the file format: not imported by every pytest run
+
         kwargs.setdefault("keep_values", True)
         return load(path).run(dims=dims, **kwargs)
 
