@@ -1,24 +1,28 @@
 """``tracer run FILE --world N`` and ``tracer.run_parallel``: a pipeline with a ``parallel:``
 section run as N processes on torch.distributed, checked against its single-device run.
 
-The processes are started by torch's own launcher (``torch.multiprocessing.start_processes``;
-fork on the CPU, where the ranks inherit the imported modules, spawn for CUDA). They meet at a
-``TCPStore`` this process holds, listening on a port the system chose free, and run gloo (CPU) or
-nccl (CUDA). A rank that raises ends the run at once (torch's launcher stops the others); one
-that has not finished within ``timeout`` seconds is killed with the rest, and the message says
-which step each rank was in. No process outlives the call.
+The processes are started by torch's own launcher (``torch.multiprocessing.start_processes``)
+with multiprocessing's fork server: a process of its own, started once with torch.distributed
+imported, forks each rank. The launching process is never forked itself: a copy of it would
+inherit only the forking thread, and a lock another thread held at that moment (the store's
+server thread, a notebook's or a test runner's) would stay held in the rank forever. The ranks
+meet at a ``TCPStore`` this process holds, listening on a port the system chose free, and run
+gloo (CPU) or nccl (CUDA). A rank that raises ends the run at once (torch's launcher stops the
+others); one that has not finished within ``timeout`` seconds is killed with the rest, and the
+message says which step each rank was in. No rank outlives the call; the fork server lives as
+long as the launching process, for its next run.
 """
 
 from __future__ import annotations
 
 import contextlib
-import gc
 import json
 import logging
 import math
-import os
+import sys
 import tempfile
 import time
+import types
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
@@ -32,10 +36,11 @@ from .core.dtypes import DTYPE_BYTES
 from .core.errors import Diagnostic, TracerError
 from .presentation.trace import Trace
 from .runtime.interpreter import device_problem, torch_module
-from .runtime.sharded import CollectiveEvent, RankJob, RankResult, check_runnable, collective_mode, rank_error, run_rank
+from .runtime.sharded import RANK_MODULES, CollectiveEvent, RankJob, RankResult, check_runnable, rank_error, run_rank
 
 TOLERANCE = 1e-5  # the gathered outputs against the single-device run's
 _POLL = 0.02  # seconds between looks at the ranks while they run
+START = "forkserver"  # how the ranks are started (see the module's doc)
 
 
 @dataclass
@@ -124,6 +129,7 @@ def run_parallel(
     if problem is not None or device not in ("cpu", "cuda"):
         message = problem or f"--world runs on cpu (gloo) or cuda (nccl, a GPU per rank), not {device}"
         raise TracerError(Diagnostic(source.file, None, "device", message))
+    _start_fork_server()  # it imports torch.distributed while this process checks the file and runs the reference
     dims = dict(dims or {})
     analysis = pipeline.check(dims)
     ranks_analysis = _rank_analysis(analysis)
@@ -221,21 +227,30 @@ def _at_step(analysis: Analysis, node, code: str, message: str) -> Diagnostic:
 # ---------------------------------------------------------------- the processes
 
 
+def _start_fork_server() -> None:
+    """The process that forks the ranks, started now if it isn't running, with what every rank
+    imports imported once (it returns at once: the server imports them on its own)."""
+    from multiprocessing import forkserver
+
+    forkserver.set_forkserver_preload([*RANK_MODULES, "tracer.runtime.sharded"])
+    forkserver.ensure_running()
+
+
 def _launch(job: RankJob, timeout: float) -> list[RankResult]:
     """Start the ranks, wait for all of them (or the first failure, or the timeout), and read
-    what they saved; every process is gone when this returns or raises."""
+    what they saved; every rank is gone when this returns or raises."""
     import torch.distributed as dist
     import torch.multiprocessing as mp
 
-    collective_mode()  # torch.distributed's modules imported once, here: a forked rank starts with them
-    start = "spawn" if job.device == "cuda" else "fork"
-    if start == "spawn":
-        job = replace(job, analysis=None)  # each rank analyses the file again: a spawned rank is sent its job pickled
-    progress = mp.get_context(start).Array("i", job.world, lock=False)
+    progress = mp.get_context(START).Array("i", job.world, lock=False)
     store = dist.TCPStore("127.0.0.1", 0, job.world, is_master=True, wait_for_workers=False)
     try:
         with tempfile.TemporaryDirectory(prefix="tracer-world-") as folder:
-            context = _start(run_rank, (job, os.getpid(), store.port, folder, progress), job.world, start)
+            sent = replace(job, analysis=None)  # each rank analyses the file again: it is sent its job pickled
+            with _without_main_script():
+                context = mp.start_processes(
+                    run_rank, (sent, store.port, folder, progress), nprocs=job.world, join=False, start_method=START
+                )
             try:
                 _wait(context, job, timeout, progress)
             finally:
@@ -243,22 +258,21 @@ def _launch(job: RankJob, timeout: float) -> list[RankResult]:
             torch = torch_module()
             return [torch.load(f"{folder}/rank{rank}.pt", weights_only=False) for rank in range(job.world)]
     finally:
-        # the store's server thread is joined here, now: a store kept alive by a traceback would be
-        # inherited by the ranks of a later run and joined there, on a thread a forked process lacks
-        del store
+        del store  # its server thread joined now, not whenever a traceback that holds it is freed
 
 
-def _start(body, args: tuple, world: int, start: str):
-    """torch's launcher, with every object of this process frozen while it forks: a forked rank's
-    collector then never frees what it inherited (a destructor written for this process, such as
-    a TCPStore's, can block forever in a copy that lacks its threads)."""
-    import torch.multiprocessing as mp
-
-    gc.freeze()
+@contextlib.contextmanager
+def _without_main_script():
+    """The ranks run tracer's code only: multiprocessing would have each one run the launching
+    program's script again first (as ``__mp_main__``, to unpickle what it defines), and a script
+    that calls ``run_parallel`` without an ``if __name__ == "__main__":`` guard would launch again
+    from inside its own ranks."""
+    script = sys.modules["__main__"]
+    sys.modules["__main__"] = types.ModuleType("__main__")
     try:
-        return mp.start_processes(body, args, nprocs=world, join=False, start_method=start)
+        yield
     finally:
-        gc.unfreeze()
+        sys.modules["__main__"] = script
 
 
 def _wait(context, job: RankJob, timeout: float, progress) -> None:

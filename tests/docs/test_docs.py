@@ -1,7 +1,9 @@
 """The docs that are generated or quoted stay true."""
 
 import re
+
 import yaml
+
 import tracer
 from tests.conftest import ROOT, tracer_cli
 from tracer.docgen import format_reference, schema_text
@@ -41,9 +43,7 @@ def test_no_doc_cites_a_path_that_only_exists_on_one_machine():
     """A reader has the repository, not the developers' machines: no absolute path outside it."""
     docs = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
     cited = {
-        (doc.name, path)
-        for doc in docs
-        for path in re.findall(r"(?<![\w.:/])/(?:work|home|root|Users|tmp|mnt)/[\w./-]*", doc.read_text())
+        (doc.name, path) for doc in docs for path in re.findall(r"(?<![\w.:/])/(?:work|home|root|Users|tmp|mnt)/[\w./-]*", doc.read_text())
     }
     assert not cited
 

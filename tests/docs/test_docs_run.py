@@ -3,18 +3,17 @@ text block marked ``<!-- output -->`` is what the shell block before it printed:
 order, among the real output's (``...`` stands for lines left out, a leading ``…`` for the start
 of a line, such as the folder a path is in)."""
 
-import os
 import re
 import shlex
 import shutil
-import subprocess
 import sys
 import textwrap
 from dataclasses import dataclass
 from pathlib import Path
-import pytest
-from tests.conftest import ROOT, Done, expected_exit, tracer_cli
 
+import pytest
+
+from tests.conftest import ROOT, expected_exit, tracer_cli
 
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 
@@ -31,7 +30,7 @@ RUN = {"bash": "shell", "sh": "shell", "python": "python"}
 NOT_RUN = {  # (document, the block's first word) of the blocks that only illustrate: keep this short
     ("README.md", "make"),  # make test, make demo: the test suite itself, and the gallery
     ("architecture.md", "@register"),  # adding a step kind or a lint would register it in this process
-    ("architecture.md", "@writer(\"csv\","),  # adding an output format would register it
+    ("architecture.md", '@writer("csv",'),  # adding an output format would register it
     ("quickstart.md", "make"),  # make install: sets up the environment these tests run in
     ("export.md", "class"),  # an exported module, abridged: the export tests check the real one
     ("import.md", "pipeline"),  # nanoGPT and Llama imports: tests/importing runs the same, with the classes
@@ -94,15 +93,6 @@ def _expand(words: list[str], scratch: Path) -> list[str]:
     return out
 
 
-def _fresh_process(words: list[str], scratch: Path) -> Done:
-    """``tracer run --world N`` as a shell runs it, in a process of its own: its ranks are forked
-    from it, and a test runner's worker has other threads (a forked copy can hang on a lock one of
-    them held)."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
-    done = subprocess.run([sys.executable, "-m", "tracer", *words[1:]], cwd=scratch, capture_output=True, text=True, env=env, timeout=300)
-    return Done(done.returncode, done.stdout, done.stderr)
-
-
 def _shell(words: list[str], scratch: Path, pytester, where: str, expected: int = 0) -> str:
     """Run one command line; what a tracer command printed (stdout, then stderr)."""
     words = _expand(words, scratch)
@@ -113,7 +103,7 @@ def _shell(words: list[str], scratch: Path, pytester, where: str, expected: int 
     if words[0] == "tracer":
         if words[1] == "import":  # in-process, as a fresh shell is not: a page's module, not another page's of that name
             sys.modules.pop(words[2].partition(":")[0], None)
-        done = _fresh_process(words, scratch) if "--world" in words else tracer_cli(*words[1:], cwd=scratch)
+        done = tracer_cli(*words[1:], cwd=scratch)
         assert done.returncode == expected, f"{where}: `{command}` exited {done.returncode}: {done.stderr[-1500:]}"
         if target:
             (scratch / target).write_text(done.stdout)

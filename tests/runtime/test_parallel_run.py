@@ -1,17 +1,17 @@
 """``tracer run FILE --world N`` / ``tracer.run_parallel``: the pipeline as N processes on
 torch.distributed (gloo), sharded by torch's parallelize_module, against its single-device run.
 
-Each launch starts fresh processes (forked: a few tenths of a second once torch.distributed is
-imported), so the runs the tests read are made once per module."""
+Each launch starts fresh processes (forked by multiprocessing's fork server: a few tenths of a
+second once the server is up), so the runs the tests read are made once per module."""
 
 import copy
-import gc
+import functools
 import json
 import os
 import signal
-import threading
+import subprocess
+import sys
 import time
-from pathlib import Path
 
 import psutil
 import pytest
@@ -19,11 +19,11 @@ import torch
 import torch.nn.functional as F
 
 import tracer
-from tests.conftest import PIPELINES, tracer_cli
+from tests.conftest import PIPELINES, ROOT, tracer_cli
 from tests.exporting import assert_module_equals_trace, load_module
 from tracer.analysis import parallel
 from tracer.core.errors import TracerError
-from tracer.distributed import _check_collectives, _start
+from tracer.distributed import _check_collectives
 from tracer.presentation.export import export_source
 from tracer.runtime import sharded
 
@@ -93,7 +93,14 @@ def tp_run(tp_file):
 
 
 def _children() -> list[psutil.Process]:
-    return [child for child in psutil.Process(os.getpid()).children(recursive=True) if child.status() != psutil.STATUS_ZOMBIE]
+    """Every process this one started that still runs, but the fork server and multiprocessing's
+    resource tracker (they live as long as this process, for its next run): the ranks left."""
+    from multiprocessing import forkserver, resource_tracker
+
+    helpers = {forkserver._forkserver._forkserver_pid, resource_tracker._resource_tracker._pid}
+    return [
+        child for child in psutil.Process().children(recursive=True) if child.pid not in helpers and child.status() != psutil.STATUS_ZOMBIE
+    ]
 
 
 def _attention_in_torch(trace, tensors: dict) -> torch.Tensor:
@@ -318,32 +325,36 @@ def test_what_the_run_cannot_do_is_a_located_error(tmp_path, tp_file):
         tracer.run_parallel(path, world=2)
 
 
-def _failing_in(step: str, rank: int, failure):
-    """``sharded._module_call`` with ``failure()`` run in ``step`` on ``rank`` (the ranks are
-    forked: they see this patch)."""
+def _rank_failing_in(step: str, failing: int, failure, rank: int, *args) -> None:
+    """``sharded.run_rank`` with ``failure()`` run in ``step`` on rank ``failing``: the launcher's
+    body for a test (the ranks are started afresh by the fork server, and import this module)."""
     module_call = sharded._module_call
 
     def patched(module, step_id, mode):
         call = module_call(module, step_id, mode)
-        if step_id != step:
+        if step_id != step or rank != failing:
             return call
 
-        def failing(*args):
-            if torch.distributed.get_rank() == rank:
-                failure()
-            return call(*args)
+        def failing_call(*inputs):
+            failure()
+            return call(*inputs)
 
-        return failing
+        return failing_call
 
-    return patched
+    sharded._module_call = patched
+    sharded.run_rank(rank, *args)
 
 
 def _raise():
     raise ValueError("a broken rank")
 
 
+def _hang():
+    time.sleep(600)
+
+
 def test_a_rank_that_raises_ends_the_run_at_its_step_and_leaves_no_process(tp_file, monkeypatch):
-    monkeypatch.setattr(sharded, "_module_call", _failing_in("out", 1, _raise))
+    monkeypatch.setattr(tracer.distributed, "run_rank", functools.partial(_rank_failing_in, "out", 1, _raise))
     with pytest.raises(TracerError) as caught:
         tracer.run_parallel(tp_file, world=2, timeout=30)
     message = str(caught.value)
@@ -352,7 +363,9 @@ def test_a_rank_that_raises_ends_the_run_at_its_step_and_leaves_no_process(tp_fi
 
 
 def test_a_rank_that_hangs_ends_the_run_within_the_timeout_and_leaves_no_process(tp_file, monkeypatch):
-    monkeypatch.setattr(sharded, "_module_call", _failing_in("q", 1, lambda: time.sleep(600)))  # the first step: reached at once
+    monkeypatch.setattr(
+        tracer.distributed, "run_rank", functools.partial(_rank_failing_in, "q", 1, _hang)
+    )  # the first step: reached at once
     start = time.monotonic()
     with pytest.raises(TracerError) as caught:
         tracer.run_parallel(tp_file, world=2, timeout=3)
@@ -362,7 +375,7 @@ def test_a_rank_that_hangs_ends_the_run_within_the_timeout_and_leaves_no_process
 
 
 def _exported_rank(rank: int, source: str, port: int, folder: str) -> None:
-    """A forked rank: the exported module built at the mesh's degree, sharded by its own
+    """A rank: the exported module built at the mesh's degree, sharded by its own
     parallelize(), run on this rank's sequence shard, its output gathered by DTensor."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import DTensor, Shard
@@ -390,9 +403,7 @@ def test_the_exported_module_sharded_by_its_parallelize_on_two_ranks_equals_the_
     assert whole.state_dict().keys() == tracer.to_module(pipeline).state_dict().keys()  # param ids, W_q not q.weight
     assert_module_equals_trace(whole, pipeline.run(keep_values=True))  # loads a state_dict keyed by param ids
     store = torch.distributed.TCPStore("127.0.0.1", 0, 2, is_master=True, wait_for_workers=False)
-    context = _start(_exported_rank, (source, store.port, str(tmp_path)), 2, "fork")
-    while not context.join():
-        pass
+    torch.multiprocessing.start_processes(_exported_rank, (source, store.port, str(tmp_path)), nprocs=2, start_method="forkserver")
     expected = whole(torch.randn(2, 4, 8, generator=torch.Generator().manual_seed(5)))
     for rank in range(2):
         assert torch.allclose(torch.load(tmp_path / f"rank{rank}.pt"), expected, atol=1e-5, rtol=0)
@@ -418,14 +429,14 @@ def test_the_command_line_refuses_what_a_world_run_does_not_do(tp_file):
     assert done.returncode == 2 and "expected a number of seconds above 0" in done.stderr
 
 
-def test_a_rank_dies_with_its_launcher_however_the_launcher_dies():
-    """run_rank asks the kernel for it first thing (PR_SET_PDEATHSIG): a launcher killed by
-    SIGKILL, which runs no cleanup, leaves no rank behind. Plain processes here, no torch."""
+def test_a_rank_dies_with_its_parent_however_the_parent_dies():
+    """run_rank asks the kernel for it first thing (PR_SET_PDEATHSIG): a parent killed by SIGKILL,
+    which runs no cleanup, leaves no rank behind. Plain processes here, no torch."""
     ready_read, ready_write = os.pipe()
     launcher = os.fork()
     if launcher == 0:
         if os.fork() == 0:  # the rank
-            sharded._die_with_launcher(os.getppid())
+            sharded._die_with_parent()
             os.write(ready_write, b"1")
             time.sleep(60)
         time.sleep(60)
@@ -440,32 +451,47 @@ def test_a_rank_dies_with_its_launcher_however_the_launcher_dies():
     assert alive == []
 
 
-def _collect(rank: int, folder: str) -> None:
-    """A rank that, as gloo does, starts threads of its own, then runs the collector."""
-    for _ in range(4):
-        threading.Thread(target=time.sleep, args=(2,), daemon=True).start()
-    gc.collect()
-    (Path(folder) / f"rank{rank}").write_text("done")
+LAUNCHER = """\
+import functools, sys
+import tracer, tracer.distributed
+from tests.runtime.test_parallel_run import _hang, _rank_failing_in
+
+print("started", flush=True)  # once: the ranks never run this script again
+if sys.argv[2] == "hang":
+    tracer.distributed.run_rank = functools.partial(_rank_failing_in, "q", 1, _hang)
+run = tracer.run_parallel(sys.argv[1], world=2, timeout=600)
+print(run.summary())
+"""
 
 
-def test_a_forked_rank_never_frees_what_it_inherited(tmp_path):
-    """A TCPStore left as garbage in the launching process (a traceback's frame keeps one) is
-    freed by nobody in a rank: its destructor would join a server thread the fork did not copy."""
-    gc.disable()
+def _launcher(tmp_path, tp_file, how: str) -> subprocess.Popen:
+    """A script that calls run_parallel with no ``if __name__ == "__main__":`` guard."""
+    script = tmp_path / "launch.py"
+    script.write_text(LAUNCHER)
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    return subprocess.Popen([sys.executable, str(script), str(tp_file), how], cwd=tmp_path, env=env, stdout=subprocess.PIPE, text=True)
+
+
+def test_a_script_without_a_main_guard_runs_once_and_its_ranks_run_only_tracer(tmp_path, tp_file):
+    launcher = _launcher(tmp_path, tp_file, "run")
+    out, _ = launcher.communicate(timeout=120)
+    assert launcher.returncode == 0 and out.count("started") == 1
+    assert "collective: all_reduce ×1 in step 'out' over 2 ranks" in out
+
+
+def test_no_rank_outlives_a_launcher_killed_by_sigkill(tmp_path, tp_file):
+    """The ranks' parent is the fork server, which exits when its launcher does; then the kernel
+    ends the ranks (PR_SET_PDEATHSIG)."""
+    launcher = _launcher(tmp_path, tp_file, "hang")
     try:
-        cycle = [torch.distributed.TCPStore("127.0.0.1", 0, 1, is_master=True, wait_for_workers=False)]
-        cycle.append(cycle)
-        del cycle
-        context = _start(_collect, (str(tmp_path),), 2, "fork")
+        assert launcher.stdout.readline() == "started\n"
+        deadline = time.monotonic() + 60
+        while len(psutil.Process(launcher.pid).children(recursive=True)) < 4 and time.monotonic() < deadline:  # server, tracker, 2 ranks
+            time.sleep(0.05)
+        started = psutil.Process(launcher.pid).children(recursive=True)
+        assert len(started) >= 4
     finally:
-        gc.enable()
-    try:
-        deadline = time.monotonic() + 20
-        while not context.join(timeout=0.1) and time.monotonic() < deadline:
-            pass
-        assert sorted(path.name for path in tmp_path.iterdir()) == ["rank0", "rank1"]
-    finally:
-        for process in context.processes:
-            process.kill()
-            process.join()
-        gc.collect()
+        launcher.kill()
+        launcher.wait()
+    _, alive = psutil.wait_procs(started, timeout=15)
+    assert alive == []

@@ -25,12 +25,12 @@ from __future__ import annotations
 
 import ctypes
 import datetime
-import importlib
 import os
 import signal
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from multiprocessing import forkserver
 from typing import Any
 
 from ..analysis.parallel import PlanEntry, parse_placement, placements_of, resolved_plan
@@ -44,8 +44,10 @@ from .tensors import create_tensors
 
 PR_SET_PDEATHSIG = 1  # prctl(2): the signal a process gets when its parent dies
 GROUP_TIMEOUT = datetime.timedelta(seconds=600)  # a collective waiting longer fails; the launcher's --timeout ends runs sooner
-RANK_MODULES = (
+RANK_MODULES = (  # imported once, by the fork server, before it forks any rank
+    "torch._dynamo",  # DTensor's dispatch imports it on a rank's first step: a second each
     "torch.distributed._functional_collectives",
+    "torch.distributed.tensor.debug",
     "torch.distributed.device_mesh",
     "torch.distributed.tensor.parallel",
     "torch.distributed.tensor.experimental._context_parallel._attention",
@@ -74,7 +76,7 @@ class CollectiveEvent:
 
 @dataclass(frozen=True)
 class RankJob:
-    """Everything a rank needs, made by the launching process (picklable for spawn)."""
+    """Everything a rank needs, made by the launching process (sent to each rank pickled)."""
 
     spec: PipelineSpec
     source: SourceMap
@@ -82,7 +84,7 @@ class RankJob:
     seed: int
     device: str
     mesh: tuple[tuple[str, int], ...]  # mesh dim -> degree, outermost first
-    analysis: Analysis | None = field(default=None, compare=False)  # the launcher's, inherited by forked ranks (spawn: made again)
+    analysis: Analysis | None = field(default=None, compare=False)  # the launcher's; a rank is sent none and makes its own
 
     def reference(self) -> Analysis:
         return self.analysis if self.analysis is not None else analyze(self.spec, self.source, self.dims)
@@ -150,18 +152,17 @@ def _ring_unsupported(analysis: Analysis, node) -> str | None:
 # ---------------------------------------------------------------- in the rank's process
 
 
-def run_rank(rank: int, job: RankJob, launcher: int, port: int, folder: str, progress) -> None:
+def run_rank(rank: int, job: RankJob, port: int, folder: str, progress) -> None:
     """The body of rank ``rank``'s process: join the group at the launcher's store, run the rank's
     program, save its result in ``folder``. ``progress[rank]`` is the index of the step it is in
-    (-1 while it joins), for the launcher's message when it fails or hangs; ``launcher`` is the
-    launching process's id."""
+    (-1 while it joins), for the launcher's message when it fails or hangs."""
     import torch.distributed as dist
 
     torch = torch_module()
     progress[rank] = -1
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a forked rank keeps no handler of the launching program (tracer's CLI has one)
-    _die_with_launcher(launcher)
-    torch.set_num_threads(1)  # as torchrun's OMP_NUM_THREADS=1: a forked rank must not enter its parent's thread pool
+    _release_fork_server()
+    _die_with_parent()
+    torch.set_num_threads(1)  # as torchrun's OMP_NUM_THREADS=1: N ranks on one machine, each not as many threads as cores
     store = dist.TCPStore("127.0.0.1", port, job.world, is_master=False, timeout=GROUP_TIMEOUT)
     cuda = job.device == "cuda"
     device = f"cuda:{rank % torch.cuda.device_count()}" if cuda else job.device
@@ -174,14 +175,27 @@ def run_rank(rank: int, job: RankJob, launcher: int, port: int, folder: str, pro
         dist.destroy_process_group()
 
 
-def _die_with_launcher(launcher: int) -> None:
-    """On Linux, the kernel kills this rank when the process that launched it dies, however it
-    dies (SIGKILL included): no rank outlives its run (PR_SET_PDEATHSIG)."""
+def _die_with_parent() -> None:
+    """On Linux, the kernel kills this rank when its parent dies, however it dies (SIGKILL
+    included; PR_SET_PDEATHSIG). The parent is multiprocessing's fork server, which exits when its
+    launcher does (``_release_fork_server``): no rank outlives its launcher."""
     if not sys.platform.startswith("linux"):
         return
+    parent = os.getppid()
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    if os.getppid() != launcher:  # it died before the request was made
+    if os.getppid() != parent:  # it died before the request was made
         os._exit(1)
+
+
+def _release_fork_server() -> None:
+    """The fork server exits when no process holds its "alive" pipe any more: the launching
+    process, and every process the server forked, which is given a copy so that it could start
+    processes of its own. A rank starts none: closing its copy leaves the server's life the
+    launcher's."""
+    alive = forkserver._forkserver._forkserver_alive_fd
+    if alive is not None:
+        os.close(alive)
+        forkserver._forkserver._forkserver_alive_fd = None
 
 
 def _rank_program(rank: int, job: RankJob, device: str, progress) -> RankResult:
@@ -387,12 +401,9 @@ _MODE: list = []
 def collective_mode():
     """CommDebugMode that also keeps each collective's step, op, tensor size and group size (the
     counts are torch's own; the sizes are read from the tensor each collective is called with).
-    Made once, with every torch.distributed module a rank uses imported: a forked rank starts
-    with them."""
+    Made once per process."""
     if _MODE:
         return _MODE[0]
-    for name in RANK_MODULES:
-        importlib.import_module(name)
     from torch.distributed.tensor.debug import CommDebugMode
 
     class CollectiveMode(CommDebugMode):
