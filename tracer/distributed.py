@@ -19,6 +19,7 @@ import contextlib
 import json
 import logging
 import math
+import multiprocessing
 import sys
 import tempfile
 import time
@@ -40,7 +41,8 @@ from .runtime.sharded import RANK_MODULES, CollectiveEvent, RankJob, RankResult,
 
 TOLERANCE = 1e-5  # the gathered outputs against the single-device run's
 _POLL = 0.02  # seconds between looks at the ranks while they run
-START = "forkserver"  # how the ranks are started (see the module's doc)
+# how the ranks are started (see the module's doc); Windows has no fork server: spawn, each rank importing torch
+START = "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
 
 
 @dataclass
@@ -230,6 +232,8 @@ def _at_step(analysis: Analysis, node, code: str, message: str) -> Diagnostic:
 def _start_fork_server() -> None:
     """The process that forks the ranks, started now if it isn't running, with what every rank
     imports imported once (it returns at once: the server imports them on its own)."""
+    if START != "forkserver":
+        return
     from multiprocessing import forkserver
 
     forkserver.set_forkserver_preload([*RANK_MODULES, "tracer.runtime.sharded"])
