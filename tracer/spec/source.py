@@ -5,10 +5,11 @@ but plain scalars), then walk it ourselves. That walk is where the file format's
 only the standard YAML tags are accepted (``!!python/...`` is refused), duplicate keys are
 errors, and the number of nodes produced is capped so alias bombs cannot expand.
 
-Most files are read without positions: one pass over libyaml's events builds the values, and
-gives up at anything the careful walk would refuse or that it alone handles (an alias, a tag, a
-duplicate key, a control character, too deep, too many values). Positions are found when first
-asked for, by the careful walk over the same text: a file that checks clean never needs them.
+Most files take a faster road to the same values: one pass over libyaml's events, which gives
+up at anything the careful walk would refuse or that it alone handles (an alias, a tag, a
+duplicate key, a control character, too deep, too many values), leaving the text to it. That
+pass records no positions: they are found when first asked for, by the same pass over the same
+text, recording them; a file that checks clean never needs them.
 """
 
 from __future__ import annotations
@@ -124,8 +125,9 @@ class SourceMap:
         return self._keys
 
     def _find_positions(self) -> None:
+        """The text was read in one pass already (``_plain_values``): read it again, recording."""
         self._values, self._keys = {}, {}
-        _Walker(self).convert(_composed(self._text, self.file), (), 0)
+        _plain_values(self._text, self)
 
     def locate(self, path: tuple, prefer_key: bool = False) -> Position | None:
         """The position of ``path``, or of its nearest ancestor that has one."""
@@ -211,18 +213,19 @@ class _Careful(Exception):
     """Raised inside the fast reading: leave this text to the careful walk."""
 
 
-def _plain_values(text: str) -> Any:
+def _plain_values(text: str, source: SourceMap | None = None) -> Any:
     """The values of a document that holds plain data only, read in one pass over libyaml's events
-    without positions (about half the careful walk's time); ``_CAREFUL`` for anything else: an
-    alias, a tag, a duplicate or odd key, a control character or too long a number, too deep or too
-    many values, several documents or none, invalid YAML. The careful walk reads those and says
-    what is wrong where, so that both readings agree on every text they both accept."""
+    (about half the careful walk's time), with their positions recorded into ``source`` when one is
+    given; ``_CAREFUL`` for anything else: an alias, a tag, a duplicate or odd key, a control
+    character or too long a number, too deep or too many values, several documents or none,
+    invalid YAML. The careful walk reads those and says what is wrong where, so that both readings
+    agree on every text they both accept (values and positions)."""
     loader = _Loader(text)
     try:
         events = loader.get_event
         if not isinstance(events(), yaml.StreamStartEvent) or not isinstance(events(), yaml.DocumentStartEvent):
             return _CAREFUL
-        data = _EventReader(loader).value(events(), 0, one_line=False)
+        data = _EventReader(loader, source).value(events(), (), 0, one_line=False)
         if data is None or not isinstance(events(), yaml.DocumentEndEvent) or not isinstance(events(), yaml.StreamEndEvent):
             return _CAREFUL
         return data
@@ -234,29 +237,32 @@ def _plain_values(text: str) -> Any:
 
 class _EventReader:
     """Values from an event stream: what ``_Walker`` makes of the same document, refusing the same
-    things (by giving up, see ``_plain_values``)."""
+    things (by giving up, see ``_plain_values``), and recording the same positions into ``source``."""
 
-    def __init__(self, loader: Any):
+    def __init__(self, loader: Any, source: SourceMap | None):
         self.loader, self.next_event, self.count = loader, loader.get_event, 0
+        self.values, self.keys = (source._values, source._keys) if source is not None else (None, None)
 
-    def value(self, event: yaml.Event, depth: int, one_line: bool) -> Any:
+    def value(self, event: yaml.Event, path: tuple, depth: int, one_line: bool) -> Any:
         self.count += 1
         if self.count > MAX_NODES or depth > MAX_DEPTH:
             raise _Careful
+        if self.values is not None:
+            self.values.setdefault(path, _mark(event))
         kind = type(event)
         if kind is yaml.ScalarEvent:
             return self.scalar(event, one_line)
         if kind is yaml.MappingStartEvent and event.tag in _MAP_TAGS:
-            return self.mapping(depth)
+            return self.mapping(path, depth)
         if kind is yaml.SequenceStartEvent and event.tag in _SEQ_TAGS:
             items, event = [], self.next_event()
             while type(event) is not yaml.SequenceEndEvent:
-                items.append(self.value(event, depth + 1, one_line=False))
+                items.append(self.value(event, path + (len(items),), depth + 1, one_line=False))
                 event = self.next_event()
             return items
         raise _Careful  # an alias, or a collection with a tag of its own
 
-    def mapping(self, depth: int) -> dict:
+    def mapping(self, path: tuple, depth: int) -> dict:
         result: dict = {}
         event = self.next_event()
         while type(event) is not yaml.MappingEndEvent:
@@ -265,7 +271,9 @@ class _EventReader:
             key = self.scalar(event, one_line=True)
             if not isinstance(key, (str, int)) or isinstance(key, bool) or key in result:
                 raise _Careful
-            result[key] = self.value(self.next_event(), depth + 1, one_line=key in _ONE_LINE_FIELDS)
+            if self.keys is not None:
+                self.keys[path + (key,)] = _mark(event)
+            result[key] = self.value(self.next_event(), path + (key,), depth + 1, one_line=key in _ONE_LINE_FIELDS)
             event = self.next_event()
         return result
 
@@ -282,6 +290,10 @@ class _EventReader:
         if isinstance(value, str) and control_problem(value, one_line):
             raise _Careful
         return value
+
+
+def _mark(event: yaml.Event) -> Position:
+    return Position(event.start_mark.line + 1, event.start_mark.column + 1)
 
 
 def _check_line_breaks(text: str, name: str) -> None:
