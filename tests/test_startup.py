@@ -50,3 +50,18 @@ def test_the_pytest_plugin_loads_no_file_format_until_a_pipeline_is_collected_or
     )
     code = f"import tracer.pytest_plugin, tracer.testing; print({heavy})"
     assert _run(code) == "[]"
+
+
+def test_checking_a_clean_file_finds_no_positions_and_a_second_check_no_quotient():
+    """What an editor pays on save: a file with nothing to report walks no positions, and a
+    second check (the same dims) divides no dims again: the quotients are kept per process."""
+    from tracer.analysis.shapes import analyze
+    from tracer.core import symbolic
+    from tracer.spec.load import load_spec
+
+    path = PIPELINES / "models" / "llama_decoder_layer.yaml"
+    spec, source = load_spec(path)
+    assert analyze(spec, source).diagnostics == () and source._values is None
+    misses = symbolic._over.cache_info().misses
+    analyze(*load_spec(path))
+    assert symbolic._over.cache_info().misses == misses

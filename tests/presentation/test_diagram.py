@@ -123,6 +123,7 @@ def test_collapse_a_block_by_path_prefix_or_glob(stack_trace):
     assert repeated_blocks(shared_pipeline(STACK)) == ["layers/*"]  # how the gallery draws it
     per_copy, dot = collapsed("layers/*")
     assert len(per_copy) == 48 and all(f"{steps_per_layer} steps and" in line for line in per_copy)
+    assert not any("×" in line for line in per_copy)  # one copy each: none is 'layers ×48'
     assert "(B, T, d_model) → (B, T, d_model)" in per_copy[0] and "[2, 8, 16] → [2, 8, 16]" in per_copy[0]
     chain = {(t, h) for t, h, _ in edges(dot)}
     assert ("x", "group@0") in chain and ("group@0", "group@1") in chain and ("group@47", "output@layers/47/out") in chain
@@ -189,7 +190,7 @@ def test_render_depth_draws_each_group_that_deep_as_one_node_with_its_shapes(tmp
     assert drawn("--depth", "1") == drawn("--collapse", "*")
     per_copy = [node.split(" [label= ")[1].split(" > ")[0] for node in drawn("--depth", "2", "--no-legend")]
     assert per_copy[1:3] == [
-        f"layers/0 25 steps and 16 params collapsed layers ×4 {shapes}",
+        f"layers/0 25 steps and 16 params collapsed {shapes}",  # one copy: not 'layers ×4'
         f"×3 layers/1 … layers/3 copies 1–3 of 4 of blocks/encoder_layer.yaml, each like layers/0 75 steps and 48 params folded {shapes}",
     ]
     assert len(drawn("--depth", "3")) > 25  # no group is 3 levels deep: every step drawn, and no error

@@ -30,7 +30,7 @@ from ..steps.positions import Alibi, RelativeBias, Rope
 from ..steps.products import Bmm, Matmul
 from ..steps.projection import Linear
 from ..steps.routing import Gather, Moe, Scatter, Topk
-from .graph import Node
+from .graph import Node, Out
 
 #: a kind's cost function: (step, its inputs' metas in the kernel's order, its records' metas) -> number
 Cost = Callable[[object, list[Meta], list[Meta]], int]
@@ -39,10 +39,11 @@ _WORKSPACE: dict[type, Cost] = {}
 _KEPT: dict[type, Cost] = {}
 
 
-def flops(node: Node, ins: list[Meta]) -> int:
-    """The FLOPs of a node's kernel (0 for a kind without a formula)."""
-    cost = _FLOPS.get(type(node.step))
-    return cost(node.step, ins, [out.meta for out in node.outs]) if cost else 0
+def flops(step: object, ins: list[Meta], outs: tuple[Out, ...]) -> int:
+    """The FLOPs of a step's kernel from its records (0 for a kind without a formula): the shape
+    pass counts them as it makes the node."""
+    cost = _FLOPS.get(type(step))
+    return cost(step, ins, [out.meta for out in outs]) if cost else 0
 
 
 def workspace(node: Node, ins: list[Meta]) -> int:

@@ -456,8 +456,8 @@ class _ShapePass:
             outs.append(out)
         if form == CHAIN:
             self.values[step.id] = outs[-1].id
-        done = replace(node, reads=inputs, outs=tuple(outs), form=form)
-        return replace(done, flops=costs.flops(done, reads))
+        outs = tuple(outs)
+        return replace(node, reads=inputs, outs=outs, form=form, flops=costs.flops(step, reads, outs))
 
     def _value(self, ref: str) -> str:
         """The record a reference reads: a composite step's id reads its last inner record."""

@@ -69,11 +69,7 @@ class Poly:
 
     def divide(self, other: Poly) -> Poly | None:
         """Exact division by a single monomial; ``None`` when ``other`` is a sum."""
-        if len(other.terms) != 1:
-            return None
-        mono, coeff = other.terms[0]
-        inverse = tuple((name, -exp) for name, exp in mono)
-        return _collect([(_mono_mul(m, inverse), c / coeff) for m, c in self.terms])
+        return _over(self, other)
 
     @property
     def constant(self) -> Fraction | None:
@@ -87,8 +83,9 @@ class Poly:
         return _format(self)
 
 
-# A 48-layer stack repeats the same few products thousands of times; the polys are immutable,
-# so each distinct sum, product and text is computed once per process.
+# A 48-layer stack repeats the same few products thousands of times, and a check of many files the
+# same quotients (a view's lint divides its dims by each other); the polys are immutable, so each
+# distinct sum, product, quotient and text is computed once per process.
 @lru_cache(maxsize=8192)
 def _plus(a: Poly, b: Poly) -> Poly:
     return _collect(list(a.terms) + list(b.terms))
@@ -97,6 +94,15 @@ def _plus(a: Poly, b: Poly) -> Poly:
 @lru_cache(maxsize=8192)
 def _times(a: Poly, b: Poly) -> Poly:
     return _collect([(_mono_mul(m1, m2), c1 * c2) for m1, c1 in a.terms for m2, c2 in b.terms])
+
+
+@lru_cache(maxsize=8192)
+def _over(a: Poly, b: Poly) -> Poly | None:
+    if len(b.terms) != 1:
+        return None
+    mono, coeff = b.terms[0]
+    inverse = tuple((name, -exp) for name, exp in mono)
+    return _collect([(_mono_mul(m, inverse), c / coeff) for m, c in a.terms])
 
 
 @lru_cache(maxsize=8192)

@@ -384,8 +384,13 @@ class _Builder:
         graph.node(self.group_nodes[group], _rows(lines + shapes), **self._link("group=" + group), **STYLES["collapsed"])
 
     def _covered_by(self, group: str) -> set[str]:
-        """The repeat markers whose every copy this collapsed group holds."""
-        return {f.key for f in self.repeated.values() if self.fold.get(self._first_step(f.shown) or "") == group}
+        """The repeat markers whose every copy this collapsed group holds (a group of one copy,
+        ``layers/0``, holds none: it is not ``layers ×4``)."""
+        return {
+            f.key
+            for f in self.repeated.values()
+            if self._collapsed_whole(f, self.fold) and self.fold.get(self._first_step(f.shown) or "") == group
+        }
 
     def _used_outside(self, step_id: str, inside: set[str]) -> bool:
         users = {node.id for node in self.analysis.users(step_id)}

@@ -66,8 +66,16 @@ class ExpandedSource(SourceMap):
     """The including file's positions, with expanded steps and params routed to their own files."""
 
     def __init__(self, base: SourceMap, routes: dict[tuple, tuple[SourceMap, tuple, str | None]]):
-        super().__init__(base.file, base.values, dict(base.keys))
-        self.routes = routes
+        super().__init__(base.file)
+        self.base, self.routes = base, routes
+
+    @property
+    def values(self):  # the including file's, found when first asked for
+        return self.base.values
+
+    @property
+    def keys(self):
+        return self.base.keys
 
     def locate(self, path: tuple, prefer_key: bool = False):
         route = self.routes.get(tuple(path)[:2])

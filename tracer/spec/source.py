@@ -4,6 +4,12 @@ We compose the YAML node graph with PyYAML's safe composer (never its constructo
 but plain scalars), then walk it ourselves. That walk is where the file format's safety lives:
 only the standard YAML tags are accepted (``!!python/...`` is refused), duplicate keys are
 errors, and the number of nodes produced is capped so alias bombs cannot expand.
+
+Most files take a faster road to the same values: one pass over libyaml's events, which gives
+up at anything the careful walk would refuse or that it alone handles (an alias, a tag, a
+duplicate key, a control character, too deep, too many values), leaving the text to it. That
+pass records no positions: they are found when first asked for, by the same pass over the same
+text, recording them; a file that checks clean never needs them.
 """
 
 from __future__ import annotations
@@ -11,7 +17,6 @@ from __future__ import annotations
 import os
 import re
 import stat
-from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -97,13 +102,32 @@ def _scalar(tag: str, text: str) -> Any:
     return _construct_cached(tag, text) if len(text) <= MAX_CACHED_SCALAR else _construct(tag, text)
 
 
-@dataclass
 class SourceMap:
-    """Positions of the keys and values of one loaded document, addressed by path."""
+    """Positions of the keys and values of one loaded document, addressed by path; given ``text``,
+    they are found when first asked for (``values``, ``keys``, ``locate``)."""
 
-    file: str
-    values: dict[tuple, Position] = field(default_factory=dict)
-    keys: dict[tuple, Position] = field(default_factory=dict)
+    def __init__(self, file: str, values: dict | None = None, keys: dict | None = None, text: str | None = None):
+        self.file = file
+        self._text = text
+        self._values = values if values is not None or text is not None else {}
+        self._keys = keys if keys is not None or text is not None else {}
+
+    @property
+    def values(self) -> dict[tuple, Position]:
+        if self._values is None:
+            self._find_positions()
+        return self._values
+
+    @property
+    def keys(self) -> dict[tuple, Position]:
+        if self._keys is None:
+            self._find_positions()
+        return self._keys
+
+    def _find_positions(self) -> None:
+        """The text was read in one pass already (``_plain_values``): read it again, recording."""
+        self._values, self._keys = {}, {}
+        _plain_values(self._text, self)
 
     def locate(self, path: tuple, prefer_key: bool = False) -> Position | None:
         """The position of ``path``, or of its nearest ancestor that has one."""
@@ -140,6 +164,14 @@ def parse_document(text: str, name: str = "<string>") -> tuple[Any, SourceMap]:
     if not text.strip():
         raise TracerError(Diagnostic(name, Position(1, 1), "empty-file", "the file is empty; a pipeline needs at least 'name' and 'steps'"))
     _check_line_breaks(text, name)
+    data = _plain_values(text)
+    if data is not _CAREFUL:
+        return data, SourceMap(name, text=text)
+    return _Walker(source).convert(_composed(text, name), (), 0), source
+
+
+def _composed(text: str, name: str) -> yaml.Node:
+    """The one document of ``text`` as a node graph; every problem a located ``TracerError``."""
     _check_depth(text, name)
     try:
         nodes = list(yaml.compose_all(text, Loader=_Loader))
@@ -169,8 +201,99 @@ def parse_document(text: str, name: str = "<string>") -> tuple[Any, SourceMap]:
         raise TracerError(
             Diagnostic(name, _pos(nodes[1]), "yaml-multi-doc", "expected one YAML document, found several (remove the '---' separators)")
         )
-    walker = _Walker(source)
-    return walker.convert(nodes[0], (), 0), source
+    return nodes[0]
+
+
+_CAREFUL = object()  # what _plain_values returns for a text that the careful walk must read
+_MAP_TAGS = (None, "!", _MAP_TAG)  # an implicit tag ("!": non-specific) resolves to the standard one
+_SEQ_TAGS = (None, "!", _SEQ_TAG)
+
+
+class _Careful(Exception):
+    """Raised inside the fast reading: leave this text to the careful walk."""
+
+
+def _plain_values(text: str, source: SourceMap | None = None) -> Any:
+    """The values of a document that holds plain data only, read in one pass over libyaml's events
+    (about half the careful walk's time), with their positions recorded into ``source`` when one is
+    given; ``_CAREFUL`` for anything else: an alias, a tag, a duplicate or odd key, a control
+    character or too long a number, too deep or too many values, several documents or none,
+    invalid YAML. The careful walk reads those and says what is wrong where, so that both readings
+    agree on every text they both accept (values and positions)."""
+    loader = _Loader(text)
+    try:
+        events = loader.get_event
+        if not isinstance(events(), yaml.StreamStartEvent) or not isinstance(events(), yaml.DocumentStartEvent):
+            return _CAREFUL
+        data = _EventReader(loader, source).value(events(), (), 0, one_line=False)
+        if data is None or not isinstance(events(), yaml.DocumentEndEvent) or not isinstance(events(), yaml.StreamEndEvent):
+            return _CAREFUL
+        return data
+    except (_Careful, yaml.YAMLError, RecursionError):
+        return _CAREFUL
+    finally:
+        loader.dispose()
+
+
+class _EventReader:
+    """Values from an event stream: what ``_Walker`` makes of the same document, refusing the same
+    things (by giving up, see ``_plain_values``), and recording the same positions into ``source``."""
+
+    def __init__(self, loader: Any, source: SourceMap | None):
+        self.loader, self.next_event, self.count = loader, loader.get_event, 0
+        self.values, self.keys = (source._values, source._keys) if source is not None else (None, None)
+
+    def value(self, event: yaml.Event, path: tuple, depth: int, one_line: bool) -> Any:
+        self.count += 1
+        if self.count > MAX_NODES or depth > MAX_DEPTH:
+            raise _Careful
+        if self.values is not None:
+            self.values.setdefault(path, _mark(event))
+        kind = type(event)
+        if kind is yaml.ScalarEvent:
+            return self.scalar(event, one_line)
+        if kind is yaml.MappingStartEvent and event.tag in _MAP_TAGS:
+            return self.mapping(path, depth)
+        if kind is yaml.SequenceStartEvent and event.tag in _SEQ_TAGS:
+            items, event = [], self.next_event()
+            while type(event) is not yaml.SequenceEndEvent:
+                items.append(self.value(event, path + (len(items),), depth + 1, one_line=False))
+                event = self.next_event()
+            return items
+        raise _Careful  # an alias, or a collection with a tag of its own
+
+    def mapping(self, path: tuple, depth: int) -> dict:
+        result: dict = {}
+        event = self.next_event()
+        while type(event) is not yaml.MappingEndEvent:
+            if type(event) is not yaml.ScalarEvent:
+                raise _Careful
+            key = self.scalar(event, one_line=True)
+            if not isinstance(key, (str, int)) or isinstance(key, bool) or key in result:
+                raise _Careful
+            if self.keys is not None:
+                self.keys[path + (key,)] = _mark(event)
+            result[key] = self.value(self.next_event(), path + (key,), depth + 1, one_line=key in _ONE_LINE_FIELDS)
+            event = self.next_event()
+        return result
+
+    def scalar(self, event: yaml.ScalarEvent, one_line: bool) -> Any:
+        tag = event.tag
+        if tag is None or tag == "!":
+            tag = self.loader.resolve(yaml.ScalarNode, event.value, event.implicit)
+        if tag not in _SCALAR_TAGS or (tag in _NUMBER_TAGS and len(event.value) > MAX_NUMBER_TEXT):
+            raise _Careful
+        try:
+            value = _scalar(tag, event.value)
+        except (yaml.YAMLError, ValueError, OverflowError, LookupError, TypeError):
+            raise _Careful from None
+        if isinstance(value, str) and control_problem(value, one_line):
+            raise _Careful
+        return value
+
+
+def _mark(event: yaml.Event) -> Position:
+    return Position(event.start_mark.line + 1, event.start_mark.column + 1)
 
 
 def _check_line_breaks(text: str, name: str) -> None:
