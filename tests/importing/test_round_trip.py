@@ -88,3 +88,14 @@ def test_a_split_in_an_exported_block_keeps_its_dotted_output_names(tmp_path):
     assert _exported_outputs(str(module), line) == ["h.0.q", "h.0.k", "other"]
     (tmp_path / "own.py").write_text("import torch\n")  # a module tracer did not write: names as assigned
     assert _exported_outputs(str(tmp_path / "own.py"), line) == ["h_0_q", "h_0_k", "other"]
+
+
+def test_the_kv_cache_decode_step_comes_back_reading_its_rotary_table_at_the_offset(tmp_path):
+    """Its rotary table starts at position ``past``: no rope step of the capture's constants computes
+    it, so it comes back as the table itself, a param holding its values, read by the rotation's ops."""
+    pipeline, back = _round_trip(PIPELINES / "models/kv_cache_decode.yaml", tmp_path)
+    tables = {name: decl for name, decl in back.spec.params.items() if decl.values is not None}
+    assert set(tables) == {"cos", "sin"} and all(d.buffer and "computed at import by" in d.note for d in tables.values())
+    assert not [d for d in back.check().diagnostics]
+    found = diff(pipeline, back, values=True)
+    assert found.compared_values and found.diverges is None

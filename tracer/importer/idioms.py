@@ -43,6 +43,7 @@ class Idiom:
     kind: str
     node: torch.fx.Node
     facts: dict[str, Any] = field(default_factory=dict)
+    inner: list[torch.fx.Node] = field(default_factory=list)  # the nodes it stands for, in graph order
 
 
 class Graph:
@@ -98,8 +99,14 @@ class Graph:
 
     def claim(self, idiom: Idiom, inner) -> None:
         """Record an idiom; its inner nodes make no step of their own."""
+        idiom.inner = sorted({*inner, idiom.node}, key=self.order.__getitem__)
         self.idioms[idiom.node] = idiom
         self.consumed.update(n for n in inner if n is not idiom.node)
+
+    @functools.cached_property
+    def order(self) -> dict[torch.fx.Node, int]:
+        """Each node's place in the graph (canonicalised once, in ``__init__``)."""
+        return {n: i for i, n in enumerate(self.fx.nodes)}
 
     def find_idioms(self) -> None:
         for kind, pattern in _patterns():

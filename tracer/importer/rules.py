@@ -66,6 +66,18 @@ ADVANCED_INDEXING = (
 UNMAPPED_HINTS = {aten.index_select.default: ADVANCED_INDEXING}
 MASKED_FILLS = (aten.masked_fill.Scalar, aten.masked_fill_.Scalar)
 SPLITS = (aten.split.Tensor, aten.split_with_sizes.default, aten.chunk.default)
+# ops that give a computed constant another shape or dtype: a step over the one declared table
+CONSTANT_VIEWS = (
+    aten.unsqueeze.default,
+    aten.view.default,
+    aten.reshape.default,
+    aten.expand.default,
+    aten.transpose.int,
+    aten.permute.default,
+    aten.slice.Tensor,
+    aten.select.int,
+    *CASTS,
+)
 
 
 @dataclass
@@ -193,11 +205,49 @@ class Translator:
             return self.names[node]
         if node in self.failed:
             raise _Downstream
-        if node in self.graph.constant:
-            raise Unmapped(
-                f"it reads '{node.name}', a tensor the module computes from constants ({_label(node)}), which tracer has no step for"
-            )
+        if node in self.graph.constant and isinstance(self.graph.values.get(node), torch.Tensor):
+            return self._computed_constant(node)
         raise _Downstream
+
+    def _computed_constant(self, node: torch.fx.Node) -> str:
+        """A tensor the module computes from constants that no idiom names (a rotary table of
+        frequencies no config reproduces, a table at an offset): a param holding its value at the
+        example (``values:``, ``buffer: true``), its ``note`` saying which module and op computed it.
+        A view or cast of another such tensor is that step of it, so every layer reads one table
+        (transformers' rotary embedding's ``cos``, unsqueezed in each layer's attention)."""
+        source = node.args[0] if node.op == "call_function" and node.target in CONSTANT_VIEWS and node.args else None
+        if isinstance(source, torch.fx.Node) and source in self.graph.constant and not _reads_tensors(node.args[1:]):
+            self.ref(source)
+            RULES[node.target](self, node)
+            return self.names[node]
+        value = self.graph.values[node]
+        line = source_line(node)
+        assigned = _assigned(line[2]) if line else []  # `cos = emb.cos()`, whatever step a line of `tracer export` is tagged with
+        name = self._unique(_join(_module_path(node), assigned[0] if len(assigned) == 1 else _op_name(node)))
+        self.params[name] = {
+            "shape": self._constant_shape(node),
+            **({} if value.dtype == torch.float32 else {"dtype": str(value.dtype).removeprefix("torch.")}),
+            "values": value.tolist(),
+            "buffer": True,
+            "note": plain_note(f"computed at import by {_provenance(node, self._line(node), type(self.module).__name__)}"),
+        }
+        self.names[node] = name
+        self.taken.add(name)
+        return name
+
+    def _constant_shape(self, node: torch.fx.Node) -> list:
+        """A computed constant's shape, each axis named as the tensor that reads it names its axis of
+        that size, aligned from the last as broadcasting aligns them: the constant follows from no input,
+        and a rotary table's width of 4 is the head width ``Dh``, not ``H`` of the same size."""
+        names, sizes = self.namer.shape(node.meta["val"]), node.meta["val"].shape
+        reader = next((u for u in node.users if isinstance(u.meta.get("val"), torch.Tensor)), None)
+        if reader is None:
+            return names
+        theirs, their_sizes = self.namer.shape(reader.meta["val"]), reader.meta["val"].shape
+        for i in range(1, min(len(sizes), len(their_sizes)) + 1):
+            if sizes[-i] == their_sizes[-i] and isinstance(theirs[-i], str):
+                names[-i] = theirs[-i]
+        return names
 
     def size(self, value, prefer: tuple[str, ...] = ()) -> int | str:
         if isinstance(value, torch.fx.Node):
@@ -760,7 +810,12 @@ class Translator:
 
     def _rope(self, idiom: Idiom):
         facts = idiom.facts
-        theta, scaling = self._rope_scaling(facts)
+        found = self._rope_scaling(facts)
+        if found is None:  # a table no rope step computes: its ops as they are, reading it as a computed constant
+            for node in idiom.inner:
+                RULES[node.target](self, node)
+            return
+        theta, scaling = found
         fields = {"op": "rope", "input": self.ref(facts["x"]), "theta": theta}
         if scaling is not None:
             fields["rope_scaling"] = scaling
@@ -770,10 +825,11 @@ class Translator:
             fields["seq_dim"] = facts["seq_dim"]
         self.emit(idiom.node, fields)
 
-    def _rope_scaling(self, facts: dict) -> tuple[float, dict]:
+    def _rope_scaling(self, facts: dict) -> tuple[float, dict | None] | None:
         """(theta, rope_scaling or None) of a rotary table: a scaling of the rope parameters of the
         config of the module that holds its ``inv_freq`` (transformers' rotary embedding), else of
-        any config, that computes the table; else plain RoPE of the theta the idiom read."""
+        any config, that computes the table; else plain RoPE of the theta the idiom read; None
+        for a table no ``rope`` step computes."""
         found = None
         if "table" in facts:
             owner = self.module.get_submodule(facts["owner"]) if facts["owner"] is not None else None
@@ -781,12 +837,6 @@ class Translator:
             found = scaling_of(facts["table"], list({id(c): c for c in configs if c is not None}.values()))
         if found is None and "theta" in facts:
             return facts["theta"], None
-        if found is None:
-            table = facts["table"]
-            raise Unmapped(
-                f"a rotary table of {table.positions} positions x {table.rotary_dim} (attention factor {table.factor:g}) whose "
-                "frequencies no rope_scaling of the module's config reproduces (linear, dynamic, llama3, yarn, longrope)"
-            )
         return found
 
     def _repeat_kv(self, idiom: Idiom):
@@ -1295,6 +1345,26 @@ def _outputs(graph: Graph) -> list[torch.fx.Node]:
     (output,) = [n for n in graph.fx.nodes if n.op == "output"]
     flat = torch.utils._pytree.tree_leaves(output.args[0])
     return [n for n in flat if isinstance(n, torch.fx.Node)]
+
+
+def _op_name(node: torch.fx.Node) -> str:
+    """``cos`` for ``aten.cos.default``: a name for what an op made."""
+    return getattr(node.target, "__name__", "constant").partition(".")[0] or "constant"
+
+
+def _reads_tensors(args) -> bool:
+    return any(isinstance(a, torch.fx.Node) and isinstance(a.meta.get("val"), torch.Tensor) for a in args)
+
+
+def _provenance(node: torch.fx.Node, line: tuple[str, int, str] | None, root: str) -> str:
+    """``module path (file:line: code), op``: where a computed constant came from."""
+    where = _module_path(node) or root
+    return f"{where} ({Path(line[0]).name}:{line[1]}: {line[2]}), {_label(node)}" if line else f"{where}, {_label(node)}"
+
+
+def plain_note(text: str) -> str:
+    """A declaration's ``note`` (at most 500 characters), one printable line."""
+    return "".join(ch if ch.isprintable() else " " for ch in text)[:500]
 
 
 def _problem(node: torch.fx.Node, message: str, line: tuple[str, int, str] | None) -> Diagnostic:
