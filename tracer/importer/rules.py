@@ -26,7 +26,7 @@ from ..presentation.export import HEADER as EXPORT_HEADER
 from ..steps.positions import alibi_slopes, t5_buckets
 from .idioms import Graph, Idiom, aten, hidden_pattern, module_stack
 from .naming import Namer
-from .rotary import scaling_of
+from .rotary import exported_parameters, scaling_of
 
 FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)\n\s+(.*)')
 # the tag `tracer export` ends each line of forward with: "  # (B, T, d_model) layer.q_proj" or "  # layer.q_proj"
@@ -834,10 +834,24 @@ class Translator:
         if "table" in facts:
             owner = self.module.get_submodule(facts["owner"]) if facts["owner"] is not None else None
             configs = [getattr(m, "config", None) for m in (owner, self.module, *self.module.modules()) if m is not None]
-            found = scaling_of(facts["table"], list({id(c): c for c in configs if c is not None}.values()))
+            written = tuple(filter(None, map(exported_parameters, self._exported_lines(facts["cos"]))))
+            found = scaling_of(facts["table"], list({id(c): c for c in configs if c is not None}.values()), written)
         if found is None and "theta" in facts:
             return facts["theta"], None
         return found
+
+    def _exported_lines(self, node: torch.fx.Node) -> list[str]:
+        """The lines of a module ``tracer export`` wrote that computed a constant: a rope's call of
+        its frequencies function, which says its scaling (the module has no config)."""
+        lines, seen, todo = {}, set(), [node]
+        while todo:
+            current = todo.pop()
+            if current in seen or current not in self.graph.constant:
+                continue
+            seen.add(current)
+            lines.update((code, None) for file, _, _, code in frames(current) if _exported_file(file))
+            todo += current.all_input_nodes
+        return list(lines)
 
     def _repeat_kv(self, idiom: Idiom):
         """GQA's ``repeat_kv(key_states, n_rep)``: named after the keys or values it repeats."""
@@ -1185,7 +1199,12 @@ def _exported_step(file: str, code: str) -> str | None:
     """The YAML step id a line of a module `tracer export` wrote ends with: its steps keep their ids
     (``layer.q_proj``, not the variable ``layer_q_proj``), so export then import gives the file back."""
     found = EXPORT_TAG.search(code)
-    return found.group(1) if found and linecache.getline(file, 1).rstrip("\n") == EXPORT_HEADER[0] else None
+    return found.group(1) if found and _exported_file(file) else None
+
+
+def _exported_file(file: str) -> bool:
+    """A module `tracer export` wrote: its first line is the export's header."""
+    return linecache.getline(file, 1).rstrip("\n") == EXPORT_HEADER[0]
 
 
 def _exported_outputs(file: str, code: str) -> list[str]:
