@@ -315,6 +315,8 @@ class Translator:
         comment = _comment(self._line(node))
         value = node.meta.get("val")
         shape = self.namer.shape(value) if isinstance(value, torch.Tensor) else None
+        if fields.get("op") in ("view", "reshape", "expand"):  # as the step writes it (`B * H`): a block's input is declared so
+            shape = fields["shape"]
         step = Step({"id": step_id, **fields}, node, comment, _layer(node), shape)
         self.steps.append(step)
         return step
@@ -1252,6 +1254,8 @@ def _merged_names(before: list, after: list, sizes_before, sizes_after) -> list:
     ``reshape(batch_size * num_heads, …)`` says it: the view keeps the dims in order."""
     written, i = list(after), 0
     for j, size in enumerate(sizes_after):
+        if size == 1 and (i == len(sizes_before) or sizes_before[i] != 1):  # an axis the view adds: Bloom's (B·H, 1, T) alibi
+            continue
         run, product = [], 1
         while i < len(sizes_before) and (not run or product < size):
             run.append(before[i])
