@@ -29,17 +29,36 @@ class Rotated(torch.nn.Module):
         half = x.shape[-1] // 2
         table = emb.cos()
         return x * table + torch.cat((-x[..., half:], x[..., :half]), -1) * emb.sin()
+
+
+class Cached(torch.nn.Module):
+    # a perturbed table held as non-persistent buffers: no state_dict entry, no frequencies at all
+    def __init__(self):
+        super().__init__()
+        generator = torch.Generator().manual_seed(0)
+        self.register_buffer("cos_cached", torch.randn(16, 8, generator=generator), persistent=False)
+        self.register_buffer("sin_cached", torch.randn(16, 8, generator=generator), persistent=False)
+
+    def forward(self, x):
+        cos, sin = self.cos_cached[: x.shape[1]], self.sin_cached[: x.shape[1]]
+        half = x.shape[-1] // 2
+        return x * cos + torch.cat((-x[..., half:], x[..., :half]), -1) * sin
 """
 
 
 @pytest.fixture(scope="module")
-def rotated(tmp_path_factory):
+def written(tmp_path_factory):
     path = tmp_path_factory.mktemp("rotated") / "rotated.py"  # a file: the steps' comments quote its lines
     path.write_text(textwrap.dedent(ROTATED))
     spec = importlib.util.spec_from_file_location("rotated", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return module.Rotated()
+    return module
+
+
+@pytest.fixture(scope="module")
+def rotated(written):
+    return written.Rotated()
 
 
 def strict_problems(pipeline) -> list[str]:
@@ -59,6 +78,17 @@ def test_a_rotary_table_no_config_explains_imports_as_its_values_and_runs_equal(
     assert "torch.ops.aten.cos.default" in tables["table"].note and "table = emb.cos()" in tables["table"].note
     # x * table + rotate_half(x) * sin, as the module writes it: no rope step computes this table
     assert "rope" not in {s.op for s in pipeline.spec.steps} and {"mul", "neg", "cat", "add"} <= {s.op for s in pipeline.spec.steps}
+
+
+def test_a_table_held_as_non_persistent_buffers_is_declared_with_their_values(written):
+    module, x = written.Cached(), torch.randn(2, 7, 8)
+    pipeline = from_module(module, x)
+    assert not strict_problems(pipeline)
+    assert difference(pipeline, module, x) <= 1e-5
+    cos = pipeline.spec.params["cos_cached"]
+    assert cos.buffer and cos.shape == [16, 8] and torch.equal(torch.tensor(cos.values), module.cos_cached)
+    assert cos.note == "Cached's tensor 'cos_cached', which its state_dict does not hold"
+    assert {"index", "mul", "neg", "cat", "add"} == {s.op for s in pipeline.spec.steps}  # cos_cached[:T]: an index of it
 
 
 @pytest.fixture(scope="module")

@@ -221,15 +221,20 @@ class Translator:
             RULES[node.target](self, node)
             return self.names[node]
         value = self.graph.values[node]
-        line = source_line(node)
-        assigned = _assigned(line[2]) if line else []  # `cos = emb.cos()`, whatever step a line of `tracer export` is tagged with
-        name = self._unique(_join(_module_path(node), assigned[0] if len(assigned) == 1 else _op_name(node)))
+        if node.op == "placeholder":  # a non-persistent buffer or a tensor attribute: held, in no state_dict
+            name = self._unique(self.graph.target(node))
+            note = f"{type(self.module).__name__}'s tensor '{self.graph.target(node)}', which its state_dict does not hold"
+        else:
+            line = source_line(node)
+            assigned = _assigned(line[2]) if line else []  # `cos = emb.cos()`, whatever step a line of `tracer export` is tagged with
+            name = self._unique(_join(_module_path(node), assigned[0] if len(assigned) == 1 else _op_name(node)))
+            note = f"computed at import by {_provenance(node, self._line(node), type(self.module).__name__)}"
         self.params[name] = {
             "shape": self._constant_shape(node),
             **({} if value.dtype == torch.float32 else {"dtype": str(value.dtype).removeprefix("torch.")}),
             "values": value.tolist(),
             "buffer": True,
-            "note": plain_note(f"computed at import by {_provenance(node, self._line(node), type(self.module).__name__)}"),
+            "note": plain_note(note),
         }
         self.names[node] = name
         self.taken.add(name)
