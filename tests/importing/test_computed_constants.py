@@ -8,6 +8,7 @@ import textwrap
 import pytest
 import torch
 
+import tracer
 from tests.conftest import tracer_cli
 from tracer.importing import difference, from_module
 
@@ -15,6 +16,8 @@ transformers = pytest.importorskip("transformers")
 
 ROTATED = """
 import torch
+
+import tracer
 
 
 class Rotated(torch.nn.Module):
@@ -131,3 +134,27 @@ def test_weights_from_the_modules_state_dict_fill_every_param_but_the_tables_the
     torch.save(model.state_dict(), tmp_path / "weights.pt")  # no rotary table: inv_freq is no state_dict entry
     done = tracer_cli("run", "llama.yaml", "--weights", "weights.pt", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
+
+
+def test_a_computed_constant_too_large_to_write_as_values_is_refused_at_its_line():
+    class Huge(torch.nn.Module):
+        def forward(self, x):
+            return x + torch.arange(300 * 300, dtype=torch.float32).reshape(300, 300).cos()
+
+    with pytest.raises(tracer.TracerError) as caught:
+        from_module(Huge(), torch.randn(2, 300, 300))
+    (problem,) = caught.value.diagnostics
+    assert problem.code == "import-unmapped" and "90,000 elements" in problem.message and "too large" in problem.message
+
+
+def test_a_computed_constant_added_to_a_tensor_that_is_no_mask_is_added_as_its_values():
+    class Offset(torch.nn.Module):  # a sinusoidal table added to the input: no mask pattern, no state_dict entry
+        def forward(self, x):
+            return x + torch.arange(x.shape[1] * x.shape[2], dtype=torch.float32).reshape(x.shape[1], x.shape[2]).sin()
+
+    module, x = Offset(), torch.randn(2, 5, 6)
+    pipeline = from_module(module, x)
+    assert not strict_problems(pipeline)
+    assert difference(pipeline, module, x) <= 1e-6
+    (step,) = pipeline.spec.steps
+    assert step.op == "add" and pipeline.spec.params[step.inputs[1]].shape == [5, 6]  # a table of fixed size: T is 5 here

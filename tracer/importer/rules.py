@@ -66,6 +66,7 @@ ADVANCED_INDEXING = (
 UNMAPPED_HINTS = {aten.index_select.default: ADVANCED_INDEXING}
 MASKED_FILLS = (aten.masked_fill.Scalar, aten.masked_fill_.Scalar)
 SPLITS = (aten.split.Tensor, aten.split_with_sizes.default, aten.chunk.default)
+MAX_CONSTANT_ELEMENTS = 1 << 16  # a computed constant the file holds as values: a table at the example sizes, not a weight
 # ops that give a computed constant another shape or dtype: a step over the one declared table
 CONSTANT_VIEWS = (
     aten.unsqueeze.default,
@@ -207,6 +208,8 @@ class Translator:
             raise _Downstream
         if node in self.graph.constant and isinstance(self.graph.values.get(node), torch.Tensor):
             return self._computed_constant(node)
+        if node in self.graph.constant:
+            raise Unmapped(f"it reads '{node.name}', a value the module computes from constants ({_label(node)}) that is no tensor")
         raise _Downstream
 
     def _computed_constant(self, node: torch.fx.Node) -> str:
@@ -221,6 +224,11 @@ class Translator:
             RULES[node.target](self, node)
             return self.names[node]
         value = self.graph.values[node]
+        if value.numel() > MAX_CONSTANT_ELEMENTS:
+            raise Unmapped(
+                f"it reads '{node.name}', a tensor of {value.numel():,} elements the module computes from constants "
+                f"({_label(node)}): over {MAX_CONSTANT_ELEMENTS:,}, too large to write into the file as values"
+            )
         if node.op == "placeholder":  # a non-persistent buffer or a tensor attribute: held, in no state_dict
             name = self._unique(self.graph.target(node))
             note = f"{type(self.module).__name__}'s tensor '{self.graph.target(node)}', which its state_dict does not hold"
@@ -334,6 +342,9 @@ class Translator:
             return IDIOMS[idiom.kind](self, idiom)
         if node.target == operator.getitem and node in self.names:
             return None
+        return self._by_rule(node)
+
+    def _by_rule(self, node: torch.fx.Node) -> None:
         rule = RULES.get(node.target)
         if rule is None:
             raise Unmapped(f"no tracer step for {_label(node)}{UNMAPPED_HINTS.get(node.target, '')}")
@@ -386,16 +397,15 @@ class Translator:
 
     def _additive_mask(self, node, x, mask):
         """``x + constant``: a mask step for a constant causal, window or band mask, nothing for adding
-        zeros; a buffer of the state_dict that is no mask is added as it is (loading may change it)."""
+        zeros; a buffer of the state_dict that is no mask (loading may change it), or any other
+        constant (a computed one, held as values), is added as it is."""
         declared = mask in self.names
         if not declared and not _hides_any(self.graph.values[mask]):  # BART's encoder mask without padding: adding zeros
             self.names[node] = self.ref(x)
             return
         found = _additive_pattern(self.graph.values[mask])
-        if found is None and declared:
+        if found is None:  # a buffer, or a computed constant (held as values): added as it is
             return self.emit(node, {"op": "add", "inputs": [self.ref(x), self.ref(mask)]})
-        if found is None:
-            raise Unmapped(f"it adds '{mask.name}', a constant that is not a causal, sliding-window or band mask")
         fields = {"op": "mask", "input": self.ref(x), **self._pattern(found[0]), "fill": _fill(found[1], x.meta["val"].dtype)}
         self.emit(node, fields, "masked")
 
@@ -820,7 +830,7 @@ class Translator:
         found = self._rope_scaling(facts)
         if found is None:  # a table no rope step computes: its ops as they are, reading it as a computed constant
             for node in idiom.inner:
-                RULES[node.target](self, node)
+                self._by_rule(node)
             return
         theta, scaling = found
         fields = {"op": "rope", "input": self.ref(facts["x"]), "theta": theta}
