@@ -322,14 +322,14 @@ class Translator:
         self.taken.add(name)
         return name
 
-    def emit(self, node: torch.fx.Node, fields: dict, op_name: str | None = None, step_id: str | None = None) -> Step:
+    def emit(self, node: torch.fx.Node, fields: dict, op_name: str | None = None, step_id: str | None = None, shape=None) -> Step:
+        """A step of the node; ``shape`` is its output's in dims where the rule writes it (a view's
+        ``B * H``), so a block input it makes is declared as written."""
         step_id = step_id or self.step_id(node, op_name or fields["op"])
         self.names[node] = step_id
         comment = _comment(self._line(node))
         value = node.meta.get("val")
-        shape = self.namer.shape(value) if isinstance(value, torch.Tensor) else None
-        if fields.get("op") in ("view", "reshape", "expand"):  # as the step writes it (`B * H`): a block's input is declared so
-            shape = fields["shape"]
+        shape = shape or (self.namer.shape(value) if isinstance(value, torch.Tensor) else None)
         step = Step({"id": step_id, **fields}, node, comment, _layer(node), shape)
         self.steps.append(step)
         return step
@@ -646,7 +646,7 @@ class Translator:
         if op != "expand":
             sizes = (self.graph.values[node.args[0]].shape, self.graph.values[node].shape)
             shape = _merged_names(self.namer.shape(node.args[0].meta["val"]), shape, *sizes)
-        self.emit(node, {"op": op, "input": self.ref(node.args[0]), "shape": shape})
+        self.emit(node, {"op": op, "input": self.ref(node.args[0]), "shape": shape}, shape=shape)
 
     def _transpose(self, node):
         self.emit(node, {"op": "transpose", "input": self.ref(node.args[0]), "dims": [node.args[1], node.args[2]]})
