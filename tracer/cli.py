@@ -220,7 +220,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--weights",
         metavar="W",
-        help="the params from a .safetensors file or a torch.save'd state_dict (keys: param ids, with / or .; every param must be there), "
+        help="the params from a .safetensors file or a torch.save'd state_dict (keys: param ids, with / or .; every param must be there but those the file gives values:), "
         "or a transformers save_pretrained folder, read as the pipeline's checkpoint: section says (dims from config.json too)",
     )
     run.add_argument(

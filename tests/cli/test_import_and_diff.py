@@ -214,3 +214,14 @@ def test_import_sets_config_and_forward_keywords_from_json(tmp_path):
     assert "multiply: 3.0" in written and "op: neg" in written
     bad = tracer_cli("import", "configured:make", "--config", "[1]", "--input", "x=2,5,8", "-o", "b.yaml", cwd=tmp_path)
     assert bad.returncode == 1 and "--config must be a JSON object of names" in bad.stderr
+
+
+def test_an_exported_scaled_rope_pipeline_imports_back_from_the_command_line(tmp_path):
+    exported = tracer_cli("export", str(PIPELINES / "models/llama31_decoder_layer.yaml"), "-o", "llama31.py", cwd=tmp_path)
+    assert exported.returncode == 0, exported.stderr
+    done = tracer_cli("import", "llama31:Llama31DecoderLayer", "--input", "x=2,6,32", "-o", "back.yaml", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert float(done.stdout.strip().splitlines()[-1].rsplit(" ", 1)[1]) <= 1e-5
+    assert "rope_scaling: {type: llama3, factor: 8.0" in (tmp_path / "back.yaml").read_text()
+    check = tracer_cli("check", "--strict", "back.yaml", cwd=tmp_path)
+    assert check.returncode == 0, check.stdout + check.stderr

@@ -123,19 +123,3 @@ def test_a_half_precision_model_imports_its_rounded_rotary_table(variant, dtype)
     assert_clean_and_equal(pipeline, module, ids)
     assert pipeline.spec.params["layers.0.self_attn.q_proj.weight"].dtype == str(dtype).removeprefix("torch.")
     assert all(s["rope_scaling"] == VARIANTS[variant][1] for s in ropes(pipeline))
-
-
-def test_a_rotary_table_no_config_explains_is_refused_at_its_line():
-    class Rotated(torch.nn.Module):  # frequencies of no rope_type: a table made up by hand
-        def __init__(self):
-            super().__init__()
-            self.register_buffer("inv_freq", torch.tensor([1.0, 0.3, 0.05, 0.001]), persistent=False)
-
-        def forward(self, x):
-            freqs = torch.arange(x.shape[-2]).float()[:, None] * self.inv_freq
-            emb = torch.cat((freqs, freqs), -1)
-            half = x.shape[-1] // 2
-            return x * emb.cos() + torch.cat((-x[..., half:], x[..., :half]), -1) * emb.sin()
-
-    with pytest.raises(Exception, match="no rope_scaling of the module's config reproduces"):
-        from_module(Rotated(), torch.randn(2, 4, 7, 8))

@@ -88,3 +88,46 @@ def test_a_split_in_an_exported_block_keeps_its_dotted_output_names(tmp_path):
     assert _exported_outputs(str(module), line) == ["h.0.q", "h.0.k", "other"]
     (tmp_path / "own.py").write_text("import torch\n")  # a module tracer did not write: names as assigned
     assert _exported_outputs(str(tmp_path / "own.py"), line) == ["h_0_q", "h_0_k", "other"]
+
+
+@pytest.mark.parametrize(
+    ("name", "tables"),
+    [
+        ("kv_cache_decode", {"cos", "sin"}),  # a rotary table starting at position past
+        ("llama4_nope_attention", {"positions"}),  # the positions its floor/log1p temperature is computed from
+        ("phi3_decoder_layer", {"cos", "sin"}),  # rotary on part of the head, joined back by cat
+    ],
+)
+def test_a_constant_no_step_computes_comes_back_as_the_values_it_holds(tmp_path, name, tables):
+    """No rope (or other) step of the capture's constants computes these tables: they come back as
+    params holding their values, read by the module's own ops, strictly clean and equal in value to
+    the module (``_reimported``)."""
+    _, back = _round_trip(PIPELINES / f"models/{name}.yaml", tmp_path)
+    found = {name: decl for name, decl in back.spec.params.items() if decl.values is not None}
+    assert set(found) == tables and all(d.buffer and "computed at import by" in d.note for d in found.values())
+    assert not back.check().diagnostics
+
+
+@pytest.mark.parametrize("name", ["llama31_decoder_layer", "deepseek_v3_mla"])
+def test_a_scaled_rope_comes_back_with_the_scaling_its_exported_module_says(tmp_path, name):
+    """The exported module has no config: its rope's frequencies call (``rope_llama3(torch, Dh,
+    500000.0, x.device, factor=8.0, …)``) says the scaling, and the table it computes is held against
+    the one captured before the rope step is written."""
+    pipeline, back = _round_trip(PIPELINES / f"models/{name}.yaml", tmp_path)
+    ropes = [s for s in pipeline.spec.steps if s.op == "rope"]
+    came_back = {s.id: s for s in back.spec.steps if s.op == "rope"}
+    assert set(came_back) == {s.id for s in ropes}
+    for step in ropes:
+        assert came_back[step.id].rope_scaling == step.rope_scaling and came_back[step.id].theta == step.theta
+    assert not back.check().diagnostics
+
+
+def test_only_literals_of_a_frequencies_call_are_read_as_rope_parameters():
+    from tracer.importer.rotary import exported_parameters
+
+    line = "frequencies = rope_llama3(torch, Dh, 500000.0, x.device, factor=8.0, low_freq_factor=1.0)  # q_rot"
+    assert exported_parameters(line) == {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0}
+    dynamic = "frequencies = rope_dynamic(torch, Dh, 10000.0, x.device, seq_len=torch.tensor(T), factor=2.0)"
+    assert exported_parameters(dynamic) == {"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0}  # seq_len is no literal
+    assert exported_parameters("frequencies = rope_llama3(torch, Dh, __import__('os').getcwd(), x.device)") is None
+    assert exported_parameters("frequencies = my_rope(torch, Dh, 10000.0, x.device, factor=8.0)") is None

@@ -43,6 +43,7 @@ class Idiom:
     kind: str
     node: torch.fx.Node
     facts: dict[str, Any] = field(default_factory=dict)
+    inner: list[torch.fx.Node] = field(default_factory=list)  # the nodes it stands for, in graph order
 
 
 class Graph:
@@ -98,8 +99,14 @@ class Graph:
 
     def claim(self, idiom: Idiom, inner) -> None:
         """Record an idiom; its inner nodes make no step of their own."""
+        idiom.inner = sorted({*inner, idiom.node}, key=self.order.__getitem__)
         self.idioms[idiom.node] = idiom
         self.consumed.update(n for n in inner if n is not idiom.node)
+
+    @functools.cached_property
+    def order(self) -> dict[torch.fx.Node, int]:
+        """Each node's place in the graph (canonicalised once, in ``__init__``)."""
+        return {n: i for i, n in enumerate(self.fx.nodes)}
 
     def find_idioms(self) -> None:
         for kind, pattern in _patterns():
@@ -330,7 +337,7 @@ def _verify_rope(graph: Graph, match) -> dict | None:
 
 
 def _computed_table(graph: Graph, cos: torch.fx.Node, rows: torch.Tensor, sines: torch.Tensor, interleaved: bool) -> dict:
-    """``table`` (a ``rotary.Table``) and ``owner`` (the module holding its ``inv_freq``) of a rotation
+    """``table`` (a ``rotary.Table``), ``owner`` (the module holding its ``inv_freq``) and ``cos`` (its node) of a rotation
     table, for the rule to find its scaling in the module's config (``rotary.scaling_of``: Llama 3,
     YaRN, LongRoPE, linear, dynamic NTK, whose table at the example may also be plain RoPE of
     another theta); none for a table that is no rotation."""
@@ -338,7 +345,7 @@ def _computed_table(graph: Graph, cos: torch.fx.Node, rows: torch.Tensor, sines:
     if table is None:
         return {}
     buffer = _ancestor_buffer(graph, cos, "inv_freq")
-    return {"table": table, "owner": graph.target(buffer).rpartition(".")[0] if buffer is not None else None}
+    return {"table": table, "owner": graph.target(buffer).rpartition(".")[0] if buffer is not None else None, "cos": cos}
 
 
 def _table_rows(table: torch.Tensor) -> tuple[torch.Tensor, int]:

@@ -11,6 +11,7 @@ table at the example's positions. Nothing is fitted: a table no config reproduce
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import inspect
 import types
@@ -23,6 +24,7 @@ from ..steps.rope_scaling import FREQUENCIES, Dynamic, Linear, Llama3, Longrope,
 
 SCALINGS = TypeAdapter(Scaling)
 KINDS = {"linear": Linear, "dynamic": Dynamic, "llama3": Llama3, "yarn": Yarn, "longrope": Longrope}
+EXPORTED = {FREQUENCIES[kind].__name__: kind for kind in KINDS}  # the functions `tracer export` writes: rope_llama3, …
 
 
 def tolerance(dtype: torch.dtype, factor: float = 1.0) -> float:
@@ -81,15 +83,47 @@ def _table(inv_freq: torch.Tensor, factor: float, positions: int, interleaved: b
     return emb.cos() * factor, emb.sin() * factor
 
 
-def scaling_of(table: Table, configs: list) -> tuple[float, dict] | None:
-    """``(theta, rope_scaling fields)`` of the first config's rope parameters whose frequencies, as the
-    ``rope`` step computes them (float32, then the table's dtype), make this table; None if none does."""
-    for config in configs:
-        for parameters in _rope_parameters(config):
-            found = _matching(table, config, parameters)
-            if found is not None:
-                return found
+def scaling_of(table: Table, configs: list, written: tuple[dict, ...] = ()) -> tuple[float, dict] | None:
+    """``(theta, rope_scaling fields)`` of the first config's rope parameters (or of the ``written``
+    ones, :func:`exported_parameters`) whose frequencies, as the ``rope`` step computes them (float32,
+    then the table's dtype), make this table; None if none does."""
+    candidates = [(config, parameters) for config in configs for parameters in _rope_parameters(config)]
+    for config, parameters in [*candidates, *((None, parameters) for parameters in written)]:
+        found = _matching(table, config, parameters)
+        if found is not None:
+            return found
     return None
+
+
+def exported_parameters(code: str) -> dict | None:
+    """The rope parameters a line of a module ``tracer export`` wrote passes to its frequencies
+    function: ``frequencies = rope_llama3(torch, Dh, 500000.0, x.device, factor=8.0, …)`` is
+    ``{rope_type: llama3, rope_theta: 500000.0, factor: 8.0, …}``, so the scaling comes back from
+    the module that says it (it has no config). Read with ``ast``: only literals are taken (the
+    table is then computed from them and compared: nothing is taken on trust); None for any other line."""
+    try:
+        (statement,) = ast.parse(code.strip()).body
+    except (SyntaxError, ValueError):
+        return None
+    call = statement.value if isinstance(statement, ast.Assign) else None
+    kind = EXPORTED.get(call.func.id) if isinstance(call, ast.Call) and isinstance(call.func, ast.Name) else None
+    if kind is None or len(call.args) < 3:
+        return None
+    literals = {keyword.arg: _literal(keyword.value) for keyword in call.keywords if keyword.arg is not None}
+    theta = _literal(call.args[2])
+    if not isinstance(theta, int | float):
+        return None
+    return {"rope_type": kind, "rope_theta": theta, **{key: value for key, value in literals.items() if value is not NOT_LITERAL}}
+
+
+NOT_LITERAL = object()
+
+
+def _literal(node: ast.expr):
+    try:
+        return ast.literal_eval(node)
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):  # seq_len=torch.tensor(…): not a scaling field
+        return NOT_LITERAL
 
 
 def _rope_parameters(config) -> list[dict]:

@@ -26,7 +26,7 @@ from ..presentation.export import HEADER as EXPORT_HEADER
 from ..steps.positions import alibi_slopes, t5_buckets
 from .idioms import Graph, Idiom, aten, hidden_pattern, module_stack
 from .naming import Namer
-from .rotary import scaling_of
+from .rotary import exported_parameters, scaling_of
 
 FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)\n\s+(.*)')
 # the tag `tracer export` ends each line of forward with: "  # (B, T, d_model) layer.q_proj" or "  # layer.q_proj"
@@ -66,6 +66,19 @@ ADVANCED_INDEXING = (
 UNMAPPED_HINTS = {aten.index_select.default: ADVANCED_INDEXING}
 MASKED_FILLS = (aten.masked_fill.Scalar, aten.masked_fill_.Scalar)
 SPLITS = (aten.split.Tensor, aten.split_with_sizes.default, aten.chunk.default)
+MAX_CONSTANT_ELEMENTS = 1 << 16  # a computed constant the file holds as values: a table at the example sizes, not a weight
+# ops that give a computed constant another shape or dtype: a step over the one declared table
+CONSTANT_VIEWS = (
+    aten.unsqueeze.default,
+    aten.view.default,
+    aten.reshape.default,
+    aten.expand.default,
+    aten.transpose.int,
+    aten.permute.default,
+    aten.slice.Tensor,
+    aten.select.int,
+    *CASTS,
+)
 
 
 @dataclass
@@ -193,11 +206,61 @@ class Translator:
             return self.names[node]
         if node in self.failed:
             raise _Downstream
+        if node in self.graph.constant and isinstance(self.graph.values.get(node), torch.Tensor):
+            return self._computed_constant(node)
         if node in self.graph.constant:
-            raise Unmapped(
-                f"it reads '{node.name}', a tensor the module computes from constants ({_label(node)}), which tracer has no step for"
-            )
+            raise Unmapped(f"it reads '{node.name}', a value the module computes from constants ({_label(node)}) that is no tensor")
         raise _Downstream
+
+    def _computed_constant(self, node: torch.fx.Node) -> str:
+        """A tensor the module computes from constants that no idiom names (a rotary table of
+        frequencies no config reproduces, a table at an offset): a param holding its value at the
+        example (``values:``, ``buffer: true``), its ``note`` saying which module and op computed it.
+        A view or cast of another such tensor is that step of it, so every layer reads one table
+        (transformers' rotary embedding's ``cos``, unsqueezed in each layer's attention)."""
+        source = node.args[0] if node.op == "call_function" and node.target in CONSTANT_VIEWS and node.args else None
+        if isinstance(source, torch.fx.Node) and source in self.graph.constant and not _reads_tensors(node.args[1:]):
+            self.ref(source)
+            RULES[node.target](self, node)
+            return self.names[node]
+        value = self.graph.values[node]
+        if value.numel() > MAX_CONSTANT_ELEMENTS:
+            raise Unmapped(
+                f"it reads '{node.name}', a tensor of {value.numel():,} elements the module computes from constants "
+                f"({_label(node)}): over {MAX_CONSTANT_ELEMENTS:,}, too large to write into the file as values"
+            )
+        if node.op == "placeholder":  # a non-persistent buffer or a tensor attribute: held, in no state_dict
+            name = self._unique(self.graph.target(node))
+            note = f"{type(self.module).__name__}'s tensor '{self.graph.target(node)}', which its state_dict does not hold"
+        else:
+            line = source_line(node)
+            assigned = _assigned(line[2]) if line else []  # `cos = emb.cos()`, whatever step a line of `tracer export` is tagged with
+            name = self._unique(_join(_module_path(node), assigned[0] if len(assigned) == 1 else _op_name(node)))
+            note = f"computed at import by {_provenance(node, self._line(node), type(self.module).__name__)}"
+        self.params[name] = {
+            "shape": self._constant_shape(node),
+            **({} if value.dtype == torch.float32 else {"dtype": str(value.dtype).removeprefix("torch.")}),
+            "values": value.tolist(),
+            "buffer": True,
+            "note": plain_note(note),
+        }
+        self.names[node] = name
+        self.taken.add(name)
+        return name
+
+    def _constant_shape(self, node: torch.fx.Node) -> list:
+        """A computed constant's shape, each axis named as the tensor that reads it names its axis of
+        that size, aligned from the last as broadcasting aligns them: the constant follows from no input,
+        and a rotary table's width of 4 is the head width ``Dh``, not ``H`` of the same size."""
+        names, sizes = self.namer.shape(node.meta["val"]), node.meta["val"].shape
+        reader = next((u for u in node.users if isinstance(u.meta.get("val"), torch.Tensor)), None)
+        if reader is None:
+            return names
+        theirs, their_sizes = self.namer.shape(reader.meta["val"]), reader.meta["val"].shape
+        for i in range(1, min(len(sizes), len(their_sizes)) + 1):
+            if sizes[-i] == their_sizes[-i] and isinstance(theirs[-i], str):
+                names[-i] = theirs[-i]
+        return names
 
     def size(self, value, prefer: tuple[str, ...] = ()) -> int | str:
         if isinstance(value, torch.fx.Node):
@@ -259,12 +322,14 @@ class Translator:
         self.taken.add(name)
         return name
 
-    def emit(self, node: torch.fx.Node, fields: dict, op_name: str | None = None, step_id: str | None = None) -> Step:
+    def emit(self, node: torch.fx.Node, fields: dict, op_name: str | None = None, step_id: str | None = None, shape=None) -> Step:
+        """A step of the node; ``shape`` is its output's in dims where the rule writes it (a view's
+        ``B * H``), so a block input it makes is declared as written."""
         step_id = step_id or self.step_id(node, op_name or fields["op"])
         self.names[node] = step_id
         comment = _comment(self._line(node))
         value = node.meta.get("val")
-        shape = self.namer.shape(value) if isinstance(value, torch.Tensor) else None
+        shape = shape or (self.namer.shape(value) if isinstance(value, torch.Tensor) else None)
         step = Step({"id": step_id, **fields}, node, comment, _layer(node), shape)
         self.steps.append(step)
         return step
@@ -277,6 +342,9 @@ class Translator:
             return IDIOMS[idiom.kind](self, idiom)
         if node.target == operator.getitem and node in self.names:
             return None
+        return self._by_rule(node)
+
+    def _by_rule(self, node: torch.fx.Node) -> None:
         rule = RULES.get(node.target)
         if rule is None:
             raise Unmapped(f"no tracer step for {_label(node)}{UNMAPPED_HINTS.get(node.target, '')}")
@@ -329,16 +397,15 @@ class Translator:
 
     def _additive_mask(self, node, x, mask):
         """``x + constant``: a mask step for a constant causal, window or band mask, nothing for adding
-        zeros; a buffer of the state_dict that is no mask is added as it is (loading may change it)."""
+        zeros; a buffer of the state_dict that is no mask (loading may change it), or any other
+        constant (a computed one, held as values), is added as it is."""
         declared = mask in self.names
         if not declared and not _hides_any(self.graph.values[mask]):  # BART's encoder mask without padding: adding zeros
             self.names[node] = self.ref(x)
             return
         found = _additive_pattern(self.graph.values[mask])
-        if found is None and declared:
+        if found is None:  # a buffer, or a computed constant (held as values): added as it is
             return self.emit(node, {"op": "add", "inputs": [self.ref(x), self.ref(mask)]})
-        if found is None:
-            raise Unmapped(f"it adds '{mask.name}', a constant that is not a causal, sliding-window or band mask")
         fields = {"op": "mask", "input": self.ref(x), **self._pattern(found[0]), "fill": _fill(found[1], x.meta["val"].dtype)}
         self.emit(node, fields, "masked")
 
@@ -579,7 +646,7 @@ class Translator:
         if op != "expand":
             sizes = (self.graph.values[node.args[0]].shape, self.graph.values[node].shape)
             shape = _merged_names(self.namer.shape(node.args[0].meta["val"]), shape, *sizes)
-        self.emit(node, {"op": op, "input": self.ref(node.args[0]), "shape": shape})
+        self.emit(node, {"op": op, "input": self.ref(node.args[0]), "shape": shape}, shape=shape)
 
     def _transpose(self, node):
         self.emit(node, {"op": "transpose", "input": self.ref(node.args[0]), "dims": [node.args[1], node.args[2]]})
@@ -760,7 +827,12 @@ class Translator:
 
     def _rope(self, idiom: Idiom):
         facts = idiom.facts
-        theta, scaling = self._rope_scaling(facts)
+        found = self._rope_scaling(facts)
+        if found is None:  # a table no rope step computes: its ops as they are, reading it as a computed constant
+            for node in idiom.inner:
+                self._by_rule(node)
+            return
+        theta, scaling = found
         fields = {"op": "rope", "input": self.ref(facts["x"]), "theta": theta}
         if scaling is not None:
             fields["rope_scaling"] = scaling
@@ -770,24 +842,33 @@ class Translator:
             fields["seq_dim"] = facts["seq_dim"]
         self.emit(idiom.node, fields)
 
-    def _rope_scaling(self, facts: dict) -> tuple[float, dict]:
+    def _rope_scaling(self, facts: dict) -> tuple[float, dict | None] | None:
         """(theta, rope_scaling or None) of a rotary table: a scaling of the rope parameters of the
         config of the module that holds its ``inv_freq`` (transformers' rotary embedding), else of
-        any config, that computes the table; else plain RoPE of the theta the idiom read."""
+        any config, that computes the table; else plain RoPE of the theta the idiom read; None
+        for a table no ``rope`` step computes."""
         found = None
         if "table" in facts:
             owner = self.module.get_submodule(facts["owner"]) if facts["owner"] is not None else None
             configs = [getattr(m, "config", None) for m in (owner, self.module, *self.module.modules()) if m is not None]
-            found = scaling_of(facts["table"], list({id(c): c for c in configs if c is not None}.values()))
+            written = tuple(filter(None, map(exported_parameters, self._exported_lines(facts["cos"]))))
+            found = scaling_of(facts["table"], list({id(c): c for c in configs if c is not None}.values()), written)
         if found is None and "theta" in facts:
             return facts["theta"], None
-        if found is None:
-            table = facts["table"]
-            raise Unmapped(
-                f"a rotary table of {table.positions} positions x {table.rotary_dim} (attention factor {table.factor:g}) whose "
-                "frequencies no rope_scaling of the module's config reproduces (linear, dynamic, llama3, yarn, longrope)"
-            )
         return found
+
+    def _exported_lines(self, node: torch.fx.Node) -> list[str]:
+        """The lines of a module ``tracer export`` wrote that computed a constant: a rope's call of
+        its frequencies function, which says its scaling (the module has no config)."""
+        lines, seen, todo = {}, set(), [node]
+        while todo:
+            current = todo.pop()
+            if current in seen or current not in self.graph.constant:
+                continue
+            seen.add(current)
+            lines.update((code, None) for file, _, _, code in frames(current) if _exported_file(file))
+            todo += current.all_input_nodes
+        return list(lines)
 
     def _repeat_kv(self, idiom: Idiom):
         """GQA's ``repeat_kv(key_states, n_rep)``: named after the keys or values it repeats."""
@@ -1135,7 +1216,12 @@ def _exported_step(file: str, code: str) -> str | None:
     """The YAML step id a line of a module `tracer export` wrote ends with: its steps keep their ids
     (``layer.q_proj``, not the variable ``layer_q_proj``), so export then import gives the file back."""
     found = EXPORT_TAG.search(code)
-    return found.group(1) if found and linecache.getline(file, 1).rstrip("\n") == EXPORT_HEADER[0] else None
+    return found.group(1) if found and _exported_file(file) else None
+
+
+def _exported_file(file: str) -> bool:
+    """A module `tracer export` wrote: its first line is the export's header."""
+    return linecache.getline(file, 1).rstrip("\n") == EXPORT_HEADER[0]
 
 
 def _exported_outputs(file: str, code: str) -> list[str]:
@@ -1183,6 +1269,8 @@ def _merged_names(before: list, after: list, sizes_before, sizes_after) -> list:
     ``reshape(batch_size * num_heads, …)`` says it: the view keeps the dims in order."""
     written, i = list(after), 0
     for j, size in enumerate(sizes_after):
+        if size == 1 and (i == len(sizes_before) or sizes_before[i] != 1):  # an axis the view adds: Bloom's (B·H, 1, T) alibi
+            continue
         run, product = [], 1
         while i < len(sizes_before) and (not run or product < size):
             run.append(before[i])
@@ -1295,6 +1383,26 @@ def _outputs(graph: Graph) -> list[torch.fx.Node]:
     (output,) = [n for n in graph.fx.nodes if n.op == "output"]
     flat = torch.utils._pytree.tree_leaves(output.args[0])
     return [n for n in flat if isinstance(n, torch.fx.Node)]
+
+
+def _op_name(node: torch.fx.Node) -> str:
+    """``cos`` for ``aten.cos.default``: a name for what an op made."""
+    return getattr(node.target, "__name__", "constant").partition(".")[0] or "constant"
+
+
+def _reads_tensors(args) -> bool:
+    return any(isinstance(a, torch.fx.Node) and isinstance(a.meta.get("val"), torch.Tensor) for a in args)
+
+
+def _provenance(node: torch.fx.Node, line: tuple[str, int, str] | None, root: str) -> str:
+    """``module path (file:line: code), op``: where a computed constant came from."""
+    where = _module_path(node) or root
+    return f"{where} ({Path(line[0]).name}:{line[1]}: {line[2]}), {_label(node)}" if line else f"{where}, {_label(node)}"
+
+
+def plain_note(text: str) -> str:
+    """A declaration's ``note`` (at most 500 characters), one printable line."""
+    return "".join(ch if ch.isprintable() else " " for ch in text)[:500]
 
 
 def _problem(node: torch.fx.Node, message: str, line: tuple[str, int, str] | None) -> Diagnostic:

@@ -108,8 +108,8 @@ def match(analysis: Analysis, given: Mapping[str, Any], section: str | None, wha
             continue
         problems.append(analysis.source.error((where, name), "tensor-given", problem, prefer_key=True))
     if complete:
-        for name in analysis.pipeline.params:
-            if name not in given_by:
+        for name, decl in analysis.pipeline.params.items():
+            if name not in given_by and decl.values is None:  # a param the file holds the values of (an imported computed table)
                 meta = analysis.metas[name]
                 problems.append(
                     analysis.source.error(
