@@ -16,7 +16,7 @@ from operator import is_, itemgetter
 from typing import Any, NamedTuple
 
 from ..analysis.graph import ONE, Node
-from ..analysis.memory import last_reads
+from ..analysis.memory import last_reads, table_groups
 from ..analysis.shapes import Analysis
 from ..core.dtypes import DTYPE_BYTES
 from ..core.errors import InternalError, TracerError
@@ -52,14 +52,16 @@ def device_problem(device: Any) -> str | None:
 class KernelContext:
     """What a step kind's ``kernel`` may use to build its function (the contract's ``KernelContext``)."""
 
-    def __init__(self, analysis: Analysis, node: Node, device: Any, training: bool | None = None):
+    def __init__(self, analysis: Analysis, node: Node, device: Any, training: bool | None = None, tables: tuple[dict, dict] | None = None):
+        """``tables``: (step id -> its table group, the plan's tables of the current run), for
+        ``shared_table``; without it every step builds its own."""
         import torch.nn.functional as F
 
         self.torch, self.F, self.device, self.training = torch_module(), F, device, training
         self.ins = [analysis.metas[rid] for rid in node.reads]
         self.outs = [out.meta for out in node.outs]
         self.out = self.outs[-1]
-        self._analysis, self._node = analysis, node
+        self._analysis, self._node, self._tables = analysis, node, tables
 
     def value(self, text) -> int:
         return self._node.dims.dim(text).value
@@ -67,6 +69,27 @@ class KernelContext:
     def error(self, code: str, message: str, field: str | None = None) -> TracerError:
         """A located error for what only a run can see (a token id outside its embedding table)."""
         return TracerError(self._analysis.error(self._node, code, message, field))
+
+    def shared_table(self, build: Callable) -> Callable:
+        """``build`` run once per run for the step's table group (``tracer.analysis.memory.
+        table_groups``): the first step to need the tables keeps them for the others, which get
+        copies (a record is its own storage, as the analysis predicts); the group's last step lets
+        them go, and the plan drops whatever is left when the run ends, so nothing outlives a run."""
+        group = None if self._tables is None else self._tables[0].get(self._node.id)
+        if group is None:
+            return build
+        cache, key, last = self._tables[1], group[0], group[-1] == self._node.id
+
+        def shared(*args):
+            made = cache.pop(key, None) if last else cache.get(key)
+            if made is not None:
+                return tuple(table.clone() for table in made)
+            made = build(*args)
+            if not last:
+                cache[key] = made
+            return made
+
+        return shared
 
 
 class Expected(NamedTuple):
@@ -119,6 +142,7 @@ class Plan:
         self.predicts = self.device.type == "meta" and not meta_kernels
         self.device_name = str(self.device)
         self.dtypes = {getattr(torch, name): name for name in DTYPE_BYTES}
+        self._tables: dict = {}  # group's first step id -> tables one step built for the others, this run only
         self.steps = self._compile(analysis)
         self._inputs_cache: tuple | None = None  # (names, tensors, input records, storage roots) of the last run
 
@@ -134,10 +158,10 @@ class Plan:
         for rid, last in last_reads(analysis).items():
             if rid not in keep and rid not in analysis.declared:
                 dying.setdefault(order[last], []).append(rid)
-        planned, verified = [], set()
+        planned, verified, tables = [], set(), (table_groups(analysis), self._tables)
         for node in analysis.nodes.values():
             predicted = self.predicts and _repeats_a_verified_step(analysis, node, verified)
-            fn = None if predicted else node.step.kernel(KernelContext(analysis, node, self.device, self.training))
+            fn = None if predicted else node.step.kernel(KernelContext(analysis, node, self.device, self.training, tables))
             expected = tuple(
                 self._expect(out.id, out.op, out.reads, out.meta, node.flops if out is node.outs[-1] else 0, torch) for out in node.outs
             )
@@ -188,6 +212,12 @@ class Plan:
         as observed). That check is all a run adds to the kernels themselves. ``grad`` keeps
         autograd on (``tracer.to_module``); otherwise a run records no graph.
         """
+        try:
+            return self._run(tensors, keep_values, observe, grad)
+        finally:
+            self._tables.clear()  # tables shared within this run (a run that raised may leave some)
+
+    def _run(self, tensors: dict[str, Any], keep_values: bool, observe: Callable | None, grad: bool) -> RunResult:
         torch = torch_module()
         env = dict(tensors)
         storages = _StorageIndex()
