@@ -495,7 +495,7 @@ def _report(args) -> int:
             f"tracer first meta run at that size {_fmt_time(meta['tracer_meta_gpt2_first'])}",
         )
     for script, options in (
-        ("export_speed.py", ["--rounds", "5" if quick else "9"]),
+        ("export_speed.py", ["--rounds", "9" if quick else "21"]),
         ("meta_growth.py", ["--layers", "125", "1000"] if quick else []),
     ):
         for found in _script_targets(script, *options):
