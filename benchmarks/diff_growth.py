@@ -12,13 +12,14 @@ nothing (speed is measured here, never in the unit tests).
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from measure import repeated  # noqa: E402
 
 import tracer  # noqa: E402
 from tracer.diff import diff  # noqa: E402
@@ -53,12 +54,7 @@ def diff_seconds(case: str, n: int, rounds: int) -> tuple[float, object]:
     """Median seconds of one diff of the case's two pipelines at n steps, and the diff."""
     a_text, b_text = CASES[case](n)
     a, b = tracer.loads(a_text, "a.yaml"), tracer.loads(b_text, "b.yaml")
-    times, found = [], None
-    for _ in range(rounds):
-        start = time.perf_counter()
-        found = diff(a, b)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times), found
+    return repeated(lambda: diff(a, b), rounds).median, diff(a, b)
 
 
 def main(argv=None) -> int:

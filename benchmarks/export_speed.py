@@ -4,10 +4,11 @@ d_ff 5632, T 512). Each call includes what one layer needs: the rotary table and
 (transformers' ``LlamaRotaryEmbedding`` and ``create_causal_mask``; the pipeline computes its own).
 
 Every contender computes the same output from the same weights and input (checked first) and is
-called twice before timing. Rounds interleave the contenders, each round in a rotated order (so no
-contender always runs right after the same other one), and the ratio is taken per round, so drift
-and other processes' load hit every side alike; the table prints the median ratio to eager with
-its min–max, and each side's minor page faults per call.
+called twice before timing. The contenders run interleaved, one call each per round in a rotated
+order, many rounds (benchmarks/measure.py, the one timing loop of benchmarks/): a ratio is taken
+per round, so drift and other processes' load hit every side alike, and each target is judged on
+the median of its per-round ratios, printed with a 95% bootstrap interval, the interquartile
+range, the same ratio in CPU time and each side's minor page faults per call.
 
 The allocator starts in the state a long-running process reaches: glibc trims the heap back to
 the system whenever its free top exceeds a threshold that only grows after the first large block
@@ -20,24 +21,24 @@ tensor of that size freed earlier in a real program does. ``--cold-allocator`` l
 Target: each ratio ≤ 1.02. Prints; asserts nothing (speed is measured here, never in the unit
 tests).
 
-    .venv/bin/python benchmarks/export_speed.py [--rounds 9] [--T 512] [--threads N] [--cold-allocator]
+    .venv/bin/python benchmarks/export_speed.py [--rounds 21] [--T 512] [--threads N] [--cold-allocator]
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib.util
-import resource
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import torch  # noqa: E402
+from measure import interleaved, ratios, target_line, times  # noqa: E402
 from transformers import LlamaConfig  # noqa: E402
 from transformers.masking_utils import create_causal_mask  # noqa: E402
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding  # noqa: E402
@@ -90,10 +91,6 @@ def exported_module(dims: dict):
     return cls(**{k: dims[k] for k in ("d_model", "H", "H_kv", "d_ff")}).eval()
 
 
-def _faults() -> int:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-
-
 def settle_allocator(torch) -> None:
     """Free one block just under glibc's largest dynamic mmap threshold (32 MiB): the heap's trim
     threshold becomes twice that, as in any process that has loaded a checkpoint."""
@@ -101,16 +98,9 @@ def settle_allocator(torch) -> None:
     del block
 
 
-def rotations(names: list[str], rounds: int):
-    """Round r calls the contenders starting from the r-th (mod their number)."""
-    for r in range(rounds):
-        start = r % len(names)
-        yield names[start:] + names[:start]
-
-
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rounds", type=int, default=9)
+    parser.add_argument("--rounds", type=int, default=21)
     parser.add_argument("--T", type=int, default=512)
     parser.add_argument("--d", type=int, default=2048)
     parser.add_argument("--threads", type=int, default=None)
@@ -144,27 +134,20 @@ def main(argv=None) -> int:
             if diff > 1e-4:
                 raise SystemExit(f"{name} computes something else than transformers' layer (max difference {diff:.2e})")
             call()  # second warm-up call: plans built, tensors drawn, allocator at its working size
-        seconds: dict[str, list[float]] = {name: [] for name in calls}
-        faults: dict[str, list[int]] = {name: [] for name in calls}
-        for order in rotations(list(calls), args.rounds):
-            for name in order:
-                before, start = _faults(), time.perf_counter()
-                calls[name]()
-                seconds[name].append(time.perf_counter() - start)
-                faults[name].append(_faults() - before)
+        samples = interleaved(calls, args.rounds)
     allocator = "cold" if args.cold_allocator else "settled"
     print(
         f"Llama decoder layer: d {args.d}, heads {heads}/{kv_heads}, d_ff {d_ff}, T {args.T}, {torch.get_num_threads()} threads, allocator {allocator}"
     )
-    print(f"{'contender':<12}{'median ms':>11}{'ratio to eager (min-max)':>28}{'page faults':>13}")
-    medians = {}
+    print(f"{'contender':<12}{'median ms':>11}{'CPU ms':>9}{'ratio to eager [95% CI]':>26}{'CPU ratio':>11}{'page faults':>13}")
     for name in calls:
-        ratios = [s / e for s, e in zip(seconds[name], seconds["eager"])]
-        medians[name] = statistics.median(ratios)
-        span = f"{medians[name]:.3f} ({min(ratios):.3f}-{max(ratios):.3f})"
-        print(f"{name:<12}{statistics.median(seconds[name]) * 1e3:>11.1f}{span:>28}{statistics.median(faults[name]):>13.0f}")
+        wall, cpu, ratio = times(samples[name]), times(samples[name], "cpu"), ratios(samples, name, "eager")
+        span = f"{ratio.median:.3f} [{ratio.low:.3f}-{ratio.high:.3f}]"
+        faults = statistics.median(s.faults for s in samples[name])
+        cpu_ratio = ratios(samples, name, "eager", "cpu").median
+        print(f"{name:<12}{wall.median * 1e3:>11.1f}{cpu.median * 1e3:>9.1f}{span:>26}{cpu_ratio:>11.3f}{faults:>13.0f}")
     for name in ("exported", "to_module", "traced run"):
-        print(f"target: {name} vs eager {medians[name]:.3f}x (target <= {TARGET:.2f}x) {'met' if medians[name] <= TARGET else 'NOT MET'}")
+        print(target_line(f"{name} vs eager", ratios(samples, name, "eager"), TARGET, "x", cpu=ratios(samples, name, "eager", "cpu")))
     return 0
 
 

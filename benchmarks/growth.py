@@ -2,8 +2,9 @@
 (dead fan-out), and derived dims declared last-first (the deepest walk there is). Every column
 should stay near constant per item as n doubles; a quadratic step shows up as a column that
 doubles. Then `tracer.load` (load + check) of pipelines/encoder_stack.yaml at 96, 192 and 384
-layers, torch imported as in a notebook: each doubling should cost about twice as much (target:
-384 layers within 2.2x of 192). Prints tables; asserts nothing (speed is measured here, never in
+layers, torch imported as in a notebook, the counts interleaved round by round
+(benchmarks/measure.py): each doubling should cost about twice as much (target: 384 layers within
+2.2x of 192, the median of per-round ratios). Prints tables; asserts nothing (speed is measured here, never in
 the unit tests).
 
     .venv/bin/python benchmarks/growth.py [--sizes 1000 2000 4000 8000] [--layers 96 192 384]
@@ -13,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import shutil
-import statistics
 import sys
 import tempfile
 import time
@@ -21,6 +21,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from measure import interleaved, ratios, target_line, times  # noqa: E402
 
 import tracer  # noqa: E402
 from tracer.presentation.export import export_source  # noqa: E402
@@ -79,19 +82,13 @@ def layer_stacks(counts: list[int], folder: Path) -> dict[int, Path]:
     return paths
 
 
-def load_seconds(paths: dict[int, Path], rounds: int) -> dict[int, float]:
-    """Median seconds of ``tracer.load`` (YAML, validation, block expansion, check) per layer count,
-    the counts interleaved round by round so that load on the machine hits them alike."""
+def load_seconds(paths: dict[int, Path], rounds: int) -> dict:
+    """Samples (benchmarks/measure.py) of ``tracer.load`` (YAML, validation, block expansion, check)
+    per layer count, the counts interleaved round by round so that load on the machine hits them alike."""
     import torch  # noqa: F401  (its objects are what a collector pass over the whole process also walks)
 
     tracer.load(paths[min(paths)])  # warm up
-    times: dict[int, list[float]] = {n: [] for n in paths}
-    for _ in range(rounds):
-        for n, path in paths.items():
-            start = time.perf_counter()
-            tracer.load(path)
-            times[n].append(time.perf_counter() - start)
-    return {n: statistics.median(values) for n, values in times.items()}
+    return interleaved({n: lambda path=path: tracer.load(path) for n, path in paths.items()}, rounds)
 
 
 def main(argv=None) -> int:
@@ -107,19 +104,27 @@ def main(argv=None) -> int:
         for n in args.sizes:
             check, export = per_item_us(make(n), n, folder)
             print(f"{shape:<15}{n:>7}{check:>16.1f}{export:>16.1f}")
-    seconds = load_seconds(layer_stacks(args.layers, folder), args.rounds)
-    print(f"\n{'layers':>7}{'load + check':>14}{'x previous':>12}")
+    samples = load_seconds(layer_stacks(args.layers, folder), args.rounds)
+    print(f"\n{'layers':>7}{'load + check':>14}{'CPU':>9}{'x previous [95% CI]':>24}")
     previous = None
-    for n, took in seconds.items():
-        ratio = f"{took / seconds[previous]:.2f}" if previous else ""
-        print(f"{n:>7}{took * 1e3:>11.0f} ms{ratio:>12}")
+    for n in samples:
+        shown = ""
+        if previous:
+            grown = ratios(samples, n, previous)
+            shown = f"{grown.median:.2f} [{grown.low:.2f}-{grown.high:.2f}]"
+        print(f"{n:>7}{times(samples[n]).median * 1e3:>11.0f} ms{times(samples[n], 'cpu').median * 1e3:>6.0f} ms{shown:>24}")
         previous = n
-    if len(seconds) > 1:
-        small, large = sorted(seconds)[-2:]
-        grown = seconds[large] / seconds[small]
-        limit = DOUBLING * large / small / 2
+    if len(samples) > 1:
+        small, large = sorted(samples)[-2:]
+        limit = round(DOUBLING * large / small / 2, 2)
         print(
-            f"target: load + check, {large} layers vs {small} {grown:.2f}x (target <= {limit:.2f}x) {'met' if grown <= limit else 'NOT MET'}"
+            target_line(
+                f"load + check, {large} layers vs {small}",
+                ratios(samples, large, small),
+                limit,
+                "x",
+                cpu=ratios(samples, large, small, "cpu"),
+            )
         )
     return 0
 

@@ -2,23 +2,22 @@
 dims and at a 70B-class layer's (d 8192, 64 heads, T 4096), N from 125 to 1,000.
 
 For each N it prints the plan build (kernels compiled, lifetimes known), a run (every record of
-every layer; the plan and the drawn tensors reused) and their cost per layer, then the growth
-exponent from the smallest N to the largest (1.0 is linear). Targets: a run ≤ 0.2 ms a layer,
-both exponents ≤ 1.05 (a line per target says met or NOT MET). The same stack with ``meta_kernels=True`` (torch's meta kernel for every
-step) is timed at the smallest N, for comparison. Prints; asserts nothing.
+every layer; the plan and the drawn tensors reused) and their cost per layer, in wall and CPU
+time, then the growth exponent fitted over every N (1.0 is linear). The sizes run interleaved
+round by round (benchmarks/measure.py), so load on the machine hits them alike; each target line
+gives the median with its 95% bootstrap interval. Targets: a run ≤ 0.2 ms a layer, both exponents
+≤ 1.05 (a line per target says met or NOT MET). The same stack with ``meta_kernels=True`` (torch's
+meta kernel for every step) is timed at the smallest N, for comparison. Prints; asserts nothing.
 
-    .venv/bin/python benchmarks/meta_growth.py [--layers 125 250 500 1000] [--rounds 3]
+    .venv/bin/python benchmarks/meta_growth.py [--layers 125 250 500 1000] [--rounds 9]
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
-import math
-import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -26,6 +25,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from growth import layer_stacks  # noqa: E402
+from measure import growth, interleaved, target_line, times  # noqa: E402
 
 import tracer  # noqa: E402
 from tracer.runtime.interpreter import Plan  # noqa: E402
@@ -34,61 +34,57 @@ RUN_MS_PER_LAYER, EXPONENT = 0.2, 1.05
 SIZES = {"toy": {"B": 2, "T": 8, "d_model": 16, "H": 4}, "70B-class": {"B": 1, "T": 4096, "d_model": 8192, "H": 64}}
 
 
-def timed(fn, rounds: int) -> float:
-    times = []
-    for _ in range(rounds):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
-def measure(path: Path, dims: dict, rounds: int, meta_kernels: bool = False) -> tuple[float, float]:
-    """(plan build seconds, run seconds) on the meta device."""
-    pipeline = tracer.load(path)
-    analysis = pipeline.check(dims)
-    # the previous size's pipeline is garbage (cycles), and the analysis just built was made with the
-    # collector paused: one full pass now, so that it does not land inside a timed build of this size
+def measure(paths: dict[int, Path], dims: dict, rounds: int, meta_kernels: bool = False) -> tuple[dict, dict]:
+    """Samples of the plan build and of a run on the meta device, per layer count, the counts
+    interleaved round by round."""
+    pipelines = {n: tracer.load(path) for n, path in paths.items()}
+    analyses = {n: pipeline.check(dims) for n, pipeline in pipelines.items()}
+    # the previous dims' pipelines are garbage (cycles), and the analyses just built were made with
+    # the collector paused: one full pass now, so that it does not land inside a timed build
     gc.collect()
-    build = timed(lambda: Plan(analysis, "meta", meta_kernels=meta_kernels), rounds)
-    pipeline.run(dims, device="meta", meta_kernels=meta_kernels)  # plan and drawn tensors, kept for the runs below
-    run = timed(lambda: pipeline.run(dims, device="meta", meta_kernels=meta_kernels), rounds)
-    return build, run
-
-
-def _target(what: str, value: float, limit: float, unit: str = "") -> None:
-    print(
-        f"target: {what} {value:.3f}{unit and ' ' + unit} (target <= {limit}{unit and ' ' + unit}) {'met' if value <= limit else 'NOT MET'}"
-    )
-
-
-def exponent(seconds: dict[int, float]) -> float:
-    small, large = min(seconds), max(seconds)
-    return math.log(seconds[large] / seconds[small]) / math.log(large / small)
+    builds = interleaved({n: lambda a=a: Plan(a, "meta", meta_kernels=meta_kernels) for n, a in analyses.items()}, rounds)
+    for pipeline in pipelines.values():  # plan and drawn tensors, kept for the runs below
+        pipeline.run(dims, device="meta", meta_kernels=meta_kernels)
+    runs = interleaved({n: lambda p=p: p.run(dims, device="meta", meta_kernels=meta_kernels) for n, p in pipelines.items()}, rounds)
+    return builds, runs
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--layers", type=int, nargs="+", default=[125, 250, 500, 1000])
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=9)
     args = parser.parse_args(argv)
     paths = layer_stacks(args.layers, Path(tempfile.mkdtemp(prefix="tracer-meta-")))
     tracer.load(paths[min(paths)]).run(SIZES["toy"], device="meta")  # warm: torch's first meta triu imports dynamo
     for size, dims in SIZES.items():
-        print(f"\n{size}: {', '.join(f'{k}={v}' for k, v in dims.items())}")
-        print(f"{'layers':>7}{'plan build':>13}{'per layer':>12}{'run':>11}{'per layer':>12}")
-        builds, runs = {}, {}
-        for n, path in paths.items():
-            builds[n], runs[n] = measure(path, dims, args.rounds)
-            print(f"{n:>7}{builds[n] * 1e3:>10.1f} ms{builds[n] / n * 1e3:>9.3f} ms{runs[n] * 1e3:>8.1f} ms{runs[n] / n * 1e3:>9.3f} ms")
-        print(f"growth exponent {min(paths)} -> {max(paths)} layers: plan build {exponent(builds):.2f}, run {exponent(runs):.2f}")
+        print(f"\n{size}: {', '.join(f'{k}={v}' for k, v in dims.items())}  (medians of {args.rounds} interleaved rounds)")
+        print(f"{'layers':>7}{'plan build':>13}{'per layer':>12}{'CPU':>11}{'run':>11}{'per layer':>12}{'CPU':>11}")
+        builds, runs = measure(paths, dims, args.rounds)
+        for n in paths:
+            build, run = times(builds[n]).median, times(runs[n]).median
+            build_cpu, run_cpu = times(builds[n], "cpu").median, times(runs[n], "cpu").median
+            print(
+                f"{n:>7}{build * 1e3:>10.1f} ms{build / n * 1e3:>9.3f} ms{build_cpu / n * 1e3:>8.3f} ms"
+                f"{run * 1e3:>8.1f} ms{run / n * 1e3:>9.3f} ms{run_cpu / n * 1e3:>8.3f} ms"
+            )
         largest = max(paths)
-        _target(f"{size} run per layer at {largest} layers", runs[largest] / largest * 1e3, RUN_MS_PER_LAYER, "ms")
-        _target(f"{size} plan build growth exponent", exponent(builds), EXPONENT)
-        _target(f"{size} run growth exponent", exponent(runs), EXPONENT)
+        per_layer = 1e3 / largest
+        print(
+            target_line(
+                f"{size} run per layer at {largest} layers",
+                times(runs[largest]),
+                RUN_MS_PER_LAYER,
+                " ms",
+                per_layer,
+                times(runs[largest], "cpu"),
+            )
+        )
+        print(target_line(f"{size} plan build growth exponent", growth(builds), EXPONENT, cpu=growth(builds, "cpu")))
+        print(target_line(f"{size} run growth exponent", growth(runs), EXPONENT, cpu=growth(runs, "cpu")))
         n = min(paths)
-        _, kernels = measure(paths[n], dims, 1, meta_kernels=True)
-        print(f"meta_kernels=True at {n} layers: run {kernels * 1e3:.1f} ms, {kernels / n * 1e3:.3f} ms a layer")
+        _, kernels = measure({n: paths[n]}, dims, 1, meta_kernels=True)
+        took = kernels[n][0].wall
+        print(f"meta_kernels=True at {n} layers: run {took * 1e3:.1f} ms, {took / n * 1e3:.3f} ms a layer")
     return 0
 
 

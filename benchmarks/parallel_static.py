@@ -9,13 +9,14 @@ the rank view of one rank, and the predicted collectives with their bytes per ra
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from measure import repeated  # noqa: E402
 
 from tracer.analysis.parallel import collectives, rank_view  # noqa: E402
 from tracer.analysis.shapes import analyze  # noqa: E402
@@ -26,12 +27,7 @@ LAYER = ROOT / "benchmarks" / "llama70b_layer_tp8.yaml"
 
 
 def _ms(work, rounds: int) -> float:
-    times = []
-    for _ in range(rounds):
-        start = time.perf_counter()
-        work()
-        times.append((time.perf_counter() - start) * 1000)
-    return statistics.median(times)
+    return repeated(work, rounds).median * 1000
 
 
 def main() -> int:

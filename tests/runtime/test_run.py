@@ -68,3 +68,34 @@ def test_predicted_meta_layouts_agree_with_torchs_meta_kernels(name):
     assert fast.as_predicted and kernels.as_predicted
     plan = pipeline._plans[((), "meta", False)]
     assert sum(step.predicted for step in plan.steps) > 0  # the later copies did take the fast path
+    layouts = {name: (tuple(t.shape), t.stride(), t.storage_offset(), t.dtype) for name, t in kernels.outputs.items()}
+    assert {name: (tuple(t.shape), t.stride(), t.storage_offset(), t.dtype) for name, t in fast.outputs.items()} == layouts
+    seen = {}  # observed, every tensor of every copy is made, laid out as its record says
+    watched = pipeline.run(device="meta", observe=lambda rid, t: seen.__setitem__(rid, (tuple(t.shape), t.stride(), t.storage_offset())))
+    assert watched.records == kernels.records
+    made = {r.id: (r.shape, r.stride, r.storage_offset) for r in kernels.records if r.id not in fast.analysis.declared}
+    assert seen == made
+
+
+def test_a_meta_run_makes_only_the_tensors_something_reads():
+    """Unobserved, a repeated block's predicted copies make no tensor nobody reads: the records
+    come from their templates; the outputs, and what a kernel reads, are still real meta tensors."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Made(TorchDispatchMode):
+        count = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            Made.count += func is torch.ops.aten.empty_strided.default
+            return func(*args, **(kwargs or {}))
+
+    pipeline = tracer.load(PIPELINES / "encoder_stack.yaml")
+    pipeline.run(device="meta")
+    with Made():
+        fast = pipeline.run(device="meta")
+    quiet, Made.count = Made.count, 0
+    with Made():
+        watched = pipeline.run(device="meta", observe=lambda rid, tensor: None)
+    assert fast.records == watched.records and fast.as_predicted
+    assert quiet < Made.count / 10, (quiet, Made.count)
+    assert fast.outputs.keys() == watched.outputs.keys() and all(t.is_meta for t in fast.outputs.values())

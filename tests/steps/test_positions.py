@@ -75,6 +75,48 @@ def test_rope_matches_llama_neox_and_gptj():
     assert t["decode/cos"].shape == (5, 8) and t["decode/cos"].view_of is None
 
 
+def test_a_run_builds_each_rope_table_once(monkeypatch):
+    """transformers computes a layer's cos and sin once for q and k: so does a run, for every rope
+    of equal frequencies, positions, size and dtype. A later step gets a copy, its own storage as
+    predicted (values unchanged, the memory estimate counts the kept table); a different offset or
+    theta builds its own, and nothing is kept from one run to the next."""
+    from tracer.steps import positions
+
+    builds = []
+    real = positions.rope_default
+    monkeypatch.setattr(
+        positions, "rope_default", lambda torch, rot, theta, device: builds.append(theta) or real(torch, rot, theta, device)
+    )
+    steps = """
+        - {id: q_rot, op: rope, input: q}
+        - {id: k_rot, op: rope, input: k}
+        - {id: later, op: rope, input: k, offset: past}
+        - {id: slower, op: rope, input: k, theta: 500000.0}
+        - {id: again, op: rope, input: q}
+    """
+    inputs = "q: {shape: [1, 1, T, 8], init: randn}\nk: {shape: [1, 1, T, 8], init: randn}"
+    t = agrees(steps, inputs, dims="{T: 64, past: 2}")
+    live, table_bytes = t.analysis.memory.live, t["q_rot/cos"].nbytes
+    assert live["later"] == live["q_rot"] + 2 * table_bytes  # cos and sin kept from q_rot to again, the group's last step
+    builds.clear()
+    t = t.pipeline.run(keep_values=True)
+    assert sorted(builds) == [10000.0, 10000.0, 500000.0] and t.as_predicted  # q, k and again share one; later and slower build theirs
+    q, k = t["q"].tensor, t["k"].tensor
+    for rid, x, theta, offset in (
+        ("q_rot", q, 1e4, 0),
+        ("k_rot", k, 1e4, 0),
+        ("later", k, 1e4, 2),
+        ("slower", k, 5e5, 0),
+        ("again", q, 1e4, 0),
+    ):
+        assert close(t[rid].tensor, llama_rope(x, theta, offset), atol=1e-5), rid
+    tables = [t[f"{rid}/cos"].tensor for rid in ("q_rot", "k_rot", "again")]
+    assert all(torch.equal(tables[0], table) for table in tables)
+    assert len({table.untyped_storage().data_ptr() for table in tables}) == 3
+    builds.clear()
+    assert t.pipeline.run({"T": 9}).as_predicted and len(builds) == 3  # other dims: tables of their own size
+
+
 def test_mrope_section_is_qwen2_vls_multimodal_rope():
     from transformers import Qwen2VLTextConfig
     from transformers.models.qwen2_vl.modeling_qwen2_vl import Qwen2VLRotaryEmbedding, apply_rotary_pos_emb

@@ -58,6 +58,19 @@ def last_reads(analysis) -> dict[str, int]:
     return last
 
 
+def table_groups(analysis) -> dict[str, tuple[str, ...]]:
+    """Step id -> the steps, in execution order, whose kernels build equal tables in one run
+    (``StepBase.table_key``: rope's cos and sin for q and for k); only groups of two or more. The
+    interpreter builds such a table once and keeps it from the first step to the last of its group."""
+    groups: dict[tuple, list[str]] = {}
+    for node in analysis.nodes.values():
+        if node.step.table_records and node.outs:
+            key = node.step.table_key(lambda text, node=node: node.dims.dim(text).value, node.reads, [out.meta for out in node.outs])
+            if key is not None:
+                groups.setdefault(key, []).append(node.id)
+    return {step_id: tuple(members) for members in groups.values() if len(members) > 1 for step_id in members}
+
+
 def estimate_peak(analysis, kept: Iterable[str] = ()) -> MemoryEstimate:
     """The peak bytes of tensor storage of a real run of ``analysis`` (see the module docstring);
     the tensors ``kept`` (their values kept for the trace) live to the end, as outputs do."""
@@ -82,6 +95,12 @@ def estimate_peak(analysis, kept: Iterable[str] = ()) -> MemoryEstimate:
             storages[rid] = meta.nbytes
         s = span.setdefault(root, [start, last[rid]])
         s[0], s[1] = min(s[0], start), max(s[1], last[rid])
+    order = {node.id: i for i, node in enumerate(nodes)}
+    for step_id, members in table_groups(analysis).items():  # a shared table lives until its group's last step
+        if step_id == members[0]:
+            for suffix in analysis.nodes[step_id].step.table_records:
+                s = span[metas[f"{step_id}/{suffix}"].root]
+                s[1] = max(s[1], order[members[-1]])
     delta = [0] * (len(nodes) + 1)
     for root, (first, final) in span.items():
         nbytes = storages.get(root, 0)

@@ -16,7 +16,7 @@ from operator import is_, itemgetter
 from typing import Any, NamedTuple
 
 from ..analysis.graph import ONE, Node
-from ..analysis.memory import last_reads
+from ..analysis.memory import last_reads, table_groups
 from ..analysis.shapes import Analysis
 from ..core.dtypes import DTYPE_BYTES
 from ..core.errors import InternalError, TracerError
@@ -52,14 +52,16 @@ def device_problem(device: Any) -> str | None:
 class KernelContext:
     """What a step kind's ``kernel`` may use to build its function (the contract's ``KernelContext``)."""
 
-    def __init__(self, analysis: Analysis, node: Node, device: Any, training: bool | None = None):
+    def __init__(self, analysis: Analysis, node: Node, device: Any, training: bool | None = None, tables: tuple[dict, dict] | None = None):
+        """``tables``: (step id -> its table group, the plan's tables of the current run), for
+        ``shared_table``; without it every step builds its own."""
         import torch.nn.functional as F
 
         self.torch, self.F, self.device, self.training = torch_module(), F, device, training
         self.ins = [analysis.metas[rid] for rid in node.reads]
         self.outs = [out.meta for out in node.outs]
         self.out = self.outs[-1]
-        self._analysis, self._node = analysis, node
+        self._analysis, self._node, self._tables = analysis, node, tables
 
     def value(self, text) -> int:
         return self._node.dims.dim(text).value
@@ -67,6 +69,27 @@ class KernelContext:
     def error(self, code: str, message: str, field: str | None = None) -> TracerError:
         """A located error for what only a run can see (a token id outside its embedding table)."""
         return TracerError(self._analysis.error(self._node, code, message, field))
+
+    def shared_table(self, build: Callable) -> Callable:
+        """``build`` run once per run for the step's table group (``tracer.analysis.memory.
+        table_groups``): the first step to need the tables keeps them for the others, which get
+        copies (a record is its own storage, as the analysis predicts); the group's last step lets
+        them go, and the plan drops whatever is left when the run ends, so nothing outlives a run."""
+        group = None if self._tables is None else self._tables[0].get(self._node.id)
+        if group is None:
+            return build
+        cache, key, last = self._tables[1], group[0], group[-1] == self._node.id
+
+        def shared(*args):
+            made = cache.pop(key, None) if last else cache.get(key)
+            if made is not None:
+                return tuple(table.clone() for table in made)
+            made = build(*args)
+            if not last:
+                cache[key] = made
+            return made
+
+        return shared
 
 
 class Expected(NamedTuple):
@@ -92,6 +115,7 @@ class Planned(NamedTuple):
     free: tuple[str, ...]  # records that die after this step
     step_id: str
     predicted: bool = False  # on the meta device, the predicted layouts stand in for the kernel
+    shown: tuple[Expected, ...] = ()  # of a predicted step, the records a kernel, the outputs or a view reads: the only tensors made
 
 
 class RunResult(NamedTuple):
@@ -109,8 +133,10 @@ class Plan:
         On the meta device a repeated block's later copies take the layouts the static analysis
         predicts (``torch.empty_strided``, views by ``as_strided``: a few microseconds a tensor)
         instead of torch's Python meta kernels (about 10 ms a layer), once the first copy's kernels
-        have agreed with the same prediction for the same step, sizes and strides. ``meta_kernels``
-        runs torch's meta kernel for every step.
+        have agreed with the same prediction for the same step, sizes and strides; and only the
+        tensors something reads (a later kernel, an output, ``observe``, ``keep_values``) are made
+        at all, the other records coming from their templates. ``meta_kernels`` runs torch's meta
+        kernel for every step.
         """
         analysis.raise_errors()
         torch = torch_module()
@@ -119,6 +145,7 @@ class Plan:
         self.predicts = self.device.type == "meta" and not meta_kernels
         self.device_name = str(self.device)
         self.dtypes = {getattr(torch, name): name for name in DTYPE_BYTES}
+        self._tables: dict = {}  # group's first step id -> tables one step built for the others, this run only
         self.steps = self._compile(analysis)
         self._inputs_cache: tuple | None = None  # (names, tensors, input records, storage roots) of the last run
 
@@ -134,10 +161,10 @@ class Plan:
         for rid, last in last_reads(analysis).items():
             if rid not in keep and rid not in analysis.declared:
                 dying.setdefault(order[last], []).append(rid)
-        planned, verified = [], set()
+        planned, verified, tables = [], set(), (table_groups(analysis), self._tables)
         for node in analysis.nodes.values():
             predicted = self.predicts and _repeats_a_verified_step(analysis, node, verified)
-            fn = None if predicted else node.step.kernel(KernelContext(analysis, node, self.device, self.training))
+            fn = None if predicted else node.step.kernel(KernelContext(analysis, node, self.device, self.training, tables))
             expected = tuple(
                 self._expect(out.id, out.op, out.reads, out.meta, node.flops if out is node.outs[-1] else 0, torch) for out in node.outs
             )
@@ -155,6 +182,23 @@ class Plan:
                     predicted,
                 )
             )
+        return self._shown(analysis, planned, keep) if self.predicts else tuple(planned)
+
+    @staticmethod
+    def _shown(analysis: Analysis, planned: list[Planned], outputs: set[str]) -> tuple[Planned, ...]:
+        """The plan with each predicted step's ``shown`` records: those a kernel reads, the
+        outputs, and the owners of their storages. Nothing else of a repeated block's copy is ever
+        looked at (when no ``observe`` or ``keep_values`` asks for every tensor), so a run records
+        it from its template and makes no tensor (encoder_stack's layer: 25 torch calls fewer)."""
+        read = set(outputs)
+        for node, step in zip(analysis.nodes.values(), planned):
+            if not step.predicted:
+                read.update(node.reads)
+        metas = analysis.metas
+        read |= {metas[rid].root or rid for rid in read if rid in metas}
+        for i, step in enumerate(planned):
+            if step.predicted and any(e.id in read for e in step.expected):
+                planned[i] = step._replace(shown=tuple(e for e in step.expected if e.id in read))
         return tuple(planned)
 
     def _expect(self, rid: str, op: str, inputs: tuple, meta: Meta, flops: int, torch) -> Expected:
@@ -188,6 +232,12 @@ class Plan:
         as observed). That check is all a run adds to the kernels themselves. ``grad`` keeps
         autograd on (``tracer.to_module``); otherwise a run records no graph.
         """
+        try:
+            return self._run(tensors, keep_values, observe, grad)
+        finally:
+            self._tables.clear()  # tables shared within this run (a run that raised may leave some)
+
+    def _run(self, tensors: dict[str, Any], keep_values: bool, observe: Callable | None, grad: bool) -> RunResult:
         torch = torch_module()
         env = dict(tensors)
         storages = _StorageIndex()
@@ -212,14 +262,21 @@ class Plan:
         append = records.append
         roots, ref = storages.roots, weakref.ref
         on_meta = self.device.type == "meta"
-        bases: dict[str, Any] = {}  # on the meta device: record id -> a predicted storage's tensor
+        bases: dict[str, Any] = {}  # on the meta device: record id -> the tensor holding the storage it owns
+        every = observe is not None or keep_values  # else a predicted step makes only its shown tensors
         with torch.no_grad() if torch.is_grad_enabled() and not grad else _NO_CONTEXT:
-            for getter, fn, single, expect, expected, free, step_id, predicted in self.steps:
+            for getter, fn, single, expect, expected, free, step_id, predicted, shown in self.steps:
                 if predicted:
-                    self._predicted(expected, getter(env), single, env, bases, roots, append, observe)
+                    if every:
+                        self._predicted(expected, getter(env), single, env, bases, roots, append, observe)
+                    else:
+                        for made in expected:
+                            append(made.template)
+                        if shown:
+                            self._predicted(shown, None, single, env, bases, roots, None, None)
                     if free:
                         for name in free:
-                            del env[name]
+                            env.pop(name, None)
                     continue
                 result = fn(getter(env)) if single else fn(*getter(env))
                 if expect is not None:
@@ -247,6 +304,8 @@ class Plan:
                         if on_meta:
                             result = env[rid] = self._as_on_cpu(result, expect, view_of, roots)
                         diverged |= self._append(append, expect, result, view_of, keep_values, step_id)
+                    if on_meta and view_of is None:
+                        bases[rid] = result
                     if observe is not None:  # after a meta tensor took the layout a real run gives it
                         observe(rid, result)
                 else:
@@ -255,6 +314,8 @@ class Plan:
                         if on_meta:
                             tensor = self._as_on_cpu(tensor, expect, view_of, roots)
                         env[expect.id] = tensor
+                        if on_meta and view_of is None:
+                            bases[expect.id] = tensor
                         if observe is not None:
                             observe(expect.id, tensor)
                         diverged |= self._append(append, expect, tensor, view_of, keep_values, step_id)
@@ -267,7 +328,8 @@ class Plan:
 
     def _predicted(self, expected, args, single: bool, env: dict, bases: dict, roots: dict, append, observe) -> None:
         """A step's tensors on the meta device, laid out as predicted: a fresh storage per record
-        that owns one, a view of its owner's storage (made by this step, or read by it) for the rest."""
+        that owns one, a view of its owner's storage (``bases``: every owner this run made; an input
+        or a param; or one of the step's ``args``) for the rest; ``append`` None: the records are appended already."""
         torch, device = torch_module(), self.device
         for expect in expected:
             if expect.view_of is None:
@@ -276,11 +338,14 @@ class Plan:
                 bases[expect.id] = tensor
             else:
                 base = bases.get(expect.view_of)
-                if base is None:
-                    base = _storage_read(args if not single else (args,), expect.view_of, roots)
+                if base is None:  # an input's or a param's: env holds them for the whole run
+                    base = env.get(expect.view_of)
+                if base is None or base._base is not None:
+                    base = _storage_read(() if args is None else (args,) if single else args, expect.view_of, roots)
                 tensor = base.as_strided(expect.sizes, expect.stride, expect.offset)
             env[expect.id] = tensor
-            append(expect.template)
+            if append is not None:
+                append(expect.template)
             if observe is not None:
                 observe(expect.id, tensor)
 

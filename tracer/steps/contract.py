@@ -74,6 +74,12 @@ class KernelContext(Protocol):
         """A located error for what only a run can see (a token id outside its table)."""
         ...
 
+    def shared_table(self, build: Callable) -> Callable:
+        """``build`` (which makes the tables the kind's ``table_key`` describes) built once per
+        run for every step of that run with an equal key: the first caller's tables, a copy of
+        them for every later one (each step's records stay its own storage, as predicted)."""
+        ...
+
     training: bool | None  # dropout on or off whatever the step says (tracer.to_module's train()/eval()); None: as written
 
 
@@ -259,6 +265,7 @@ class StepBase(Strict):
     looks_up: ClassVar[bool] = False  # picks rows of a table by integer ids (nn.Embedding): learned positions, when the ids count
     axis_fields: ClassVar[tuple[str, ...]] = ("dim",)  # fields that number axes, -1 the last (a kind without one has none)
     counts_output_axes: ClassVar[bool] = False  # its axes number the output's, one more than the input's (unsqueeze, stack)
+    table_records: ClassVar[tuple[str, ...]] = ()  # inner records holding the tables ``table_key`` describes (rope: cos, sin)
 
     @model_validator(mode="after")
     def _one_input_form(self) -> "StepBase":
@@ -369,6 +376,13 @@ class StepBase(Strict):
     def is_random(self) -> bool:
         """Whether a run of this step draws from torch's RNG (training dropout)."""
         return False
+
+    def table_key(self, value: Callable[[int | str], int], reads: tuple[str, ...], outs: list[Meta]) -> tuple | None:
+        """What the tables its kernel builds from its settings alone depend on (rope's cos and sin:
+        frequencies, positions, size, dtype), given ``value`` for dim expressions, the record ids
+        it reads and its records' metadata; steps of one run with equal keys compute equal tables
+        (``KernelContext.shared_table``). None: it builds no such table."""
+        return None
 
     def args(self) -> list[str]:
         """Key arguments for diagrams and tables, e.g. ``['dim=-1']``."""

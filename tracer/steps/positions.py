@@ -76,6 +76,7 @@ class Rope(StepBase):
         description="M-RoPE (Qwen2-VL): frequencies per position stream of (S, B, T) positions; sums to R/2",
     )
     param_fields = ("positions",)
+    table_records = ("cos", "sin")
     example = """\
 - id: q_rot
   op: rope
@@ -225,22 +226,34 @@ class Rope(StepBase):
         dtype = getattr(torch, x.dtype)
         table_shape = _table_view(k.outs[0].sizes, seq, len(x.sizes), 1)
 
-        def rope(x, positions=None):
-            inv_freq, factor = frequencies(x.device, positions)
+        def tables(device, positions):
+            inv_freq, factor = frequencies(device, positions)
             if positions is None:
-                freqs = torch.arange(start, start + length, device=x.device).float()[:, None] * inv_freq
+                freqs = torch.arange(start, start + length, device=device).float()[:, None] * inv_freq
             else:
                 freqs = positions[..., None].float() * inv_freq
             emb = torch.cat((freqs, freqs), dim=-1) if half else torch.repeat_interleave(freqs, 2, dim=-1)
             emb = emb if section is None else _mrope(torch, emb, section)
             cos, sin = (emb.cos() * factor, emb.sin() * factor) if scaled else (emb.cos(), emb.sin())
-            cos, sin = cos.to(dtype), sin.to(dtype)
+            return cos.to(dtype), sin.to(dtype)
+
+        shared = k.shared_table(tables)  # q and k of a layer (and every layer) read one table, as in transformers
+
+        def rope(x, positions=None):
+            cos, sin = shared(x.device, positions)
             part = x if rot == head else x[..., :rot]
             turned = _rotate_half(torch, part) if half else _rotate_every_two(torch, part)
             out = part * cos.view(table_shape) + turned * sin.view(table_shape)
             return cos, sin, out if rot == head else torch.cat((out, x[..., rot:]), dim=-1)
 
         return rope
+
+    def table_key(self, value, reads, outs):
+        cos = outs[0]  # the tables: (T, R) from the offset, or (B, T, R) from the positions tensor
+        where = ("positions", reads[1]) if self.positions is not None else ("offset", value(self.offset))
+        scaling = None if self.rope_scaling is None else self.rope_scaling.model_dump_json()
+        section = None if self.mrope_section is None else tuple(self.mrope_section)
+        return ("rope", self.theta, self.style, where, scaling, section, cos.sizes, cos.dtype)
 
     def _frequencies(self, k, rot: int, end: int):
         """``(device, positions) -> (inv_freq, attention factor)`` for this step's scaling."""
