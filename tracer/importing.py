@@ -20,7 +20,7 @@ from .analysis.lints.structure import unread_declarations
 from .api import Pipeline, load
 from .core.errors import Diagnostic, TracerError
 from .importer.capture import caching_configs, capture, capturing, graph_inputs
-from .importer.idioms import Graph
+from .importer.idioms import Graph, one_thread_if_small
 from .importer.naming import Namer, model_dims
 from .importer.rules import Translator
 from .importer.sizes import Sizes
@@ -90,11 +90,13 @@ def _load(document: Document) -> Pipeline:
 
 def difference(pipeline: Pipeline, module: torch.nn.Module, *args, **kwargs) -> float:
     """The largest absolute difference between the pipeline's outputs and the module's, on the module's weights."""
-    with capturing(module):
-        expected = [t for t in torch.utils._pytree.tree_leaves(module(*args, **kwargs)) if isinstance(t, torch.Tensor)]
-    bound = inspect.signature(module.forward).bind(*args, **kwargs).arguments
-    inputs = {name: value for name, value in bound.items() if name in pipeline.spec.inputs}
-    trace = pipeline.run(params=module.state_dict(), inputs=inputs, keep_values=True)
+    tensors = [*torch.utils._pytree.tree_leaves((args, kwargs)), *module.state_dict().values()]
+    with one_thread_if_small(tensors):  # the module and the pipeline on the example: as small as the capture's
+        with capturing(module):
+            expected = [t for t in torch.utils._pytree.tree_leaves(module(*args, **kwargs)) if isinstance(t, torch.Tensor)]
+        bound = inspect.signature(module.forward).bind(*args, **kwargs).arguments
+        inputs = {name: value for name, value in bound.items() if name in pipeline.spec.inputs}
+        trace = pipeline.run(params=module.state_dict(), inputs=inputs, keep_values=True)
     got = [trace[name].tensor for name in pipeline.spec.outputs or [pipeline.spec.steps[-1].id]]
     if len(got) != len(expected):
         raise TracerError(

@@ -97,18 +97,14 @@ def _fold(document: Document, container: str, stem: str) -> Document | None:
 def _layers(steps: list[Step], container: str) -> list[tuple[int, list[Step]]] | None:
     """The layers of a container in order, each a run of consecutive steps; None unless 2 or more, from 0."""
     runs: list[tuple[int, list[Step]]] = []
-    for step in steps:
+    for previous, step in zip([None, *steps], steps):
         if step.layer and step.layer[0] == container:
-            if runs and runs[-1][0] == step.layer[1] and runs[-1][1][-1] is _previous(steps, step):
+            if runs and runs[-1][0] == step.layer[1] and runs[-1][1][-1] is previous:
                 runs[-1][1].append(step)
             else:
                 runs.append((step.layer[1], [step]))
     indexes = [index for index, _ in runs]
     return runs if len(runs) >= 2 and indexes == list(range(len(runs))) else None
-
-
-def _previous(steps: list[Step], step: Step) -> Step:
-    return steps[steps.index(step) - 1]
 
 
 def _reference_fields(fields: dict) -> list[str]:
