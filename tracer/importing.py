@@ -24,7 +24,7 @@ from .importer.idioms import Graph, one_thread_if_small
 from .importer.naming import Namer, model_dims
 from .importer.rules import Translator
 from .importer.sizes import Sizes
-from .importer.writer import Document, dims_of, drop_unused_dims, files, plain_line
+from .importer.writer import Document, dims_of, drop_unused_dims, files, plain_line, unread_names
 
 
 def from_module(
@@ -54,15 +54,32 @@ def from_module(
     dims_section = dims_of({d.name: d.size for d in sizes.dims}, namer.dims)
     document = Document(name, header, dims_section, translator.inputs, translator.params, translator.steps, translator.outputs, seed=0)
     drop_unused_dims(document)
+    return _verified(document)
+
+
+def _verified(document: Document) -> Pipeline:
+    """The document written, loaded and checked. Inputs and params no step reads are declared all
+    the same, allowed, so that ``run(params=module.state_dict(), inputs=forward's arguments)``
+    takes every one: the steps say which they are before the file is written, and the loaded
+    file's analysis must agree (else it decides, and the file is written again)."""
+    declared = {"params": dict(document.params), "inputs": dict(document.inputs)}
+    predicted = set(unread_names(document))
+    _allow_unread(document, declared, predicted)
     pipeline = _load(document)
-    unread = unread_declarations(pipeline.check())
-    if not unread:
+    unread = set(unread_declarations(pipeline.check()))
+    if unread == predicted:
         return pipeline
-    # declared all the same, so that run(params=module.state_dict(), inputs=forward's arguments) takes every one
-    for section, reason in ((document.params, UNREAD_REASON), (document.inputs, UNREAD_INPUT_REASON)):
-        for name in (n for n in unread if n in section):
-            section[name] = {**section[name], "allow": {"unused-tensor": reason}}
+    _allow_unread(document, declared, unread)
     return _load(document)
+
+
+def _allow_unread(document: Document, declared: dict[str, dict], unread: set[str]) -> None:
+    """The declarations as captured, those in ``unread`` with an ``unused-tensor`` allow."""
+    for section, reason in (("params", UNREAD_REASON), ("inputs", UNREAD_INPUT_REASON)):
+        entries = {
+            name: {**entry, "allow": {"unused-tensor": reason}} if name in unread else entry for name, entry in declared[section].items()
+        }
+        setattr(document, section, entries)
 
 
 def _axis_order(module: torch.nn.Module) -> str:

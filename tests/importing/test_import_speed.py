@@ -54,3 +54,44 @@ def test_a_stack_trace_is_parsed_once_and_read_the_same_each_time():
     first = rules.frames(node)
     assert first == (("/home/me/model.py", 12, "forward", "y = self.proj(x)"),)
     assert rules.frames(node) is first and rules._frames.cache_info().misses == 1
+
+
+class _Unread(torch.nn.Module):  # a param no op reads, as a tied or spare weight is
+    def __init__(self):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.randn(8, 8))
+        self.spare = torch.nn.Parameter(torch.randn(8))
+
+    def forward(self, x):
+        return x @ self.weight
+
+
+def _loads_counted(monkeypatch) -> list:
+    import tracer.importing
+
+    loaded, load = [], tracer.importing.load
+    monkeypatch.setattr(tracer.importing, "load", lambda path: loaded.append(path) or load(path))
+    return loaded
+
+
+def test_an_unread_param_is_allowed_in_the_file_loaded_once(monkeypatch):
+    from tracer.importing import difference, from_module
+
+    loaded = _loads_counted(monkeypatch)
+    module, x = _Unread(), torch.randn(2, 3, 8)
+    pipeline = from_module(module, x)
+    assert len(loaded) == 1  # the steps said which param is unread before the file was written
+    assert pipeline.spec.params["spare"].allow == {"unused-tensor": "a state_dict entry of the module that no captured op reads"}
+    assert [d for d in pipeline.check().diagnostics if d.severity in ("error", "warning")] == []
+    assert difference(pipeline, module, x) == 0.0
+
+
+def test_the_files_analysis_decides_when_the_steps_say_otherwise(monkeypatch):
+    import tracer.importing
+    from tracer.importing import from_module
+
+    module, x = _Unread(), torch.randn(2, 3, 8)
+    expected = from_module(module, x).files
+    loaded = _loads_counted(monkeypatch)
+    monkeypatch.setattr(tracer.importing, "unread_names", lambda document: ["weight"])  # a wrong guess: weight is read
+    assert from_module(module, x).files == expected and len(loaded) == 2

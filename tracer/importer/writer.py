@@ -153,6 +153,13 @@ def _only_last_leaves(document: Document, layers) -> bool:
     return not inner & used
 
 
+def unread_names(document: Document) -> list[str]:
+    """The inputs and params no step reads and no output names, as the file's analysis finds them
+    (``unread_declarations``), known before the file is written."""
+    read = {name for step in document.steps for name in _names_read(step.fields)} | set(document.outputs or [])
+    return [name for name in (*document.inputs, *document.params) if name not in read]
+
+
 def _names_read(fields: dict) -> list[str]:
     found = []
     _rename(fields, lambda name: found.append(name) or name)
