@@ -103,7 +103,10 @@ class Graph:
         self.consumed.update(n for n in inner if n is not idiom.node)
 
     def find_idioms(self) -> None:
+        present = {n.target for n in self.fx.nodes if n.op == "call_function"}
         for kind, pattern in _patterns():
+            if not _targets(pattern) <= present:  # an op of the pattern is nowhere in the graph: no match to look for
+                continue
             for match in _Matcher(pattern).match(self.fx):
                 inner = [n for p, n in match.nodes_map.items() if p.op not in ("placeholder", "output")]
                 facts = VERIFY[kind](self, match)
@@ -287,6 +290,10 @@ def _patterns() -> list[tuple[str, torch.fx.Graph]]:
         canonicalize(graph)
         graphs.append((kind, graph))
     return graphs
+
+
+def _targets(pattern: torch.fx.Graph) -> set:
+    return {n.target for n in pattern.nodes if n.op == "call_function"}
 
 
 def _traced(module: torch.nn.Module, example: tuple) -> torch.fx.Graph:
