@@ -20,11 +20,11 @@ from .analysis.lints.structure import unread_declarations
 from .api import Pipeline, load
 from .core.errors import Diagnostic, TracerError
 from .importer.capture import caching_configs, capture, capturing, graph_inputs
-from .importer.idioms import Graph
+from .importer.idioms import Graph, one_thread_if_small
 from .importer.naming import Namer, model_dims
 from .importer.rules import Translator
 from .importer.sizes import Sizes
-from .importer.writer import Document, dims_of, drop_unused_dims, files, plain_line
+from .importer.writer import Document, dims_of, drop_unused_dims, files, plain_line, unread_names
 
 
 def from_module(
@@ -54,15 +54,32 @@ def from_module(
     dims_section = dims_of({d.name: d.size for d in sizes.dims}, namer.dims)
     document = Document(name, header, dims_section, translator.inputs, translator.params, translator.steps, translator.outputs, seed=0)
     drop_unused_dims(document)
+    return _verified(document)
+
+
+def _verified(document: Document) -> Pipeline:
+    """The document written, loaded and checked. Inputs and params no step reads are declared all
+    the same, allowed, so that ``run(params=module.state_dict(), inputs=forward's arguments)``
+    takes every one: the steps say which they are before the file is written, and the loaded
+    file's analysis must agree (else it decides, and the file is written again)."""
+    declared = {"params": dict(document.params), "inputs": dict(document.inputs)}
+    predicted = set(unread_names(document))
+    _allow_unread(document, declared, predicted)
     pipeline = _load(document)
-    unread = unread_declarations(pipeline.check())
-    if not unread:
+    unread = set(unread_declarations(pipeline.check()))
+    if unread == predicted:
         return pipeline
-    # declared all the same, so that run(params=module.state_dict(), inputs=forward's arguments) takes every one
-    for section, reason in ((document.params, UNREAD_REASON), (document.inputs, UNREAD_INPUT_REASON)):
-        for name in (n for n in unread if n in section):
-            section[name] = {**section[name], "allow": {"unused-tensor": reason}}
+    _allow_unread(document, declared, unread)
     return _load(document)
+
+
+def _allow_unread(document: Document, declared: dict[str, dict], unread: set[str]) -> None:
+    """The declarations as captured, those in ``unread`` with an ``unused-tensor`` allow."""
+    for section, reason in (("params", UNREAD_REASON), ("inputs", UNREAD_INPUT_REASON)):
+        entries = {
+            name: {**entry, "allow": {"unused-tensor": reason}} if name in unread else entry for name, entry in declared[section].items()
+        }
+        setattr(document, section, entries)
 
 
 def _axis_order(module: torch.nn.Module) -> str:
@@ -90,11 +107,13 @@ def _load(document: Document) -> Pipeline:
 
 def difference(pipeline: Pipeline, module: torch.nn.Module, *args, **kwargs) -> float:
     """The largest absolute difference between the pipeline's outputs and the module's, on the module's weights."""
-    with capturing(module):
-        expected = [t for t in torch.utils._pytree.tree_leaves(module(*args, **kwargs)) if isinstance(t, torch.Tensor)]
-    bound = inspect.signature(module.forward).bind(*args, **kwargs).arguments
-    inputs = {name: value for name, value in bound.items() if name in pipeline.spec.inputs}
-    trace = pipeline.run(params=module.state_dict(), inputs=inputs, keep_values=True)
+    tensors = [*torch.utils._pytree.tree_leaves((args, kwargs)), *module.state_dict().values()]
+    with one_thread_if_small(tensors):  # the module and the pipeline on the example: as small as the capture's
+        with capturing(module):
+            expected = [t for t in torch.utils._pytree.tree_leaves(module(*args, **kwargs)) if isinstance(t, torch.Tensor)]
+        bound = inspect.signature(module.forward).bind(*args, **kwargs).arguments
+        inputs = {name: value for name, value in bound.items() if name in pipeline.spec.inputs}
+        trace = pipeline.run(params=module.state_dict(), inputs=inputs, keep_values=True)
     got = [trace[name].tensor for name in pipeline.spec.outputs or [pipeline.spec.steps[-1].id]]
     if len(got) != len(expected):
         raise TracerError(

@@ -8,8 +8,8 @@ implementations is the table in docs/import.md."""
 import pytest
 import yaml
 
-from benchmarks.import_sweep import build
-from tracer.importing import difference, from_module
+from tests.importing.sweep_rows import imported_row
+from tracer.importing import difference
 
 CASES = {
     # (family, attention): steps the file must have besides running equal
@@ -32,8 +32,7 @@ LAYERS = {("qwen3", "sdpa"): 2}  # every layer reads the one padded mask masking
 def test_architecture_imports_checks_clean_and_runs_equal(family, attention):
     if family != "decoder_layer":
         pytest.importorskip("transformers")
-    module, args, kwargs = build(family, attention, layers=LAYERS.get((family, attention), 1))
-    pipeline = from_module(module, *args, name=family, **kwargs)
+    module, args, kwargs, pipeline = imported_row(family, attention, LAYERS.get((family, attention), 1))
     assert difference(pipeline, module, *args, **kwargs) <= 1e-5
     assert [str(d) for d in pipeline.check().diagnostics if d.severity in ("error", "warning")] == []
     steps = [step for text in pipeline.files.values() for step in yaml.safe_load(text)["steps"]]

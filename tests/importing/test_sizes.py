@@ -87,10 +87,9 @@ def test_a_padded_llamas_sequence_stays_t_and_runs_at_other_sizes():
     """transformers' masking_utils made the symbolic capture fix T (the file said 7); followed
     through the graph it is T, and the file runs a longer padded batch as the model does."""
     pytest.importorskip("transformers")
-    from benchmarks.import_sweep import build
+    from tests.importing.sweep_rows import imported_row
 
-    module, (ids,), kwargs = build("llama", "eager", layers=1)
-    pipeline = from_module(module, ids, **kwargs)
+    module, (ids,), kwargs, pipeline = imported_row("llama", "eager")  # test_architectures' row: one capture for both
     assert _file(pipeline)["inputs"]["attention_mask"]["shape"] == ["B", "T"]
     longer, mask = torch.randint(1, 64, (3, 9)), (torch.arange(9) < torch.tensor([[9], [5], [7]])).long()
     trace = pipeline.run(

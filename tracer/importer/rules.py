@@ -96,11 +96,18 @@ class Unmapped(Exception):
     """A node with no rule; the message says what it is."""
 
 
-def frames(node: torch.fx.Node) -> list[tuple[str, int, str, str]]:
+def frames(node: torch.fx.Node) -> tuple[tuple[str, int, str, str], ...]:
     """(file, line, function, code) of the node's stack trace outside torch, outermost first."""
-    found = FRAME.findall(node.meta.get("stack_trace") or "")
+    return _frames(node.meta.get("stack_trace") or "")
+
+
+@functools.lru_cache(maxsize=4096)
+def _frames(stack_trace: str) -> tuple[tuple[str, int, str, str], ...]:
+    """Parsed once per distinct trace: a node's is read for its id, its comment and its
+    caller, and nodes of one line share it."""
+    found = FRAME.findall(stack_trace)
     first = next((i for i, (_, _, function, _) in enumerate(found) if function == "forward"), len(found))  # the root module's forward
-    return [(f, int(line), fn, code.strip()) for f, line, fn, code in found[first:] if not _internal(f)]
+    return tuple((f, int(line), fn, code.strip()) for f, line, fn, code in found[first:] if not _internal(f))
 
 
 def _internal(file: str) -> bool:
@@ -136,7 +143,13 @@ def _forward_span(cls: type) -> tuple[str, int, int] | None:
 
 
 def _same_file(file: str, real: str) -> bool:
-    return os.path.realpath(file) == real
+    return _real_path(file) == real
+
+
+@functools.lru_cache(maxsize=1024)
+def _real_path(file: str) -> str:
+    """``os.path.realpath``, which asks the file system each time, asked once per file."""
+    return os.path.realpath(file)
 
 
 class Translator:

@@ -97,18 +97,14 @@ def _fold(document: Document, container: str, stem: str) -> Document | None:
 def _layers(steps: list[Step], container: str) -> list[tuple[int, list[Step]]] | None:
     """The layers of a container in order, each a run of consecutive steps; None unless 2 or more, from 0."""
     runs: list[tuple[int, list[Step]]] = []
-    for step in steps:
+    for previous, step in zip([None, *steps], steps):
         if step.layer and step.layer[0] == container:
-            if runs and runs[-1][0] == step.layer[1] and runs[-1][1][-1] is _previous(steps, step):
+            if runs and runs[-1][0] == step.layer[1] and runs[-1][1][-1] is previous:
                 runs[-1][1].append(step)
             else:
                 runs.append((step.layer[1], [step]))
     indexes = [index for index, _ in runs]
     return runs if len(runs) >= 2 and indexes == list(range(len(runs))) else None
-
-
-def _previous(steps: list[Step], step: Step) -> Step:
-    return steps[steps.index(step) - 1]
 
 
 def _reference_fields(fields: dict) -> list[str]:
@@ -155,6 +151,13 @@ def _only_last_leaves(document: Document, layers) -> bool:
     after = document.steps[document.steps.index(last_steps[-1]) + 1 :]
     used = {name for step in after for name in _names_read(step.fields)} | set(document.outputs or [])
     return not inner & used
+
+
+def unread_names(document: Document) -> list[str]:
+    """The inputs and params no step reads and no output names, as the file's analysis finds them
+    (``unread_declarations``), known before the file is written."""
+    read = {name for step in document.steps for name in _names_read(step.fields)} | set(document.outputs or [])
+    return [name for name in (*document.inputs, *document.params) if name not in read]
 
 
 def _names_read(fields: dict) -> list[str]:
