@@ -25,6 +25,14 @@ PIPELINES = ROOT / "pipelines"
 INVALID_EXAMPLES = {"lint_examples/view_non_contiguous.yaml": "view-non-contiguous"}
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Items marked ``long`` (seconds each: a child process, a build) run first. `make test` spreads
+    the items over two pytest-xdist workers in collection order, and a long item handed out last
+    would keep one worker busy while the other has nothing left: started first, the short items
+    that follow even the two out. The sort is stable, so each module's items stay in their order."""
+    items.sort(key=lambda item: item.get_closest_marker("long") is None)
+
+
 def bundled_pipelines() -> list[Path]:
     """Every bundled pipeline file that must load (blocks and seeds included)."""
     found = sorted(PIPELINES.rglob("*.yaml"))

@@ -46,18 +46,23 @@ def test_values_json_and_dot_are_bitwise_identical_across_processes(tmp_path):
     (tmp_path / "here").mkdir()
     (tmp_path / "there").mkdir()
     files = ["pipelines/causal_mha.yaml", *(f for f in FILES if f != "pipelines/causal_mha.yaml")]
-    with contextlib.chdir(ROOT):
-        here = fingerprints(tmp_path / "here", files)
-    done = subprocess.run(
+    there = subprocess.Popen(  # started first: it imports torch and computes while this process does
         [sys.executable, "-m", "tests.fingerprint", str(tmp_path / "there"), *files],
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=300,
         cwd=ROOT,
         env=dict(os.environ, PYTHONHASHSEED=_other_hash_seed()),  # set iteration order must not leak
     )
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert json.loads(done.stdout) == here
+    try:
+        with contextlib.chdir(ROOT):
+            here = fingerprints(tmp_path / "here", files)
+        out, err = there.communicate(timeout=300)
+    finally:
+        there.kill()  # a no-op once it has exited
+        there.wait()
+    assert there.returncode == 0, err[-3000:]
+    assert json.loads(out) == here
     assert sorted(here) == sorted(FILES + ["cli"]) and len(FILES) >= 15
 
 
