@@ -140,7 +140,6 @@ def test_only_the_listed_blocks_are_left_unrun():
     assert skipped == NOT_RUN
 
 
-@pytest.mark.long
 @pytest.mark.parametrize("doc", [d for d in DOCS if runnable(d)], ids=lambda d: d.name)
 def test_every_block_of_a_document_runs(doc: Path, pytester, request):
     scratch = pytester.path

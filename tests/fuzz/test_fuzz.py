@@ -39,7 +39,6 @@ class Terminal(io.StringIO):
         return True
 
 
-@pytest.mark.long
 @pytest.mark.parametrize("strategy", GENERATED)
 def test_generated_cases_end_in_success_or_a_located_error(strategy, tmp_path_factory):
     @settings(CI, max_examples=GENERATED[strategy])

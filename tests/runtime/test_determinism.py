@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import tracer
 from tests.conftest import ROOT, bundled_pipelines, covering, shared_pipeline
 from tests.fingerprint import fingerprints
@@ -40,6 +42,7 @@ steps:
 """
 
 
+@pytest.mark.long
 def test_values_json_and_dot_are_bitwise_identical_across_processes(tmp_path):
     """This process (after every earlier test) and a fresh one under another hash seed write the same
     bytes: values, JSON, DOT, and the CLI's `run --json --values` and `render -o x.dot`."""

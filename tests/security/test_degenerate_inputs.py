@@ -32,6 +32,7 @@ def _small(path) -> bool:
 
 # every step kind with every set of fields the bundled files write (27 of 86 files; the fuzzer's
 # hostile shapes put zeros everywhere else)
+@pytest.mark.long
 @pytest.mark.parametrize("path", covering([p for p in bundled_pipelines() if _small(p)]), ids=lambda p: p.relative_to(PIPELINES).as_posix())
 def test_every_dim_at_zero_renders_with_values_or_is_refused(tmp_path, path):
     for dim in _zero_dims(path):

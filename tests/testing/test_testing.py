@@ -85,6 +85,7 @@ def test_wrong_expect_fails_check_and_pytest_plugin_with_file_and_line(pytester)
     assert f"\nbad_mha.yaml:{line}:3: error[expect]" in result.stdout.str()  # as the user named it: relative
 
 
+@pytest.mark.long
 def test_check_of_every_bundled_pipeline_never_imports_torch():
     files = [str(p) for p in bundled_pipelines()]
     # torch is made unimportable; networkx is only needed for out-of-order steps, cycles and diagrams
@@ -111,6 +112,7 @@ def test_the_invalid_examples_fail_with_their_own_error():
         assert [d.code for d in info.value.diagnostics] == [code], name
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("path", bundled_pipelines(), ids=lambda p: str(p.relative_to(PIPELINES)))
 def test_static_analysis_agrees_with_torch(path):
     """Shape rules are exact: shapes, strides, contiguity and storage sharing predicted before
