@@ -3,6 +3,7 @@ import functools
 import io
 import os
 import re
+import shutil
 import sys
 import tempfile
 import textwrap
@@ -39,6 +40,20 @@ def bundled_pipelines() -> list[Path]:
     """Every bundled pipeline file that must load (blocks and seeds included)."""
     found = sorted(PIPELINES.rglob("*.yaml"))
     return [p for p in found if p.relative_to(PIPELINES).as_posix() not in INVALID_EXAMPLES]
+
+
+def two_copies_of_each_block(path: Path, folder: Path) -> Path:
+    """``path``, or where it repeats a block more than twice, a copy with ``repeat: 2`` in a copy of
+    its folder (the blocks it uses): for the sweeps whose property holds copy by copy (encoder_stack's
+    48 made their longest items); the sweeps over the files as written keep the 48."""
+    text = path.read_text(encoding="utf-8")
+    fewer = re.sub(r"\brepeat: \d+", "repeat: 2", text)
+    if fewer == text:
+        return path
+    shutil.copytree(path.parent, folder)
+    (folder / path.name).write_text(fewer, encoding="utf-8")
+    tracer.load(folder / path.name).check()  # it checks at its own dims: a sweep that accepts a refusal would miss a broken copy
+    return folder / path.name
 
 
 @functools.cache

@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import re
 import shutil
-from pathlib import Path
 
 import pytest
 
 import tracer
-from tests.conftest import PIPELINES, bundled_pipelines, covering, shared_pipeline, tracer_cli
+from tests.conftest import PIPELINES, bundled_pipelines, covering, shared_pipeline, tracer_cli, two_copies_of_each_block
 from tracer.presentation.notebook import pipeline_html
 
 
@@ -31,26 +30,12 @@ def _small(path) -> bool:
     return shared_pipeline(path).check().memory.peak_bytes < 16 << 20
 
 
-def _two_copies_of_each_block(path: Path, folder: Path) -> Path:
-    """``path``, or where it repeats a block more than twice, a copy with ``repeat: 2`` in a copy of
-    its folder (the blocks it uses): a zero dim takes the same path through every copy of a block, and
-    encoder_stack's 48 made this sweep's longest item (eight runs of them)."""
-    text = path.read_text(encoding="utf-8")
-    fewer = re.sub(r"\brepeat: \d+", "repeat: 2", text)
-    if fewer == text:
-        return path
-    shutil.copytree(path.parent, folder)
-    (folder / path.name).write_text(fewer, encoding="utf-8")
-    tracer.load(folder / path.name).check()  # it checks at its own dims: a refusal would pass the test unseen
-    return folder / path.name
-
-
 # every step kind with every set of fields the bundled files write (27 of 86 files; the fuzzer's
 # hostile shapes put zeros everywhere else)
 @pytest.mark.long
 @pytest.mark.parametrize("path", covering([p for p in bundled_pipelines() if _small(p)]), ids=lambda p: p.relative_to(PIPELINES).as_posix())
 def test_every_dim_at_zero_renders_with_values_or_is_refused(tmp_path, path):
-    run = _two_copies_of_each_block(path, tmp_path / "pipelines")
+    run = two_copies_of_each_block(path, tmp_path / "pipelines")  # a zero dim takes the same path through every copy
     for dim in _zero_dims(path):
         for argv in (["render", "--values", "-o", tmp_path / "r.dot"], ["run", "--values", "--json", "-o", tmp_path / "r.json"]):
             done = tracer_cli(argv[0], run, "--dim", dim, *argv[1:], "-q")
