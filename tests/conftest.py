@@ -32,7 +32,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     would keep one worker busy while the other has nothing left: started first, the short items
     that follow even the two out. The sort is stable, so each module's items stay in their order.
     Marked: the long items of the folders collected late (tests/analysis, cli, docs, fuzz start
-    early anyway), as the first worker takes the first eighth of the items as one share."""
+    early anyway), as the first worker takes the first eighth of the items as one share; and the
+    items that read test_costs' module fixture (a child process of seconds), placed first so that
+    they fall in one worker's share: a module split between the two workers sets it up in both."""
     items.sort(key=lambda item: item.get_closest_marker("long") is None)
 
 
