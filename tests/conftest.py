@@ -3,6 +3,7 @@ import functools
 import io
 import os
 import re
+import shutil
 import sys
 import tempfile
 import textwrap
@@ -25,10 +26,36 @@ PIPELINES = ROOT / "pipelines"
 INVALID_EXAMPLES = {"lint_examples/view_non_contiguous.yaml": "view-non-contiguous"}
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Items marked ``long`` (seconds each: a child process, a build) run first. `make test` spreads
+    the items over two pytest-xdist workers in collection order, and a long item handed out last
+    would keep one worker busy while the other has nothing left: started first, the short items
+    that follow even the two out. The sort is stable, so each module's items stay in their order.
+    Marked: the long items of the folders collected late (tests/analysis, cli, docs, fuzz start
+    early anyway), as the first worker takes the first eighth of the items as one share; and the
+    items that read test_costs' module fixture (a child process of seconds), placed first so that
+    they fall in one worker's share: a module split between the two workers sets it up in both."""
+    items.sort(key=lambda item: item.get_closest_marker("long") is None)
+
+
 def bundled_pipelines() -> list[Path]:
     """Every bundled pipeline file that must load (blocks and seeds included)."""
     found = sorted(PIPELINES.rglob("*.yaml"))
     return [p for p in found if p.relative_to(PIPELINES).as_posix() not in INVALID_EXAMPLES]
+
+
+def two_copies_of_each_block(path: Path, folder: Path) -> Path:
+    """``path``, or where it repeats a block more than twice, a copy with ``repeat: 2`` in a copy of
+    its folder (the blocks it uses): for the sweeps whose property holds copy by copy (encoder_stack's
+    48 made their longest items); the sweeps over the files as written keep the 48."""
+    text = path.read_text(encoding="utf-8")
+    fewer = re.sub(r"\brepeat: \d+", "repeat: 2", text)
+    if fewer == text:
+        return path
+    shutil.copytree(path.parent, folder)
+    (folder / path.name).write_text(fewer, encoding="utf-8")
+    tracer.load(folder / path.name).check()  # it checks at its own dims: a sweep that accepts a refusal would miss a broken copy
+    return folder / path.name
 
 
 @functools.cache

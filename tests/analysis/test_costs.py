@@ -329,6 +329,7 @@ def allocated():
     return dict(zip(WORKSPACES, allocated_peaks(texts)))
 
 
+@pytest.mark.long  # first: one worker computes `allocated` (seconds), not both
 @pytest.mark.parametrize("case", list(WORKSPACES))
 def test_the_estimate_bounds_what_the_kernels_allocate(case, allocated):
     estimate, peak = allocated[case]
@@ -336,6 +337,7 @@ def test_the_estimate_bounds_what_the_kernels_allocate(case, allocated):
     assert estimate <= 4 * peak + (1 << 20), f"{case}: estimated {estimate:,} B is no useful bound of {peak:,} B"
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("case", list(WORKSPACES))
 def test_a_budget_the_run_would_exceed_is_refused_before_anything_is_allocated(case, allocated, monkeypatch):
     _, peak = allocated[case]
@@ -352,6 +354,7 @@ def _refuse(*args, **kwargs):
     raise AssertionError("allocated before the memory guard")
 
 
+@pytest.mark.long
 def test_the_meter_sees_what_a_kernel_allocates_inside_itself(allocated):
     """Without a bound to check, a meter that missed kernel insides would pass everything: the
     three-operand einsum's n^4 intermediate must show (32^4 float32 = 4 MiB)."""

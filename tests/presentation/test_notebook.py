@@ -55,6 +55,7 @@ def test_records_and_pipelines_have_concise_views(causal):
     assert "B=2, T=8, d_model=16" in page and "1 (1,200 once blocks are expanded)" in page
 
 
+@pytest.mark.long
 def test_the_quickstart_notebook_runs_in_a_kernel():
     notebook = nbformat.read(NOTEBOOK, as_version=4)
     NotebookClient(notebook, timeout=60, kernel_name="python3", resources={"metadata": {"path": str(NOTEBOOK.parent)}}).execute()

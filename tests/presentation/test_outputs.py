@@ -42,6 +42,7 @@ def test_unwritable_render_outputs_are_user_errors(tmp_path, capsys, output):
     assert not (tmp_path / "missing").exists()  # like `run -o`: no folder is created
 
 
+@pytest.mark.long
 @needs_dot
 def test_sigterm_during_render_leaves_no_temporary_file(tmp_path):
     bin_dir, out_dir, tmp = tmp_path / "bin", tmp_path / "out", tmp_path / "tmp"

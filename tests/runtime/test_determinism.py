@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import tracer
 from tests.conftest import ROOT, bundled_pipelines, covering, shared_pipeline
 from tests.fingerprint import fingerprints
@@ -40,24 +42,30 @@ steps:
 """
 
 
+@pytest.mark.long
 def test_values_json_and_dot_are_bitwise_identical_across_processes(tmp_path):
     """This process (after every earlier test) and a fresh one under another hash seed write the same
     bytes: values, JSON, DOT, and the CLI's `run --json --values` and `render -o x.dot`."""
     (tmp_path / "here").mkdir()
     (tmp_path / "there").mkdir()
     files = ["pipelines/causal_mha.yaml", *(f for f in FILES if f != "pipelines/causal_mha.yaml")]
-    with contextlib.chdir(ROOT):
-        here = fingerprints(tmp_path / "here", files)
-    done = subprocess.run(
+    there = subprocess.Popen(  # started first: it imports torch and computes while this process does
         [sys.executable, "-m", "tests.fingerprint", str(tmp_path / "there"), *files],
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=300,
         cwd=ROOT,
         env=dict(os.environ, PYTHONHASHSEED=_other_hash_seed()),  # set iteration order must not leak
     )
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert json.loads(done.stdout) == here
+    try:
+        with contextlib.chdir(ROOT):
+            here = fingerprints(tmp_path / "here", files)
+        out, err = there.communicate(timeout=300)
+    finally:
+        there.kill()  # a no-op once it has exited
+        there.wait()
+    assert there.returncode == 0, err[-3000:]
+    assert json.loads(out) == here
     assert sorted(here) == sorted(FILES + ["cli"]) and len(FILES) >= 15
 
 

@@ -6,6 +6,7 @@ second once the server is up), so the runs the tests read are made once per modu
 
 import copy
 import functools
+import itertools
 import json
 import os
 import signal
@@ -26,6 +27,8 @@ from tracer.core.errors import TracerError
 from tracer.distributed import _check_collectives
 from tracer.presentation.export import export_source
 from tracer.runtime import sharded
+
+pytestmark = pytest.mark.long  # a fork server, and a fresh launcher process
 
 B, T, D, H = 2, 4, 8, 4
 
@@ -451,40 +454,33 @@ def test_a_rank_dies_with_its_parent_however_the_parent_dies():
     assert alive == []
 
 
-LAUNCHER = """\
+LAUNCHER = """\\
 import functools, sys
 import tracer, tracer.distributed
 from tests.runtime.test_parallel_run import _hang, _rank_failing_in
 
 print("started", flush=True)  # once: the ranks never run this script again
-if sys.argv[2] == "hang":
-    tracer.distributed.run_rank = functools.partial(_rank_failing_in, "q", 1, _hang)
 run = tracer.run_parallel(sys.argv[1], world=2, timeout=600)
 print(run.summary())
+print("hanging", flush=True)  # a second run from the same launcher, on the fork server of the first
+tracer.distributed.run_rank = functools.partial(_rank_failing_in, "q", 1, _hang)
+tracer.run_parallel(sys.argv[1], world=2, timeout=600)
 """
 
 
-def _launcher(tmp_path, tp_file, how: str) -> subprocess.Popen:
-    """A script that calls run_parallel with no ``if __name__ == "__main__":`` guard."""
+def test_a_script_without_a_main_guard_runs_once_and_no_rank_outlives_it_killed_by_sigkill(tmp_path, tp_file):
+    """One launcher (a Python and torch start-up is most of the cost): its first run completes, and
+    its ranks run only tracer, not the script; during its second, which hangs, it is killed by
+    SIGKILL. The ranks' parent is the fork server, which exits when its launcher does; then the
+    kernel ends the ranks (PR_SET_PDEATHSIG)."""
     script = tmp_path / "launch.py"
     script.write_text(LAUNCHER)
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    return subprocess.Popen([sys.executable, str(script), str(tp_file), how], cwd=tmp_path, env=env, stdout=subprocess.PIPE, text=True)
-
-
-def test_a_script_without_a_main_guard_runs_once_and_its_ranks_run_only_tracer(tmp_path, tp_file):
-    launcher = _launcher(tmp_path, tp_file, "run")
-    out, _ = launcher.communicate(timeout=120)
-    assert launcher.returncode == 0 and out.count("started") == 1
-    assert "collective: all_reduce ×1 in step 'out' over 2 ranks" in out
-
-
-def test_no_rank_outlives_a_launcher_killed_by_sigkill(tmp_path, tp_file):
-    """The ranks' parent is the fork server, which exits when its launcher does; then the kernel
-    ends the ranks (PR_SET_PDEATHSIG)."""
-    launcher = _launcher(tmp_path, tp_file, "hang")
+    launcher = subprocess.Popen([sys.executable, str(script), str(tp_file)], cwd=tmp_path, env=env, stdout=subprocess.PIPE, text=True)
     try:
-        assert launcher.stdout.readline() == "started\n"
+        out = "".join(itertools.takewhile(lambda line: line != "hanging\n", launcher.stdout))  # or to the end, if it failed
+        assert out.count("started") == 1, out
+        assert "collective: all_reduce ×1 in step 'out' over 2 ranks" in out
         deadline = time.monotonic() + 60
         while len(psutil.Process(launcher.pid).children(recursive=True)) < 4 and time.monotonic() < deadline:  # server, tracker, 2 ranks
             time.sleep(0.05)

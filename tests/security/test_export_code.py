@@ -54,6 +54,7 @@ def test_no_pipeline_text_declares_the_modules_encoding(tmp_path, case):
     assert encoding == "utf-8" and not any(tokenize.cookie_re.match(line.decode()) for line in first_lines)
 
 
+@pytest.mark.long
 def test_python_imports_every_such_module_as_utf8_and_runs_no_text(tmp_path):
     """What the cookie would change is how Python reads the file: each case's module is imported by
     a fresh Python (one for all the cases: each start imports torch)."""

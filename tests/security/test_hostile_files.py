@@ -295,6 +295,7 @@ def test_cli_refuses_hostile_files_with_exit_1_and_no_traceback(text, tmp_path):
         assert all(line.startswith(str(path)) for line in done.stderr.splitlines()), done.stderr
 
 
+@pytest.mark.long
 def test_the_cli_never_reads_environment_or_imports_from_the_file(tmp_path, monkeypatch):
     """A file cannot name modules, environment variables or shell commands: such text is data.
 

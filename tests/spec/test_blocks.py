@@ -149,6 +149,7 @@ outputs: [b1, b2]
 HALVES = "name: b\ndims: {N: 4, M: N * 2}\ninputs:\n  x: {shape: [N], init: randn}\nsteps:\n  - {id: y, op: relu}\n"
 
 
+@pytest.mark.long
 def test_stack_expanded_trace_equals_plain_torch():
     trace = shared_pipeline(STACK).run(dims=SMALL, keep_values=True)
     x = trace["x"].tensor
@@ -190,6 +191,7 @@ def test_encoder_block_includes_the_layer_once():
     assert standalone["scores"].shape == trace["encoder/scores"].shape
 
 
+@pytest.mark.long
 def test_stack_meta_run_at_gpt2_size_keeps_strides():
     trace = shared_pipeline(STACK).run(dims={"B": 8, "T": 512, "d_model": 768, "H": 12}, device="meta")
     record = trace["layers/47/K_t"]

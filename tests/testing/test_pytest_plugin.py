@@ -41,6 +41,7 @@ def test_collect_only_lists_and_counts_pipeline_items_with_their_node_ids(projec
     assert "4 tests collected" in result.stdout.str()
 
 
+@pytest.mark.long
 def test_a_node_id_or_k_selects_one_pipeline(project):
     run(project, "pipes/good.yaml::causal_mha").assert_outcomes(passed=1)
     run(project, "-k", "causal").assert_outcomes(passed=1, deselected=3)
