@@ -37,7 +37,7 @@ from .core.dtypes import DTYPE_BYTES
 from .core.errors import Diagnostic, TracerError
 from .presentation.trace import Trace
 from .runtime.interpreter import device_problem, torch_module
-from .runtime.sharded import RANK_MODULES, CollectiveEvent, RankJob, RankResult, check_runnable, rank_error, run_rank
+from .runtime.sharded import RANK_MODULES, STARTING, CollectiveEvent, RankJob, RankResult, check_runnable, rank_error, run_rank
 
 TOLERANCE = 1e-5  # the gathered outputs against the single-device run's
 _POLL = 0.02  # seconds between looks at the ranks while they run
@@ -246,7 +246,7 @@ def _launch(job: RankJob, timeout: float) -> list[RankResult]:
     import torch.distributed as dist
     import torch.multiprocessing as mp
 
-    progress = mp.get_context(START).Array("i", job.world, lock=False)
+    progress = mp.get_context(START).Array("i", [STARTING] * job.world, lock=False)
     store = dist.TCPStore("127.0.0.1", 0, job.world, is_master=True, wait_for_workers=False)
     try:
         with tempfile.TemporaryDirectory(prefix="tracer-world-") as folder:

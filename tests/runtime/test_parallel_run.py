@@ -492,3 +492,19 @@ def test_a_script_without_a_main_guard_runs_once_and_no_rank_outlives_it_killed_
         launcher.wait()
     _, alive = psutil.wait_procs(started, timeout=15)
     assert alive == []
+
+
+def test_a_rank_that_fails_outside_its_steps_is_told_where_it_was(tp_file):
+    """The launcher's message for a rank stopped before its first step or after its last: no step to
+    locate it at, so the message says which phase (the progress the rank last wrote)."""
+    pipeline = tracer.load(tp_file)
+    analysis = pipeline.check({})
+    job = sharded.RankJob(pipeline.spec, pipeline.source, {}, 0, "cpu", tuple(analysis.degrees.items()), analysis)
+    said = {index: str(sharded.rank_error(job, index, "rank 1 of 2: stopped")) for index in (sharded.STARTING, sharded.JOINING, 12, 0)}
+    assert (
+        said[sharded.STARTING]
+        == f"{tp_file}: error[rank-failed]: rank 1 of 2: stopped (it was starting, before it joined the process group)"
+    )
+    assert said[sharded.JOINING].endswith("(it was joining the process group or building its mesh and modules)")
+    assert said[12].endswith("(it was past its last step, gathering the outputs)")  # the file's 12 steps done
+    assert said[0].startswith(f"{tp_file}:13:5: error[rank-failed]: step 'q': rank 1 of 2: stopped")

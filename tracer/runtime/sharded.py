@@ -42,6 +42,7 @@ from .interpreter import Plan, torch_module
 from .records import TensorRecord
 from .tensors import create_tensors
 
+STARTING, JOINING = -2, -1  # a rank's progress before its first step (then the step's index)
 PR_SET_PDEATHSIG = 1  # prctl(2): the signal a process gets when its parent dies
 GROUP_TIMEOUT = datetime.timedelta(seconds=600)  # a collective waiting longer fails; the launcher's --timeout ends runs sooner
 RANK_MODULES = (  # imported once, by the fork server, before it forks any rank
@@ -155,11 +156,11 @@ def _ring_unsupported(analysis: Analysis, node) -> str | None:
 def run_rank(rank: int, job: RankJob, port: int, folder: str, progress) -> None:
     """The body of rank ``rank``'s process: join the group at the launcher's store, run the rank's
     program, save its result in ``folder``. ``progress[rank]`` is the index of the step it is in
-    (-1 while it joins), for the launcher's message when it fails or hangs."""
+    (``JOINING`` while it joins the group), for the launcher's message when it fails or hangs."""
     import torch.distributed as dist
 
     torch = torch_module()
-    progress[rank] = -1
+    progress[rank] = JOINING
     _release_fork_server()
     _die_with_parent()
     torch.set_num_threads(1)  # as torchrun's OMP_NUM_THREADS=1: N ranks on one machine, each not as many threads as cores
@@ -436,9 +437,15 @@ def _event(step: str | None, func, args) -> CollectiveEvent:
 
 
 def rank_error(job: RankJob, index: int, message: str) -> Diagnostic:
-    """A located message about the step at ``index`` of the expanded steps (or the file)."""
+    """A located message about the step at ``index`` of the expanded steps, else about the file,
+    saying where the rank was: starting, joining the group, or past its last step."""
     analysis = job.reference()
     nodes = list(analysis.nodes.values())
     if 0 <= index < len(nodes):
         return analysis.error(nodes[index], "rank-failed", message)
+    where = {
+        STARTING: "starting, before it joined the process group",
+        JOINING: "joining the process group or building its mesh and modules",
+    }
+    message += f" (it was {where.get(index, 'past its last step, gathering the outputs')})"
     return Diagnostic(job.source.file, None, "rank-failed", message)
