@@ -14,9 +14,12 @@ text, recording them; a file that checks clean never needs them.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import stat
+from collections.abc import Iterator
+from contextvars import ContextVar
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -375,8 +378,26 @@ def _check_depth(text: str, name: str) -> None:
         return  # composing stops at the same place and reports it with its position
 
 
+_READS: ContextVar[list[tuple[str, bytes]] | None] = ContextVar("reads", default=None)
+
+
+@contextlib.contextmanager
+def recording_reads() -> Iterator[list[tuple[str, bytes]]]:
+    """Every pipeline file read inside the block, as (the path it was opened by, its bytes): the
+    file and its blocks, what a result made from them depends on (``tracer check``'s cache)."""
+    reads: list[tuple[str, bytes]] = []
+    token = _READS.set(reads)
+    try:
+        yield reads
+    finally:
+        _READS.reset(token)
+
+
 def _read_text(path: Path, name: str) -> str:
     data = _read_bounded(path, name)
+    reads = _READS.get()
+    if reads is not None:
+        reads.append((str(path), data))
     if b"\x00" in data:
         raise TracerError(Diagnostic(name, Position(1, 1), "file-binary", "the file is binary, not YAML text"))
     try:
