@@ -25,6 +25,7 @@ import json
 import os
 import stat
 import sys
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -157,9 +158,9 @@ def _digest(data: bytes) -> str:
 
 
 def _write_atomic(path: Path, payload: bytes) -> None:
-    """Write under a name of this process's own, then rename: concurrent writers each replace the
+    """Write under a name of this thread's own, then rename: concurrent writers each replace the
     entry whole (the last one wins), and a reader never sees half of one."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     try:
         with open(tmp, "wb") as handle:
             handle.write(payload)
