@@ -506,8 +506,7 @@ def _command(name: str):
 def _check(args) -> int:
     """Every file's diagnostics (``commands.check_file``), or what they were when the file and the
     blocks it includes are unchanged (``checkcache``): the same lines, the same exit status."""
-    options = {"strict": args.strict, "dim": args.dim, "rank": args.rank}
-    cache = checkcache.CheckCache(options) if checkcache.enabled(args.no_cache) else None
+    cache = _check_cache(args)
     failed = False
     for name in args.files:
         checked = cache.get(name) if cache is not None else None
@@ -520,6 +519,13 @@ def _check(args) -> int:
         checked.replay()
         failed = failed or checked.failed
     return 1 if failed else 0
+
+
+def _check_cache(args) -> checkcache.CheckCache | None:
+    """The results kept for check's options that change what it prints; None when turned off."""
+    if not checkcache.enabled(args.no_cache):
+        return None
+    return checkcache.CheckCache({"strict": args.strict, "dim": args.dim, "rank": args.rank})
 
 
 def _pipeline_file(text: str) -> str:
