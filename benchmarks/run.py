@@ -515,21 +515,18 @@ def _report(args) -> int:
         for found in _script_targets(script, *options):
             row(f"{found['what']} ({script})", f"≤ {found['limit']}", found["value"], found["met"] == "met", found["note"].lstrip("; "))
     check = _check_all(5 if quick else 9)
-    cold, cached = check["cold"], check["cached"]
-    row(
-        f"tracer check of all {check['files']} bundled pipelines, unchanged since the last check (cached; torch unimportable)",
-        "≤ 0.3 s",
-        _span(cached["wall"]),
-        cached["wall"]["median"] <= 0.3,
-        f"exit status {cached['rc']}, as cold; the issue's editor-on-save case, where the target is judged",
-    )
-    row(
-        f"tracer check of all {check['files']} bundled pipelines, every file checked (--no-cache; torch unimportable)",
-        "≤ 0.3 s",
-        _span(cold["wall"]),
-        cold["wall"]["median"] <= 0.3,
-        f"exit status {cold['rc']}",
-    )
+    for name, what, note in (
+        ("cached", "unchanged since the last check (cached", "as cold; the issue's editor-on-save case, where the target is judged"),
+        ("cold", "every file checked (--no-cache", ""),
+    ):
+        found = check[name]
+        row(
+            f"tracer check of all {check['files']} bundled pipelines, {what}; torch unimportable)",
+            "≤ 0.3 s",
+            _span(found["wall"]),
+            found["wall"]["median"] <= 0.3,
+            f"exit status {found['rc']}" + (f", {note}" if note else ""),
+        )
     stack = _run_worker("stack", 5 if quick else 11)
     row(
         "check encoder_stack (48 layers, in process)",
