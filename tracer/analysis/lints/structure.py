@@ -135,12 +135,16 @@ class ViewScramblesDims(Lint):
     code, example, origin = "view-scrambles-dims", "view_scrambles_dims", "merging heads (GPT-2, BERT, Llama)"
 
     def check(self, analysis):
+        judged: dict[tuple, bool | None] = {}  # every copy of a block regroups the same dims: judge them once
         for node in analysis.nodes.values():
             if not node.step.regroups or not node.outs:
                 continue
             source = node.reads[0]
             before, after = analysis.metas[source].shape, node.outs[-1].meta.shape
-            if in_order(node.dims, before, after) is not False:
+            key = (id(node.dims), before, after)
+            if key not in judged:
+                judged[key] = in_order(node.dims, before, after)
+            if judged[key] is not False:
                 continue
             message = (
                 f"{node.op} regroups '{source}' {show(analysis, source)} into {show(analysis, node.value)}, but a view only merges "
