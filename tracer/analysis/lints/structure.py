@@ -204,8 +204,15 @@ class _Sizes:
     def __init__(self, known: set):
         self.known = known
         self.quotients = tuple(p for p in known if len(p.terms) == 1 and any(exp < 0 for _, exp in p.terms[0][0]))
+        self._judged: dict[tuple, bool] = {}  # the search below meets the same (poly, depth) again and again
 
     def natural(self, poly, depth: int = 0) -> bool:
+        key = (poly, depth)
+        if key not in self._judged:
+            self._judged[key] = self._natural(poly, depth)
+        return self._judged[key]
+
+    def _natural(self, poly, depth: int) -> bool:
         if poly in self.known:
             return True
         if len(poly.terms) != 1:
