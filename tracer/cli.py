@@ -522,10 +522,14 @@ def _check(args) -> int:
 
 
 def _check_cache(args) -> checkcache.CheckCache | None:
-    """The results kept for check's options that change what it prints; None when turned off."""
+    """The results kept for check's options that change what it prints; None when turned off, or
+    when the current folder or tracer's own files cannot be read (the check runs uncached)."""
     if not checkcache.enabled(args.no_cache):
         return None
-    return checkcache.CheckCache({"strict": args.strict, "dim": args.dim, "rank": args.rank})
+    try:
+        return checkcache.CheckCache({"strict": args.strict, "dim": args.dim, "rank": args.rank})
+    except OSError:
+        return None
 
 
 def _pipeline_file(text: str) -> str:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import PIPELINES, tracer_cli
+from tests.conftest import PIPELINES, ROOT, tracer_cli
 from tracer import checkcache, commands
 
 FILES = {  # clean, warnings, an error, a block file, invalid YAML
@@ -157,6 +157,18 @@ def test_a_cache_folder_that_cannot_be_written_is_no_error(project, monkeypatch)
     assert check(*CHECKED) == check(*CHECKED, "--no-cache")
 
 
+def test_a_current_folder_that_is_gone_checks_uncached(tmp_path):
+    """os.getcwd() fails in a removed folder: the check runs, without a cache and without a traceback."""
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    code = (
+        f"import os, sys; sys.modules['torch'] = None; os.chdir({str(gone)!r}); os.rmdir({str(gone)!r}); "
+        f"from tracer.cli import main; sys.exit(main(['check', {str(FILES['scale_mismatch.yaml'])!r}]))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 0 and "warning[scale-mismatch]" in done.stderr and "Traceback" not in done.stderr
+
+
 def test_the_cache_folder_moves_with_the_environment(project, monkeypatch):
     monkeypatch.setenv(checkcache.DIR_ENV, str(project / "elsewhere"))
     check("causal_mha.yaml")
@@ -202,13 +214,12 @@ def test_a_fully_cached_check_imports_no_file_format(project):
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('pydantic', 'yaml') or m.startswith(('tracer.steps', 'tracer.analysis'))), file=sys.stderr); "
         "sys.exit(code)"
     )
-    root = Path(__file__).resolve().parents[2]
     done = subprocess.run(
         [sys.executable, "-c", code, "check", *CHECKED],
         capture_output=True,
         text=True,
         cwd=project,
-        env={**os.environ, "PYTHONPATH": str(root)},
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
     )
     *printed, modules = done.stderr.splitlines()
     assert modules == "[]"
