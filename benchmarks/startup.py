@@ -109,7 +109,7 @@ import pydantic.main, yaml
 marks.append(("import pydantic, yaml", clock()))
 import tracer.steps
 marks.append(("import the step kinds", clock()))
-import tracer.cli, tracer.commands
+import tracer.cli, tracer.checking
 from tracer.analysis.shapes import analyze
 from tracer.spec.load import validate
 from tracer.spec.source import read_document

@@ -1,7 +1,8 @@
 """The ``tracer`` command line: the parser, ``main``, and ``check`` answered from its cache
-(``tracer/checkcache.py``). What the commands do is in ``tracer/commands.py``, imported when one
-runs: ``tracer --help``, ``--version`` and a ``check`` of unchanged files import neither the file
-format nor the analysis (start-up, issue 32)."""
+(``tracer/checkcache.py``). What the commands do is imported when one runs: a file's check from
+``tracer/checking.py`` (the file format and the analysis), the others from ``tracer/commands.py``
+(the runtime, diagrams, the diff too). ``tracer --help``, ``--version`` and a ``check`` of unchanged
+files import none of it (start-up, issue 32)."""
 
 from __future__ import annotations
 
@@ -504,16 +505,16 @@ def _command(name: str):
 
 
 def _check(args) -> int:
-    """Every file's diagnostics (``commands.check_file``), or what they were when the file and the
+    """Every file's diagnostics (``checking.check_file``), or what they were when the file and the
     blocks it includes are unchanged (``checkcache``): the same lines, the same exit status."""
     cache = _check_cache(args)
     failed = False
     for name in args.files:
         checked = cache.get(name) if cache is not None else None
         if checked is None:
-            from . import commands
+            from . import checking
 
-            checked = commands.check_file(name, args.strict, dict(args.dim), args.rank)
+            checked = checking.check_file(name, args.strict, dict(args.dim), args.rank)
             if cache is not None:
                 cache.put(name, checked)
         checked.replay()

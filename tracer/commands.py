@@ -1,7 +1,7 @@
-"""What each command of ``tracer`` does, but for the parsing (``tracer/cli.py``): checking a file,
-running, drawing, exporting, importing, comparing, listing. Imported when a command runs, so that
-``tracer --help`` and a ``tracer check`` answered from its cache import neither the file format nor
-the analysis (start-up, issue 32)."""
+"""What each command of ``tracer`` does, but for the parsing (``tracer/cli.py``) and ``check``
+(``tracer/checking.py``): running, drawing, exporting, importing, comparing, listing. Imported when
+one of them runs, so that ``tracer --help`` and ``tracer check`` import none of it (start-up,
+issue 32)."""
 
 from __future__ import annotations
 
@@ -12,14 +12,12 @@ import math
 import os
 import shutil
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 from . import checkpoints, weights
 from .analysis.memory import check_budget, default_budget
-from .analysis.shapes import MAX_TENSOR_BYTES, analyze
+from .analysis.shapes import MAX_TENSOR_BYTES
 from .api import Pipeline, load
-from .checkcache import Checked
 from .core.errors import Diagnostic, TracerError, printable
 from .core.formatting import human_bytes
 from .diff import diff, diff_json, diff_page, format_diff
@@ -34,7 +32,6 @@ from .runtime.interpreter import device_problem
 from .runtime.tensors import match, takes
 from .spec.bundled import models
 from .spec.load import load_named
-from .spec.source import recording_reads
 
 DRAWINGS = ("svg", "png", "pdf", "dot", "html")  # what `tracer render -o` writes, by suffix
 DIFF_TROUBLE = 2  # `tracer diff`'s exit status for a problem, as diff(1) and `git diff --exit-code` use it
@@ -486,29 +483,6 @@ def _schema(args) -> int:
     else:
         sys.stdout.write(path.read_text(encoding="utf-8"))
     return 0
-
-
-def check_file(name: str, strict: bool, dims: dict[str, int], rank: int | None) -> Checked:
-    """``tracer check`` of one file: its diagnostics (warnings as errors when ``strict``), then,
-    with ``rank``, that rank's section or why there is none; with the files the check read."""
-    analysis = None
-    with recording_reads() as reads:
-        try:
-            spec, source = load_named(name)
-            analysis = analyze(spec, source, dims)
-            diagnostics = analysis.diagnostics
-        except TracerError as exc:
-            diagnostics = exc.diagnostics
-    shown = [replace(d, severity="error") if strict and d.severity == "warning" else d for d in diagnostics]
-    printed = [("err", str(d)) for d in shown]
-    failed = any(d.severity == "error" for d in shown)
-    if rank is not None and analysis is not None and not analysis.errors:
-        problem = ranks.check_rank(analysis, rank)
-        printed.append(
-            ("out", ranks.rank_table(analysis, rank)) if problem is None else ("err", str(Diagnostic(name, None, "rank", problem)))
-        )
-        failed = failed or problem is not None
-    return Checked(tuple(printed), failed, tuple(reads), frozenset(d.code for d in diagnostics))
 
 
 HANDLERS = {  # command -> what it does (cli.py's parser names them)

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import PIPELINES, ROOT, tracer_cli
-from tracer import checkcache, commands
+from tracer import checkcache, checking
 
 FILES = {  # clean, warnings, an error, a block file, invalid YAML
     "causal_mha.yaml": PIPELINES / "causal_mha.yaml",
@@ -57,7 +57,7 @@ def test_a_hit_prints_what_checking_printed(project, monkeypatch):
     assert check(*CHECKED) == cold  # stored
     assert len(entries(project)) == len(CHECKED)
     assert (project / ".tracer_cache" / ".gitignore").read_text().endswith("*\n")
-    monkeypatch.setattr(commands, "check_file", None)  # a hit checks nothing: this would be exit 3
+    monkeypatch.setattr(checking, "check_file", None)  # a hit checks nothing: this would be exit 3
     assert check(*CHECKED) == cold
 
 
@@ -65,7 +65,7 @@ def test_a_hit_with_rank_prints_the_rank_table(project, monkeypatch):
     shutil.copy(PIPELINES / "parallel" / "dp_tp.yaml", project / "tp.yaml")
     cold = check("tp.yaml", "--rank", "1")
     assert cold.returncode == 0 and cold.stdout
-    monkeypatch.setattr(commands, "check_file", None)
+    monkeypatch.setattr(checking, "check_file", None)
     assert check("tp.yaml", "--rank", "1") == cold
 
 
