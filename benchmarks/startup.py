@@ -109,7 +109,9 @@ import pydantic.main, yaml
 marks.append(("import pydantic, yaml", clock()))
 import tracer.steps
 marks.append(("import the step kinds", clock()))
-import tracer.cli, tracer.checking
+import importlib.util, tracer.cli
+if importlib.util.find_spec('tracer.checking'):  # what a cache miss imports (--against: a checkout from before may lack it)
+    import tracer.checking
 from tracer.analysis.shapes import analyze
 from tracer.spec.load import validate
 from tracer.spec.source import read_document
@@ -205,7 +207,10 @@ def main(argv: list[str] | None = None) -> int:
                 f"{name:<24} {min(walls):>8.3f} s {statistics.median(walls):>7.3f} s"
                 f" {min(cpus):>8.3f} s {statistics.median(cpus):>7.3f} s {target:>8}  {verdict}"
             )
-        print(f"targets judged on: {', '.join(sorted(JUDGED))} (the bundled check on an editor's save: files unchanged, cached)")
+        if _caches(root):
+            print(f"targets judged on: {', '.join(sorted(JUDGED))} (the bundled check on an editor's save: files unchanged, cached)")
+        else:
+            print("this checkout keeps no results: its checks are cold")
         _print_stages("cold, every file checked", stages(args.rounds, root, STAGES), args.rounds)
         if _caches(root):
             _print_stages("cached, every file unchanged", stages(args.rounds, root, CACHED_STAGES), args.rounds)
