@@ -23,6 +23,7 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import stat
 import sys
 import threading
@@ -35,9 +36,11 @@ DIR_ENV = "TRACER_CACHE_DIR"
 OFF_ENV = "TRACER_NO_CACHE"
 DEFAULT_DIR = ".tracer_cache"
 FORMAT = 1  # of an entry: a change of layout changes every key
-MAX_READ = 4 * 1024 * 1024 + 1  # a file bigger than a pipeline may be (spec.source.MAX_BYTES) is no hit
+MAX_READ = 4 * 1024 * 1024  # spec.source.MAX_BYTES: a file bigger than a pipeline may be is no hit
+MAX_ENTRY = 64 * 1024 * 1024  # an entry bigger than this was not written by tracer: a miss
 # codes of results that depend on a file being absent, unreadable or of another kind: never stored
 UNSTORED_CODES = frozenset({"file-missing", "file-unreadable", "file-too-large", "block-missing", "block-use"})
+_ENTRIES = re.compile(r"check-[0-9a-f]{16}")  # a folder of entries (the fingerprint's first 16 hex digits)
 _LIBRARIES = ("pydantic", "pydantic_core", "pyyaml")  # distributions whose versions change what a check says
 
 
@@ -80,9 +83,10 @@ class CheckCache:
     def get(self, name: str) -> Checked | None:
         """The stored result for the file ``name``, when every file it read is unchanged; else None."""
         key, path = self._key(name)
+        data = _read_regular(str(path), MAX_ENTRY)
         try:
-            entry = json.loads(path.read_bytes())
-        except (OSError, ValueError):
+            entry = json.loads(data) if data is not None else None
+        except (ValueError, RecursionError):
             return None
         return _valid(entry, key)
 
@@ -110,8 +114,8 @@ class CheckCache:
         if new_root:  # as ruff, mypy and pytest mark theirs: never committed, never backed up
             (self.root / ".gitignore").write_text("# Automatically created by tracer.\n*\n")
             (self.root / "CACHEDIR.TAG").write_text("Signature: 8a477f597d28d172789f06886806bc55\n# tracer check's cache\n")
-        for old in self.root.glob("check-*"):
-            if old != self.entries and old.is_dir():
+        for old in self.root.iterdir():
+            if old != self.entries and _ENTRIES.fullmatch(old.name) and old.is_dir():
                 _remove_tree(old)
 
 
@@ -136,8 +140,9 @@ def _unchanged(file: str, real: str, digest: str) -> bool:
     return data is not None and os.path.realpath(file) == real and _digest(data) == digest
 
 
-def _read_regular(file: str) -> bytes | None:
-    """The bytes of a regular file (never waiting on a FIFO), None for anything else."""
+def _read_regular(file: str, limit: int = MAX_READ) -> bytes | None:
+    """The bytes of a regular file up to ``limit`` (never waiting on a FIFO), None for anything else
+    or a bigger file."""
     try:
         fd = os.open(file, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
     except OSError:
@@ -146,7 +151,8 @@ def _read_regular(file: str) -> bytes | None:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             return None
         with os.fdopen(os.dup(fd), "rb") as handle:
-            return handle.read(MAX_READ)
+            data = handle.read(limit + 1)
+        return data if len(data) <= limit else None
     except OSError:
         return None
     finally:
@@ -171,8 +177,11 @@ def _write_atomic(path: Path, payload: bytes) -> None:
 
 
 def _remove_tree(path: Path) -> None:
+    """Another tracer's entries: only files it writes (a folder of anything else is left alone)."""
     with contextlib.suppress(OSError):
         for entry in path.iterdir():
+            if not entry.name.endswith((".json", ".tmp")):
+                return
             entry.unlink()
         path.rmdir()
 

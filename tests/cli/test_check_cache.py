@@ -123,8 +123,8 @@ def test_another_folder_misses(project, monkeypatch):
 
 @pytest.mark.parametrize(
     "damage",
-    [b"", b"{not json", b"[]", b'{"key": 1}', "foreign", "bad reads", "bad printed"],
-    ids=["empty", "not-json", "a-list", "wrong-key", "foreign", "bad-reads", "bad-printed"],
+    [b"", b"{not json", b"[]", b"[" * 100_000, b'{"key": 1}', "foreign", "bad reads", "bad printed", "fifo"],
+    ids=["empty", "not-json", "a-list", "too-deep", "wrong-key", "foreign", "bad-reads", "bad-printed", "fifo"],
 )
 def test_a_damaged_or_foreign_entry_is_a_miss(project, damage):
     cold = check(*CHECKED)
@@ -138,6 +138,9 @@ def test_a_damaged_or_foreign_entry_is_a_miss(project, damage):
             path.write_text(json.dumps({**entry, "reads": [["x", 1, None]]}))
         elif damage == "bad printed":
             path.write_text(json.dumps({**entry, "printed": [["tty", "ok"]]}))
+        elif damage == "fifo":  # reading it must not wait for a writer
+            path.unlink()
+            os.mkfifo(path)
         else:
             path.write_bytes(damage)
     again = check(*CHECKED)
@@ -180,6 +183,14 @@ def test_another_version_of_tracer_replaces_the_entries(project, monkeypatch):
     monkeypatch.setattr(checkcache, "_fingerprint", lambda: "f" * 64)
     check("causal_mha.yaml")
     assert [p.name for p in (project / ".tracer_cache").glob("check-*")] == ["check-" + "f" * 16]
+
+
+def test_only_tracers_own_folders_are_replaced(project):
+    mine = project / ".tracer_cache" / "check-notes"
+    mine.mkdir(parents=True)
+    (mine / "todo.txt").write_text("keep me")
+    check("causal_mha.yaml")
+    assert (mine / "todo.txt").read_text() == "keep me"
 
 
 def test_concurrent_writers_leave_whole_entries(project):
