@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import compileall
+import functools
 import glob
 import json
 import os
@@ -294,7 +295,10 @@ def _script_targets(script: str, *args: str, timeout: int = 1800) -> list[dict]:
 
 
 def _check_all(rounds: int) -> dict:
-    """``tracer check`` of every bundled pipeline, wall time of a fresh process with torch unimportable.
+    """``tracer check`` of every bundled pipeline, wall time of a fresh process with torch unimportable:
+    cold (``--no-cache``: every file read, validated and analysed) and cached (every file
+    unchanged since the check before, as on an editor's save; the cache in a folder of its own,
+    filled once first).
 
     tracer's modules are byte-compiled first, as a wheel install does (an editable checkout under
     PYTHONDONTWRITEBYTECODE would otherwise compile them in every process, ~25 ms)."""
@@ -303,11 +307,21 @@ def _check_all(rounds: int) -> dict:
     code = "import sys; sys.modules['torch'] = None; from tracer.cli import main; sys.exit(main(sys.argv[1:]))"
     from measure import repeated
 
-    done = []
-    wall = repeated(
-        lambda: done.append(subprocess.run([sys.executable, "-c", code, "check", *files], capture_output=True, text=True, cwd=ROOT)), rounds
-    )
-    return {"wall": wall.as_dict(), "files": len(files), "rc": done[-1].returncode, "stderr": done[-1].stderr[-500:]}
+    found = {"files": len(files)}
+    with tempfile.TemporaryDirectory() as cache:
+        env = {**os.environ, "TRACER_CACHE_DIR": cache}
+        for name, options in (("cold", ["--no-cache"]), ("cached", [])):
+            argv = [sys.executable, "-c", code, "check", *options, *files]
+            done = [subprocess.run(argv, capture_output=True, text=True, cwd=ROOT, env=env)]  # fills the cache
+            wall = repeated(functools.partial(_append_run, done, argv, env), rounds)
+            found[name] = {"wall": wall.as_dict(), "rc": done[-1].returncode, "stderr": done[-1].stderr[-500:]}
+    if found["cold"]["stderr"] != found["cached"]["stderr"]:
+        raise RuntimeError(f"the cached check printed otherwise than the cold one:\n{found['cached']['stderr']}")
+    return found
+
+
+def _append_run(done: list, argv: list[str], env: dict) -> None:
+    done.append(subprocess.run(argv, capture_output=True, text=True, cwd=ROOT, env=env))
 
 
 def _available(module: str) -> bool:
@@ -501,13 +515,18 @@ def _report(args) -> int:
         for found in _script_targets(script, *options):
             row(f"{found['what']} ({script})", f"≤ {found['limit']}", found["value"], found["met"] == "met", found["note"].lstrip("; "))
     check = _check_all(5 if quick else 9)
-    row(
-        f"tracer check of all {check['files']} bundled pipelines (torch unimportable)",
-        "≤ 0.3 s",
-        _span(check["wall"]),
-        check["wall"]["median"] <= 0.3,
-        f"exit status {check['rc']}",
-    )
+    for name, what, note in (
+        ("cached", "unchanged since the last check (cached", "as cold; the issue's editor-on-save case, where the target is judged"),
+        ("cold", "every file checked (--no-cache", ""),
+    ):
+        found = check[name]
+        row(
+            f"tracer check of all {check['files']} bundled pipelines, {what}; torch unimportable)",
+            "≤ 0.3 s",
+            _span(found["wall"]),
+            found["wall"]["median"] <= 0.3,
+            f"exit status {found['rc']}" + (f", {note}" if note else ""),
+        )
     stack = _run_worker("stack", 5 if quick else 11)
     row(
         "check encoder_stack (48 layers, in process)",
@@ -676,7 +695,14 @@ Profiled with cProfile and pyinstrument (`benchmarks/run.py --profile`) on 3000 
   are now kept per process like sums and products. What remains is the floor of one process: the
   imports alone (pydantic ~0.1 s, its ~90 step-kind models ~0.15-0.2 s, the rest ~0.1 s) exceed
   the 0.3 s target, before the ~50 validators the bundle's kinds need and the analysis of 150
-  files with 49 lints.
+  files with 49 lints. So `tracer check` now keeps each file's result, as ruff and mypy do
+  (`.tracer_cache/`, [the command line](cli.md)): a file unchanged since its last check, with the
+  same options, its blocks unchanged too, prints what it printed then without importing the file
+  format, the analysis or PyYAML. That is what an editor's save or a pre-commit hook meets, and
+  the target is judged on it (the cached row); the cold row (`--no-cache`) keeps its own verdict.
+  A cold check no longer imports what only the other commands need (the runtime, diagrams, the
+  diff: ~55 ms), and the 48-layer stack's analysis judges each of the block's view regroupings
+  once rather than once per copy (the view-order lint was a quarter of its lints' time).
 
 Noise: load average {load}.
 Ratios are paired per round, so load hits both sides of a ratio alike; raw times move by up to 2×

@@ -1,40 +1,24 @@
-"""The ``tracer`` command: check, run, render, export, schema."""
+"""The ``tracer`` command line: the parser, ``main``, and ``check`` answered from its cache
+(``tracer/checkcache.py``). What the commands do is imported when one runs: a file's check from
+``tracer/checking.py`` (the file format and the analysis), the others from ``tracer/commands.py``
+(the runtime, diagrams, the diff too). ``tracer --help``, ``--version`` and a ``check`` of unchanged
+files import none of it (start-up, issue 32)."""
 
 from __future__ import annotations
 
 import argparse
-import contextlib
-import difflib
 import functools
 import math
-import os
-import shutil
 import signal
 import sys
 import threading
-from pathlib import Path
 
-from . import __version__, checkpoints, weights
-from .analysis.memory import check_budget, default_budget, parse_bytes
-from .analysis.shapes import MAX_TENSOR_BYTES, analyze
-from .api import Pipeline, load
-from .core.errors import Diagnostic, InternalError, TracerError, display, printable
-from .core.formatting import human_bytes
-from .diff import diff, diff_json, diff_page, format_diff
-from .distributed import run_parallel
-from .presentation import outputs, ranks
-from .presentation.export import export_source
-from .presentation.files import OutputExists, Writes
-from .presentation.folding import collapse_keys, depth_keys
-from .presentation.graphviz import chosen_renderer, find_renderer
-from .presentation.progress import Progress
-from .runtime.interpreter import device_problem
-from .runtime.tensors import match, takes
-from .spec.bundled import locate, models
-from .spec.load import load_named
+from . import __version__, checkcache
+from .core.errors import InternalError, TracerError, display, printable
+from .core.formatting import parse_bytes
+from .presentation.files import OutputExists
+from .spec.bundled import locate
 
-DRAWINGS = ("svg", "png", "pdf", "dot", "html")  # what `tracer render -o` writes, by suffix
-DIFF_TROUBLE = 2  # `tracer diff`'s exit status for a problem, as diff(1) and `git diff --exit-code` use it
 WORLD_TIMEOUT = 60.0  # seconds: tracer run --world's default (tracer.distributed.run_parallel's too)
 RENDER_TIMEOUT = 120.0  # seconds; the same default as tracer.presentation.diagram.DOT_TIMEOUT (kept here: the parser imports no renderer)
 
@@ -154,6 +138,11 @@ def _parser() -> argparse.ArgumentParser:
         help="pipeline files (YAML) or bundled names; every error of each is reported",
     )
     check.add_argument("--strict", action="store_true", help="treat warnings (lints) as errors")
+    check.add_argument(
+        "--no-cache",
+        action="store_true",
+        help=f"check every file again, ignoring the results kept in {checkcache.DEFAULT_DIR}/ (also: {checkcache.OFF_ENV}=1)",
+    )
     _dims_option(check)
     _rank_option(check, "print that rank's local shapes, collectives and communication (a pipeline with parallel:)")
     check.set_defaults(handler=_check)
@@ -250,7 +239,7 @@ def _parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         help=f"with --world: stop every rank and fail when the run has not finished after this long (default: {WORLD_TIMEOUT:g})",
     )
-    run.set_defaults(handler=_run)
+    run.set_defaults(handler=_command("run"))
 
     render = commands.add_parser(
         "render",
@@ -322,7 +311,7 @@ def _parser() -> argparse.ArgumentParser:
         metavar="PATH",
         help="the program that draws DOT text (default: $TRACER_DOT, else Graphviz's `dot`, else `graphviz-pure`)",
     )
-    render.set_defaults(handler=_render)
+    render.set_defaults(handler=_command("render"))
 
     export = commands.add_parser(
         "export",
@@ -333,7 +322,7 @@ def _parser() -> argparse.ArgumentParser:
     export.add_argument("-o", "--output", metavar="OUT", type=_output_name, help="the .py file to write, atomically (default: stdout)")
     _dims_option(export)
     _force_option(export)
-    export.set_defaults(handler=_export)
+    export.set_defaults(handler=_command("export"))
 
     imported = commands.add_parser(
         "import",
@@ -378,7 +367,7 @@ def _parser() -> argparse.ArgumentParser:
         help="the .yaml file to write (and its block files beside it, named after it: OUT_layers.yaml)",
     )
     _force_option(imported)
-    imported.set_defaults(handler=_import)
+    imported.set_defaults(handler=_command("import"))
 
     compared = commands.add_parser(
         "diff",
@@ -415,7 +404,7 @@ def _parser() -> argparse.ArgumentParser:
     compared.add_argument(
         "--html", metavar="PAGE", type=_output_name, help="also write the two side by side as one offline HTML page (PAGE.html)"
     )
-    compared.set_defaults(handler=_diff)
+    compared.set_defaults(handler=_command("diff"))
 
     schema = commands.add_parser(
         "schema",
@@ -426,14 +415,14 @@ def _parser() -> argparse.ArgumentParser:
         ),
     )
     schema.add_argument("--path", action="store_true", help="print where the installed schema file is instead, for a $schema line")
-    schema.set_defaults(handler=_schema)
+    schema.set_defaults(handler=_command("schema"))
 
     listed = commands.add_parser(
         "models",
         help="list the bundled models, the transformers modules each matches, and which read a save_pretrained folder",
         epilog=_examples("tracer models  # then: tracer run NAME, tracer run NAME --weights FOLDER --layer N"),
     )
-    listed.set_defaults(handler=_models)
+    listed.set_defaults(handler=_command("models"))
 
     helped = commands.add_parser("help", help="show this help, or a command's: tracer help run", epilog=_examples("tracer help render"))
     helped.add_argument("topic", nargs="?", metavar="COMMAND", choices=sorted(commands.choices), help="the command to explain")
@@ -499,130 +488,54 @@ def _dim_pair(text: str) -> tuple[str, int]:
 
 
 def _device(text: str) -> str:
-    """A torch device this machine has: 'bogus' or 'cuda' without CUDA is a usage error (exit 2)."""
+    from . import commands  # the check asks torch: with the commands that run
 
-    problem = device_problem(text)
-    if problem is not None:
-        raise argparse.ArgumentTypeError(problem)
-    return text
+    return commands.device_argument(text)
+
+
+def _command(name: str):
+    """The handler of a command: ``commands.HANDLERS[name]``, imported when the command runs."""
+
+    def handler(args) -> int:
+        from . import commands
+
+        return commands.HANDLERS[name](args)
+
+    return handler
+
+
+def _check(args) -> int:
+    """Every file's diagnostics (``checking.check_file``), or what they were when the file and the
+    blocks it includes are unchanged (``checkcache``): the same lines, the same exit status."""
+    cache = _check_cache(args)
+    failed = False
+    for name in args.files:
+        checked = cache.get(name) if cache is not None else None
+        if checked is None:
+            from . import checking
+
+            checked = checking.check_file(name, args.strict, dict(args.dim), args.rank)
+            if cache is not None:
+                cache.put(name, checked)
+        checked.replay()
+        failed = failed or checked.failed
+    return 1 if failed else 0
+
+
+def _check_cache(args) -> checkcache.CheckCache | None:
+    """The results kept for check's options that change what it prints; None when turned off, or
+    when the current folder or tracer's own files cannot be read (the check runs uncached)."""
+    if not checkcache.enabled(args.no_cache):
+        return None
+    try:
+        return checkcache.CheckCache({"strict": args.strict, "dim": args.dim, "rank": args.rank})
+    except OSError:
+        return None
 
 
 def _pipeline_file(text: str) -> str:
     """A FILE argument: the file, or the bundled pipeline of that name when no such file exists here."""
     return str(locate(text))
-
-
-def _models(args) -> int:
-    """One line per bundled model: its name (what FILE takes), the classes it matches, whether
-    ``--weights FOLDER`` fills it, and its description."""
-    listed = models()
-    width = max(len(m.name) for m in listed)
-    for model in listed:
-        classes = ", ".join(path.rpartition(".")[2] for path in model.matches) or "-"
-        weights = "  (--weights FOLDER)" if model.takes_checkpoint else ""
-        print(f"{model.name:<{width}}  {classes}{weights}\n{'':<{width}}  {model.description}")
-    return 0
-
-
-def _check(args) -> int:
-
-    failed = False
-    for name in args.files:
-        analysis = None
-        try:
-            spec, source = load_named(name)
-            analysis = analyze(spec, source, dict(args.dim))
-            diagnostics = analysis.diagnostics
-        except TracerError as exc:
-            diagnostics = exc.diagnostics
-        for d in diagnostics:
-            if args.strict and d.severity == "warning":
-                d = Diagnostic(d.file, d.position, d.code, d.message, d.step, "error")
-            print(d, file=sys.stderr)
-            failed = failed or d.severity == "error"
-        if args.rank is not None and analysis is not None and not analysis.errors:
-            failed = not _print_rank(analysis, args.rank, name) or failed
-    return 1 if failed else 0
-
-
-def _print_rank(analysis, rank: int, file: str) -> bool:
-    """``rank``'s section (``check --rank``), or why there is none; whether it was printed."""
-    problem = ranks.check_rank(analysis, rank)
-    if problem is not None:
-        print(Diagnostic(file, None, "rank", problem), file=sys.stderr)
-        return False
-    print(ranks.rank_table(analysis, rank))
-    return True
-
-
-def _run(args) -> int:
-    if args.world is not None:
-        return _run_world(args)
-    pipeline = _pipeline_to_run(args)
-    analysis = pipeline.check(dict(args.dim))
-    rank = _rank_to_show(analysis, args)
-    keep_values = _kept_values(args)
-    if args.values:
-        _check_record_id(analysis, args.values, args.file)
-    collapse_keys(_groups(analysis), tuple(args.collapse), args.file)  # an unknown group, before the run
-    writes = _writes(args, analysis)
-    if args.output:
-        writes.check(args.output, "json" if args.json else "text")  # before the run: never the files it reads
-    params = _weights(args, pipeline, analysis, keep_values) if args.weights or args.weights_map else None
-    with _running(analysis, args.quiet) as progress:
-        trace = pipeline.run(
-            dims=dict(args.dim),
-            seed=args.seed,
-            keep_values=keep_values,
-            device=args.device,
-            max_memory=args.max_memory,
-            observe=_with_progress(None, progress),
-            params=params,
-            check_values=True,
-            meta_kernels=args.meta_kernels,
-        )
-    for warning in trace.analysis.warnings + list(trace.value_warnings):
-        print(warning, file=sys.stderr)
-    shown_rank = "" if rank is None else "\n" + ranks.rank_table(analysis, rank)
-    if args.output:
-        text = (
-            trace.to_json(values=keep_values is True, rank=rank or 0)
-            if args.json
-            else _table(trace, args, args.width) + "\n" + trace.peak_line() + shown_rank
-        )
-        writes.write(args.output, text + chr(10), "json" if args.json else "text")
-        _list_written(writes)
-        return 0
-    if args.json:
-        print(trace.to_json(values=keep_values is True, rank=rank or 0))
-        return 0
-    print(_table(trace, args, args.width or _terminal_width()))
-    print(trace.peak_line() + shown_rank)
-    shown = [trace[args.values]] if args.values else trace.records if keep_values is True else []
-    for record in shown:
-        print(f"\n{record.id} {record.symbolic}:\n{record.tensor}")
-    return 0
-
-
-def _run_world(args) -> int:
-    """``tracer run FILE --world N``: rank 0's records (``--rank R``'s), then its collectives and the checks."""
-    unsupported = [
-        flag for flag, given in (("--values", args.values is not None), ("--weights", args.weights), ("-o", args.output)) if given
-    ]
-    if unsupported or args.device == "meta":
-        flag = unsupported[0] if unsupported else "--device meta"
-        raise TracerError(Diagnostic(args.file, None, "usage", f"--world runs with the drawn tensors on cpu or cuda: leave out {flag}"))
-    pipeline = load(args.file) if not args.dim else _load_unchecked(args.file)
-    run = run_parallel(pipeline, args.world, dict(args.dim), args.seed, args.timeout, args.device)
-    if args.json:
-        print(run.to_json())
-        return 0
-    rank = args.rank or 0
-    if rank >= run.world:
-        raise TracerError(Diagnostic(args.file, None, "rank", f"--rank {rank}: the run had {run.world} ranks (0 to {run.world - 1})"))
-    print(_table(run.ranks[rank], args, args.width or _terminal_width()))
-    print(run.summary(rank))
-    return 0
 
 
 def _seconds(text: str) -> float:
@@ -633,145 +546,6 @@ def _seconds(text: str) -> float:
     if not value > 0 or math.isinf(value):
         raise argparse.ArgumentTypeError(f"expected a number of seconds above 0, got '{text}'")
     return value
-
-
-def _rank_to_show(analysis, args) -> int | None:
-    """The rank whose view follows the table: ``--rank``, or 0 for a pipeline with ``parallel:``
-    whose ranks could be analysed; None for any other (its output stays as it was)."""
-    if args.rank is None and (analysis.rank is None or analysis.rank.analysis is None):
-        return None
-    rank = args.rank or 0
-    problem = ranks.check_rank(analysis, rank)
-    if problem is not None:
-        raise TracerError(Diagnostic(args.file, None, "rank", problem))
-    return rank
-
-
-def _groups(analysis) -> list[str]:
-    """Every group of the steps, in order: what --collapse names and --depth counts levels of."""
-    return list(dict.fromkeys(node.step.group for node in analysis.nodes.values() if node.step.group))
-
-
-def _kept_values(args) -> bool | list[str]:
-    """What the run keeps: every tensor (``--values``, or ``--values ID --json``), one (``--values ID``), or none."""
-    if args.values is None:
-        return False
-    return True if args.json or not args.values else [args.values]
-
-
-def _check_record_id(analysis, record_id: str, file: str) -> None:
-    """``--values ID`` names a tensor of the run: before anything runs, a name that is none says so."""
-    if analysis.meta(record_id) is not None:
-        return
-    names = list(analysis.metas) + [name for name in analysis.nodes if name not in analysis.metas]
-    close = difflib.get_close_matches(record_id, names, n=1)
-    hint = f"; did you mean '{close[0]}'?" if close else " (`tracer run FILE` lists them)"
-    raise TracerError(
-        Diagnostic(file, None, "unknown-tensor", f"--values {printable(record_id)!r}: no tensor of this run has that id{hint}")
-    )
-
-
-def _reads(args, analysis) -> list[str]:
-    """Every file this command reads: none of them may be its output (a weights folder: every file in it)."""
-    given = [getattr(args, "weights", None), getattr(args, "weights_map", None)]
-    return outputs.read_files(analysis) + [path for f in given if f for path in _files_of(f)]
-
-
-def _files_of(path: str) -> list[str]:
-    """``path``, or every entry of it when it is a folder (a save_pretrained folder's config, index and shards)."""
-    if not _is_folder(path):
-        return [path]
-    try:
-        return [path, *(entry.path for entry in os.scandir(path))]
-    except OSError:  # unreadable: reading it fails with its own located error
-        return [path]
-
-
-def _writes(args, analysis) -> Writes:
-    """What this command may write: never a file it reads, and an existing file only when tracer
-    wrote it (or with --force)."""
-    return Writes(_reads(args, analysis), force=args.force, error_file=args.file)
-
-
-def _list_written(writes: Writes, stream=None) -> None:
-    for path in writes.written:
-        print(f"wrote {printable(path)}", file=stream or sys.stderr)
-
-
-def _pipeline_to_run(args) -> Pipeline:
-    """The file, with a save_pretrained folder's dims and fields bound when --weights is one."""
-    if not _is_folder(args.weights):
-        if args.layer is not None:
-            raise TracerError(
-                Diagnostic(args.file, None, "checkpoint", "--layer picks a layer of a save_pretrained folder: give one with --weights")
-            )
-        return load(args.file) if not args.dim else _load_unchecked(args.file)
-    if args.weights_map:
-        raise TracerError(
-            Diagnostic(
-                args.weights_map,
-                None,
-                "weights-map",
-                "a save_pretrained folder is renamed by the pipeline's checkpoint: section, not --weights-map",
-            )
-        )
-    return checkpoints.bind(_load_unchecked(args.file), args.weights, args.layer)
-
-
-def _is_folder(path: str | None) -> bool:
-    return path is not None and os.path.isdir(path)
-
-
-def _weights(args, pipeline, analysis, keep_values: bool | list[str]) -> dict:
-    """Every param from the checkpoint (renamed by the map): unknown, missing and mis-shaped keys together."""
-
-    if args.weights_map and not args.weights:
-        raise TracerError(Diagnostic(args.weights_map, None, "weights-map", "--weights-map renames the keys of --weights: give both"))
-    check_budget(analysis, args.device, args.max_memory, keep_values)  # a run that would be refused reads no weights
-    budget = args.max_memory if args.max_memory is not None else default_budget(args.device)[0]
-    if _is_folder(args.weights):
-        params = checkpoints.read_params(pipeline, args.weights, args.layer, budget, dict(args.dim))
-    else:
-        mapping = weights.read_map(args.weights_map) if args.weights_map else None
-        declared = takes(analysis, "params")
-        # read only what some param takes: a key the map drops, or that no param has, is never read
-        state = weights.read(args.weights, max_bytes=budget, wanted=lambda key: any(map(declared, weights.targets(mapping, key))))
-        if mapping is not None:
-            state = weights.rename(state, mapping)
-        params = match(analysis, state, "params", f"--weights {printable(args.weights)}", complete=True)
-    layer = "" if args.layer is None else f", layer {args.layer}"
-    size = human_bytes(sum(weights.nbytes(tensor) for tensor in params.values()))
-    print(f"params: {len(params)} tensors ({size}) from {printable(args.weights)}{layer}", file=sys.stderr)
-    return params
-
-
-def _running(analysis, quiet: bool):
-
-    made = sum(len(node.outs) for node in analysis.nodes.values())  # every tensor a step makes
-    return Progress("running", total=made, quiet=quiet)
-
-
-def _with_progress(observe, progress):
-    """``observe``, plus a step of the progress line when one is shown (no cost when it is not)."""
-    if not progress.enabled:
-        return observe
-
-    def both(record_id, tensor):
-        if observe is not None:
-            observe(record_id, tensor)
-        progress.step(record_id)
-
-    return both
-
-
-def _table(trace, args, width: int | None) -> str:
-    return trace.table(width=width, depth=args.depth, expand=args.expand, collapse=args.collapse)
-
-
-def _terminal_width() -> int | None:
-    """The terminal's columns; ``None`` (nothing elided) when the table goes to a pipe or a file,
-    where a reader or a program wants every id whole."""
-    return shutil.get_terminal_size((100, 24)).columns if sys.stdout.isatty() else None
 
 
 def _whole(text: str) -> int:
@@ -812,82 +586,6 @@ def _size(text: str) -> int:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def _load_unchecked(path: str):
-    """Load without checking the declared dims: overridden dims are what will run."""
-
-    return Pipeline(*load_named(path))
-
-
-def _render(args) -> int:
-
-    with chosen_renderer(args.dot):
-        return _draw(args)
-
-
-def _draw(args) -> int:
-
-    output, fmt = outputs.by_suffix(args.output or f"{Path(args.file).stem}.svg", DRAWINGS, default="svg")
-    if args.values and args.device == "meta":
-        raise TracerError(Diagnostic(args.file, None, "values-on-meta", "--values needs real data: drop --device meta (or use cpu/cuda)"))
-
-    if fmt.name != "dot":  # before the run: without a renderer, say how to get one at once
-        find_renderer(args.file, "the html report" if fmt.name == "html" else fmt.name)
-    pipeline = _load_unchecked(args.file)
-    analysis = pipeline.check(dict(args.dim))
-    writes = _writes(args, analysis)
-    writes.check(output, fmt.name)  # before the run: never the files it reads
-    if args.rank is not None:
-        _rank_to_show(analysis, args)
-    tokens = _tokens(args)  # a tokenizer folder that cannot be read, before the run
-    with _running(analysis, args.quiet) as progress:
-        observe = _with_progress(None, progress)
-        trace = pipeline.run(
-            dims=dict(args.dim),
-            device=args.device,
-            seed=args.seed,
-            keep_values=args.values,
-            max_memory=args.max_memory,
-            observe=observe,
-            check_values=True,
-        )
-    options = outputs.Options(
-        collapse=tuple(args.collapse) + tuple(depth_keys(_groups(analysis), args.depth) if args.depth else ()),
-        expand=args.expand,
-        timeout=args.timeout,
-        rankdir=args.rankdir,
-        legend=args.legend,
-        tokens=tokens,
-        rank=args.rank,
-    )
-    with Progress(f"drawing {output.name}", quiet=args.quiet).ticking():
-        outputs.write(trace, output, fmt, options, writes)  # with values: heatmaps in softmax nodes
-    _list_written(writes, sys.stdout)
-    return 0
-
-
-def _tokens(args) -> tuple[str, ...]:
-    if args.tokenizer is None:
-        return tuple(args.tokens.split())
-    if not args.tokens:
-        raise TracerError(Diagnostic(f"--tokenizer {args.tokenizer}", None, "tokenizer", 'give the text to split with --tokens "..."'))
-    return tuple(checkpoints.tokenized(args.tokens, args.tokenizer))
-
-
-def _export(args) -> int:
-
-    pipeline = _load_unchecked(args.file)
-    writes = _writes(args, pipeline.check(dict(args.dim))) if args.output else None
-    if writes is not None:
-        writes.check(args.output, "python")
-    source = export_source(pipeline, dict(args.dim))
-    if writes is None:
-        sys.stdout.write(source)
-        return 0
-    writes.write(args.output, source, "python")
-    _list_written(writes)
-    return 0
-
-
 def _input_spec(text: str) -> tuple[str, tuple[int, ...], str]:
     name, sep, rest = text.partition("=")
     shape, _, kind = rest.partition(":")
@@ -900,152 +598,9 @@ def _input_spec(text: str) -> tuple[str, tuple[int, ...], str]:
     return name, sizes, kind or "float"
 
 
-def _import(args) -> int:
-    """Build the module with the user's own factory, import it, write the YAML, and say how far the
-    pipeline is from the module on the module's own weights (the last line)."""
-    import torch
-
-    from .importing import difference, from_module
-
-    module = _built_module(args.target, args.args, torch)
-    writes = Writes(_sources(module, args.target), force=args.force, error_file=args.target)
-    writes.check(args.output, "yaml")  # before the capture: never the module's own source
-    _configure(module, _json_object(args.config, "--config", args.target), args.target)
-    inputs = {name: _example(name, sizes, kind, torch) for name, sizes, kind in args.input}
-    inputs.update(_json_object(args.forward, "--forward", args.target))
-    pipeline = from_module(module, dims=dict(args.dim) or None, **inputs)
-    texts = pipeline.files_named(Path(args.output).stem)  # block files named after the output: OUT_layers.yaml
-    targets = {name: Path(args.output) if name == next(iter(texts)) else Path(args.output).parent / name for name in texts}
-    for target in targets.values():  # every one checked before any is written
-        writes.check(target, "yaml")
-    for name, target in targets.items():
-        writes.write(target, texts[name], "yaml")
-    _list_written(writes)
-    print(f"max |pipeline - module| on the module's weights: {difference(pipeline, module, **inputs):.3g}")
-    return 0
-
-
-def _sources(module, target: str) -> list[str]:
-    """The Python files the imported module comes from (its class's module, the factory's): inputs, never outputs."""
-    import inspect
-
-    found = {getattr(sys.modules.get(target.partition(":")[0]), "__file__", None)}
-    for cls in type(module).__mro__:
-        if cls.__module__ != "builtins" and not cls.__module__.startswith("torch."):
-            with contextlib.suppress(TypeError, OSError):  # a class made at run time has no file
-                found.add(inspect.getsourcefile(cls))
-    return sorted(path for path in found if path)
-
-
-def _json_object(text: str, option: str, target: str) -> dict:
-    """A JSON object given on the command line, or a located usage error."""
-    import json
-
-    try:
-        given = json.loads(text)
-    except (ValueError, RecursionError) as exc:
-        raise TracerError(Diagnostic(target, None, "import-target", f"{option} is not JSON ({exc})")) from None
-    if not isinstance(given, dict) or not all(isinstance(key, str) and key.isidentifier() for key in given):
-        raise TracerError(
-            Diagnostic(target, None, "import-target", f"{option} must be a JSON object of names, not {json.dumps(given)[:40]}")
-        )
-    return given
-
-
-def _configure(module, settings: dict, target: str) -> None:
-    """``--config``: attributes of the module's ``config`` (a transformers model's), set before capture."""
-    if not settings:
-        return
-    config = getattr(module, "config", None)
-    if config is None:
-        raise TracerError(Diagnostic(target, None, "import-target", f"--config: {type(module).__name__} has no config to set"))
-    for key, value in settings.items():
-        setattr(config, key, value)
-
-
-def _built_module(target: str, given_args: str, torch):
-    """``MODULE:FACTORY`` called with ``--args``. Everything that goes wrong there is the target's
-    or the arguments' (a factory is the user's own code: whatever it raises), never tracer's."""
-    import importlib
-    import json
-
-    def refused(message: str) -> TracerError:
-        return TracerError(Diagnostic(target, None, "import-target", message))
-
-    where, _, attribute = target.partition(":")
-    if not all(part.isidentifier() for part in where.split(".")) or not attribute.isidentifier():
-        raise refused("expected MODULE:FACTORY, such as mymodel:make_attention (an absolute import path, a colon, a callable's name)")
-    try:
-        given = json.loads(given_args)
-    except (ValueError, RecursionError) as exc:
-        raise refused(f"--args is not JSON ({exc})") from None
-    if not isinstance(given, (list, dict)):
-        raise refused(f"--args must be a JSON list of arguments or an object of keywords, not {json.dumps(given)[:40]}")
-    if "" not in sys.path and os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())  # MODULE is found in the current folder, as `python -m` finds it
-    try:
-        factory = getattr(importlib.import_module(where), attribute)
-        module = factory(**given) if isinstance(given, dict) else factory(*given)
-    except Exception as exc:  # importing the module runs its code too
-        raise refused(f"cannot build the module: {type(exc).__name__}: {exc}") from None
-    if not isinstance(module, torch.nn.Module):
-        raise refused(f"{attribute} returned {type(module).__name__}, not a torch.nn.Module")
-    return module.eval()
-
-
-def _example(name: str, sizes: tuple[int, ...], kind: str, torch):
-    """An example input for forward: random token ids (0 or 1) or randn, refused over the memory budget."""
-    budget, what = default_budget("cpu")
-    if math.prod(max(size, 1) for size in sizes) > MAX_TENSOR_BYTES // 8:  # torch's int64 strides overflow, even with a 0 size
-        raise TracerError(
-            Diagnostic(
-                f"--input {name}", None, "import-input", f"{list(sizes)} overflows torch's sizes: their product must stay under 2**59"
-            )
-        )
-    if math.prod(sizes) * 8 > budget:
-        raise TracerError(
-            Diagnostic(
-                f"--input {name}", None, "import-input", f"{list(sizes)} is over the memory budget of {human_bytes(budget)} ({what})"
-            )
-        )
-    return torch.randint(0, 2, sizes) if kind == "int" else torch.randn(sizes)
-
-
-def _diff(args) -> int:
-    """Exit as diff(1) does: 0 the same pipeline (names aside), 1 they differ, 2 trouble (a file
-    that does not load or check, a run that fails, a page that cannot be written)."""
-    try:
-        a, b = load(args.files[0]), load(args.files[1])
-        writes = Writes(outputs.read_files(a.check()) + outputs.read_files(b.check()), force=args.force, error_file=args.files[1])
-        if args.html:
-            writes.check(args.html, "diff")  # before the runs: never a file either pipeline reads (its blocks too)
-        if args.values:  # both runs keep every tensor: each is held against the budget before either runs
-            for pipeline in (a, b):
-                check_budget(pipeline.check(), "cpu", args.max_memory, keep_values=True)
-        found = diff(a, b, values=args.values, max_memory=args.max_memory)
-        if args.html:
-            writes.write(args.html, diff_page(a, b, found), "diff")
-            _list_written(writes)
-    except TracerError as exc:
-        print(exc, file=sys.stderr)
-        return DIFF_TROUBLE
-    print(diff_json(found) if args.json else format_diff(found))
-    return 0 if found.same else 1
-
-
 def _version() -> str:
 
     return __version__
-
-
-def _schema(args) -> int:
-    """The schema file shipped in the package (generated by tracer.docgen; a test keeps it current)."""
-    path = Path(__file__).with_name("pipeline.schema.json")
-    if args.path:
-        print(path.resolve())
-    else:
-        sys.stdout.write(path.read_text(encoding="utf-8"))
-    return 0
 
 
 if __name__ == "__main__":

@@ -32,6 +32,18 @@ def test_a_dim_error_is_reported_beside_an_invalid_section():
     assert "dim-divide" in codes and "invalid-value" in codes
 
 
+@pytest.mark.parametrize("where", ["value", "key", "comment"])
+def test_a_lone_surrogate_in_the_text_is_a_located_error(where):
+    """Only a str can hold one (no UTF-8 file can): libyaml's encoder raised UnicodeEncodeError."""
+    line = {"value": 'note: "a\ud800b"', "key": "\udcff: 1", "comment": "# \udcff"}[where]
+    with pytest.raises(TracerError) as info:
+        tracer.loads(f"name: x\n{line}\nsteps: []\n", "t.yaml")
+    (problem,) = info.value.diagnostics
+    column = next(i for i, c in enumerate(line, 1) if "\ud800" <= c <= "\udfff")
+    assert (problem.code, problem.position.line, problem.position.col) == ("file-binary", 2, column)
+    assert "lone surrogate U+D" in problem.message
+
+
 GOOD = (PIPELINES / "causal_mha.yaml").read_text()
 
 

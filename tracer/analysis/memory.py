@@ -13,13 +13,12 @@ the inputs are created (an int64 range before its cast). No torch: ``tracer chec
 from __future__ import annotations
 
 import os
-import re
 import time
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 
 from ..core.errors import Diagnostic, TracerError
-from ..core.formatting import human_bytes
+from ..core.formatting import human_bytes, parse_bytes
 from ..spec.inits import INITS
 from . import costs
 
@@ -133,43 +132,6 @@ def _workspace(analysis, node) -> int:
 
 
 # ---------------------------------------------------------------- budgets
-
-_UNITS = {
-    "": 1,
-    "b": 1,
-    "k": 1024,
-    "m": 1024**2,
-    "g": 1024**3,
-    "t": 1024**4,
-    "p": 1024**5,
-    "kb": 1000,
-    "mb": 1000**2,
-    "gb": 1000**3,
-    "tb": 1000**4,
-    "pb": 1000**5,
-    "kib": 1024,
-    "mib": 1024**2,
-    "gib": 1024**3,
-    "tib": 1024**4,
-    "pib": 1024**5,
-}
-_SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*([A-Za-z]*)\s*$")
-
-
-def parse_bytes(text: str | int | float) -> int:
-    """``'8GiB'``, ``'500MB'``, ``'1.5G'`` (binary), ``'1048576'`` → bytes; ``ValueError`` otherwise."""
-    if isinstance(text, bool):
-        raise ValueError(f"expected a size such as 8GiB or 500MB, got {text!r}")
-    if isinstance(text, (int, float)):
-        if text < 0:
-            raise ValueError(f"a memory size must not be negative, got {text}")
-        return int(text)
-    match = _SIZE.match(str(text))
-    unit = match and match.group(2).lower()
-    if not match or unit not in _UNITS:
-        raise ValueError(f"expected a size such as 8GiB, 500MB or 1073741824, got '{text}'")
-    return int(float(match.group(1)) * _UNITS[unit])
-
 
 _AVAILABLE: list[float] = [0.0, -1.0]  # [bytes, when read]: re-read at most once a second
 

@@ -11,8 +11,6 @@ import difflib
 from pathlib import Path
 from typing import NamedTuple
 
-import yaml
-
 _PACKAGE = Path(__file__).resolve().parents[1]
 SUFFIX = ".yaml"
 MODELS = "models"
@@ -73,6 +71,8 @@ def models() -> list[Model]:
     """The bundled models, by name: the modules each computes the same as (its ``matches:``), and
     whether a ``save_pretrained`` folder fills it (a ``checkpoint:`` section). Read as plain YAML:
     listing them validates nothing."""
+    import yaml  # here, not at the top: `tracer check` answered from its cache reads no YAML (issue 32)
+
     found = []
     for path in sorted((folder() / MODELS).glob("*" + SUFFIX)):
         data = yaml.safe_load(path.read_text(encoding="utf-8"))

@@ -14,9 +14,12 @@ text, recording them; a file that checks clean never needs them.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import stat
+from collections.abc import Iterator
+from contextvars import ContextVar
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -53,6 +56,7 @@ _ONE_LINE_FIELDS = frozenset({"name", "group", "id", "use", "op", "input"})
 # PyYAML counts these as line breaks, editors and `grep -n` do not: they would shift every
 # reported line number after them, so they are refused where they stand.
 _ODD_BREAKS = re.compile(r"\r(?!\n)|[\x85\u2028\u2029]")
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def control_problem(text: str, one_line: bool = False) -> str | None:
@@ -164,6 +168,7 @@ def parse_document(text: str, name: str = "<string>") -> tuple[Any, SourceMap]:
     if not text.strip():
         raise TracerError(Diagnostic(name, Position(1, 1), "empty-file", "the file is empty; a pipeline needs at least 'name' and 'steps'"))
     _check_line_breaks(text, name)
+    _check_surrogates(text, name)
     data = _plain_values(text)
     if data is not _CAREFUL:
         return data, SourceMap(name, text=text)
@@ -299,18 +304,38 @@ def _mark(event: yaml.Event) -> Position:
 def _check_line_breaks(text: str, name: str) -> None:
     odd = _ODD_BREAKS.search(text)
     if odd:
-        before = text[: odd.start()]
-        where = Position(before.count("\n") + 1, odd.start() - (before.rfind("\n") + 1) + 1)
+        where = _position_at(text, odd.start())
         what = "a lone carriage return" if odd.group() == "\r" else f"the line separator U+{ord(odd.group()):04X}"
         raise TracerError(
             Diagnostic(name, where, "yaml-syntax", f"{what} is not allowed (it would shift line numbers); end lines with a newline")
         )
 
 
+def _check_surrogates(text: str, name: str) -> None:
+    """A lone surrogate (U+D800..U+DFFF) is no character: UTF-8 cannot hold it, so no file can
+    bring one, but a ``str`` given to ``tracer.loads`` can (a byte Python failed to decode)."""
+    lone = _SURROGATE.search(text)
+    if lone:
+        raise TracerError(
+            Diagnostic(
+                name,
+                _position_at(text, lone.start()),
+                "file-binary",
+                f"the text holds the lone surrogate U+{ord(lone.group()):04X}, which is not a character (nor UTF-8); remove it",
+            )
+        )
+
+
 def _reader_position(text: str, offset: int) -> Position:
     """Line and column of a reader error's offset (libyaml counts UTF-8 bytes, pure PyYAML characters)."""
     before = text.encode("utf-8", "surrogatepass")[:offset].decode("utf-8", "ignore") if _LIBYAML else text[:offset]
-    return Position(before.count("\n") + 1, len(before) - (before.rfind("\n") + 1) + 1)
+    return _position_at(before, len(before))
+
+
+def _position_at(text: str, offset: int) -> Position:
+    """Line and column (from 1, in characters) of ``text[offset]``."""
+    before = text[:offset]
+    return Position(before.count("\n") + 1, offset - (before.rfind("\n") + 1) + 1)
 
 
 def _check_depth(text: str, name: str) -> None:
@@ -353,8 +378,26 @@ def _check_depth(text: str, name: str) -> None:
         return  # composing stops at the same place and reports it with its position
 
 
+_READS: ContextVar[list[tuple[str, bytes]] | None] = ContextVar("reads", default=None)
+
+
+@contextlib.contextmanager
+def recording_reads() -> Iterator[list[tuple[str, bytes]]]:
+    """Every pipeline file read inside the block, as (the path it was opened by, its bytes): the
+    file and its blocks, what a result made from them depends on (``tracer check``'s cache)."""
+    reads: list[tuple[str, bytes]] = []
+    token = _READS.set(reads)
+    try:
+        yield reads
+    finally:
+        _READS.reset(token)
+
+
 def _read_text(path: Path, name: str) -> str:
     data = _read_bounded(path, name)
+    reads = _READS.get()
+    if reads is not None:
+        reads.append((str(path), data))
     if b"\x00" in data:
         raise TracerError(Diagnostic(name, Position(1, 1), "file-binary", "the file is binary, not YAML text"))
     try:

@@ -135,12 +135,16 @@ class ViewScramblesDims(Lint):
     code, example, origin = "view-scrambles-dims", "view_scrambles_dims", "merging heads (GPT-2, BERT, Llama)"
 
     def check(self, analysis):
+        judged: dict[tuple, bool | None] = {}  # every copy of a block regroups the same dims: judge them once
         for node in analysis.nodes.values():
             if not node.step.regroups or not node.outs:
                 continue
             source = node.reads[0]
             before, after = analysis.metas[source].shape, node.outs[-1].meta.shape
-            if in_order(node.dims, before, after) is not False:
+            key = (id(node.dims), before, after)
+            if key not in judged:
+                judged[key] = in_order(node.dims, before, after)
+            if judged[key] is not False:
                 continue
             message = (
                 f"{node.op} regroups '{source}' {show(analysis, source)} into {show(analysis, node.value)}, but a view only merges "
@@ -200,8 +204,15 @@ class _Sizes:
     def __init__(self, known: set):
         self.known = known
         self.quotients = tuple(p for p in known if len(p.terms) == 1 and any(exp < 0 for _, exp in p.terms[0][0]))
+        self._judged: dict[tuple, bool] = {}  # the search below meets the same (poly, depth) again and again
 
     def natural(self, poly, depth: int = 0) -> bool:
+        key = (poly, depth)
+        if key not in self._judged:
+            self._judged[key] = self._natural(poly, depth)
+        return self._judged[key]
+
+    def _natural(self, poly, depth: int) -> bool:
         if poly in self.known:
             return True
         if len(poly.terms) != 1:
