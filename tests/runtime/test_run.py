@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import re
 
 import pytest
@@ -99,3 +100,33 @@ def test_a_meta_run_makes_only_the_tensors_something_reads():
     assert fast.records == watched.records and fast.as_predicted
     assert quiet < Made.count / 10, (quiet, Made.count)
     assert fast.outputs.keys() == watched.outputs.keys() and all(t.is_meta for t in fast.outputs.values())
+
+
+def test_a_plans_records_are_the_dataclasses_records_and_copies_differ_only_in_names():
+    """A plan builds its templates with ``new_record`` (the slots' setters: half the frozen
+    dataclass's ``__init__``) and one symbolic-shape tuple for every record printing alike; each
+    layer's record still has its own id, inputs and storage owner, and equals the record that
+    ``TensorRecord(...)`` builds from the same fields."""
+    from dataclasses import astuple, fields, replace
+
+    from tracer.runtime.records import TensorRecord, new_record
+
+    pipeline = shared_pipeline(PIPELINES / "encoder_stack.yaml")
+    trace = pipeline.run(device="meta")
+    for record in trace.records:
+        rebuilt = TensorRecord(*astuple(record)[:-1])
+        assert record == rebuilt and astuple(record) == astuple(rebuilt) and record.tensor is None
+    assert [f.name for f in fields(TensorRecord)][:-1] == list(inspect.signature(new_record).parameters)
+    layer = {r.id.removeprefix("layers/1/"): r for r in trace.records if r.id.startswith("layers/1/") and r.op != "param"}
+    assert len(layer) > 20
+    for record in trace.records:
+        if record.id.startswith("layers/0/") and record.op not in ("param", "block_input"):
+            again = layer[record.id.removeprefix("layers/0/")]  # the same step of the next layer: its own names, nothing else differs
+
+            def renamed(name):
+                return name.replace("layers/0/", "layers/1/")
+
+            assert again.id != record.id and again.inputs != record.inputs and again.inputs == tuple(map(renamed, record.inputs))
+            assert again.view_of == (record.view_of and renamed(record.view_of))
+            assert again == replace(record, id=again.id, inputs=again.inputs, view_of=again.view_of)
+            assert again.symbolic_shape is record.symbolic_shape  # one tuple for both
