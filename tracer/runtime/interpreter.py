@@ -153,38 +153,33 @@ class Plan:
     @gc_paused  # a plan is all new, long-lived objects: a collector pass over them finds nothing
     def _compile(self, analysis: Analysis) -> tuple[Planned, ...]:
         keep = {analysis.record_of(name) for name in analysis.outputs}
-        order = list(analysis.nodes)
-        self.random = any(node.step.is_random() for node in analysis.nodes.values())
         self.output_ids = tuple((name, analysis.record_of(name)) for name in analysis.outputs)
         shared: dict[tuple, tuple] = {}  # symbolic shape -> one tuple for every record printing it alike
         self.inputs_expected = {name: self._expect(name, d.section[:-1], (), d.meta, 0, shared) for name, d in analysis.declared.items()}
-        dying: dict[str, list[str]] = {}  # every record, inner ones too, dies after its last reader (or its own step)
+        # Every record, inner ones too, dies after its last reader (or its own step), by the step's
+        # position: small ints hash to themselves, so at 1,000 layers this table is walked in order.
+        dying: dict[int, list[str]] = {}
         for rid, last in last_reads(analysis).items():
             if rid not in keep and rid not in analysis.declared:
-                dying.setdefault(order[last], []).append(rid)
-        planned, tables = [], (table_groups(analysis), self._tables)
+                dying.setdefault(last, []).append(rid)
+        planned, tables, random = [], (table_groups(analysis), self._tables), False
         verified = _VerifiedSteps(analysis) if self.predicts else None
-        for node in analysis.nodes.values():
-            predicted = verified is not None and verified.repeats(node)
+        for i, (step_id, node) in enumerate(analysis.nodes.items()):  # one pass over the nodes: at 1,000 layers they are out of cache
+            random = random or node.step.is_random()
+            predicted = verified is not None and verified.repeats(node, step_id)
             fn = None if predicted else node.step.kernel(KernelContext(analysis, node, self.device, self.training, tables))
             last = node.outs[-1] if node.outs else None
             expected = tuple(
-                self._expect(out.id, out.op, out.reads, out.meta, node.flops if out is last else 0, shared) for out in node.outs
+                [self._expect(out.id, out.op, out.reads, out.meta, node.flops if out is last else 0, shared) for out in node.outs]
             )
             single = node.form == ONE
             getter = itemgetter(*node.reads) if node.reads else (lambda env: ())
             planned.append(
                 Planned(
-                    getter,
-                    fn,
-                    len(node.reads) == 1,
-                    expected[0] if single else None,
-                    expected,
-                    tuple(dying.get(node.id, ())),
-                    node.id,
-                    predicted,
+                    getter, fn, len(node.reads) == 1, expected[0] if single else None, expected, tuple(dying.get(i, ())), step_id, predicted
                 )
             )
+        self.random = random
         return self._shown(analysis, planned, keep) if self.predicts else tuple(planned)
 
     @staticmethod
@@ -403,8 +398,8 @@ class _VerifiedSteps:
         self.seen: set[tuple] = set()  # (step id with every copy number as '#', layouts) of the kernels that ran
         self.blocks: dict[str, str] = {}  # copy ('layers/3') -> its step ids' common part ('layers/#')
 
-    def repeats(self, node: Node) -> bool:
-        """Whether ``node`` repeats a verified step; if not, its kernel runs and it is marked as seen."""
+    def repeats(self, node: Node, step_id: str) -> bool:
+        """Whether ``node`` (of ``step_id``) repeats a verified step; if not, its kernel runs and it is marked as seen."""
         copy = node.copy
         if copy is None:
             return False
@@ -414,7 +409,7 @@ class _VerifiedSteps:
         metas = self.metas
         layouts = [(m.sizes, m.stride, m.offset, m.dtype) for m in map(metas.__getitem__, node.reads)]
         layouts += [(o.meta.sizes, o.meta.stride, o.meta.offset, o.meta.dtype) for o in node.outs]
-        key = (block, node.id[len(copy) :], *layouts)
+        key = (block, step_id[len(copy) :], *layouts)
         if key in self.seen:
             return True
         self.seen.add(key)
