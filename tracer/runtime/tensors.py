@@ -138,12 +138,12 @@ def match_routes(analysis: Analysis, routes: list[tuple[str, str | None, Mapping
     """The tensors of several routes (``(what, section, given)``: ``tensors=``, ``params=``,
     ``inputs=``) by declared name, all problems at once; a tensor two routes give is an error
     located at its declaration, never resolved by the order of the routes."""
-    found = _fitting(analysis, routes)
+    routes = [route for route in routes if route[2]]
+    found = _fitting(analysis, routes) if routes else {}
     if found is not None:
         return found
-    routes = [route for route in routes if route[2]]
-    if len(routes) <= 1:  # nothing given twice: the common run(params=...) or run(inputs=...) needs no bookkeeping
-        return match(analysis, routes[0][2], routes[0][1], routes[0][0]) if routes else {}
+    if len(routes) == 1:  # nothing given twice: no bookkeeping across routes
+        return match(analysis, routes[0][2], routes[0][1], routes[0][0])
     found, given_by, problems = {}, {}, []
     for what, section, given in routes:
         try:
@@ -164,15 +164,13 @@ def match_routes(analysis: Analysis, routes: list[tuple[str, str | None, Mapping
 
 
 def _fitting(analysis: Analysis, routes: list[tuple[str, str | None, Mapping[str, Any] | None]]) -> dict[str, Any] | None:
-    """The given tensors by declared name when every one is named once, by a key of its route's
-    section, and is a dense tensor of its declared shape and dtype: what a run that gives the same
-    weights on every call passes, for a few attribute reads a tensor. None when anything needs a
-    closer look; :func:`match` then finds and reports it."""
+    """The tensors the ``routes`` (those giving some) give, by declared name, when every one is
+    named once, by a key of its route's section, and is a dense tensor of its declared shape and
+    dtype: what a run that gives the same weights on every call passes, for a few attribute reads
+    a tensor. None when anything needs a closer look; :func:`match` then finds and reports it."""
     table = _table(analysis)
     wanted, found = table.wanted, {}
     for _, section, given in routes:
-        if not given:
-            continue
         keys = table.keys[section]
         for key, tensor in given.items():
             name = keys.get(key)
