@@ -395,8 +395,10 @@ class _VerifiedSteps:
 
     def __init__(self, analysis: Analysis):
         self.metas = analysis.metas
-        self.seen: set[tuple] = set()  # (step id with every copy number as '#', layouts) of the kernels that ran
+        self.seen: set[tuple] = set()  # (step id with every copy number as '#', layout numbers) of the kernels that ran
         self.blocks: dict[str, str] = {}  # copy ('layers/3') -> its step ids' common part ('layers/#')
+        self.layouts: dict[tuple, int] = {}  # (sizes, stride, offset, dtype) -> its number
+        self.numbered: dict[str, int] = {}  # record id -> its layout's number
 
     def repeats(self, node: Node, step_id: str) -> bool:
         """Whether ``node`` (of ``step_id``) repeats a verified step; if not, its kernel runs and it is marked as seen."""
@@ -406,14 +408,21 @@ class _VerifiedSteps:
         block = self.blocks.get(copy)
         if block is None:
             block = self.blocks[copy] = _COPY_NUMBER.sub("/#", copy + "/")
-        metas = self.metas
-        layouts = [(m.sizes, m.stride, m.offset, m.dtype) for m in map(metas.__getitem__, node.reads)]
-        layouts += [(o.meta.sizes, o.meta.stride, o.meta.offset, o.meta.dtype) for o in node.outs]
-        key = (block, step_id[len(copy) :], *layouts)
+        number = self._number
+        key = (block, step_id[len(copy) :], *map(number, node.reads), *[number(out.id) for out in node.outs])
         if key in self.seen:
             return True
         self.seen.add(key)
         return False
+
+    def _number(self, rid: str) -> int:
+        """The number of a record's layout: each record's is hashed once, when first met (as an
+        output, or as the input or param a step reads), not again by every step that reads it."""
+        found = self.numbered.get(rid)
+        if found is None:
+            meta = self.metas[rid]
+            found = self.numbered[rid] = self.layouts.setdefault((meta.sizes, meta.stride, meta.offset, meta.dtype), len(self.layouts))
+        return found
 
 
 def _storage_read(args, owner: str, roots: dict):
