@@ -3,9 +3,10 @@ dims and at a 70B-class layer's (d 8192, 64 heads, T 4096), N from 125 to 1,000.
 
 For each N it prints the plan build (kernels compiled, lifetimes known), a run (every record of
 every layer; the plan and the drawn tensors reused) and their cost per layer, in wall and CPU
-time, then the growth exponent fitted over every N (1.0 is linear). The sizes run interleaved
-round by round (benchmarks/measure.py), so load on the machine hits them alike; each target line
-gives the median with its 95% bootstrap interval. Targets: a run ≤ 0.2 ms a layer, both exponents
+time, then the growth exponent fitted over every N (1.0 is linear), and what a plan of the
+largest N holds in memory (tracemalloc). The sizes run interleaved round by round
+(benchmarks/measure.py), so load on the machine hits them alike; each target line gives the
+median with its 95% bootstrap interval. Targets: a run ≤ 0.2 ms a layer, both exponents
 ≤ 1.05 (a line per target says met or NOT MET). The same stack with ``meta_kernels=True`` (torch's
 meta kernel for every step) is timed at the smallest N, for comparison. Prints; asserts nothing.
 
@@ -18,6 +19,7 @@ import argparse
 import gc
 import sys
 import tempfile
+import tracemalloc
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -47,6 +49,21 @@ def measure(paths: dict[int, Path], dims: dict, rounds: int, meta_kernels: bool 
         pipeline.run(dims, device="meta", meta_kernels=meta_kernels)
     runs = interleaved({n: lambda p=p: p.run(dims, device="meta", meta_kernels=meta_kernels) for n, p in pipelines.items()}, rounds)
     return builds, runs
+
+
+def plan_memory(path: Path, dims: dict) -> tuple[int, int]:
+    """Bytes a plan of the pipeline keeps, and its build's peak (tracemalloc; the analysis built,
+    and a first plan filled its caches, before tracing starts)."""
+    analysis = tracer.load(path).check(dims)
+    Plan(analysis, "meta")
+    tracemalloc.start()
+    try:
+        plan = Plan(analysis, "meta")
+        retained, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    del plan
+    return retained, peak
 
 
 def main(argv=None) -> int:
@@ -81,6 +98,10 @@ def main(argv=None) -> int:
         )
         print(target_line(f"{size} plan build growth exponent", growth(builds), EXPONENT, cpu=growth(builds, "cpu")))
         print(target_line(f"{size} run growth exponent", growth(runs), EXPONENT, cpu=growth(runs, "cpu")))
+        retained, peak = plan_memory(paths[largest], dims)
+        print(
+            f"plan memory at {largest} layers (tracemalloc): {retained / largest / 1e3:.1f} kB a layer kept, {peak / largest / 1e3:.1f} kB peak"
+        )
         n = min(paths)
         _, kernels = measure({n: paths[n]}, dims, 1, meta_kernels=True)
         took = kernels[n][0].wall

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import re
 
 import pytest
@@ -99,3 +100,56 @@ def test_a_meta_run_makes_only_the_tensors_something_reads():
     assert fast.records == watched.records and fast.as_predicted
     assert quiet < Made.count / 10, (quiet, Made.count)
     assert fast.outputs.keys() == watched.outputs.keys() and all(t.is_meta for t in fast.outputs.values())
+
+
+def test_a_plans_records_are_the_dataclasses_records_and_copies_differ_only_in_names():
+    """A plan builds its templates with ``new_record`` (the slots' setters: half the frozen
+    dataclass's ``__init__``) and one symbolic-shape tuple for every record printing alike; each
+    layer's record still has its own id, inputs and storage owner, and equals the record that
+    ``TensorRecord(...)`` builds from the same fields."""
+    from dataclasses import astuple, fields, replace
+
+    from tracer.runtime.records import TensorRecord, new_record
+
+    pipeline = shared_pipeline(PIPELINES / "encoder_stack.yaml")
+    trace = pipeline.run(device="meta")
+    for record in trace.records:
+        rebuilt = TensorRecord(*astuple(record)[:-1])
+        assert record == rebuilt and astuple(record) == astuple(rebuilt) and record.tensor is None
+    assert [f.name for f in fields(TensorRecord)][:-1] == list(inspect.signature(new_record).parameters)
+    layer = {r.id.removeprefix("layers/1/"): r for r in trace.records if r.id.startswith("layers/1/") and r.op != "param"}
+    assert len(layer) > 20
+    for record in trace.records:
+        if record.id.startswith("layers/0/") and record.op not in ("param", "block_input"):
+            again = layer[record.id.removeprefix("layers/0/")]  # the same step of the next layer: its own names, nothing else differs
+
+            def renamed(name):
+                return name.replace("layers/0/", "layers/1/")
+
+            assert again.id != record.id and again.inputs != record.inputs and again.inputs == tuple(map(renamed, record.inputs))
+            assert again.view_of == (record.view_of and renamed(record.view_of))
+            assert again == replace(record, id=again.id, inputs=again.inputs, view_of=again.view_of)
+            assert again.symbolic_shape is record.symbolic_shape  # one tuple for both
+
+
+def test_a_copy_whose_inputs_are_laid_out_differently_runs_its_own_kernels(tmp_path):
+    """A repeated block's copy takes the predicted layouts only after a copy with the same input
+    and output layouts ran its kernels: the first copy reads a transposed (non-contiguous) x, the
+    later ones the contiguous output of the copy before, so the first two copies run their kernels
+    and only the third is predicted; every record is what torch's meta kernels give."""
+    (tmp_path / "layer.yaml").write_text(
+        "name: layer\ndims: {A: 3, B: 4}\ninputs:\n  x: {shape: [A, B], init: randn}\n"
+        "steps:\n  - {id: h, op: relu, input: x}\n  - {id: o, op: contiguous, input: h}\n"
+    )
+    (tmp_path / "stack.yaml").write_text(
+        "name: stack\ndims: {A: 3, B: 4}\ninputs:\n  x: {shape: [B, A], init: randn}\n"
+        "steps:\n  - {id: t, op: transpose, input: x, dims: [0, 1]}\n"
+        "  - {id: layers, op: block, use: layer.yaml, input: t, repeat: 3}\n"
+    )
+    pipeline = tracer.load(tmp_path / "stack.yaml")
+    fast, kernels = pipeline.run(device="meta"), pipeline.run(device="meta", meta_kernels=True)
+    assert fast.records == kernels.records and fast.as_predicted
+    assert fast["layers/0/h"].stride == (1, 3) and fast["layers/1/h"].stride == fast["layers/2/h"].stride == (4, 1)
+    plan = pipeline._plans[((), "meta", False)]
+    predicted = {step.step_id for step in plan.steps if step.predicted}
+    assert {"layers/2/h", "layers/2/o"} <= predicted and not predicted & {"layers/0/h", "layers/1/h", "layers/0/o"}

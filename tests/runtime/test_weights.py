@@ -1,6 +1,7 @@
 """Real weights in: params=/inputs= checked against the declarations, and checkpoints via --weights."""
 
 import json
+from dataclasses import replace
 
 import pytest
 import torch
@@ -41,6 +42,24 @@ def test_params_and_inputs_replace_declared_tensors():
     x, w = torch.randn(2, 6, 4), torch.eye(4)
     trace = pipeline.run(params={"W_q": w, "W_k": w, "W_v": w, "W_o": w, "b_o": torch.zeros(4)}, inputs={"x": x}, keep_values=True)
     assert torch.equal(trace["q"].tensor, x) and torch.equal(trace["x"].tensor, x)
+
+
+def test_tensors_that_fit_their_declarations_skip_the_locating_check(monkeypatch):
+    """A run given fitting tensors on every call pays a few attribute reads a tensor: the check
+    that finds and locates problems never runs. A non-contiguous tensor is taken contiguous, as a
+    declared one is, and a CPU tensor given to a meta run moves to the meta device."""
+    pipeline = tracer.load(CAUSAL)
+    w, x = torch.randn(4, 4), torch.randn(2, 6, 4)
+    params = {"W_q": w.t(), "W_k": w, "W_v": w.clone(), "W_o": w.clone(), "b_o": torch.zeros(4)}
+
+    def refused(*args, **kwargs):
+        raise AssertionError("the locating check ran for tensors that fit")
+
+    monkeypatch.setattr(tracer.runtime.tensors, "match", refused)
+    trace = pipeline.run(params=params, inputs={"x": x}, keep_values=True)
+    assert trace["W_q"].tensor.is_contiguous() and torch.equal(trace["W_q"].tensor, w.t()) and torch.equal(trace["x"].tensor, x)
+    meta = pipeline.run(device="meta", params=params, inputs={"x": x})
+    assert meta.records == [replace(r, device="meta") for r in trace.records] and meta.outputs["out"].is_meta
 
 
 def test_block_params_take_dotted_keys():

@@ -48,12 +48,13 @@ def last_reads(analysis) -> dict[str, int]:
     The one liveness analysis: the interpreter frees each tensor after this step, and the memory
     estimate counts its storage until then.
     """
-    last = created_at_steps(analysis)
-    for i, node in enumerate(analysis.nodes.values()):
+    last: dict[str, int] = {}
+    for i, node in enumerate(analysis.nodes.values()):  # one pass: a record is read after the step that makes it
         for out in node.outs:
             for rid in out.reads:
                 if rid in last:
                     last[rid] = i
+            last[out.id] = i
     return last
 
 

@@ -22,7 +22,7 @@ from ..core.dtypes import DTYPE_BYTES
 from ..core.errors import InternalError, TracerError
 from ..core.gcpause import gc_paused
 from ..core.layout import Meta
-from .records import TensorRecord
+from .records import TensorRecord, new_record
 
 _COPY_NUMBER = re.compile(r"/\d+(?=/)")  # 'layers/3/q' -> 'layers/#/q': one step of every copy
 _NO_CONTEXT = nullcontext()  # grad already off: entering no_grad again costs a microsecond per run
@@ -145,43 +145,41 @@ class Plan:
         self.predicts = self.device.type == "meta" and not meta_kernels
         self.device_name = str(self.device)
         self.dtypes = {getattr(torch, name): name for name in DTYPE_BYTES}
+        self._torch_dtypes = {name: dtype for dtype, name in self.dtypes.items()}
         self._tables: dict = {}  # group's first step id -> tables one step built for the others, this run only
         self.steps = self._compile(analysis)
         self._inputs_cache: tuple | None = None  # (names, tensors, input records, storage roots) of the last run
 
     @gc_paused  # a plan is all new, long-lived objects: a collector pass over them finds nothing
     def _compile(self, analysis: Analysis) -> tuple[Planned, ...]:
-        torch = torch_module()
         keep = {analysis.record_of(name) for name in analysis.outputs}
-        order = list(analysis.nodes)
-        self.random = any(node.step.is_random() for node in analysis.nodes.values())
         self.output_ids = tuple((name, analysis.record_of(name)) for name in analysis.outputs)
-        self.inputs_expected = {name: self._expect(name, d.section[:-1], (), d.meta, 0, torch) for name, d in analysis.declared.items()}
-        dying: dict[str, list[str]] = {}  # every record, inner ones too, dies after its last reader (or its own step)
+        shared: dict[tuple, tuple] = {}  # symbolic shape -> one tuple for every record printing it alike
+        self.inputs_expected = {name: self._expect(name, d.section[:-1], (), d.meta, 0, shared) for name, d in analysis.declared.items()}
+        # Every record, inner ones too, dies after its last reader (or its own step), by the step's
+        # position: small ints hash to themselves, so at 1,000 layers this table is walked in order.
+        dying: dict[int, list[str]] = {}
         for rid, last in last_reads(analysis).items():
             if rid not in keep and rid not in analysis.declared:
-                dying.setdefault(order[last], []).append(rid)
-        planned, verified, tables = [], set(), (table_groups(analysis), self._tables)
-        for node in analysis.nodes.values():
-            predicted = self.predicts and _repeats_a_verified_step(analysis, node, verified)
+                dying.setdefault(last, []).append(rid)
+        planned, tables, random = [], (table_groups(analysis), self._tables), False
+        verified = _VerifiedSteps(analysis) if self.predicts else None
+        for i, (step_id, node) in enumerate(analysis.nodes.items()):  # one pass over the nodes: at 1,000 layers they are out of cache
+            random = random or node.step.is_random()
+            predicted = verified is not None and verified.repeats(node, step_id)
             fn = None if predicted else node.step.kernel(KernelContext(analysis, node, self.device, self.training, tables))
+            last = node.outs[-1] if node.outs else None
             expected = tuple(
-                self._expect(out.id, out.op, out.reads, out.meta, node.flops if out is node.outs[-1] else 0, torch) for out in node.outs
+                [self._expect(out.id, out.op, out.reads, out.meta, node.flops if out is last else 0, shared) for out in node.outs]
             )
             single = node.form == ONE
             getter = itemgetter(*node.reads) if node.reads else (lambda env: ())
             planned.append(
                 Planned(
-                    getter,
-                    fn,
-                    len(node.reads) == 1,
-                    expected[0] if single else None,
-                    expected,
-                    tuple(dying.get(node.id, ())),
-                    node.id,
-                    predicted,
+                    getter, fn, len(node.reads) == 1, expected[0] if single else None, expected, tuple(dying.get(i, ())), step_id, predicted
                 )
             )
+        self.random = random
         return self._shown(analysis, planned, keep) if self.predicts else tuple(planned)
 
     @staticmethod
@@ -201,24 +199,15 @@ class Plan:
                 planned[i] = step._replace(shown=tuple(e for e in step.expected if e.id in read))
         return tuple(planned)
 
-    def _expect(self, rid: str, op: str, inputs: tuple, meta: Meta, flops: int, torch) -> Expected:
+    def _expect(self, rid: str, op: str, inputs: tuple, meta: Meta, flops: int, shared: dict) -> Expected:
         view_of = None if meta.root == rid else meta.root
-        template = TensorRecord(
-            rid,
-            op,
-            inputs,
-            meta.sizes,
-            tuple(str(d) for d in meta.shape),
-            meta.dtype,
-            self.device_name,
-            meta.stride,
-            meta.offset,
-            meta.contiguous,
-            view_of,
-            meta.nbytes,
-            flops,
+        symbolic = tuple(map(str, meta.shape))
+        symbolic = shared.setdefault(symbolic, symbolic)
+        sizes, stride, offset = meta.sizes, meta.stride, meta.offset
+        template = new_record(
+            rid, op, inputs, sizes, symbolic, meta.dtype, self.device_name, stride, offset, meta.contiguous, view_of, meta.nbytes, flops
         )
-        return Expected(rid, meta.sizes, meta.stride, meta.offset, getattr(torch, meta.dtype), view_of, template)
+        return Expected(rid, sizes, stride, offset, self._torch_dtypes[meta.dtype], view_of, template)
 
     @gc_paused  # a run makes records and tensors freed by reference counts: a collector pass finds no garbage,
     # and at 1,000 layers a full one (over every object of the process) cost more than the meta run itself
@@ -399,18 +388,41 @@ class Plan:
         return restrided
 
 
-def _repeats_a_verified_step(analysis: Analysis, node: Node, verified: set) -> bool:
-    """Whether ``node`` is a later block copy of a step whose kernel ran (in an earlier copy) on
-    inputs and outputs of the same sizes, strides, offsets and dtypes; it is then marked as seen."""
-    if node.copy is None:
+class _VerifiedSteps:
+    """Which steps of a plan on the meta device may take their predicted layouts: a later block
+    copy of a step whose kernel ran (in an earlier copy) on inputs and outputs of the same sizes,
+    strides, offsets and dtypes."""
+
+    def __init__(self, analysis: Analysis):
+        self.metas = analysis.metas
+        self.seen: set[tuple] = set()  # (step id with every copy number as '#', layout numbers) of the kernels that ran
+        self.blocks: dict[str, str] = {}  # copy ('layers/3') -> its step ids' common part ('layers/#')
+        self.layouts: dict[tuple, int] = {}  # (sizes, stride, offset, dtype) -> its number
+        self.numbered: dict[str, int] = {}  # record id -> its layout's number
+
+    def repeats(self, node: Node, step_id: str) -> bool:
+        """Whether ``node`` (of ``step_id``) repeats a verified step; if not, its kernel runs and it is marked as seen."""
+        copy = node.copy
+        if copy is None:
+            return False
+        block = self.blocks.get(copy)
+        if block is None:
+            block = self.blocks[copy] = _COPY_NUMBER.sub("/#", copy + "/")
+        number = self._number
+        key = (block, step_id[len(copy) :], *map(number, node.reads), *[number(out.id) for out in node.outs])
+        if key in self.seen:
+            return True
+        self.seen.add(key)
         return False
-    metas = analysis.metas
-    layouts = tuple((m.sizes, m.stride, m.offset, m.dtype) for m in [*(metas[r] for r in node.reads), *(o.meta for o in node.outs)])
-    key = (_COPY_NUMBER.sub("/#", node.id), layouts)
-    if key in verified:
-        return True
-    verified.add(key)
-    return False
+
+    def _number(self, rid: str) -> int:
+        """The number of a record's layout: each record's is hashed once, when first met (as an
+        output, or as the input or param a step reads), not again by every step that reads it."""
+        found = self.numbered.get(rid)
+        if found is None:
+            meta = self.metas[rid]
+            found = self.numbered[rid] = self.layouts.setdefault((meta.sizes, meta.stride, meta.offset, meta.dtype), len(self.layouts))
+        return found
 
 
 def _storage_read(args, owner: str, roots: dict):

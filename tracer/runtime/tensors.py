@@ -48,8 +48,11 @@ def create_tensors(analysis: Analysis, device: str, seed: int | None, skip: froz
 def with_given(created: dict[str, Any], given: dict[str, Any], device: Any) -> dict[str, Any]:
     """``created`` (from ``create_tensors(..., skip=given)``) with the ``given`` tensors, checked by
     :func:`match`, in their places and moved to ``device``."""
-    moved = {name: t if t.device == device else t.to(device) for name, t in given.items()}  # a compare costs a third of .to's call
-    return {name: moved.get(name, tensor) for name, tensor in created.items()}
+    if device.type == "cpu":  # is_cpu reads a flag: a third of building t.device to compare it
+        moved = {name: t.to(device) for name, t in given.items() if not t.is_cpu}
+    else:
+        moved = {name: t.to(device) for name, t in given.items() if t.device != device}
+    return {**created, **given, **moved}  # every name keeps its place in created
 
 
 def _declaration_order(analysis: Analysis) -> list[Declared]:
@@ -87,16 +90,7 @@ def match(analysis: Analysis, given: Mapping[str, Any], section: str | None, wha
         if name is None:
             problems.append(_unknown(analysis, key, declared, section, what))
             continue
-        sizes, dtype, tensor_type, strided = wanted[name]
-        if (  # fits its declaration: a dense tensor of the declared shape and dtype (what _problem finds nothing wrong with)
-            name not in given_by
-            and isinstance(tensor, tensor_type)
-            and tensor.dtype is dtype
-            and tensor.shape == sizes
-            and tensor.layout == strided
-            and not tensor.is_nested
-            and not tensor.is_meta
-        ):
+        if name not in given_by and _fits(tensor, *wanted[name]):
             given_by[name] = key
             found[name] = tensor.contiguous()  # as a declared tensor is: an expanded one would break a later view
             continue
@@ -145,8 +139,11 @@ def match_routes(analysis: Analysis, routes: list[tuple[str, str | None, Mapping
     ``inputs=``) by declared name, all problems at once; a tensor two routes give is an error
     located at its declaration, never resolved by the order of the routes."""
     routes = [route for route in routes if route[2]]
-    if len(routes) <= 1:  # nothing given twice: the common run(params=...) or run(inputs=...) needs no bookkeeping
-        return match(analysis, routes[0][2], routes[0][1], routes[0][0]) if routes else {}
+    found = _fitting(analysis, routes) if routes else {}
+    if found is not None:
+        return found
+    if len(routes) == 1:  # nothing given twice: no bookkeeping across routes
+        return match(analysis, routes[0][2], routes[0][1], routes[0][0])
     found, given_by, problems = {}, {}, []
     for what, section, given in routes:
         try:
@@ -164,6 +161,37 @@ def match_routes(analysis: Analysis, routes: list[tuple[str, str | None, Mapping
     if problems:
         raise TracerError(problems)
     return found
+
+
+def _fitting(analysis: Analysis, routes: list[tuple[str, str | None, Mapping[str, Any] | None]]) -> dict[str, Any] | None:
+    """The tensors the ``routes`` (those giving some) give, by declared name, when every one is
+    named once, by a key of its route's section, and is a dense tensor of its declared shape and
+    dtype: what a run that gives the same weights on every call passes, for a few attribute reads
+    a tensor. None when anything needs a closer look; :func:`match` then finds and reports it."""
+    table = _table(analysis)
+    wanted, found = table.wanted, {}
+    for _, section, given in routes:
+        keys = table.keys[section]
+        for key, tensor in given.items():
+            name = keys.get(key)
+            if name is None or name in found:
+                return None
+            if not _fits(tensor, *wanted[name]):
+                return None
+            found[name] = tensor.contiguous()  # as a declared tensor is: an expanded one would break a later view
+    return found
+
+
+def _fits(tensor, sizes: tuple[int, ...], dtype, tensor_type, strided) -> bool:
+    """A dense tensor of the declared shape and dtype: what :func:`_problem` finds nothing wrong with."""
+    return (
+        isinstance(tensor, tensor_type)
+        and tensor.dtype is dtype
+        and tensor.shape == sizes
+        and tensor.layout == strided
+        and not tensor.is_nested
+        and not tensor.is_meta
+    )
 
 
 def _problem(analysis: Analysis, name: str, key, tensor, what: str, earlier_key) -> str | None:
