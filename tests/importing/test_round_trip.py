@@ -50,6 +50,17 @@ def test_the_llama_layer_comes_back_unchanged_names_and_dims_included(tmp_path):
     assert [s.op for s in back.spec.steps] == [s.op for s in pipeline.spec.steps]
 
 
+def test_t5_relative_bias_comes_back_with_the_max_distance_its_export_writes(tmp_path):
+    """At T = 12, max_distance 6 and 7 give the same buckets: the exported module's
+    ``t5_buckets(torch, T, T, NB, 6, True, …)`` says which (a literal, held against the buckets),
+    and the key mask's ``~key_mask_4d.bool()`` is the mask step's own cast."""
+    pipeline, back = _round_trip(PIPELINES / "models/t5_self_attention.yaml", tmp_path)
+    found = diff(pipeline, back, values=True)
+    assert found.same and not found.renamed and found.compared_values and found.diverges is None
+    assert [s.op for s in back.spec.steps] == [s.op for s in pipeline.spec.steps]
+    assert not back.check().diagnostics
+
+
 def test_causal_mha_comes_back_without_its_eval_mode_dropout_then_stays(tmp_path):
     pipeline, back = _round_trip(PIPELINES / "causal_mha.yaml", tmp_path / "once")
     found = diff(pipeline, back, values=True)
@@ -131,3 +142,12 @@ def test_only_literals_of_a_frequencies_call_are_read_as_rope_parameters():
     assert exported_parameters(dynamic) == {"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0}  # seq_len is no literal
     assert exported_parameters("frequencies = rope_llama3(torch, Dh, __import__('os').getcwd(), x.device)") is None
     assert exported_parameters("frequencies = my_rope(torch, Dh, 10000.0, x.device, factor=8.0)") is None
+
+
+def test_only_literals_of_a_t5_buckets_call_are_read_as_its_settings():
+    from tracer.importer.rules import exported_t5_settings
+
+    line = "biased_buckets = t5_buckets(torch, T, T, self.rel_bias.shape[0], 6, True, scores.device)  # biased"
+    assert exported_t5_settings(line) == {"max_distance": 6, "bidirectional": True}
+    assert exported_t5_settings("b = t5_buckets(torch, T, T, NB, __import__('os').getpid(), True, d)") is None
+    assert exported_t5_settings("b = my_buckets(torch, T, T, NB, 6, True, d)") is None

@@ -517,7 +517,7 @@ def _relative_biases(graph: Graph) -> None:
         if not adds or len(adds) != len(chain[1].users):
             continue
         for add in adds:
-            facts = {"x": add.args[0], "table": node.args[0], "buckets": graph.values[node.args[1]]}
+            facts = {"x": add.args[0], "table": node.args[0], "ids": node.args[1], "buckets": graph.values[node.args[1]]}
             graph.claim(Idiom("relative_bias", add, facts), [node, *chain, add])
 
 
@@ -613,7 +613,19 @@ def _mask_fills(graph: Graph) -> None:
             inverted = mask.op == "call_function" and mask.target in NOTS and len(mask.users) == 1
             facts["mask"], facts["polarity"] = (mask.args[0], "keep") if inverted else (mask, "block")
             inner += [mask] if inverted else []
+            if _bool_of_integers(facts["mask"]):  # `~mask.bool()`: the step reads an integer mask as .bool() itself
+                inner.append(facts["mask"])
+                facts["mask"] = facts["mask"].args[0]
         graph.claim(Idiom("mask", node, facts), inner)
+
+
+def _bool_of_integers(node: torch.fx.Node) -> bool:
+    """``m.bool()`` of an integer mask, read by nothing else: the ``mask`` step casts it so itself."""
+    if node.op != "call_function" or node.target not in (aten.to.dtype, aten._to_copy.default) or len(node.users) != 1:
+        return False
+    source = node.args[0]
+    value = source.meta.get("val") if isinstance(source, torch.fx.Node) else None
+    return node.meta["val"].dtype == torch.bool and isinstance(value, torch.Tensor) and not value.dtype.is_floating_point
 
 
 def _kept_masks(graph: Graph) -> None:

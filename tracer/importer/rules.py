@@ -26,7 +26,7 @@ from ..presentation.export import HEADER as EXPORT_HEADER
 from ..steps.positions import alibi_slopes, t5_buckets
 from .idioms import Graph, Idiom, aten, hidden_pattern, module_stack
 from .naming import Namer
-from .rotary import exported_parameters, scaling_of
+from .rotary import assigned_call, exported_parameters, literal, scaling_of
 
 FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)\n\s+(.*)')
 # the tag `tracer export` ends each line of forward with: "  # (B, T, d_model) layer.q_proj" or "  # layer.q_proj"
@@ -872,7 +872,8 @@ class Translator:
 
     def _exported_lines(self, node: torch.fx.Node) -> list[str]:
         """The lines of a module ``tracer export`` wrote that computed a constant: a rope's call of
-        its frequencies function, which says its scaling (the module has no config)."""
+        its frequencies function, which says its scaling, or a relative bias's call of
+        ``t5_buckets``, which says its max_distance (the module has no config)."""
         lines, seen, todo = {}, set(), [node]
         while todo:
             current = todo.pop()
@@ -917,7 +918,8 @@ class Translator:
         facts = idiom.facts
         table = facts["table"]
         owner = self.module.get_submodule(self.graph.target(table).rpartition(".relative_attention_bias")[0] or "")
-        settings = _t5_settings(owner, facts["buckets"], int(table.meta["val"].shape[0]))
+        written = next(filter(None, map(exported_t5_settings, self._exported_lines(facts["ids"]))), {})
+        settings = _t5_settings(owner, facts["buckets"], int(table.meta["val"].shape[0]), written)
         if settings is None:
             raise Unmapped(
                 f"it looks up '{table.name}' at constant ids that are not T5's relative position buckets, or that several "
@@ -1342,18 +1344,32 @@ def _range_axis(index: torch.Tensor, size: int) -> int | None:
     return axes[0]
 
 
+def exported_t5_settings(code: str) -> dict | None:
+    """{max_distance, bidirectional} a line of a module ``tracer export`` wrote passes to
+    ``t5_buckets(torch, t_q, t_k, num_buckets, max_distance, bidirectional, device)``; literals
+    only, read with ``ast`` (the buckets are then computed from them and compared); None for any other line."""
+    call = assigned_call(code)
+    if call is None or call.func.id != t5_buckets.__name__ or len(call.args) < 6:
+        return None
+    max_distance, bidirectional = (literal(argument) for argument in call.args[4:6])
+    if not isinstance(max_distance, int) or isinstance(max_distance, bool) or not isinstance(bidirectional, bool):
+        return None
+    return {"max_distance": max_distance, "bidirectional": bidirectional}
+
+
 MAX_DISTANCE_SEARCHED = 1025  # T5 uses 128; buckets that no max_distance below this gives are no T5 buckets
 
 
-def _t5_settings(owner: torch.nn.Module, buckets: torch.Tensor, num_buckets: int) -> dict | None:
+def _t5_settings(owner: torch.nn.Module, buckets: torch.Tensor, num_buckets: int, written: dict) -> dict | None:
     """{bidirectional, max_distance} under which T5 computes these (T_q, T_kv) buckets: the owner's
-    own settings (T5Attention's ``is_decoder`` and ``relative_attention_max_distance``), else the one
-    max_distance that gives them (a module `tracer export` wrote keeps no settings); None when none
-    does, or several do at this length (no guess)."""
+    own settings (T5Attention's ``is_decoder`` and ``relative_attention_max_distance``), or those
+    ``written`` in the ``t5_buckets`` call of a module `tracer export` wrote (it keeps no
+    settings), else the one max_distance that gives them; None when none does, or several do at
+    this length (no guess)."""
     if buckets.ndim != 2 or buckets.dtype.is_floating_point:
         return None
-    own = getattr(owner, "relative_attention_max_distance", None)
-    decoder = getattr(owner, "is_decoder", None)
+    own = getattr(owner, "relative_attention_max_distance", written.get("max_distance"))
+    decoder = getattr(owner, "is_decoder", None if "bidirectional" not in written else not written["bidirectional"])
     found = []
     for bidirectional in (not decoder,) if isinstance(decoder, bool) else (True, False):
         exact = num_buckets // (4 if bidirectional else 2)
