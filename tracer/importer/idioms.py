@@ -111,9 +111,7 @@ class Graph:
 
     def find_idioms(self) -> None:
         present = {n.target for n in self.fx.nodes if n.op == "call_function"}
-        for kind, pattern in _patterns():
-            if not _targets(pattern) <= present:  # an op of the pattern is nowhere in the graph: no match to look for
-                continue
+        for kind, pattern in _patterns(present):
             for match in _Matcher(pattern).match(self.fx):
                 inner = [n for p, n in match.nodes_map.items() if p.op not in ("placeholder", "output")]
                 facts = VERIFY[kind](self, match)
@@ -277,26 +275,47 @@ class _TanhGELU(torch.nn.Module):  # GPT-2's gelu_new (NewGELUActivation)
         return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x, 3.0))))
 
 
+def _rope_example() -> tuple:  # zeros: tracing reads shapes only, and leaves the global RNG alone
+    return torch.zeros(2, 4, 7, 8), torch.zeros(1, 1, 7, 8), torch.zeros(1, 1, 7, 8)
+
+
+def _norm_example(weighted: bool = True) -> tuple:
+    return (torch.zeros(2, 7, 32), torch.ones(32)) if weighted else (torch.zeros(2, 7, 32),)
+
+
+# (idiom kind, its module, its example inputs, an op every graph it matches holds): a kind written two
+# ways has two patterns (fx matching is not commutative). Each pattern is traced the first time a
+# graph holds its op (0.01-0.05 s each; a module with no RMSNorm never traces the four norms).
+PATTERNS = (
+    ("rmsnorm", _RMSNorm, _norm_example, aten.rsqrt.default),
+    ("rmsnorm", _RMSNormWeightLast, _norm_example, aten.rsqrt.default),
+    ("rmsnorm", _UnitOffsetRMSNorm, _norm_example, aten.rsqrt.default),
+    ("rmsnorm", _RMSNormNoWeight, functools.partial(_norm_example, weighted=False), aten.rsqrt.default),
+    ("rope", _RotateHalf, _rope_example, aten.neg.default),
+    ("rope", _RotateEveryTwo, _rope_example, aten.stack.default),
+    ("repeat_kv", _RepeatKV, lambda: (torch.zeros(2, 2, 7, 8),), aten.expand.default),
+    ("gelu_tanh", _TanhGELU, lambda: (torch.zeros(2, 7, 16),), aten.tanh.default),
+)
+
+
+def _patterns(present: set) -> list[tuple[str, torch.fx.Graph]]:
+    """(idiom kind, pattern graph) of the patterns whose ops are all among ``present``, in ``PATTERNS``' order."""
+    found = []
+    for index, (kind, _, _, needed) in enumerate(PATTERNS):
+        if needed in present:
+            pattern = _pattern(index)
+            if _targets(pattern) <= present:  # an op of the pattern is nowhere in the graph: no match to look for
+                found.append((kind, pattern))
+    return found
+
+
 @functools.cache
-def _patterns() -> list[tuple[str, torch.fx.Graph]]:
-    """(idiom kind, pattern graph); a kind written two ways has two patterns (fx matching is not commutative)."""
-    x, weight = torch.randn(2, 7, 32), torch.ones(32)
-    examples = {
-        ("rmsnorm", _RMSNorm()): (x, weight),
-        ("rmsnorm", _RMSNormWeightLast()): (x, weight),
-        ("rmsnorm", _UnitOffsetRMSNorm()): (x, weight),
-        ("rmsnorm", _RMSNormNoWeight()): (x,),
-        ("rope", _RotateHalf()): (torch.randn(2, 4, 7, 8), torch.randn(1, 1, 7, 8), torch.randn(1, 1, 7, 8)),
-        ("rope", _RotateEveryTwo()): (torch.randn(2, 4, 7, 8), torch.randn(1, 1, 7, 8), torch.randn(1, 1, 7, 8)),
-        ("repeat_kv", _RepeatKV()): (torch.randn(2, 2, 7, 8),),
-        ("gelu_tanh", _TanhGELU()): (torch.randn(2, 7, 16),),
-    }
-    graphs = []
-    for (kind, module), example in examples.items():
-        graph = _traced(module, example)
-        canonicalize(graph)
-        graphs.append((kind, graph))
-    return graphs
+def _pattern(index: int) -> torch.fx.Graph:
+    """The canonical graph of ``PATTERNS[index]``, traced once per process."""
+    _, module, example, _ = PATTERNS[index]
+    graph = _traced(module(), example())
+    canonicalize(graph)
+    return graph
 
 
 def _targets(pattern: torch.fx.Graph) -> set:
