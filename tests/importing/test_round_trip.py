@@ -104,7 +104,6 @@ def test_a_split_in_an_exported_block_keeps_its_dotted_output_names(tmp_path):
 @pytest.mark.parametrize(
     ("name", "tables"),
     [
-        ("kv_cache_decode", {"cos", "sin"}),  # a rotary table starting at position past
         ("llama4_nope_attention", {"positions"}),  # the positions its floor/log1p temperature is computed from
         ("phi3_decoder_layer", {"cos", "sin"}),  # rotary on part of the head, joined back by cat
     ],
@@ -116,6 +115,16 @@ def test_a_constant_no_step_computes_comes_back_as_the_values_it_holds(tmp_path,
     _, back = _round_trip(PIPELINES / f"models/{name}.yaml", tmp_path)
     found = {name: decl for name, decl in back.spec.params.items() if decl.values is not None}
     assert set(found) == tables and all(d.buffer and "computed at import by" in d.note for d in found.values())
+    assert not back.check().diagnostics
+
+
+def test_the_decode_steps_rope_comes_back_at_offset_past(tmp_path):
+    """The exported decode step rotates one token at position past (its cos and sin a table of one
+    row): it comes back as ``rope offset: past``, the step it was."""
+    pipeline, back = _round_trip(PIPELINES / "models/kv_cache_decode.yaml", tmp_path)
+    found = diff(pipeline, back, values=True)
+    assert not found.added and not found.removed and not found.changed_op and not found.params and found.diverges is None
+    assert [(s.id, s.offset) for s in back.spec.steps if s.op == "rope"] == [("q_rot", "past"), ("k_rot", "past")]
     assert not back.check().diagnostics
 
 

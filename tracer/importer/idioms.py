@@ -25,7 +25,7 @@ from torch.fx.passes.utils.matcher_utils import SubgraphMatcher
 
 from ..core.errors import Diagnostic, TracerError
 from ..steps.attention import causal_hidden
-from .rotary import scaled_table, tolerance
+from .rotary import frequency_columns, scaled_table, tolerance
 
 aten = torch.ops.aten
 NO_OP_CASTS = {aten.to.dtype, aten.to.device, aten.to.dtype_layout, aten.type_as.default, aten.alias.default}
@@ -369,19 +369,40 @@ def _verify_rope(graph: Graph, match) -> dict | None:
         return None
     interleaved = any(n.op == "call_function" and n.target == aten.stack.default for n in match.nodes_map.values())
     (rows, seq_dim), (sines, _) = (_table_rows(graph.values[n].double()) for n in (cos, sin))
-    if rows.shape[0] < 2:  # theta is read at position 1: a table of position 0 only
-        return None
-    facts = {
-        "x": x,
-        "style": "interleaved" if interleaved else "half",
-        "seq_dim": seq_dim,
-        **_computed_table(graph, cos, rows, sines, interleaved),
-    }
-    theta = _theta(graph, cos, rows, sines, interleaved) if rows.shape[-1] >= 4 else 10000.0  # one frequency, theta ** 0: any theta
+    facts = {"x": x, "style": "interleaved" if interleaved else "half", "seq_dim": seq_dim}
     atol = tolerance(graph.values[cos].dtype)  # a float16 table is float32's cos rounded
-    if torch.allclose(rows, _rotary_cos(rows.shape[0], rows.shape[-1], theta, interleaved), atol=atol):
-        return {**facts, "theta": theta}
+    if rows.shape[0] >= 2:  # theta is read at position 1
+        facts.update(_computed_table(graph, cos, rows, sines, interleaved))
+        theta = _theta(graph, cos, rows, sines, interleaved) if rows.shape[-1] >= 4 else 10000.0  # one frequency, theta ** 0: any theta
+        if torch.allclose(rows, _rotary_cos(rows.shape[0], rows.shape[-1], theta, interleaved), atol=atol):
+            return {**facts, "theta": theta}
+    offset = _at_an_offset(graph, cos, rows, sines, interleaved, atol)
+    if offset is not None:
+        return {**facts, **offset}
     return facts if "table" in facts else None
+
+
+def _at_an_offset(graph: Graph, cos: torch.fx.Node, rows: torch.Tensor, sines: torch.Tensor, interleaved: bool, atol: float) -> dict | None:
+    """{offset, theta} of a table of positions ``offset .. offset + P - 1``, the offset a size of
+    an input (a decode step's cache length ``past``: its one row is position past). Theta is the
+    ``inv_freq`` buffer's, else read from the lowest frequency's angle, ``offset · theta ** (2/D - 1)``,
+    which stays below π; every column of cos and sin is then held against it. None unless exactly
+    one size gives the table."""
+    size, buffer = rows.shape[-1], _ancestor_buffer(graph, cos, "inv_freq")
+    inputs = [n for n in graph.fx.nodes if n.op == "placeholder" and graph.kind(n) == "USER_INPUT"]
+    offsets = sorted({int(s) for n in inputs if isinstance(graph.values.get(n), torch.Tensor) for s in graph.values[n].shape if int(s) > 0})
+    lowest = frequency_columns(torch.atan2(sines[0], rows[0]), interleaved)[-1]
+    found = []
+    for offset in offsets:
+        if buffer is not None:
+            theta = float(graph.values[buffer].double()[1] ** (-size / 2)) if size >= 4 else 10000.0
+        else:
+            theta = float((lowest / offset) ** (-size / (size - 2))) if size >= 4 and lowest > 0 else 10000.0
+        theta = float(round(theta)) if abs(theta - round(theta)) < 1e-4 * theta else theta
+        angles = _rotary_angles(offset, rows.shape[0], size, theta, interleaved)
+        if torch.allclose(rows, angles.cos(), atol=atol) and torch.allclose(sines, angles.sin(), atol=atol):
+            found.append({"offset": offset, "theta": theta})
+    return found[0] if len(found) == 1 else None
 
 
 def _computed_table(graph: Graph, cos: torch.fx.Node, rows: torch.Tensor, sines: torch.Tensor, interleaved: bool) -> dict:
@@ -407,9 +428,14 @@ def _table_rows(table: torch.Tensor) -> tuple[torch.Tensor, int]:
 
 
 def _rotary_cos(positions: int, size: int, theta: float, interleaved: bool = False) -> torch.Tensor:
+    return _rotary_angles(0, positions, size, theta, interleaved).cos()
+
+
+def _rotary_angles(offset: int, positions: int, size: int, theta: float, interleaved: bool) -> torch.Tensor:
+    """RoPE's angle of each (position offset + p, feature), in float64."""
     inv_freq = 1.0 / theta ** (torch.arange(0, size, 2, dtype=torch.float64) / size)
-    freqs = torch.arange(positions, dtype=torch.float64)[:, None] * inv_freq
-    return (freqs.repeat_interleave(2, -1) if interleaved else torch.cat([freqs, freqs], -1)).cos()
+    freqs = torch.arange(offset, offset + positions, dtype=torch.float64)[:, None] * inv_freq
+    return freqs.repeat_interleave(2, -1) if interleaved else torch.cat([freqs, freqs], -1)
 
 
 def _theta(graph: Graph, cos: torch.fx.Node, rows: torch.Tensor, sines: torch.Tensor, interleaved: bool) -> float:

@@ -846,14 +846,31 @@ class Translator:
                 self._by_rule(node)
             return
         theta, scaling = found
+        offset = self._offset(facts["offset"]) if "offset" in facts else 0
+        if offset is None:  # positions at an offset no input's size names: the table as a computed constant
+            for node in idiom.inner:
+                self._by_rule(node)
+            return
         fields = {"op": "rope", "input": self.ref(facts["x"]), "theta": theta}
         if scaling is not None:
             fields["rope_scaling"] = scaling
+        if offset != 0:
+            fields["offset"] = offset
         if facts.get("style", "half") != "half":
             fields["style"] = facts["style"]
         if facts.get("seq_dim", -2) != -2:
             fields["seq_dim"] = facts["seq_dim"]
         self.emit(idiom.node, fields)
+
+    def _offset(self, value: int) -> str | None:
+        """The dim expression of the one input size (a KV cache's ``past``) that a rope's first position equals."""
+        names = set()
+        for node in self.graph.fx.nodes:
+            example = self.graph.values.get(node) if node.op == "placeholder" and self.graph.kind(node) == "USER_INPUT" else None
+            if isinstance(example, torch.Tensor):
+                names.update(str(self.namer.axis(node.meta["val"], axis)) for axis, size in enumerate(example.shape) if size == value)
+        named = {name for name in names if not name.isdigit()}
+        return named.pop() if len(named) == 1 else None
 
     def _rope_scaling(self, facts: dict) -> tuple[float, dict | None] | None:
         """(theta, rope_scaling or None) of a rotary table: a scaling of the rope parameters of the
