@@ -128,6 +128,18 @@ def test_the_decode_steps_rope_comes_back_at_offset_past(tmp_path):
     assert not back.check().diagnostics
 
 
+def test_packed_attentions_frequencies_are_named_half_the_head_width(tmp_path):
+    """Llama 3.1 packed attention rotates at positions it is given, with llama3-scaled frequencies
+    computed from constants (4 of them, a head width of 8, and H = 4 too): the computed constant
+    is ``Dh // 2`` wide, followed to the heads it rotates, so ``cat((freqs, freqs), -1)`` is the head
+    width its view names, and the file is clean under --strict (``H`` made that view look like one
+    that scrambles dims)."""
+    _, back = _round_trip(PIPELINES / "models/llama31_packed_attention.yaml", tmp_path)
+    (frequencies,) = [decl for decl in back.spec.params.values() if decl.values is not None]
+    assert frequencies.shape == ["Dh // 2"] and "computed at import by" in frequencies.note
+    assert not back.check().diagnostics
+
+
 @pytest.mark.parametrize("name", ["llama31_decoder_layer", "deepseek_v3_mla"])
 def test_a_scaled_rope_comes_back_with_the_scaling_its_exported_module_says(tmp_path, name):
     """The exported module has no config: its rope's frequencies call (``rope_llama3(torch, Dh,

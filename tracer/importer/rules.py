@@ -273,7 +273,36 @@ class Translator:
         for i in range(1, min(len(sizes), len(their_sizes)) + 1):
             if sizes[-i] == their_sizes[-i] and isinstance(theirs[-i], str):
                 names[-i] = theirs[-i]
-        return names
+        rotated = self._rotated_width(node) if sizes else None
+        return [*names[:-1], rotated] if rotated is not None else names
+
+    def _rotated_width(self, node: torch.fx.Node) -> str | None:
+        """The last axis of a constant that rotary frequencies are made of, named after the heads
+        they rotate: followed through the ops that keep its width (times the positions, cos, sin,
+        casts, views) and a ``cat`` of copies along it (rotate_half's ``cat((freqs, freqs), -1)``:
+        twice as wide), to the product with a tensor of heads, whose last axis is the head width.
+        Llama 3.1's (4,) frequencies of a head width of 8 are ``Dh // 2``, not ``H`` of the same
+        size (whose doubling then reads as a view that scrambles dims); None if no such product."""
+        width = node.meta["val"].shape[-1]
+        factors, todo = {node: 1}, [node]
+        while todo:
+            current = todo.pop()
+            for user in current.users:
+                value = user.meta.get("val")
+                if user in factors or not isinstance(value, torch.Tensor) or value.ndim == 0:
+                    continue
+                factor = factors[current] * _copies_along_last(user, current)
+                if value.shape[-1] != width * factor:
+                    continue
+                other = next((a for a in user.args if isinstance(a, torch.fx.Node) and a is not current), None)
+                heads = other is not None and other not in factors and getattr(other.meta.get("val"), "ndim", 0) >= 4
+                if user.target == aten.mul.Tensor and heads:
+                    head = self.namer.shape(other.meta["val"])[-1]
+                    if isinstance(head, str) and head.isidentifier():
+                        return head if factor == 1 else f"{head} // {factor}"
+                factors[user] = factor
+                todo.append(user)
+        return None
 
     def size(self, value, prefer: tuple[str, ...] = ()) -> int | str:
         if isinstance(value, torch.fx.Node):
@@ -1395,6 +1424,14 @@ def _t5_settings(owner: torch.nn.Module, buckets: torch.Tensor, num_buckets: int
             if torch.equal(expected, buckets.to(torch.long)):
                 found.append({"bidirectional": bidirectional, "max_distance": max_distance})
     return found[0] if len(found) == 1 else None
+
+
+def _copies_along_last(node: torch.fx.Node, part: torch.fx.Node) -> int:
+    """How many copies of ``part`` a ``cat`` along the last axis joins (1 for any other op)."""
+    if node.target != aten.cat.default or _arg(node, 1, 0, "dim") not in (-1, node.meta["val"].ndim - 1):
+        return 1
+    parts = node.args[0]
+    return len(parts) if all(p is part for p in parts) else 1
 
 
 def _fresh_zeros(node) -> bool:
