@@ -25,6 +25,8 @@ from ..core.errors import Diagnostic, Position, TracerError
 from ..presentation.export import HEADER as EXPORT_HEADER
 from ..steps.positions import alibi_slopes, t5_buckets
 from .idioms import Graph, Idiom, aten, hidden_pattern, module_stack
+from .leaves import ACTIVATIONS as EXPERT_ACTIVATIONS
+from .leaves import captured
 from .naming import Namer
 from .rotary import assigned_call, exported_parameters, literal, scaling_of
 
@@ -643,6 +645,53 @@ class Translator:
         fields = {"op": "unbind", "input": self.ref(node.args[0]), "dim": _arg(node, 1, 0, "dim"), "outputs": outputs}
         self.emit(node, fields, "unbind")
 
+    def _topk(self, node):
+        """``values, indices = torch.topk(x, k, dim)``: a ``topk`` step, its outputs named as the line
+        names them. Values divided in place by their sum over the k and read by nothing else
+        (Mixtral's router: ``router_top_value /= router_top_value.sum(dim=-1, keepdim=True)``) are
+        its ``normalize: true``."""
+        dim, largest, ordered = _arg(node, 2, -1, "dim"), _arg(node, 3, True, "largest"), _arg(node, 4, True, "sorted")
+        pieces = {user.args[1]: user for user in node.users}
+        line = source_line(node)
+        assigned = _exported_outputs(line[0], line[2]) if line else []
+        outputs = [self._unique(_join(_module_path(node), base)) for base in (assigned if len(assigned) == 2 else ["values", "indices"])]
+        fields = {"op": "topk", "input": self.ref(node.args[0]), "k": self.size(node.args[1], ("K",)), "dim": dim}
+        fields.update({} if largest else {"largest": False}, **({} if ordered else {"sorted": False}))
+        normalized = _normalized(pieces[0], dim) if 0 in pieces else None
+        if normalized is not None:
+            fields["normalize"] = True
+            self.names[normalized[1]] = outputs[0]
+            self.graph.consumed.update(normalized)
+        for index, piece in pieces.items():
+            self.names[piece] = outputs[index]
+        self.emit(node, {**fields, "outputs": outputs}, "route")
+
+    def _experts(self, node):
+        """A sparse mixture of experts captured whole (``leaves.py``): a ``moe`` step of the tokens,
+        the routing weights and the chosen experts, commented with the line that called the experts."""
+        tokens, chosen, weights, gate_up, down, module = node.args
+        owner = captured(module)
+        fields = {"op": "moe", "inputs": [self.ref(tokens), self.ref(weights), self.ref(chosen)], "gate_up": self.ref(gate_up)}
+        fields.update(down=self.ref(down), activation=EXPERT_ACTIVATIONS[type(owner.act_fn).__name__])
+        step = self.emit(node, fields, step_id=self._unique(_module_path(node) or "experts"))
+        callers = frames(node)[:-1]  # the last frame is leaves.py's call of the operator
+        step.comment = _comment((callers[-1][0], callers[-1][1], callers[-1][3])) if callers else None
+        self._name_expert_axes(node, gate_up, down)
+
+    def _name_expert_axes(self, node: torch.fx.Node, gate_up: torch.fx.Node, down: torch.fx.Node) -> None:
+        """The experts' weights and the router's as the config names them, ``(E, 2 * d_ff, d_model)``
+        and ``(E, d_model, d_ff)``, ``(E, d_model)``: by value, E could read as H and 2F as
+        ``3 * d_model`` of the same sizes."""
+        count, width, model = down.meta["val"].shape
+        experts, hidden, inner = self.size(count, ("E",)), self.size(width, ("d_model",)), self.size(model, ("d_ff",))
+        if not all(isinstance(name, str) for name in (experts, hidden, inner)):
+            return
+        self.params[self.names[gate_up]]["shape"] = [experts, f"2 * {inner}", hidden]
+        self.params[self.names[down]]["shape"] = [experts, hidden, inner]
+        router = _router_weight(self.graph, node.args[1])
+        if router is not None and tuple(router.meta["val"].shape) == (count, width):
+            self.params[self.names[router]]["shape"] = [experts, hidden]
+
     def _flatten(self, node):
         self.emit(node, {"op": "reshape", "input": self.ref(node.args[0]), "shape": self.namer.shape(node.meta["val"])}, "flattened")
 
@@ -1181,6 +1230,8 @@ RULES = {
     aten.rsub.Scalar: Translator._rsub,
     aten.baddbmm.default: Translator._baddbmm,
     aten.unbind.int: Translator._unbind,
+    aten.topk.default: Translator._topk,
+    torch.ops.tracer.experts.default: Translator._experts,
     aten.flatten.using_ints: Translator._flatten,
     aten.cumsum.default: Translator._cumsum,
     aten.roll.default: Translator._roll,
@@ -1432,6 +1483,34 @@ def _copies_along_last(node: torch.fx.Node, part: torch.fx.Node) -> int:
         return 1
     parts = node.args[0]
     return len(parts) if all(p is part for p in parts) else 1
+
+
+def _router_weight(graph: Graph, chosen: torch.fx.Node) -> torch.fx.Node | None:
+    """The weight of the linear whose logits chose the experts: ``topk(softmax(linear(x, W).float()))``."""
+    node = chosen.args[0] if chosen.target == operator.getitem else None  # the topk
+    for _ in range(4):
+        if not isinstance(node, torch.fx.Node) or node.op != "call_function" or not node.args:
+            return None
+        if node.target == aten.linear.default and len(node.args) > 1 and graph.kind(node.args[1]) == "PARAMETER":
+            return node.args[1]
+        node = node.args[0]
+    return None
+
+
+def _normalized(values: torch.fx.Node, dim: int) -> tuple[torch.fx.Node, torch.fx.Node] | None:
+    """(sum, in-place division) of ``values /= values.sum(dim, keepdim=True)``, the only readers of ``values``."""
+    total = next((u for u in values.users if u.target == aten.sum.dim_IntList), None)
+    divided = next((u for u in values.users if u.target in (aten.div_.Tensor, aten.div.Tensor)), None)
+    if total is None or divided is None or len(values.users) != 2:
+        return None
+    if (
+        list(total.args[1]) != [dim]
+        or not _arg(total, 2, False, "keepdim")
+        or divided.args != (values, total)
+        or list(total.users) != [divided]
+    ):
+        return None
+    return total, divided
 
 
 def _fresh_zeros(node) -> bool:
