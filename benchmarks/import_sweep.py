@@ -66,7 +66,15 @@ CONFIGS = {  # family: (model class, config class, config arguments besides SIZE
     "mixtral": ("MixtralModel", "MixtralConfig", {"num_key_value_heads": 2, "num_local_experts": 4, "num_experts_per_tok": 2}),  # experts captured whole
 }  # fmt: skip
 ATTENTIONS = {"decoder_layer": ("torch",), "gemma2": ("eager",), "bloom": ("eager",)}  # if not eager and sdpa (Gemma 2 refuses sdpa)
-T5 = {"d_model": D, "d_kv": 8, "d_ff": 56, "num_heads": 4, "vocab_size": 64, "relative_attention_num_buckets": 8, "relative_attention_max_distance": 16}
+T5 = {
+    "d_model": D,
+    "d_kv": 8,
+    "d_ff": 56,
+    "num_heads": 4,
+    "vocab_size": 64,
+    "relative_attention_num_buckets": 8,
+    "relative_attention_max_distance": 16,
+}
 PADDED = ("bert", "llama", "qwen3")  # given an attention_mask: the second sequence ends after 4 tokens
 BART = {"d_model": D, "encoder_attention_heads": 4, "decoder_attention_heads": 4, "encoder_ffn_dim": 56, "decoder_ffn_dim": 56}
 
