@@ -159,15 +159,16 @@ def test_a_decode_steps_rotary_table_imports_as_rope_at_offset_past(new_tokens):
     likewise. Written ``rope offset: past``, not a table of values: it runs at other cache lengths."""
     torch.manual_seed(0)
     module = _DecodeStep()
-    args = (torch.randn(3, new_tokens, 32), torch.randn(3, 2, 5, 8))
+    args = (torch.randn(2, new_tokens, 32), torch.randn(2, 2, 5, 8))  # a batch of 2 beside 2 kv heads
     pipeline = from_module(module, *args)
     assert difference(pipeline, module, *args) <= 1e-5
     assert not pipeline.check().diagnostics
     ropes = [s for s in pipeline.spec.steps if s.op == "rope"]
     assert [(s.offset, s.theta) for s in ropes] == [("past", THETA)] * 2
     assert not [name for name, decl in pipeline.spec.params.items() if decl.values is not None]  # no table of values
-    assert pipeline.spec.inputs["k_cache"].shape[2] == "past"
-    longer = {"x": torch.randn(3, new_tokens, 32), "k_cache": torch.randn(3, 2, 9, 8)}  # 9 cached tokens
+    # the cache's heads axis is joined to the new keys' 2 heads: H_kv, not the batch of the same size
+    assert pipeline.spec.inputs["k_cache"].shape == ["B", "H_kv", "past", "Dh"]
+    longer = {"x": torch.randn(2, new_tokens, 32), "k_cache": torch.randn(2, 2, 9, 8)}  # 9 cached tokens
     trace = pipeline.run(params=module.state_dict(), inputs=longer, dims={"past": 9}, keep_values=True)
     with torch.no_grad():
         expected = module(*longer.values())

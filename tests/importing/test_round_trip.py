@@ -125,6 +125,7 @@ def test_the_decode_steps_rope_comes_back_at_offset_past(tmp_path):
     found = diff(pipeline, back, values=True)
     assert not found.added and not found.removed and not found.changed_op and not found.params and found.diverges is None
     assert [(s.id, s.offset) for s in back.spec.steps if s.op == "rope"] == [("q_rot", "past"), ("k_rot", "past")]
+    assert back.spec.inputs["k_cache"].shape == ["B", "H_kv", "past", "Dh"]  # B = H_kv = 2: the cat says which
     assert not back.check().diagnostics
 
 

@@ -10,7 +10,8 @@ input's other batch or length ``B2``, ``T2``), and each op's output axes are exp
 (elementwise, products, reductions, attention), from the input axis it lines up with. Because the
 sizes follow the dataflow and not the values, a batch of 3 beside a fused ``3``, ``T == H`` or
 ``B == T`` keep their names. As torch.export would, an input dim that an elementwise op holds
-equal to a fixed size becomes that number; an input axis that a ``cat`` joins to new tokens is a
+equal to a fixed size becomes that number, and so does an input's axis that a ``cat`` joins to an
+axis of fixed size (a cache's heads, ``[B, H_kv, past, Dh]``, beside a batch of the same size); an input axis that a ``cat`` joins to new tokens is a
 KV cache length, ``past``; the rows of a table looked up at constant positions are ``P``.
 
 Sizes written as numbers in the graph (``arange(7)``, ``full((7, 7))``, ``expand(2, -1)``, a
@@ -171,6 +172,9 @@ def input_dims(graph: Graph, model: frozenset[int] = frozenset(), order: str = "
     return found
 
 
+JOINS = {aten.cat.default, aten.stack.default}  # their first argument is a list of tensors
+
+
 class Sizes:
     """Each node's output shape as sizes over the input dims, followed through the graph once (twice
     where an input holds a KV cache: the axis a ``cat`` joins to the new tokens is a length of its
@@ -205,10 +209,11 @@ class Sizes:
         (a second input's axis 1 that is really its heads), as torch.export specialises them."""
         while True:
             self.fixed: set[str] = set()
+            self.unbound: set[tuple[str, int]] = set()
             self._follow_once()
-            if not self.fixed:
+            if not self.fixed and not self.unbound:
                 return
-            self.inputs = {key: d for key, d in self.inputs.items() if d.name not in self.fixed}
+            self.inputs = {key: d for key, d in self.inputs.items() if d.name not in self.fixed and key not in self.unbound}
 
     @property
     def dims(self) -> list[InputDim]:
@@ -281,7 +286,7 @@ class Sizes:
         first = self._input(node, 0)
         rule = self._rule(node.target)
         shape = None
-        if rule is not None and (first is not None or node.target in FACTORIES):
+        if rule is not None and (first is not None or node.target in FACTORIES or node.target in JOINS):
             try:
                 shape = rule(node, first, out)
             except (IndexError, TypeError, ValueError, ZeroDivisionError):  # an overload with other arguments: lined up instead
@@ -406,9 +411,21 @@ class Sizes:
         if any(not isinstance(s, tuple) or len(s) != len(out) for s in shapes):
             return None
         dim = (node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0)) % len(out)
+        self._unbind_fixed_axes(node.args[0], shapes, dim)
         shape = list(shapes[0])
         shape[dim] = functools.reduce(plus, (s[dim] for s in shapes))
         return tuple(shape)
+
+    def _unbind_fixed_axes(self, parts: list, shapes: list[tuple], dim: int) -> None:
+        """An input's axis that a ``cat`` joins to an axis of fixed size is that size, not the dim
+        of its value it was given: a cache's heads (``[B, H_kv, past, Dh]``, H_kv = 2) beside new
+        keys of 2 heads, not the batch of 2 (``input_dims`` names it by value)."""
+        for axis in range(len(shapes[0])):
+            if axis == dim or not any(isinstance(s[axis], int) and s[axis] > 1 for s in shapes):
+                continue
+            for part, shape in zip(parts, shapes, strict=True):
+                if isinstance(part, torch.fx.Node) and part.op == "placeholder" and (part.name, axis) in self.inputs:
+                    self.unbound.add((part.name, axis))
 
     def _stacked(self, node, first, out) -> Shape | None:
         shapes = [self.shapes.get(t) for t in node.args[0]]
