@@ -423,7 +423,7 @@ class Sizes:
         for axis in range(len(shapes[0])):
             if axis == dim or not any(isinstance(s[axis], int) and s[axis] > 1 for s in shapes):
                 continue
-            for part, shape in zip(parts, shapes, strict=True):
+            for part in parts:
                 if isinstance(part, torch.fx.Node) and part.op == "placeholder" and (part.name, axis) in self.inputs:
                     self.unbound.add((part.name, axis))
 
