@@ -710,9 +710,16 @@ class Translator:
         self.emit(node, fields)
 
     def _diff(self, node):
-        if _arg(node, 3, None, "prepend") is not None or _arg(node, 4, None, "append") is not None:
-            raise Unmapped("torch.diff with prepend or append: tracer's diff takes the tensor alone")
-        self.emit(node, {"op": "diff", "input": self.ref(node.args[0]), "n": _arg(node, 1, 1, "n"), "dim": _arg(node, 2, -1, "dim")})
+        """``torch.diff(x, n, dim)``; with ``prepend``/``append`` tensors (masking_utils' packed
+        sequences: ``torch.diff(position_ids, prepend=first - 1)``), the ``cat`` it differences first."""
+        dim, before, after = _arg(node, 2, -1, "dim"), _arg(node, 3, None, "prepend"), _arg(node, 4, None, "append")
+        if any(part is not None and not isinstance(part, torch.fx.Node) for part in (before, after)):
+            raise Unmapped("torch.diff with a number to prepend or append: tracer's cat joins tensors")
+        source, step_id = self.ref(node.args[0]), self.step_id(node, "diff")
+        if before is not None or after is not None:
+            parts = [self.ref(part) for part in (before, node.args[0], after) if part is not None]
+            source = self.emit(node, {"op": "cat", "inputs": parts, "dim": dim}, step_id=self._unique(f"{step_id}_joined")).fields["id"]
+        self.emit(node, {"op": "diff", "input": source, "n": _arg(node, 1, 1, "n"), "dim": dim}, step_id=step_id)
 
     def _einsum(self, node):
         self.emit(node, {"op": "einsum", "inputs": [self.ref(x) for x in node.args[1]], "equation": node.args[0]})
