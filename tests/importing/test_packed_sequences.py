@@ -22,7 +22,8 @@ def test_a_llama_given_packed_position_ids_imports_clean_folded_and_equal():
     )  # fmt: skip
     config._attn_implementation = "eager"
     model = transformers.LlamaModel(config).eval()
-    ids, positions = torch.randint(0, 64, (2, 7)), torch.tensor([[0, 1, 2, 0, 1, 2, 0], [0, 1, 2, 3, 4, 5, 6]])
+    # T = 8 = Dh: the attention's product (B, H, T, T) @ (B, H, T, Dh) keeps T and Dh apart
+    ids, positions = torch.randint(0, 64, (2, 8)), torch.tensor([[0, 1, 2, 0, 1, 2, 3, 0], [0, 1, 2, 3, 4, 5, 6, 7]])
     pipeline = from_module(model, ids, position_ids=positions)
     assert difference(pipeline, model, ids, position_ids=positions) <= 1e-5
     assert not [d for d in pipeline.check().diagnostics if d.severity in ("error", "warning")]

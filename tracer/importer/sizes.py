@@ -7,7 +7,8 @@ are followed from the inputs: the first two axes of each input are ``B`` and ``T
 input's other batch or length ``B2``, ``T2``), and each op's output axes are expressions over them
 (:class:`Poly`), found from the op's inputs by the op's rule (a view regroups its input's axes, a
 ``cat`` adds them, a slice shortens one) or, for the ops that keep their inputs' axes
-(elementwise, products, reductions, attention), from the input axis it lines up with. Because the
+(elementwise, reductions, attention), from the input axis it lines up with (a ``matmul``'s
+rows from its first input, its columns from its second). Because the
 sizes follow the dataflow and not the values, a batch of 3 beside a fused ``3``, ``T == H`` or
 ``B == T`` keep their names. As torch.export would, an input dim that an elementwise op holds
 equal to a fixed size becomes that number, and so does an input's axis that a ``cat`` joins to an
@@ -189,6 +190,8 @@ class Sizes:
             aten.numpy_T.default: lambda node, first, out: first[::-1],
             aten.expand.default: self._expanded,
             aten.cat.default: self._concatenated,
+            aten.matmul.default: self._product,
+            aten.bmm.default: self._product,
             aten.stack.default: self._stacked,
             aten.slice.Tensor: self._sliced,
             aten.select.int: lambda node, first, out: _without(first, node.args[1]),
@@ -405,6 +408,15 @@ class Sizes:
             first[axis - lead] if axis >= lead and size_value(first[axis - lead]) == size else self._guess(size, self.model)
             for axis, size in enumerate(out)
         )
+
+    def _product(self, node, first, out) -> Shape | None:
+        """``a @ b``: the rows are a's, the columns b's (the batch axes lined up as broadcasting
+        lines them up): the weights (B, H, T, T) times the values (B, H, T, Dh) are (B, H, T, Dh)
+        even where T and Dh are both 8, whose T lines up with the last axis too."""
+        second = self._input(node, 1)
+        if second is None or len(first) < 2 or len(second) < 2:
+            return None
+        return (*self._aligned(node, out)[:-2], first[-2], second[-1])
 
     def _concatenated(self, node, first, out) -> Shape | None:
         shapes = [self.shapes.get(t) for t in node.args[0]]
