@@ -63,8 +63,18 @@ CONFIGS = {  # family: (model class, config class, config arguments besides SIZE
                  "short_factor": [1.0, 1.5, 2.0, 2.5], "long_factor": [2.0, 3.0, 4.0, 5.0]}}),
     "bloom": ("BloomModel", "BloomConfig", {}),  # ALiBi added by baddbmm; eager only (no sdpa path in transformers)
     "stablelm": ("StableLmModel", "StableLmConfig", {"num_key_value_heads": 2, "qk_layernorm": True}),  # a LayerNorm per head
+    "mixtral": ("MixtralModel", "MixtralConfig", {"num_key_value_heads": 2, "num_local_experts": 4, "num_experts_per_tok": 2}),  # experts captured whole
 }  # fmt: skip
 ATTENTIONS = {"decoder_layer": ("torch",), "gemma2": ("eager",), "bloom": ("eager",)}  # if not eager and sdpa (Gemma 2 refuses sdpa)
+T5 = {
+    "d_model": D,
+    "d_kv": 8,
+    "d_ff": 56,
+    "num_heads": 4,
+    "vocab_size": 64,
+    "relative_attention_num_buckets": 8,
+    "relative_attention_max_distance": 16,
+}
 PADDED = ("bert", "llama", "qwen3")  # given an attention_mask: the second sequence ends after 4 tokens
 BART = {"d_model": D, "encoder_attention_heads": 4, "decoder_attention_heads": 4, "encoder_ffn_dim": 56, "decoder_ffn_dim": 56}
 
@@ -81,6 +91,8 @@ def build(family: str, attention: str, layers: int):
     if family == "bart":  # encoder-decoder: cross-attention, learned positions with an offset of 2
         config = transformers.BartConfig(encoder_layers=layers, decoder_layers=layers, vocab_size=64, max_position_embeddings=16, **BART)
         model_class = transformers.BartModel
+    elif family == "t5":  # encoder-decoder: bucketed relative position bias, held by each stack's first block
+        config, model_class = transformers.T5Config(num_layers=layers, **T5), transformers.T5Model
     else:
         model_name, config_name, extra = CONFIGS[family]
         config = getattr(transformers, config_name)(
@@ -91,7 +103,7 @@ def build(family: str, attention: str, layers: int):
     if family == "qwen3":
         config.layer_types = ["sliding_attention"] * layers
     model = model_class(config).eval()
-    kwargs = {"decoder_input_ids": torch.randint(1, 64, (B, 5))} if family == "bart" else {}
+    kwargs = {"decoder_input_ids": torch.randint(1, 64, (B, 5))} if family in ("bart", "t5") else {}
     if family in PADDED:  # a padding mask: the second sequence ends after 4 tokens
         kwargs["attention_mask"] = (torch.arange(T) < torch.tensor([[T], [4]])).long()
     return model, (torch.randint(1, 64, (B, T)),), kwargs
@@ -150,7 +162,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--repeat", type=int, default=5, help="timed rounds of an import and an export; medians are shown")
-    parser.add_argument("families", nargs="*", default=[*CONFIGS, "bart", "decoder_layer"])
+    parser.add_argument("families", nargs="*", default=[*CONFIGS, "bart", "t5", "decoder_layer"])
     options = parser.parse_args()
     print(
         "| model | attention | --strict | layers folded | max diff | import s (wall / CPU) "

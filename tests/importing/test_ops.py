@@ -182,7 +182,8 @@ def test_op_imports_as_its_step_and_runs_equal(case):
 def test_t5_relative_buckets_import_as_relative_bias_in_every_layer():
     """T5: each stack's first layer's bias table looked up at constant buckets and added to every
     layer's scores is a ``relative_bias`` step per layer, bidirectional in the encoder, causal (then
-    the causal mask) in the decoder; state_dict keys of 69 characters kept."""
+    the causal mask) in the decoder; state_dict keys of 69 characters kept. The layers fold: the
+    table held by the first block is a block input that every layer reads, kept in the main file."""
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
     config = transformers.T5Config(
@@ -200,10 +201,19 @@ def test_t5_relative_buckets_import_as_relative_bias_in_every_layer():
     pipeline = from_module(model, ids, decoder_input_ids=decoder_ids)
     assert difference(pipeline, model, ids, decoder_input_ids=decoder_ids) <= 1e-5
     assert [str(d) for d in pipeline.check().diagnostics if d.severity in ("error", "warning")] == []
-    biases = [s for s in yaml.safe_load(pipeline.to_yaml())["steps"] if s["op"] == "relative_bias"]
     table = "{}.block.0.layer.0.SelfAttention.relative_attention_bias.weight"
-    expected = [(table.format("encoder"), True, 16)] * 2 + [(table.format("decoder"), False, 16)] * 2
-    assert [(s["table"], s["bidirectional"], s["max_distance"]) for s in biases] == expected
+    main = yaml.safe_load(pipeline.files["T5Model.yaml"])
+    blocks = {s["id"]: s for s in main["steps"] if s["op"] == "block"}
+    assert {name: (s["repeat"], table.format(name.split(".")[0]) in s["inputs"]) for name, s in blocks.items()} == {
+        "encoder.block": (2, True),
+        "decoder.block": (2, True),
+    }
+    assert {table.format("encoder"), table.format("decoder")} <= set(main["params"])
+    for stack, bidirectional in (("encoder", True), ("decoder", False)):
+        layer = yaml.safe_load(pipeline.files[f"T5Model_{stack}_block.yaml"])
+        (bias,) = [s for s in layer["steps"] if s["op"] == "relative_bias"]
+        assert (bias["table"], bias["bidirectional"], bias["max_distance"]) == (table.format(stack).replace(".", "_"), bidirectional, 16)
+        assert bias["table"] in layer["inputs"] and not any("relative_attention_bias" in name for name in layer["params"])
 
 
 @pytest.mark.parametrize("name", ["vit_embeddings_layer", "whisper_encoder"])

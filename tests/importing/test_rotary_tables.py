@@ -123,3 +123,53 @@ def test_a_half_precision_model_imports_its_rounded_rotary_table(variant, dtype)
     assert_clean_and_equal(pipeline, module, ids)
     assert pipeline.spec.params["layers.0.self_attn.q_proj.weight"].dtype == str(dtype).removeprefix("torch.")
     assert all(s["rope_scaling"] == VARIANTS[variant][1] for s in ropes(pipeline))
+
+
+class _DecodeStep(torch.nn.Module):
+    """A KV-cache decode step as LlamaAttention computes its rotation: the new tokens' positions
+    start at the cache's length (transformers' ``cache_position``), transformers'
+    ``LlamaRotaryEmbedding`` makes cos and sin at those positions and ``apply_rotary_pos_emb``
+    rotates q and k; the keys join the cache."""
+
+    def __init__(self, heads: int = 4, kv_heads: int = 2, width: int = 32):
+        super().__init__()
+        from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+        config = transformers.LlamaConfig(hidden_size=width, num_attention_heads=heads, num_key_value_heads=kv_heads)
+        self.rotary_emb, self.head_dim = LlamaRotaryEmbedding(config), width // heads
+        self.q_proj = torch.nn.Linear(width, width, bias=False)
+        self.k_proj = torch.nn.Linear(width, self.head_dim * kv_heads, bias=False)
+
+    def forward(self, x, k_cache):
+        from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+        past = k_cache.shape[2]
+        position_ids = torch.arange(past, past + x.shape[1]).unsqueeze(0)
+        cos, sin = self.rotary_emb(x, position_ids)
+        q = self.q_proj(x).view(*x.shape[:2], -1, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(*x.shape[:2], -1, self.head_dim).transpose(1, 2)
+        q, k = apply_rotary_pos_emb(q, k, cos, sin)
+        return q, torch.cat([k_cache, k], dim=2)
+
+
+@pytest.mark.parametrize("new_tokens", [1, 3])
+def test_a_decode_steps_rotary_table_imports_as_rope_at_offset_past(new_tokens):
+    """One new token (T = 1) makes a table of one row, position past: its angles and the
+    ``inv_freq`` buffer say theta, and the cache's length is the offset; a prefill of 3 more tokens
+    likewise. Written ``rope offset: past``, not a table of values: it runs at other cache lengths."""
+    torch.manual_seed(0)
+    module = _DecodeStep()
+    args = (torch.randn(2, new_tokens, 32), torch.randn(2, 2, 5, 8))  # a batch of 2 beside 2 kv heads
+    pipeline = from_module(module, *args)
+    assert difference(pipeline, module, *args) <= 1e-5
+    assert not pipeline.check().diagnostics
+    ropes = [s for s in pipeline.spec.steps if s.op == "rope"]
+    assert [(s.offset, s.theta) for s in ropes] == [("past", THETA)] * 2
+    assert not [name for name, decl in pipeline.spec.params.items() if decl.values is not None]  # no table of values
+    # the cache's heads axis is joined to the new keys' 2 heads: H_kv, not the batch of the same size
+    assert pipeline.spec.inputs["k_cache"].shape == ["B", "H_kv", "past", "Dh"]
+    longer = {"x": torch.randn(2, new_tokens, 32), "k_cache": torch.randn(2, 2, 9, 8)}  # 9 cached tokens
+    trace = pipeline.run(params=module.state_dict(), inputs=longer, dims={"past": 9}, keep_values=True)
+    with torch.no_grad():
+        expected = module(*longer.values())
+    torch.testing.assert_close(trace[pipeline.spec.outputs[0]].tensor, expected[0], atol=1e-5, rtol=0)

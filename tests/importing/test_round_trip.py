@@ -50,6 +50,17 @@ def test_the_llama_layer_comes_back_unchanged_names_and_dims_included(tmp_path):
     assert [s.op for s in back.spec.steps] == [s.op for s in pipeline.spec.steps]
 
 
+def test_t5_relative_bias_comes_back_with_the_max_distance_its_export_writes(tmp_path):
+    """At T = 12, max_distance 6 and 7 give the same buckets: the exported module's
+    ``t5_buckets(torch, T, T, NB, 6, True, …)`` says which (a literal, held against the buckets),
+    and the key mask's ``~key_mask_4d.bool()`` is the mask step's own cast."""
+    pipeline, back = _round_trip(PIPELINES / "models/t5_self_attention.yaml", tmp_path)
+    found = diff(pipeline, back, values=True)
+    assert found.same and not found.renamed and found.compared_values and found.diverges is None
+    assert [s.op for s in back.spec.steps] == [s.op for s in pipeline.spec.steps]
+    assert not back.check().diagnostics
+
+
 def test_causal_mha_comes_back_without_its_eval_mode_dropout_then_stays(tmp_path):
     pipeline, back = _round_trip(PIPELINES / "causal_mha.yaml", tmp_path / "once")
     found = diff(pipeline, back, values=True)
@@ -93,7 +104,6 @@ def test_a_split_in_an_exported_block_keeps_its_dotted_output_names(tmp_path):
 @pytest.mark.parametrize(
     ("name", "tables"),
     [
-        ("kv_cache_decode", {"cos", "sin"}),  # a rotary table starting at position past
         ("llama4_nope_attention", {"positions"}),  # the positions its floor/log1p temperature is computed from
         ("phi3_decoder_layer", {"cos", "sin"}),  # rotary on part of the head, joined back by cat
     ],
@@ -105,6 +115,29 @@ def test_a_constant_no_step_computes_comes_back_as_the_values_it_holds(tmp_path,
     _, back = _round_trip(PIPELINES / f"models/{name}.yaml", tmp_path)
     found = {name: decl for name, decl in back.spec.params.items() if decl.values is not None}
     assert set(found) == tables and all(d.buffer and "computed at import by" in d.note for d in found.values())
+    assert not back.check().diagnostics
+
+
+def test_the_decode_steps_rope_comes_back_at_offset_past(tmp_path):
+    """The exported decode step rotates one token at position past (its cos and sin a table of one
+    row): it comes back as ``rope offset: past``, the step it was."""
+    pipeline, back = _round_trip(PIPELINES / "models/kv_cache_decode.yaml", tmp_path)
+    found = diff(pipeline, back, values=True)
+    assert not found.added and not found.removed and not found.changed_op and not found.params and found.diverges is None
+    assert [(s.id, s.offset) for s in back.spec.steps if s.op == "rope"] == [("q_rot", "past"), ("k_rot", "past")]
+    assert back.spec.inputs["k_cache"].shape == ["B", "H_kv", "past", "Dh"]  # B = H_kv = 2: the cat says which
+    assert not back.check().diagnostics
+
+
+def test_packed_attentions_frequencies_are_named_half_the_head_width(tmp_path):
+    """Llama 3.1 packed attention rotates at positions it is given, with llama3-scaled frequencies
+    computed from constants (4 of them, a head width of 8, and H = 4 too): the computed constant
+    is ``Dh // 2`` wide, followed to the heads it rotates, so ``cat((freqs, freqs), -1)`` is the head
+    width its view names, and the file is clean under --strict (``H`` made that view look like one
+    that scrambles dims)."""
+    _, back = _round_trip(PIPELINES / "models/llama31_packed_attention.yaml", tmp_path)
+    (frequencies,) = [decl for decl in back.spec.params.values() if decl.values is not None]
+    assert frequencies.shape == ["Dh // 2"] and "computed at import by" in frequencies.note
     assert not back.check().diagnostics
 
 
@@ -131,3 +164,12 @@ def test_only_literals_of_a_frequencies_call_are_read_as_rope_parameters():
     assert exported_parameters(dynamic) == {"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0}  # seq_len is no literal
     assert exported_parameters("frequencies = rope_llama3(torch, Dh, __import__('os').getcwd(), x.device)") is None
     assert exported_parameters("frequencies = my_rope(torch, Dh, 10000.0, x.device, factor=8.0)") is None
+
+
+def test_only_literals_of_a_t5_buckets_call_are_read_as_its_settings():
+    from tracer.importer.rules import exported_t5_settings
+
+    line = "biased_buckets = t5_buckets(torch, T, T, self.rel_bias.shape[0], 6, True, scores.device)  # biased"
+    assert exported_t5_settings(line) == {"max_distance": 6, "bidirectional": True}
+    assert exported_t5_settings("b = t5_buckets(torch, T, T, NB, __import__('os').getpid(), True, d)") is None
+    assert exported_t5_settings("b = my_buckets(torch, T, T, NB, 6, True, d)") is None

@@ -2,7 +2,8 @@
 
 Data flows through five modules, one stage each (docs/import.md, docs/architecture.md):
 
-- ``capture``: ``torch.export`` of the module, under the settings that keep ops whole;
+- ``capture``: ``torch.export`` of the module, under the settings that keep ops whole (``leaves``:
+  a sparse mixture of experts captured whole, one ``tracer::experts`` call);
 - ``idioms``: the captured graph canonicalised, its constant regions evaluated, and the idioms
   that are one tracer step (RMSNorm, RoPE, repeat_kv, masks, ``nn.MultiheadAttention``) found;
 - ``rules``: one rule per ATen op or idiom, writing a step with the name a person would write;

@@ -17,6 +17,7 @@ import torch
 import torch.fx.proxy
 
 from ..core.errors import Diagnostic, TracerError
+from .leaves import experts_whole
 from .rotary import settled_rope_updates
 
 
@@ -65,7 +66,7 @@ class _OutsideTorch(set):
 
 def capture(module: torch.nn.Module, args: tuple, kwargs: dict):
     """The ExportedProgram of the module at the example sizes."""
-    with capturing(module), settled_rope_updates(module, args, kwargs):
+    with capturing(module), settled_rope_updates(module, args, kwargs), experts_whole(module):
         try:
             return torch.export.export(module, tuple(args), dict(kwargs), strict=False)
         except Exception as exc:  # torch's own message says why (data-dependent control flow, unsupported types)

@@ -25,7 +25,7 @@ from torch.fx.passes.utils.matcher_utils import SubgraphMatcher
 
 from ..core.errors import Diagnostic, TracerError
 from ..steps.attention import causal_hidden
-from .rotary import scaled_table, tolerance
+from .rotary import frequency_columns, scaled_table, tolerance
 
 aten = torch.ops.aten
 NO_OP_CASTS = {aten.to.dtype, aten.to.device, aten.to.dtype_layout, aten.type_as.default, aten.alias.default}
@@ -111,9 +111,7 @@ class Graph:
 
     def find_idioms(self) -> None:
         present = {n.target for n in self.fx.nodes if n.op == "call_function"}
-        for kind, pattern in _patterns():
-            if not _targets(pattern) <= present:  # an op of the pattern is nowhere in the graph: no match to look for
-                continue
+        for kind, pattern in _patterns(present):
             for match in _Matcher(pattern).match(self.fx):
                 inner = [n for p, n in match.nodes_map.items() if p.op not in ("placeholder", "output")]
                 facts = VERIFY[kind](self, match)
@@ -277,26 +275,47 @@ class _TanhGELU(torch.nn.Module):  # GPT-2's gelu_new (NewGELUActivation)
         return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x, 3.0))))
 
 
+def _rope_example() -> tuple:  # zeros: tracing reads shapes only, and leaves the global RNG alone
+    return torch.zeros(2, 4, 7, 8), torch.zeros(1, 1, 7, 8), torch.zeros(1, 1, 7, 8)
+
+
+def _norm_example(weighted: bool = True) -> tuple:
+    return (torch.zeros(2, 7, 32), torch.ones(32)) if weighted else (torch.zeros(2, 7, 32),)
+
+
+# (idiom kind, its module, its example inputs, an op every graph it matches holds): a kind written two
+# ways has two patterns (fx matching is not commutative). Each pattern is traced the first time a
+# graph holds its op (0.01-0.05 s each; a module with no RMSNorm never traces the four norms).
+PATTERNS = (
+    ("rmsnorm", _RMSNorm, _norm_example, aten.rsqrt.default),
+    ("rmsnorm", _RMSNormWeightLast, _norm_example, aten.rsqrt.default),
+    ("rmsnorm", _UnitOffsetRMSNorm, _norm_example, aten.rsqrt.default),
+    ("rmsnorm", _RMSNormNoWeight, functools.partial(_norm_example, weighted=False), aten.rsqrt.default),
+    ("rope", _RotateHalf, _rope_example, aten.neg.default),
+    ("rope", _RotateEveryTwo, _rope_example, aten.stack.default),
+    ("repeat_kv", _RepeatKV, lambda: (torch.zeros(2, 2, 7, 8),), aten.expand.default),
+    ("gelu_tanh", _TanhGELU, lambda: (torch.zeros(2, 7, 16),), aten.tanh.default),
+)
+
+
+def _patterns(present: set) -> list[tuple[str, torch.fx.Graph]]:
+    """(idiom kind, pattern graph) of the patterns whose ops are all among ``present``, in ``PATTERNS``' order."""
+    found = []
+    for index, (kind, _, _, needed) in enumerate(PATTERNS):
+        if needed in present:
+            pattern = _pattern(index)
+            if _targets(pattern) <= present:  # an op of the pattern is nowhere in the graph: no match to look for
+                found.append((kind, pattern))
+    return found
+
+
 @functools.cache
-def _patterns() -> list[tuple[str, torch.fx.Graph]]:
-    """(idiom kind, pattern graph); a kind written two ways has two patterns (fx matching is not commutative)."""
-    x, weight = torch.randn(2, 7, 32), torch.ones(32)
-    examples = {
-        ("rmsnorm", _RMSNorm()): (x, weight),
-        ("rmsnorm", _RMSNormWeightLast()): (x, weight),
-        ("rmsnorm", _UnitOffsetRMSNorm()): (x, weight),
-        ("rmsnorm", _RMSNormNoWeight()): (x,),
-        ("rope", _RotateHalf()): (torch.randn(2, 4, 7, 8), torch.randn(1, 1, 7, 8), torch.randn(1, 1, 7, 8)),
-        ("rope", _RotateEveryTwo()): (torch.randn(2, 4, 7, 8), torch.randn(1, 1, 7, 8), torch.randn(1, 1, 7, 8)),
-        ("repeat_kv", _RepeatKV()): (torch.randn(2, 2, 7, 8),),
-        ("gelu_tanh", _TanhGELU()): (torch.randn(2, 7, 16),),
-    }
-    graphs = []
-    for (kind, module), example in examples.items():
-        graph = _traced(module, example)
-        canonicalize(graph)
-        graphs.append((kind, graph))
-    return graphs
+def _pattern(index: int) -> torch.fx.Graph:
+    """The canonical graph of ``PATTERNS[index]``, traced once per process."""
+    _, module, example, _ = PATTERNS[index]
+    graph = _traced(module(), example())
+    canonicalize(graph)
+    return graph
 
 
 def _targets(pattern: torch.fx.Graph) -> set:
@@ -350,19 +369,40 @@ def _verify_rope(graph: Graph, match) -> dict | None:
         return None
     interleaved = any(n.op == "call_function" and n.target == aten.stack.default for n in match.nodes_map.values())
     (rows, seq_dim), (sines, _) = (_table_rows(graph.values[n].double()) for n in (cos, sin))
-    if rows.shape[0] < 2:  # theta is read at position 1: a table of position 0 only
-        return None
-    facts = {
-        "x": x,
-        "style": "interleaved" if interleaved else "half",
-        "seq_dim": seq_dim,
-        **_computed_table(graph, cos, rows, sines, interleaved),
-    }
-    theta = _theta(graph, cos, rows, sines, interleaved) if rows.shape[-1] >= 4 else 10000.0  # one frequency, theta ** 0: any theta
+    facts = {"x": x, "style": "interleaved" if interleaved else "half", "seq_dim": seq_dim}
     atol = tolerance(graph.values[cos].dtype)  # a float16 table is float32's cos rounded
-    if torch.allclose(rows, _rotary_cos(rows.shape[0], rows.shape[-1], theta, interleaved), atol=atol):
-        return {**facts, "theta": theta}
+    if rows.shape[0] >= 2:  # theta is read at position 1
+        facts.update(_computed_table(graph, cos, rows, sines, interleaved))
+        theta = _theta(graph, cos, rows, sines, interleaved) if rows.shape[-1] >= 4 else 10000.0  # one frequency, theta ** 0: any theta
+        if torch.allclose(rows, _rotary_cos(rows.shape[0], rows.shape[-1], theta, interleaved), atol=atol):
+            return {**facts, "theta": theta}
+    offset = _at_an_offset(graph, cos, rows, sines, interleaved, atol)
+    if offset is not None:
+        return {**facts, **offset}
     return facts if "table" in facts else None
+
+
+def _at_an_offset(graph: Graph, cos: torch.fx.Node, rows: torch.Tensor, sines: torch.Tensor, interleaved: bool, atol: float) -> dict | None:
+    """{offset, theta} of a table of positions ``offset .. offset + P - 1``, the offset a size of
+    an input (a decode step's cache length ``past``: its one row is position past). Theta is the
+    ``inv_freq`` buffer's, else read from the lowest frequency's angle, ``offset · theta ** (2/D - 1)``,
+    which stays below π; every column of cos and sin is then held against it. None unless exactly
+    one size gives the table."""
+    size, buffer = rows.shape[-1], _ancestor_buffer(graph, cos, "inv_freq")
+    inputs = [n for n in graph.fx.nodes if n.op == "placeholder" and graph.kind(n) == "USER_INPUT"]
+    offsets = sorted({int(s) for n in inputs if isinstance(graph.values.get(n), torch.Tensor) for s in graph.values[n].shape if int(s) > 0})
+    lowest = frequency_columns(torch.atan2(sines[0], rows[0]), interleaved)[-1]
+    found = []
+    for offset in offsets:
+        if buffer is not None:
+            theta = float(graph.values[buffer].double()[1] ** (-size / 2)) if size >= 4 else 10000.0
+        else:
+            theta = float((lowest / offset) ** (-size / (size - 2))) if size >= 4 and lowest > 0 else 10000.0
+        theta = float(round(theta)) if abs(theta - round(theta)) < 1e-4 * theta else theta
+        angles = _rotary_angles(offset, rows.shape[0], size, theta, interleaved)
+        if torch.allclose(rows, angles.cos(), atol=atol) and torch.allclose(sines, angles.sin(), atol=atol):
+            found.append({"offset": offset, "theta": theta})
+    return found[0] if len(found) == 1 else None
 
 
 def _computed_table(graph: Graph, cos: torch.fx.Node, rows: torch.Tensor, sines: torch.Tensor, interleaved: bool) -> dict:
@@ -388,9 +428,14 @@ def _table_rows(table: torch.Tensor) -> tuple[torch.Tensor, int]:
 
 
 def _rotary_cos(positions: int, size: int, theta: float, interleaved: bool = False) -> torch.Tensor:
+    return _rotary_angles(0, positions, size, theta, interleaved).cos()
+
+
+def _rotary_angles(offset: int, positions: int, size: int, theta: float, interleaved: bool) -> torch.Tensor:
+    """RoPE's angle of each (position offset + p, feature), in float64."""
     inv_freq = 1.0 / theta ** (torch.arange(0, size, 2, dtype=torch.float64) / size)
-    freqs = torch.arange(positions, dtype=torch.float64)[:, None] * inv_freq
-    return (freqs.repeat_interleave(2, -1) if interleaved else torch.cat([freqs, freqs], -1)).cos()
+    freqs = torch.arange(offset, offset + positions, dtype=torch.float64)[:, None] * inv_freq
+    return freqs.repeat_interleave(2, -1) if interleaved else torch.cat([freqs, freqs], -1)
 
 
 def _theta(graph: Graph, cos: torch.fx.Node, rows: torch.Tensor, sines: torch.Tensor, interleaved: bool) -> float:
@@ -517,7 +562,7 @@ def _relative_biases(graph: Graph) -> None:
         if not adds or len(adds) != len(chain[1].users):
             continue
         for add in adds:
-            facts = {"x": add.args[0], "table": node.args[0], "buckets": graph.values[node.args[1]]}
+            facts = {"x": add.args[0], "table": node.args[0], "ids": node.args[1], "buckets": graph.values[node.args[1]]}
             graph.claim(Idiom("relative_bias", add, facts), [node, *chain, add])
 
 
@@ -613,7 +658,19 @@ def _mask_fills(graph: Graph) -> None:
             inverted = mask.op == "call_function" and mask.target in NOTS and len(mask.users) == 1
             facts["mask"], facts["polarity"] = (mask.args[0], "keep") if inverted else (mask, "block")
             inner += [mask] if inverted else []
+            if _bool_of_integers(facts["mask"]):  # `~mask.bool()`: the step reads an integer mask as .bool() itself
+                inner.append(facts["mask"])
+                facts["mask"] = facts["mask"].args[0]
         graph.claim(Idiom("mask", node, facts), inner)
+
+
+def _bool_of_integers(node: torch.fx.Node) -> bool:
+    """``m.bool()`` of an integer mask, read by nothing else: the ``mask`` step casts it so itself."""
+    if node.op != "call_function" or node.target not in (aten.to.dtype, aten._to_copy.default) or len(node.users) != 1:
+        return False
+    source = node.args[0]
+    value = source.meta.get("val") if isinstance(source, torch.fx.Node) else None
+    return node.meta["val"].dtype == torch.bool and isinstance(value, torch.Tensor) and not value.dtype.is_floating_point
 
 
 def _kept_masks(graph: Graph) -> None:

@@ -37,6 +37,8 @@ ATTRIBUTES = (
     ("n_positions", "P"),  # named only where a table of positions has that many rows: a vocab of the same size stays V
     ("max_position_embeddings", "P"),
     ("sliding_window", "W"),
+    ("num_local_experts", "E"),  # named only where a step prefers it (a topk's k is K): never by value
+    ("num_experts_per_tok", "K"),
     ("attention_chunk_size", "C"),
     *((name, name) for name in ("H", "H_kv", "Dh", "d_ff", "V", "W", "C")),  # a module tracer export wrote keeps its dims by name
 )

@@ -101,16 +101,12 @@ def exported_parameters(code: str) -> dict | None:
     ``{rope_type: llama3, rope_theta: 500000.0, factor: 8.0, …}``, so the scaling comes back from
     the module that says it (it has no config). Read with ``ast``: only literals are taken (the
     table is then computed from them and compared: nothing is taken on trust); None for any other line."""
-    try:
-        (statement,) = ast.parse(code.strip()).body
-    except (SyntaxError, ValueError):
-        return None
-    call = statement.value if isinstance(statement, ast.Assign) else None
-    kind = EXPORTED.get(call.func.id) if isinstance(call, ast.Call) and isinstance(call.func, ast.Name) else None
+    call = assigned_call(code)
+    kind = EXPORTED.get(call.func.id) if call is not None else None
     if kind is None or len(call.args) < 3:
         return None
-    literals = {keyword.arg: _literal(keyword.value) for keyword in call.keywords if keyword.arg is not None}
-    theta = _literal(call.args[2])
+    literals = {keyword.arg: literal(keyword.value) for keyword in call.keywords if keyword.arg is not None}
+    theta = literal(call.args[2])
     if not isinstance(theta, int | float):
         return None
     return {"rope_type": kind, "rope_theta": theta, **{key: value for key, value in literals.items() if value is not NOT_LITERAL}}
@@ -119,7 +115,18 @@ def exported_parameters(code: str) -> dict | None:
 NOT_LITERAL = object()
 
 
-def _literal(node: ast.expr):
+def assigned_call(code: str) -> ast.Call | None:
+    """The call of a named function a one-line assignment makes (``x = f(a, b=1)``), parsed, never run."""
+    try:
+        (statement,) = ast.parse(code.strip()).body
+    except (SyntaxError, ValueError):
+        return None
+    call = statement.value if isinstance(statement, ast.Assign) else None
+    return call if isinstance(call, ast.Call) and isinstance(call.func, ast.Name) else None
+
+
+def literal(node: ast.expr):
+    """The value of a literal (``ast.literal_eval``), or ``NOT_LITERAL``."""
     try:
         return ast.literal_eval(node)
     except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):  # seq_len=torch.tensor(…): not a scaling field

@@ -25,8 +25,10 @@ from ..core.errors import Diagnostic, Position, TracerError
 from ..presentation.export import HEADER as EXPORT_HEADER
 from ..steps.positions import alibi_slopes, t5_buckets
 from .idioms import Graph, Idiom, aten, hidden_pattern, module_stack
+from .leaves import ACTIVATIONS as EXPERT_ACTIVATIONS
+from .leaves import captured
 from .naming import Namer
-from .rotary import exported_parameters, scaling_of
+from .rotary import assigned_call, exported_parameters, literal, scaling_of
 
 FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)\n\s+(.*)')
 # the tag `tracer export` ends each line of forward with: "  # (B, T, d_model) layer.q_proj" or "  # layer.q_proj"
@@ -273,7 +275,36 @@ class Translator:
         for i in range(1, min(len(sizes), len(their_sizes)) + 1):
             if sizes[-i] == their_sizes[-i] and isinstance(theirs[-i], str):
                 names[-i] = theirs[-i]
-        return names
+        rotated = self._rotated_width(node) if sizes else None
+        return [*names[:-1], rotated] if rotated is not None else names
+
+    def _rotated_width(self, node: torch.fx.Node) -> str | None:
+        """The last axis of a constant that rotary frequencies are made of, named after the heads
+        they rotate: followed through the ops that keep its width (times the positions, cos, sin,
+        casts, views) and a ``cat`` of copies along it (rotate_half's ``cat((freqs, freqs), -1)``:
+        twice as wide), to the product with a tensor of heads, whose last axis is the head width.
+        Llama 3.1's (4,) frequencies of a head width of 8 are ``Dh // 2``, not ``H`` of the same
+        size (whose doubling then reads as a view that scrambles dims); None if no such product."""
+        width = node.meta["val"].shape[-1]
+        factors, todo = {node: 1}, [node]
+        while todo:
+            current = todo.pop()
+            for user in current.users:
+                value = user.meta.get("val")
+                if user in factors or not isinstance(value, torch.Tensor) or value.ndim == 0:
+                    continue
+                factor = factors[current] * _copies_along_last(user, current)
+                if value.shape[-1] != width * factor:
+                    continue
+                other = next((a for a in user.args if isinstance(a, torch.fx.Node) and a is not current), None)
+                heads = other is not None and other not in factors and getattr(other.meta.get("val"), "ndim", 0) >= 4
+                if user.target == aten.mul.Tensor and heads:
+                    head = self.namer.shape(other.meta["val"])[-1]
+                    if isinstance(head, str) and head.isidentifier():
+                        return head if factor == 1 else f"{head} // {factor}"
+                factors[user] = factor
+                todo.append(user)
+        return None
 
     def size(self, value, prefer: tuple[str, ...] = ()) -> int | str:
         if isinstance(value, torch.fx.Node):
@@ -614,6 +645,53 @@ class Translator:
         fields = {"op": "unbind", "input": self.ref(node.args[0]), "dim": _arg(node, 1, 0, "dim"), "outputs": outputs}
         self.emit(node, fields, "unbind")
 
+    def _topk(self, node):
+        """``values, indices = torch.topk(x, k, dim)``: a ``topk`` step, its outputs named as the line
+        names them. Values divided in place by their sum over the k and read by nothing else
+        (Mixtral's router: ``router_top_value /= router_top_value.sum(dim=-1, keepdim=True)``) are
+        its ``normalize: true``."""
+        dim, largest, ordered = _arg(node, 2, -1, "dim"), _arg(node, 3, True, "largest"), _arg(node, 4, True, "sorted")
+        pieces = {user.args[1]: user for user in node.users}
+        line = source_line(node)
+        assigned = _exported_outputs(line[0], line[2]) if line else []
+        outputs = [self._unique(_join(_module_path(node), base)) for base in (assigned if len(assigned) == 2 else ["values", "indices"])]
+        fields = {"op": "topk", "input": self.ref(node.args[0]), "k": self.size(node.args[1], ("K",)), "dim": dim}
+        fields.update({} if largest else {"largest": False}, **({} if ordered else {"sorted": False}))
+        normalized = _normalized(pieces[0], dim) if 0 in pieces else None
+        if normalized is not None:
+            fields["normalize"] = True
+            self.names[normalized[1]] = outputs[0]
+            self.graph.consumed.update(normalized)
+        for index, piece in pieces.items():
+            self.names[piece] = outputs[index]
+        self.emit(node, {**fields, "outputs": outputs}, "route")
+
+    def _experts(self, node):
+        """A sparse mixture of experts captured whole (``leaves.py``): a ``moe`` step of the tokens,
+        the routing weights and the chosen experts, commented with the line that called the experts."""
+        tokens, chosen, weights, gate_up, down, module = node.args
+        owner = captured(module)
+        fields = {"op": "moe", "inputs": [self.ref(tokens), self.ref(weights), self.ref(chosen)], "gate_up": self.ref(gate_up)}
+        fields.update(down=self.ref(down), activation=EXPERT_ACTIVATIONS[type(owner.act_fn).__name__])
+        step = self.emit(node, fields, step_id=self._unique(_module_path(node) or "experts"))
+        callers = frames(node)[:-1]  # the last frame is leaves.py's call of the operator
+        step.comment = _comment((callers[-1][0], callers[-1][1], callers[-1][3])) if callers else None
+        self._name_expert_axes(node, gate_up, down)
+
+    def _name_expert_axes(self, node: torch.fx.Node, gate_up: torch.fx.Node, down: torch.fx.Node) -> None:
+        """The experts' weights and the router's as the config names them, ``(E, 2 * d_ff, d_model)``
+        and ``(E, d_model, d_ff)``, ``(E, d_model)``: by value, E could read as H and 2F as
+        ``3 * d_model`` of the same sizes."""
+        count, width, model = down.meta["val"].shape
+        experts, hidden, inner = self.size(count, ("E",)), self.size(width, ("d_model",)), self.size(model, ("d_ff",))
+        if not all(isinstance(name, str) for name in (experts, hidden, inner)):
+            return
+        self.params[self.names[gate_up]]["shape"] = [experts, f"2 * {inner}", hidden]
+        self.params[self.names[down]]["shape"] = [experts, hidden, inner]
+        router = _router_weight(self.graph, node.args[1])
+        if router is not None and tuple(router.meta["val"].shape) == (count, width):
+            self.params[self.names[router]]["shape"] = [experts, hidden]
+
     def _flatten(self, node):
         self.emit(node, {"op": "reshape", "input": self.ref(node.args[0]), "shape": self.namer.shape(node.meta["val"])}, "flattened")
 
@@ -632,9 +710,16 @@ class Translator:
         self.emit(node, fields)
 
     def _diff(self, node):
-        if _arg(node, 3, None, "prepend") is not None or _arg(node, 4, None, "append") is not None:
-            raise Unmapped("torch.diff with prepend or append: tracer's diff takes the tensor alone")
-        self.emit(node, {"op": "diff", "input": self.ref(node.args[0]), "n": _arg(node, 1, 1, "n"), "dim": _arg(node, 2, -1, "dim")})
+        """``torch.diff(x, n, dim)``; with ``prepend``/``append`` tensors (masking_utils' packed
+        sequences: ``torch.diff(position_ids, prepend=first - 1)``), the ``cat`` it differences first."""
+        dim, before, after = _arg(node, 2, -1, "dim"), _arg(node, 3, None, "prepend"), _arg(node, 4, None, "append")
+        if any(part is not None and not isinstance(part, torch.fx.Node) for part in (before, after)):
+            raise Unmapped("torch.diff with a number to prepend or append: tracer's cat joins tensors")
+        source, step_id = self.ref(node.args[0]), self.step_id(node, "diff")
+        if before is not None or after is not None:
+            parts = [self.ref(part) for part in (before, node.args[0], after) if part is not None]
+            source = self.emit(node, {"op": "cat", "inputs": parts, "dim": dim}, step_id=self._unique(f"{step_id}_joined")).fields["id"]
+        self.emit(node, {"op": "diff", "input": source, "n": _arg(node, 1, 1, "n"), "dim": dim}, step_id=step_id)
 
     def _einsum(self, node):
         self.emit(node, {"op": "einsum", "inputs": [self.ref(x) for x in node.args[1]], "equation": node.args[0]})
@@ -846,14 +931,31 @@ class Translator:
                 self._by_rule(node)
             return
         theta, scaling = found
+        offset = self._offset(facts["offset"]) if "offset" in facts else 0
+        if offset is None:  # positions at an offset no input's size names: the table as a computed constant
+            for node in idiom.inner:
+                self._by_rule(node)
+            return
         fields = {"op": "rope", "input": self.ref(facts["x"]), "theta": theta}
         if scaling is not None:
             fields["rope_scaling"] = scaling
+        if offset != 0:
+            fields["offset"] = offset
         if facts.get("style", "half") != "half":
             fields["style"] = facts["style"]
         if facts.get("seq_dim", -2) != -2:
             fields["seq_dim"] = facts["seq_dim"]
         self.emit(idiom.node, fields)
+
+    def _offset(self, value: int) -> str | None:
+        """The dim expression of the one input size (a KV cache's ``past``) that a rope's first position equals."""
+        names = set()
+        for node in self.graph.fx.nodes:
+            example = self.graph.values.get(node) if node.op == "placeholder" and self.graph.kind(node) == "USER_INPUT" else None
+            if isinstance(example, torch.Tensor):
+                names.update(str(self.namer.axis(node.meta["val"], axis)) for axis, size in enumerate(example.shape) if size == value)
+        named = {name for name in names if not name.isdigit()}
+        return named.pop() if len(named) == 1 else None
 
     def _rope_scaling(self, facts: dict) -> tuple[float, dict | None] | None:
         """(theta, rope_scaling or None) of a rotary table: a scaling of the rope parameters of the
@@ -872,7 +974,8 @@ class Translator:
 
     def _exported_lines(self, node: torch.fx.Node) -> list[str]:
         """The lines of a module ``tracer export`` wrote that computed a constant: a rope's call of
-        its frequencies function, which says its scaling (the module has no config)."""
+        its frequencies function, which says its scaling, or a relative bias's call of
+        ``t5_buckets``, which says its max_distance (the module has no config)."""
         lines, seen, todo = {}, set(), [node]
         while todo:
             current = todo.pop()
@@ -917,7 +1020,8 @@ class Translator:
         facts = idiom.facts
         table = facts["table"]
         owner = self.module.get_submodule(self.graph.target(table).rpartition(".relative_attention_bias")[0] or "")
-        settings = _t5_settings(owner, facts["buckets"], int(table.meta["val"].shape[0]))
+        written = next(filter(None, map(exported_t5_settings, self._exported_lines(facts["ids"]))), {})
+        settings = _t5_settings(owner, facts["buckets"], int(table.meta["val"].shape[0]), written)
         if settings is None:
             raise Unmapped(
                 f"it looks up '{table.name}' at constant ids that are not T5's relative position buckets, or that several "
@@ -1133,6 +1237,8 @@ RULES = {
     aten.rsub.Scalar: Translator._rsub,
     aten.baddbmm.default: Translator._baddbmm,
     aten.unbind.int: Translator._unbind,
+    aten.topk.default: Translator._topk,
+    torch.ops.tracer.experts.default: Translator._experts,
     aten.flatten.using_ints: Translator._flatten,
     aten.cumsum.default: Translator._cumsum,
     aten.roll.default: Translator._roll,
@@ -1342,18 +1448,32 @@ def _range_axis(index: torch.Tensor, size: int) -> int | None:
     return axes[0]
 
 
+def exported_t5_settings(code: str) -> dict | None:
+    """{max_distance, bidirectional} a line of a module ``tracer export`` wrote passes to
+    ``t5_buckets(torch, t_q, t_k, num_buckets, max_distance, bidirectional, device)``; literals
+    only, read with ``ast`` (the buckets are then computed from them and compared); None for any other line."""
+    call = assigned_call(code)
+    if call is None or call.func.id != t5_buckets.__name__ or len(call.args) < 6:
+        return None
+    max_distance, bidirectional = (literal(argument) for argument in call.args[4:6])
+    if not isinstance(max_distance, int) or isinstance(max_distance, bool) or not isinstance(bidirectional, bool):
+        return None
+    return {"max_distance": max_distance, "bidirectional": bidirectional}
+
+
 MAX_DISTANCE_SEARCHED = 1025  # T5 uses 128; buckets that no max_distance below this gives are no T5 buckets
 
 
-def _t5_settings(owner: torch.nn.Module, buckets: torch.Tensor, num_buckets: int) -> dict | None:
+def _t5_settings(owner: torch.nn.Module, buckets: torch.Tensor, num_buckets: int, written: dict) -> dict | None:
     """{bidirectional, max_distance} under which T5 computes these (T_q, T_kv) buckets: the owner's
-    own settings (T5Attention's ``is_decoder`` and ``relative_attention_max_distance``), else the one
-    max_distance that gives them (a module `tracer export` wrote keeps no settings); None when none
-    does, or several do at this length (no guess)."""
+    own settings (T5Attention's ``is_decoder`` and ``relative_attention_max_distance``), or those
+    ``written`` in the ``t5_buckets`` call of a module `tracer export` wrote (it keeps no
+    settings), else the one max_distance that gives them; None when none does, or several do at
+    this length (no guess)."""
     if buckets.ndim != 2 or buckets.dtype.is_floating_point:
         return None
-    own = getattr(owner, "relative_attention_max_distance", None)
-    decoder = getattr(owner, "is_decoder", None)
+    own = getattr(owner, "relative_attention_max_distance", written.get("max_distance"))
+    decoder = getattr(owner, "is_decoder", None if "bidirectional" not in written else not written["bidirectional"])
     found = []
     for bidirectional in (not decoder,) if isinstance(decoder, bool) else (True, False):
         exact = num_buckets // (4 if bidirectional else 2)
@@ -1362,6 +1482,42 @@ def _t5_settings(owner: torch.nn.Module, buckets: torch.Tensor, num_buckets: int
             if torch.equal(expected, buckets.to(torch.long)):
                 found.append({"bidirectional": bidirectional, "max_distance": max_distance})
     return found[0] if len(found) == 1 else None
+
+
+def _copies_along_last(node: torch.fx.Node, part: torch.fx.Node) -> int:
+    """How many copies of ``part`` a ``cat`` along the last axis joins (1 for any other op)."""
+    if node.target != aten.cat.default or _arg(node, 1, 0, "dim") not in (-1, node.meta["val"].ndim - 1):
+        return 1
+    parts = node.args[0]
+    return len(parts) if all(p is part for p in parts) else 1
+
+
+def _router_weight(graph: Graph, chosen: torch.fx.Node) -> torch.fx.Node | None:
+    """The weight of the linear whose logits chose the experts: ``topk(softmax(linear(x, W).float()))``."""
+    node = chosen.args[0] if chosen.target == operator.getitem else None  # the topk
+    for _ in range(4):
+        if not isinstance(node, torch.fx.Node) or node.op != "call_function" or not node.args:
+            return None
+        if node.target == aten.linear.default and len(node.args) > 1 and graph.kind(node.args[1]) == "PARAMETER":
+            return node.args[1]
+        node = node.args[0]
+    return None
+
+
+def _normalized(values: torch.fx.Node, dim: int) -> tuple[torch.fx.Node, torch.fx.Node] | None:
+    """(sum, in-place division) of ``values /= values.sum(dim, keepdim=True)``, the only readers of ``values``."""
+    total = next((u for u in values.users if u.target == aten.sum.dim_IntList), None)
+    divided = next((u for u in values.users if u.target in (aten.div_.Tensor, aten.div.Tensor)), None)
+    if total is None or divided is None or len(values.users) != 2:
+        return None
+    if (
+        list(total.args[1]) != [dim]
+        or not _arg(total, 2, False, "keepdim")
+        or divided.args != (values, total)
+        or list(total.users) != [divided]
+    ):
+        return None
+    return total, divided
 
 
 def _fresh_zeros(node) -> bool:

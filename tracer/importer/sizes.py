@@ -7,10 +7,12 @@ are followed from the inputs: the first two axes of each input are ``B`` and ``T
 input's other batch or length ``B2``, ``T2``), and each op's output axes are expressions over them
 (:class:`Poly`), found from the op's inputs by the op's rule (a view regroups its input's axes, a
 ``cat`` adds them, a slice shortens one) or, for the ops that keep their inputs' axes
-(elementwise, products, reductions, attention), from the input axis it lines up with. Because the
+(elementwise, reductions, attention), from the input axis it lines up with (a ``matmul``'s
+rows from its first input, its columns from its second). Because the
 sizes follow the dataflow and not the values, a batch of 3 beside a fused ``3``, ``T == H`` or
 ``B == T`` keep their names. As torch.export would, an input dim that an elementwise op holds
-equal to a fixed size becomes that number; an input axis that a ``cat`` joins to new tokens is a
+equal to a fixed size becomes that number, and so does an input's axis that a ``cat`` joins to an
+axis of fixed size (a cache's heads, ``[B, H_kv, past, Dh]``, beside a batch of the same size); an input axis that a ``cat`` joins to new tokens is a
 KV cache length, ``past``; the rows of a table looked up at constant positions are ``P``.
 
 Sizes written as numbers in the graph (``arange(7)``, ``full((7, 7))``, ``expand(2, -1)``, a
@@ -171,6 +173,9 @@ def input_dims(graph: Graph, model: frozenset[int] = frozenset(), order: str = "
     return found
 
 
+JOINS = {aten.cat.default, aten.stack.default}  # their first argument is a list of tensors
+
+
 class Sizes:
     """Each node's output shape as sizes over the input dims, followed through the graph once (twice
     where an input holds a KV cache: the axis a ``cat`` joins to the new tokens is a length of its
@@ -185,6 +190,8 @@ class Sizes:
             aten.numpy_T.default: lambda node, first, out: first[::-1],
             aten.expand.default: self._expanded,
             aten.cat.default: self._concatenated,
+            aten.matmul.default: self._product,
+            aten.bmm.default: self._product,
             aten.stack.default: self._stacked,
             aten.slice.Tensor: self._sliced,
             aten.select.int: lambda node, first, out: _without(first, node.args[1]),
@@ -205,10 +212,11 @@ class Sizes:
         (a second input's axis 1 that is really its heads), as torch.export specialises them."""
         while True:
             self.fixed: set[str] = set()
+            self.unbound: set[tuple[str, int]] = set()
             self._follow_once()
-            if not self.fixed:
+            if not self.fixed and not self.unbound:
                 return
-            self.inputs = {key: d for key, d in self.inputs.items() if d.name not in self.fixed}
+            self.inputs = {key: d for key, d in self.inputs.items() if d.name not in self.fixed and key not in self.unbound}
 
     @property
     def dims(self) -> list[InputDim]:
@@ -281,7 +289,7 @@ class Sizes:
         first = self._input(node, 0)
         rule = self._rule(node.target)
         shape = None
-        if rule is not None and (first is not None or node.target in FACTORIES):
+        if rule is not None and (first is not None or node.target in FACTORIES or node.target in JOINS):
             try:
                 shape = rule(node, first, out)
             except (IndexError, TypeError, ValueError, ZeroDivisionError):  # an overload with other arguments: lined up instead
@@ -401,14 +409,35 @@ class Sizes:
             for axis, size in enumerate(out)
         )
 
+    def _product(self, node, first, out) -> Shape | None:
+        """``a @ b``: the rows are a's, the columns b's (the batch axes lined up as broadcasting
+        lines them up): the weights (B, H, T, T) times the values (B, H, T, Dh) are (B, H, T, Dh)
+        even where T and Dh are both 8, whose T lines up with the last axis too."""
+        second = self._input(node, 1)
+        if second is None or len(first) < 2 or len(second) < 2:
+            return None
+        return (*self._aligned(node, out)[:-2], first[-2], second[-1])
+
     def _concatenated(self, node, first, out) -> Shape | None:
         shapes = [self.shapes.get(t) for t in node.args[0]]
         if any(not isinstance(s, tuple) or len(s) != len(out) for s in shapes):
             return None
         dim = (node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0)) % len(out)
+        self._unbind_fixed_axes(node.args[0], shapes, dim)
         shape = list(shapes[0])
         shape[dim] = functools.reduce(plus, (s[dim] for s in shapes))
         return tuple(shape)
+
+    def _unbind_fixed_axes(self, parts: list, shapes: list[tuple], dim: int) -> None:
+        """An input's axis that a ``cat`` joins to an axis of fixed size is that size, not the dim
+        of its value it was given: a cache's heads (``[B, H_kv, past, Dh]``, H_kv = 2) beside new
+        keys of 2 heads, not the batch of 2 (``input_dims`` names it by value)."""
+        for axis in range(len(shapes[0])):
+            if axis == dim or not any(isinstance(s[axis], int) and s[axis] > 1 for s in shapes):
+                continue
+            for part in parts:
+                if isinstance(part, torch.fx.Node) and part.op == "placeholder" and (part.name, axis) in self.inputs:
+                    self.unbound.add((part.name, axis))
 
     def _stacked(self, node, first, out) -> Shape | None:
         shapes = [self.shapes.get(t) for t in node.args[0]]

@@ -83,15 +83,28 @@ def _fold(document: Document, container: str, stem: str) -> Document | None:
     layers = _layers(document.steps, container)
     if layers is None:
         return None
-    forms = [_normalised(document, container, index, steps) for index, steps in layers]
+    shared = _shared_params(document, container, layers)
+    forms = [_normalised(document, container, index, steps, shared) for index, steps in layers]
     bodies, externals = [f[0] for f in forms], [f[1] for f in forms]
     lasts = [steps[-1].fields["id"] for _, steps in layers]
     chained = all(externals[j][0] == lasts[j - 1] and externals[j][1:] == externals[0][1:] for j in range(1, len(layers)))
     if any(body != bodies[0] for body in bodies) or not chained or not _only_last_leaves(document, layers):
         return None
-    block = _block_document(document, container, layers[0], bodies[0], externals[0], stem)
-    _replace_layers(document, container, layers, externals[0], f"{file_stem(block.name)}.yaml")
+    block = _block_document(document, container, layers[0], bodies[0], externals[0], stem, shared)
+    _replace_layers(document, container, layers, externals[0], f"{file_stem(block.name)}.yaml", shared)
     return block
+
+
+def _shared_params(document: Document, container: str, layers) -> set[str]:
+    """The params of one layer that a step of another layer reads (T5's relative bias table, held
+    by its first block and added in every block): every layer then reads it from outside, as a
+    block input, and it stays in the main file."""
+    shared = set()
+    for index, steps in layers:
+        own = f"{container}.{index}."
+        read = {name for step in steps for name in _names_read(step.fields) if name in document.params}
+        shared |= {name for name in read if name.startswith(f"{container}.") and not name.startswith(own)}
+    return shared
 
 
 def _layers(steps: list[Step], container: str) -> list[tuple[int, list[Step]]] | None:
@@ -128,14 +141,15 @@ def _defined(step: Step) -> list[str]:
     return [step.fields["id"], *(step.fields.get(kind.output_field) or [] if kind.output_field else [])]
 
 
-def _normalised(document: Document, container: str, index: int, steps: list[Step]) -> tuple[list[dict], list[str]]:
-    """The layer's steps with ``CONTAINER.i.`` removed and outside tensors as $0, $1 ...; and those tensors."""
+def _normalised(document: Document, container: str, index: int, steps: list[Step], shared: set[str]) -> tuple[list[dict], list[str]]:
+    """The layer's steps with ``CONTAINER.i.`` removed and outside tensors (``shared`` params
+    included) as $0, $1 ...; and those tensors."""
     prefix = f"{container}.{index}."
     own = {name for step in steps for name in _defined(step)}
     externals: list[str] = []
 
     def rename(name: str) -> str:
-        if name in own or (name in document.params and name.startswith(prefix)):
+        if name in own or (name in document.params and name.startswith(prefix) and name not in shared):
             return name.removeprefix(prefix)
         if name not in externals:
             externals.append(name)
@@ -166,13 +180,15 @@ def _names_read(fields: dict) -> list[str]:
     return found
 
 
-def _block_document(document: Document, container: str, layer, body: list[dict], externals: list[str], stem: str) -> Document:
+def _block_document(
+    document: Document, container: str, layer, body: list[dict], externals: list[str], stem: str, shared: set[str]
+) -> Document:
     index, steps = layer
     prefix = f"{container}.{index}."
     own = {name for fields in body for name in _names_read(fields)}
     names = [_free("x", own), *(_free(e.replace(".", "_"), own) for e in externals[1:])]
     inputs = {name: {"shape": _shape_of(document, external), "init": "randn"} for name, external in zip(names, externals, strict=True)}
-    params = {name.removeprefix(prefix): value for name, value in document.params.items() if name.startswith(prefix)}
+    params = {name.removeprefix(prefix): value for name, value in document.params.items() if name.startswith(prefix) and name not in shared}
     placed = [
         Step(_rename(fields, lambda n: names[int(n[1:])] if n.startswith("$") else n), step.node, step.comment, None, step.shape)
         for fields, step in zip(body, steps, strict=True)
@@ -195,7 +211,7 @@ def _shape_of(document: Document, name: str) -> list:
     return {**document.inputs, **document.params}[name]["shape"]
 
 
-def _replace_layers(document: Document, container: str, layers, externals: list[str], use: str) -> None:
+def _replace_layers(document: Document, container: str, layers, externals: list[str], use: str, shared: set[str]) -> None:
     first, last = layers[0][1][0], layers[-1][1][-1]
     start, stop = document.steps.index(first), document.steps.index(last) + 1
     output = last.fields["id"]
@@ -210,7 +226,7 @@ def _replace_layers(document: Document, container: str, layers, externals: list[
     document.steps[start:] = [block, *after]
     document.outputs = [container if name == output else name for name in document.outputs or []]
     for index, _ in layers:
-        for name in [n for n in document.params if n.startswith(f"{container}.{index}.")]:
+        for name in [n for n in document.params if n.startswith(f"{container}.{index}.") and n not in shared]:
             del document.params[name]
 
 
