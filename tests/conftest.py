@@ -13,6 +13,13 @@ from pathlib import Path
 
 import pytest
 
+# pytest-xdist with a worker per core (`make test`: -n auto): each worker's torch runs its kernels on
+# one thread, as do the child processes the tests start (they inherit the variable). With torch's
+# default of a thread per core, the workers' OpenMP threads outnumber the cores and spin waiting for
+# each other: 12% of the suite's CPU time went to that. Read by torch at its import, which comes later.
+if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", 0)) >= len(os.sched_getaffinity(0)):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 import tracer
 from tracer.cli import main
 from tracer.core.errors import TracerError
