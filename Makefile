@@ -46,7 +46,7 @@ chromium:
 test: install chromium
 	$(VENV)/bin/ruff check tracer tests benchmarks
 	$(VENV)/bin/ruff format --check tracer tests benchmarks
-	$(PY) -m pytest -q -n auto -m 'dist or not dist'  # every core (pytest-xdist); the wheel check too, beside the rest
+	$(PY) -m pytest -q -n auto --dist loadgroup -m 'dist or not dist'  # every core (pytest-xdist; tests/conftest.py: FORK_SERVER); the wheel check too
 
 demo: install
 	$(PY) -m tracer.gallery pipelines docs/gallery

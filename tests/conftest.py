@@ -45,6 +45,14 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=lambda item: item.get_closest_marker("long") is None)
 
 
+# `make test` runs pytest-xdist with `--dist loadgroup`: the items of one xdist_group run in one
+# worker (the groups are handed out first, the largest first). The items that launch ranks on
+# torch.distributed (`tracer run --world`, `tracer.run_parallel`) are one group: a worker's first
+# launch starts multiprocessing's fork server, which imports torch and torch.distributed (6 s of CPU),
+# so launches spread over both workers paid for two fork servers.
+FORK_SERVER = pytest.mark.xdist_group("fork-server")
+
+
 def bundled_pipelines() -> list[Path]:
     """Every bundled pipeline file that must load (blocks and seeds included)."""
     found = sorted(PIPELINES.rglob("*.yaml"))
