@@ -33,7 +33,7 @@ PIPELINES = ROOT / "pipelines"
 INVALID_EXAMPLES = {"lint_examples/view_non_contiguous.yaml": "view-non-contiguous"}
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Items marked ``long`` (seconds each: a child process, a build) run first. `make test` spreads
     the items over two pytest-xdist workers in collection order, and a long item handed out last
     would keep one worker busy while the other has nothing left: started first, the short items
@@ -43,6 +43,23 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items that read test_costs' module fixture (a child process of seconds), placed first so that
     they fall in one worker's share: a module split between the two workers sets it up in both."""
     items.sort(key=lambda item: item.get_closest_marker("long") is None)
+    if config.getoption("loadgroup", False):  # in a pytest-xdist worker, under --dist loadgroup
+        _name_groups(items)
+
+
+def _name_groups(items: list[pytest.Item]) -> None:
+    """pytest-xdist tells `--dist loadgroup` an item's xdist_group by a suffix of its node id
+    (``path::test[x]@group``), which it writes to a field pytest 9.2 no longer reads (pytest-xdist
+    issue 1386): every item went out on its own. The same suffix, set where pytest keeps the id now;
+    nothing is done where pytest-xdist's own naming took effect."""
+    from _pytest.nodeid import NodeId
+
+    for item in items:
+        groups = sorted(
+            {str(mark.args[0] if mark.args else mark.kwargs.get("name", "default")) for mark in item.iter_markers("xdist_group")}
+        )
+        if groups and "@" not in item.nodeid.rpartition("]")[2] and hasattr(item, "_id"):
+            item._id = NodeId.parse(f"{item.nodeid}@{'_'.join(groups)}")
 
 
 # `make test` runs pytest-xdist with `--dist loadgroup`: the items of one xdist_group run in one
