@@ -13,13 +13,14 @@ install: $(STAMP)
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
-	# torch pinned, by pip: on these machines 2.13.0 is a local CPU wheel that only pip finds; other
-	# specs download gigabytes. --no-compile: byte-compiling all of torch's files up front costs 40 s;
-	# Python compiles what it imports instead (below, and in the tests: see PYTHONDONTWRITEBYTECODE).
-	$(PY) -m pip install -q --no-compile torch==2.13.0 uv==0.13.9
-	# the rest by uv, which fetches the ~60 packages in parallel: 5 s where pip takes 30 s (torch,
-	# installed, satisfies the project's range and stays); compat: a plain .pth, no import hook at startup
-	$(VENV)/bin/uv pip install -q --python $(PY) -e '.[dev,diagrams]' --config-settings editable_mode=compat
+	$(PY) -m pip install -q uv==0.13.9
+	# everything by uv, which fetches the ~60 packages in parallel: 5 s where pip takes 30 s. torch
+	# pinned: on these machines 2.13.0 is a local CPU wheel in pip's find-links folders (uv is given them;
+	# it unpacks torch in 10 s where pip took 20); other specs download gigabytes. Nothing byte-compiled
+	# up front (all of torch costs 40 s): Python compiles what it imports (below, and in the tests: see
+	# PYTHONDONTWRITEBYTECODE). compat: a plain .pth, no import hook at startup
+	$(VENV)/bin/uv pip install -q --python $(PY) $(foreach links,$(PIP_FIND_LINKS),--find-links $(links)) \
+		torch==2.13.0 -e '.[dev,diagrams]' --config-settings editable_mode=compat
 	$(PY) -m compileall -q tracer  # bytecode, as a wheel install has: keeps `tracer check` fast where PYTHONDONTWRITEBYTECODE is set
 	$(PY) -c 'import torch, tracer.api'  # and for the torch modules every `tracer run` imports
 	@command -v dot >/dev/null 2>&1 || $(MAKE) --no-print-directory graphviz
@@ -46,7 +47,7 @@ chromium:
 test: install chromium
 	$(VENV)/bin/ruff check tracer tests benchmarks
 	$(VENV)/bin/ruff format --check tracer tests benchmarks
-	$(PY) -m pytest -q -n auto -m 'dist or not dist'  # every core (pytest-xdist); the wheel check too, beside the rest
+	$(PY) -m pytest -q -n auto --dist loadgroup -m 'dist or not dist'  # every core (pytest-xdist; tests/conftest.py: FORK_SERVER); the wheel check too
 
 demo: install
 	$(PY) -m tracer.gallery pipelines docs/gallery

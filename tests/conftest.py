@@ -13,6 +13,13 @@ from pathlib import Path
 
 import pytest
 
+# pytest-xdist with a worker per core (`make test`: -n auto): each worker's torch runs its kernels on
+# one thread, as do the child processes the tests start (they inherit the variable). With torch's
+# default of a thread per core, the workers' OpenMP threads outnumber the cores and spin waiting for
+# each other: 12% of the suite's CPU time went to that. Read by torch at its import, which comes later.
+if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", 0)) >= len(os.sched_getaffinity(0)):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 import tracer
 from tracer.cli import main
 from tracer.core.errors import TracerError
@@ -26,7 +33,7 @@ PIPELINES = ROOT / "pipelines"
 INVALID_EXAMPLES = {"lint_examples/view_non_contiguous.yaml": "view-non-contiguous"}
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Items marked ``long`` (seconds each: a child process, a build) run first. `make test` spreads
     the items over two pytest-xdist workers in collection order, and a long item handed out last
     would keep one worker busy while the other has nothing left: started first, the short items
@@ -36,6 +43,31 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items that read test_costs' module fixture (a child process of seconds), placed first so that
     they fall in one worker's share: a module split between the two workers sets it up in both."""
     items.sort(key=lambda item: item.get_closest_marker("long") is None)
+    if config.getoption("loadgroup", False):  # in a pytest-xdist worker, under --dist loadgroup
+        _name_groups(items)
+
+
+def _name_groups(items: list[pytest.Item]) -> None:
+    """pytest-xdist tells `--dist loadgroup` an item's xdist_group by a suffix of its node id
+    (``path::test[x]@group``), which it writes to a field pytest 9.2 no longer reads (pytest-xdist
+    issue 1386): every item went out on its own. The same suffix, set where pytest keeps the id now;
+    nothing is done where pytest-xdist's own naming took effect."""
+    from _pytest.nodeid import NodeId
+
+    for item in items:
+        groups = sorted(
+            {str(mark.args[0] if mark.args else mark.kwargs.get("name", "default")) for mark in item.iter_markers("xdist_group")}
+        )
+        if groups and "@" not in item.nodeid.rpartition("]")[2] and hasattr(item, "_id"):
+            item._id = NodeId.parse(f"{item.nodeid}@{'_'.join(groups)}")
+
+
+# `make test` runs pytest-xdist with `--dist loadgroup`: the items of one xdist_group run in one
+# worker (the groups are handed out first, the largest first). The items that launch ranks on
+# torch.distributed (`tracer run --world`, `tracer.run_parallel`) are one group: a worker's first
+# launch starts multiprocessing's fork server, which imports torch and torch.distributed (6 s of CPU),
+# so launches spread over both workers paid for two fork servers.
+FORK_SERVER = pytest.mark.xdist_group("fork-server")
 
 
 def bundled_pipelines() -> list[Path]:

@@ -90,6 +90,7 @@ def test_the_wheel_installs_works_outside_the_repo_and_carries_license_types_and
     _carries_license_types_and_assets(Path(where).parent)
     examples = _help_examples(installed, tmp_path / "examples")
     checkpoint = _saved_checkpoint(tmp_path / "checkpoint")
+    plugin = _plugin_project(tmp_path / "plugin")
     _commands(
         installed,
         [
@@ -100,6 +101,8 @@ def test_the_wheel_installs_works_outside_the_repo_and_carries_license_types_and
             *examples,
             # README's `tracer run llama_decoder_layer --weights ./my-llama --layer 3`, as written
             (checkpoint, "tracer run llama_decoder_layer --weights ./my-llama --layer 3 -q > run.txt"),
+            # the pytest11 entry point of the wheel: a pipeline file as a test item, and the fixture
+            (plugin, "pytest -q -p no:cacheprovider --tracer-pipelines=*.yaml > pytest.txt"),
         ],
     )
     assert (tmp_path / "x.dot").read_text().startswith("digraph pipeline")
@@ -110,21 +113,22 @@ def test_the_wheel_installs_works_outside_the_repo_and_carries_license_types_and
     assert (tmp_path / "examples" / "nanogpt.yaml").is_file() and (tmp_path / "examples" / "report.html").is_file()
     done = (checkpoint / "run.txt").read_text()
     assert "W_q" in done and "[32, 32]" in done, done  # the config's size, not the file's 16
-    _runs_the_pytest_plugin(installed, tmp_path / "plugin")
+    assert "2 passed" in (plugin / "pytest.txt").read_text(), (plugin / "pytest.txt").read_text()
 
 
-# Runs `tracer ARGS` command lines in one process of the fresh venv (one torch import, not one per
-# command; the console script itself runs above): each in its folder, with a `> FILE` redirection
-# written as the shell would, and the exit status its line documents.
+# Runs `tracer ARGS` and `pytest ARGS` command lines in one process of the fresh venv (one torch
+# import, not one per command; the console script itself runs above): each in its folder, with a
+# `> FILE` redirection written as the shell would, and the exit status its line documents.
 _COMMANDS = """
 import contextlib, io, json, os, sys
+import pytest
 from tracer.cli import main
 for folder, words, expected in json.loads(sys.argv[1]):
     os.chdir(folder)
     target = words[words.index(">") + 1] if ">" in words else None
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        code = main(words[1 : words.index(">") if target else None])
+        code = (main if words[0] == "tracer" else pytest.main)(words[1 : words.index(">") if target else None])
     assert code == expected, (words, code)
     if target:
         open(target, "w").write(out.getvalue())
@@ -165,15 +169,14 @@ def _saved_checkpoint(folder: Path) -> Path:
     return folder
 
 
-def _runs_the_pytest_plugin(installed: Path, folder: Path) -> None:
-    """The pytest11 entry point of the wheel: a pipeline file as a test item, and the fixture."""
+def _plugin_project(folder: Path) -> Path:
+    """A folder of a user's tests: a pipeline file (a test item of the plugin) and a test that reads the fixture."""
     folder.mkdir()
     (folder / "attention.yaml").write_text((PIPELINES / "causal_mha.yaml").read_text())
     (folder / "test_shapes.py").write_text(
         "def test_scores(trace_pipeline):\n    assert trace_pipeline('causal_mha')['scores'].symbolic == '(B, H, T, T)'\n"
     )
-    done = _run(installed / "python", "-m", "pytest", "-q", "-p", "no:cacheprovider", "--tracer-pipelines=*.yaml", cwd=folder)
-    assert "2 passed" in done.stdout, done.stdout
+    return folder
 
 
 def _carries_license_types_and_assets(package: Path) -> None:

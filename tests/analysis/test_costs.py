@@ -330,6 +330,7 @@ def allocated():
 
 
 @pytest.mark.long  # first: one worker computes `allocated` (seconds), not both
+@pytest.mark.xdist_group("costs-allocated")  # and under `--dist loadgroup`, in one worker for sure
 @pytest.mark.parametrize("case", list(WORKSPACES))
 def test_the_estimate_bounds_what_the_kernels_allocate(case, allocated):
     estimate, peak = allocated[case]
@@ -338,6 +339,7 @@ def test_the_estimate_bounds_what_the_kernels_allocate(case, allocated):
 
 
 @pytest.mark.long
+@pytest.mark.xdist_group("costs-allocated")
 @pytest.mark.parametrize("case", list(WORKSPACES))
 def test_a_budget_the_run_would_exceed_is_refused_before_anything_is_allocated(case, allocated, monkeypatch):
     _, peak = allocated[case]
@@ -355,6 +357,7 @@ def _refuse(*args, **kwargs):
 
 
 @pytest.mark.long
+@pytest.mark.xdist_group("costs-allocated")
 def test_the_meter_sees_what_a_kernel_allocates_inside_itself(allocated):
     """Without a bound to check, a meter that missed kernel insides would pass everything: the
     three-operand einsum's n^4 intermediate must show (32^4 float32 = 4 MiB)."""

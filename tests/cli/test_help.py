@@ -8,7 +8,7 @@ import shlex
 import pytest
 
 import tracer
-from tests.conftest import PIPELINES, expected_exit, tracer_cli
+from tests.conftest import FORK_SERVER, PIPELINES, expected_exit, tracer_cli
 from tracer.cli import _parser
 
 COMMANDS = _parser()._subparsers._group_actions[0].choices  # name -> its parser
@@ -34,7 +34,10 @@ def _examples(name: str) -> list[tuple[list[str], int]]:
     return [(shlex.split(line, comments=True), expected_exit(line)) for line in epilog.splitlines()[1:] if line.strip()]
 
 
-@pytest.mark.parametrize("name", sorted(COMMANDS))
+@pytest.mark.parametrize(
+    "name",
+    [pytest.param(name, marks=FORK_SERVER if any("--world" in words for words, _ in _examples(name)) else ()) for name in sorted(COMMANDS)],
+)
 def test_every_command_shows_examples_and_they_run_as_written_in_an_empty_folder(name, tmp_path):
     """The examples name bundled pipelines, so they run wherever tracer is installed (test_dist
     runs them from the wheel, `tracer import` of the bundled modules included)."""

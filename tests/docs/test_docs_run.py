@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, expected_exit, tracer_cli
+from tests.conftest import FORK_SERVER, ROOT, expected_exit, tracer_cli
 
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 
@@ -140,7 +140,12 @@ def test_only_the_listed_blocks_are_left_unrun():
     assert skipped == NOT_RUN
 
 
-@pytest.mark.parametrize("doc", [d for d in DOCS if runnable(d)], ids=lambda d: d.name)
+def _marked(doc: Path):
+    """A page that launches ranks (`tracer run --world`) runs beside the other launches (conftest's FORK_SERVER)."""
+    return pytest.param(doc, marks=FORK_SERVER if "--world" in doc.read_text() else (), id=doc.name)
+
+
+@pytest.mark.parametrize("doc", [_marked(d) for d in DOCS if runnable(d)])
 def test_every_block_of_a_document_runs(doc: Path, pytester, request):
     scratch = pytester.path
     shutil.copytree(ROOT / "pipelines", scratch / "pipelines")

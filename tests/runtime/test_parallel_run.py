@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 import tracer
-from tests.conftest import PIPELINES, ROOT, tracer_cli
+from tests.conftest import FORK_SERVER, PIPELINES, ROOT, tracer_cli
 from tests.exporting import assert_module_equals_trace, load_module
 from tracer.analysis import parallel
 from tracer.core.errors import TracerError
@@ -28,7 +28,7 @@ from tracer.distributed import _check_collectives
 from tracer.presentation.export import export_source
 from tracer.runtime import sharded
 
-pytestmark = pytest.mark.long  # a fork server, and a fresh launcher process
+pytestmark = [pytest.mark.long, FORK_SERVER]  # a fork server, and a fresh launcher process
 
 B, T, D, H = 2, 4, 8, 4
 
