@@ -15,12 +15,19 @@ $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q uv==0.13.9
 	# everything by uv, which fetches the ~60 packages in parallel: 5 s where pip takes 30 s. torch
-	# pinned: on these machines 2.13.0 is a local CPU wheel in pip's find-links folders (uv is given them;
-	# it unpacks torch in 10 s where pip took 20); other specs download gigabytes. Nothing byte-compiled
-	# up front (all of torch costs 40 s): Python compiles what it imports (below, and in the tests: see
-	# PYTHONDONTWRITEBYTECODE). compat: a plain .pth, no import hook at startup
-	$(VENV)/bin/uv pip install -q --python $(PY) $(foreach links,$(PIP_FIND_LINKS),--find-links $(links)) \
-		torch==2.13.0 -e '.[dev,diagrams]' --config-settings editable_mode=compat
+	# pinned: on these machines 2.13.0 is a local CPU wheel in pip's find-links folders (given to uv,
+	# which unpacks it in 10 s where pip took 20); other specs download gigabytes. Where no such wheel
+	# is in pip's find-links (a machine configured otherwise), pip installs torch first, as pip is
+	# configured, and uv keeps it. Nothing byte-compiled up front (all of torch costs 40 s): Python
+	# compiles what it imports (below, and in the tests: see PYTHONDONTWRITEBYTECODE). compat: a plain
+	# .pth, no import hook at startup
+	links="$${PIP_FIND_LINKS:-$$($(PY) -m pip config get global.find-links 2>/dev/null)}"; \
+	if ls $$links 2>/dev/null | grep -q '^torch-2\.13\.0'; then \
+		flags=$$(for dir in $$links; do printf -- '--find-links %s ' "$$dir"; done); \
+	else \
+		flags=; $(PY) -m pip install -q --no-compile torch==2.13.0; \
+	fi; \
+	$(VENV)/bin/uv pip install -q --python $(PY) $$flags torch==2.13.0 -e '.[dev,diagrams]' --config-settings editable_mode=compat
 	$(PY) -m compileall -q tracer  # bytecode, as a wheel install has: keeps `tracer check` fast where PYTHONDONTWRITEBYTECODE is set
 	$(PY) -c 'import torch, tracer.api'  # and for the torch modules every `tracer run` imports
 	@command -v dot >/dev/null 2>&1 || $(MAKE) --no-print-directory graphviz

@@ -1,3 +1,4 @@
+import atexit
 import contextlib
 import functools
 import io
@@ -25,6 +26,12 @@ from tracer.cli import main
 from tracer.core.errors import TracerError
 
 pytest_plugins = ["pytester"]  # the pytest plugin's own tests run pytest in this process
+
+# `tracer check` keeps its results in .tracer_cache/ of the current folder: the suite's checks keep
+# theirs in a folder of their own, not in the checkout (the cache's own tests choose theirs).
+_CHECK_CACHE = tempfile.mkdtemp(prefix="tracer-suite-check-cache-")
+os.environ.setdefault("TRACER_CACHE_DIR", _CHECK_CACHE)
+atexit.register(shutil.rmtree, _CHECK_CACHE, ignore_errors=True)
 
 ROOT = Path(__file__).resolve().parent.parent
 PIPELINES = ROOT / "pipelines"
