@@ -109,6 +109,13 @@ def build(family: str, attention: str, layers: int):
     return model, (torch.randint(1, 64, (B, T)),), kwargs
 
 
+def _portable(message: str) -> str:
+    """The message with this machine's install folder cut from its paths (`transformers/models/...`)."""
+    import transformers
+
+    return message.replace(str(Path(transformers.__file__).parent.parent) + "/", "")
+
+
 def row(family: str, attention: str, layers: int, repeat: int) -> str:
     from tracer import TracerError
     from tracer.importing import difference, from_module
@@ -117,7 +124,7 @@ def row(family: str, attention: str, layers: int, repeat: int) -> str:
     try:
         pipeline = from_module(module, *args, name=family, **kwargs)  # untimed: once-per-process work, and the verdict
     except TracerError as error:
-        return f"| {family} | {attention} | not mapped: {str(error).splitlines()[0]} | | | | | | | |"
+        return f"| {family} | {attention} | not mapped: {_portable(str(error).splitlines()[0])} | | | | | | | |"
     _export(module, args, kwargs)
     rounds = []
     for turn in range(repeat):
