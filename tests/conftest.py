@@ -150,16 +150,20 @@ def pipeline_text(body: str, dims: str = "", inputs: str = "", params: str = "")
 def _keep_libraries_loaded(monkeypatch):
     """pytester unloads every module that a test or an in-process run imported first. Libraries
     cannot all be imported twice in one process (torch's operator registrations: torch._dynamo is
-    imported lazily on a first masked_fill; C extensions that refuse to load twice), so only the
-    modules of pytester's own temporary projects are unloaded."""
+    imported lazily on a first masked_fill; torch._inductor's artifact registry; C extensions that
+    refuse to load twice), so only the modules of the test's own pytester project are unloaded. Its
+    folder, not the temporary folder at large: a checkout cloned under /tmp has torch there too."""
     from _pytest.pytester import SysModulesSnapshot
 
-    scratch = tempfile.gettempdir()
+    def snapshot(pytester: pytest.Pytester) -> SysModulesSnapshot:
+        project = str(pytester.path)
 
-    def from_elsewhere(name: str) -> bool:
-        return not str(getattr(sys.modules.get(name), "__file__", None) or "").startswith(scratch)
+        def from_elsewhere(name: str) -> bool:
+            return not str(getattr(sys.modules.get(name), "__file__", None) or "").startswith(project)
 
-    monkeypatch.setattr(pytest.Pytester, "_Pytester__take_sys_modules_snapshot", lambda self: SysModulesSnapshot(preserve=from_elsewhere))
+        return SysModulesSnapshot(preserve=from_elsewhere)
+
+    monkeypatch.setattr(pytest.Pytester, "_Pytester__take_sys_modules_snapshot", snapshot)
 
 
 @pytest.fixture
