@@ -29,9 +29,7 @@ $(STAMP): pyproject.toml
 	fi; \
 	$(VENV)/bin/uv pip install -q --python $(PY) $$flags torch==2.13.0 -e '.[dev,diagrams]' --config-settings editable_mode=compat
 	$(PY) -m compileall -q tracer  # bytecode, as a wheel install has: keeps `tracer check` fast where PYTHONDONTWRITEBYTECODE is set
-	# and the bytecode of what runs, captures and rank launches import (torch's compiler stack, DTensor,
-	# transformers' Llama), compiled once here rather than by each test worker and each child process
-	$(PY) -c 'import torch, torch.export, torch.distributed.tensor, transformers.models.llama.modeling_llama, tracer.api, tracer.importing, tracer.distributed'
+	$(PY) -c 'import torch, tracer.api'  # and for the torch modules every `tracer run` imports
 	@command -v dot >/dev/null 2>&1 || $(MAKE) --no-print-directory graphviz
 	@$(MAKE) --no-print-directory chromium
 	touch $(STAMP)
