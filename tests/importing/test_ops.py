@@ -179,11 +179,8 @@ def test_op_imports_as_its_step_and_runs_equal(case):
     assert all(ops.count(op) >= n for op, n in expected.items()), ops
 
 
-def test_t5_relative_buckets_import_as_relative_bias_in_every_layer():
-    """T5: each stack's first layer's bias table looked up at constant buckets and added to every
-    layer's scores is a ``relative_bias`` step per layer, bidirectional in the encoder, causal (then
-    the causal mask) in the decoder; state_dict keys of 69 characters kept. The layers fold: the
-    table held by the first block is a block input that every layer reads, kept in the main file."""
+def _tiny_t5(attention: str):
+    """A seeded two-layer T5Model with the given attn_implementation, and its encoder and decoder ids."""
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
     config = transformers.T5Config(
@@ -196,8 +193,16 @@ def test_t5_relative_buckets_import_as_relative_bias_in_every_layer():
         relative_attention_num_buckets=8,
         relative_attention_max_distance=16,
     )
-    config._attn_implementation = "eager"
-    model, ids, decoder_ids = transformers.T5Model(config).eval(), torch.randint(0, 32, (B, T)), torch.randint(0, 32, (B, T - 1))
+    config._attn_implementation = attention
+    return transformers.T5Model(config).eval(), torch.randint(0, 32, (B, T)), torch.randint(0, 32, (B, T - 1))
+
+
+def test_t5_relative_buckets_import_as_relative_bias_in_every_layer():
+    """T5: each stack's first layer's bias table looked up at constant buckets and added to every
+    layer's scores is a ``relative_bias`` step per layer, bidirectional in the encoder, causal (then
+    the causal mask) in the decoder; state_dict keys of 69 characters kept. The layers fold: the
+    table held by the first block is a block input that every layer reads, kept in the main file."""
+    model, ids, decoder_ids = _tiny_t5("eager")
     pipeline = from_module(model, ids, decoder_input_ids=decoder_ids)
     assert difference(pipeline, model, ids, decoder_input_ids=decoder_ids) <= 1e-5
     assert [str(d) for d in pipeline.check().diagnostics if d.severity in ("error", "warning")] == []
@@ -214,6 +219,21 @@ def test_t5_relative_buckets_import_as_relative_bias_in_every_layer():
         (bias,) = [s for s in layer["steps"] if s["op"] == "relative_bias"]
         assert (bias["table"], bias["bidirectional"], bias["max_distance"]) == (table.format(stack).replace(".", "_"), bidirectional, 16)
         assert bias["table"] in layer["inputs"] and not any("relative_attention_bias" in name for name in layer["params"])
+
+
+def test_t5_sdpa_bias_passed_as_the_sdpa_mask_is_refused_once_per_stack_with_the_eager_hint():
+    """transformers' sdpa path hands T5's relative position bias to scaled_dot_product_attention
+    as its float attn_mask (``where(keep, bias, min)``): no scores for ``relative_bias`` to add it to.
+    Each stack's table lookup says so and points to the eager path; the sdpa reading the failed
+    mask (the second layer's too) adds no second, misleading error."""
+    model, ids, decoder_ids = _tiny_t5("sdpa")
+    with pytest.raises(tracer.TracerError) as raised:
+        from_module(model, ids, decoder_input_ids=decoder_ids)
+    messages = [d.message for d in raised.value.diagnostics]
+    assert len(messages) == 2, messages
+    for stack, message in zip(("encoder", "decoder"), messages):
+        assert f"'p_{stack}_block_0_layer_0_selfattention_relative_attention_bias_weight' is the float attn_mask of" in message
+        assert 'attn_implementation="eager"' in message
 
 
 @pytest.mark.parametrize("name", ["vit_embeddings_layer", "whisper_encoder"])

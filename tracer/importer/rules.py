@@ -612,7 +612,9 @@ class Translator:
         elif bool((value == first).all()):
             stop = first + 1
         else:
-            raise Unmapped(f"it looks up '{ids.name}', constant ids that are neither one id nor consecutive positions")
+            raise Unmapped(
+                _sdpa_bias_reason(node) or f"it looks up '{ids.name}', constant ids that are neither one id nor consecutive positions"
+            )
         fields = {"op": "index", "input": self.ref(table), "dim": 0, **({"start": first} if first else {}), "stop": stop}
         return self.emit(node, fields)
 
@@ -887,11 +889,12 @@ class Translator:
             kept = self.graph.kept[node]
             options.update(mask=self.ref(kept["mask"]), **self._pattern({k: v for k, v in kept.items() if k != "mask"}))
         elif mask is not None and mask not in self.graph.constant:
+            name = self.ref(mask)  # a mask that failed to map is reported once, where it failed
             if mask.meta["val"].dtype != torch.bool:
                 raise Unmapped(
                     f"scaled_dot_product_attention with '{mask.name}', a float mask the module is given: tracer's sdpa takes a bool one"
                 )
-            options.update(mask=self.ref(mask), polarity="keep")
+            options.update(mask=name, polarity="keep")
         elif mask is not None and _hides_any(self.graph.values[mask]):
             value = self.graph.values[mask]
             pattern = hidden_pattern(~value) if value.dtype == torch.bool else (_additive_pattern(value) or (None,))[0]
@@ -1297,6 +1300,31 @@ def _reads(names: list[str]) -> dict:
 def _fill(fill: float, dtype: torch.dtype) -> float | str:
     """``min`` for the dtype's most negative number (``torch.finfo(scores.dtype).min``), else the number."""
     return "min" if dtype.is_floating_point and float(fill) == torch.finfo(dtype).min else float(fill)
+
+
+BIAS_CARRIERS = {aten.permute.default, aten.unsqueeze.default, aten.expand.default, aten.contiguous.default, aten.add.Tensor, *WHERES}
+
+
+def _sdpa_bias_reason(lookup: torch.fx.Node) -> str | None:
+    """Why a lookup at constant ids that ``scaled_dot_product_attention`` reads as its float
+    ``attn_mask`` is not mapped: transformers' sdpa path for T5 passes the relative position bias
+    itself (``where(keep, bias, min)``) as the mask, and ``relative_bias`` adds its bias to scores
+    that a fused sdpa never shows. None if no sdpa reads the lookup's values as its mask."""
+    todo, seen = [lookup], {lookup}
+    while todo:  # breadth first: the first layer's sdpa is named
+        current = todo.pop(0)
+        for user in current.users:
+            if user.target == aten.scaled_dot_product_attention.default and _arg(user, 3, None, "attn_mask") is current:
+                return (
+                    f"its lookup of '{lookup.args[0].name}' is the float attn_mask of '{user.name}' (transformers' sdpa path "
+                    "passes T5's relative position bias to scaled_dot_product_attention as the mask, where(keep, bias, min)): "
+                    "tracer's relative_bias adds the bias to scores, which a fused sdpa never shows; import the module with "
+                    'attn_implementation="eager", whose bias maps to relative_bias'
+                )
+            if user.target in BIAS_CARRIERS and user not in seen:
+                seen.add(user)
+                todo.append(user)
+    return None
 
 
 def _arg(node: torch.fx.Node, position: int, default, keyword: str | None = None):
