@@ -235,3 +235,20 @@ def test_topk_imports_as_its_step_with_its_outputs_named_by_the_assignment():
     (route,) = [s for s in steps if s["op"] == "topk"]
     assert route["k"] == 2 and route["largest"] is False and route["outputs"] == ["values", "indices"]
     assert "normalize" not in route  # the values are doubled, not divided by their sum
+
+
+class AdditiveMaskAttention(nn.Module):
+    """Attention given an additive float mask (0 where a key is seen, a large negative number
+    where it is hidden), passed to SDPA as its ``attn_mask``, as transformers' older masks are."""
+
+    def forward(self, q, k, v, additive_mask):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=additive_mask)
+
+
+@pytest.mark.parametrize("mask_shape", [(B, 1, 1, T), (B, 1, T, T)], ids=["padding", "per query"])
+def test_a_float_mask_the_module_is_given_is_added_to_the_scores_by_the_sdpa(mask_shape):
+    q, k, v = (torch.randn(B, 2, T, D) for _ in range(3))
+    additive = torch.zeros(mask_shape)
+    additive[1, ..., 4:] = torch.finfo(torch.float32).min  # the second sequence's last keys hidden
+    (sdpa,) = [s for s in _imported(AdditiveMaskAttention(), q, k, v, additive) if s["op"] == "sdpa"]
+    assert sdpa["mask"] == "additive_mask" and "polarity" not in sdpa

@@ -890,11 +890,10 @@ class Translator:
             options.update(mask=self.ref(kept["mask"]), **self._pattern({k: v for k, v in kept.items() if k != "mask"}))
         elif mask is not None and mask not in self.graph.constant:
             name = self.ref(mask)  # a mask that failed to map is reported once, where it failed
-            if mask.meta["val"].dtype != torch.bool:
-                raise Unmapped(
-                    f"scaled_dot_product_attention with '{mask.name}', a float mask the module is given: tracer's sdpa takes a bool one"
-                )
-            options.update(mask=name, polarity="keep")
+            # torch's attn_mask is bool (True attends) or float, added to the scores, as the step's is
+            options["mask"] = name
+            if mask.meta["val"].dtype == torch.bool:
+                options["polarity"] = "keep"
         elif mask is not None and _hides_any(self.graph.values[mask]):
             value = self.graph.values[mask]
             pattern = hidden_pattern(~value) if value.dtype == torch.bool else (_additive_pattern(value) or (None,))[0]
