@@ -1315,10 +1315,11 @@ def _sdpa_bias_reason(lookup: torch.fx.Node) -> str | None:
         for user in current.users:
             if user.target == aten.scaled_dot_product_attention.default and _arg(user, 3, None, "attn_mask") is current:
                 return (
-                    f"its lookup of '{lookup.args[0].name}' is the float attn_mask of '{user.name}' (transformers' sdpa path "
-                    "passes T5's relative position bias to scaled_dot_product_attention as the mask, where(keep, bias, min)): "
-                    "tracer's relative_bias adds the bias to scores, which a fused sdpa never shows; import the module with "
-                    'attn_implementation="eager", whose bias maps to relative_bias'
+                    f"its lookup of '{lookup.args[0].name}' is the float attn_mask of '{user.name}': a position bias "
+                    "handed to scaled_dot_product_attention as its mask (as transformers' sdpa path hands T5's, "
+                    "where(keep, bias, min)); tracer's relative_bias adds its bias to scores, which a fused sdpa never "
+                    "shows; import the module with its attention unfused (for transformers, "
+                    'attn_implementation="eager"), where the bias is added to the scores'
                 )
             if user.target in BIAS_CARRIERS and user not in seen:
                 seen.add(user)
