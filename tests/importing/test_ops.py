@@ -260,20 +260,31 @@ def test_t5_sdpa_bias_handed_to_sdpa_imports_as_relative_position_bias_in_every_
     assert "mask" not in _steps_of(pipeline, "T5Model_decoder_block.yaml")["layer.1.EncDecAttention.attn_output"]
 
 
-def test_t5_encoder_sdpa_with_padding_keeps_the_bias_where_the_mask_keeps_keys():
-    """T5EncoderModel on a padded batch: ``where(padding keeps, bias, min)`` is a ``where`` of the
-    given mask and the ``relative_position_bias`` step, the sdpa's float mask; equal to the module."""
+def test_t5_sdpa_with_padding_keeps_the_bias_where_the_mask_keeps_keys():
+    """A padded batch: ``where(padding keeps, bias, min)`` is a ``where`` of the given mask and the
+    ``relative_position_bias`` step; the cross-attention's ``where(keeps, zeros, min)`` a ``where``
+    of two numbers (its bias of zeros held as no values: the file runs at any size)."""
+    model, ids, decoder_ids = _tiny_t5("sdpa")
+    keep = (torch.arange(T) < torch.tensor([[T], [3]])).long()
+    pipeline = from_module(model, ids, decoder_input_ids=decoder_ids, attention_mask=keep)
+    assert difference(pipeline, model, ids, decoder_input_ids=decoder_ids, attention_mask=keep) <= 1e-5
+    assert [str(d) for d in pipeline.check().diagnostics if d.severity in ("error", "warning")] == []
+    assert not [name for name, p in pipeline.spec.params.items() if p.values is not None]
+    minimum = torch.finfo(torch.float32).min
+    (where,) = [s for s in _steps_of(pipeline, "T5Model_encoder_block.yaml").values() if s["op"] == "where"]
+    assert (where["inputs"][1], where["otherwise"]) == ("layer.0.SelfAttention.position_bias", minimum)
+    (cross,) = [s for s in _steps_of(pipeline, "T5Model_decoder_block.yaml").values() if s["op"] == "where"]
+    assert (len(cross["inputs"]), cross["then"], cross["otherwise"]) == (1, 0.0, minimum)
+
+
+def test_t5_encoder_model_under_sdpa_imports_and_folds():
     transformers = pytest.importorskip("transformers")
     model, ids, _ = _tiny_t5("sdpa")
     encoder = transformers.T5EncoderModel(model.config).eval()
-    keep = (torch.arange(T) < torch.tensor([[T], [3]])).long()
-    pipeline = from_module(encoder, ids, attention_mask=keep)
-    assert difference(pipeline, encoder, ids, attention_mask=keep) <= 1e-5
+    pipeline = from_module(encoder, ids)
+    assert difference(pipeline, encoder, ids) <= 1e-5
     assert [str(d) for d in pipeline.check().diagnostics if d.severity in ("error", "warning")] == []
-    steps = _steps_of(pipeline, "T5EncoderModel_encoder_block.yaml")
-    (where,) = [s for s in steps.values() if s["op"] == "where"]
-    assert where["inputs"][1] == "layer.0.SelfAttention.position_bias" and where["otherwise"] == torch.finfo(torch.float32).min
-    assert steps["layer.0.SelfAttention.position_bias"]["op"] == "relative_position_bias"
+    assert [(s.id, s.repeat) for s in pipeline.spec.steps if s.op == "block"] == [("encoder.block", 2)]
 
 
 class LookedUpBias(nn.Module):

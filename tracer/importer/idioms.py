@@ -568,7 +568,7 @@ def _relative_biases(graph: Graph) -> None:
                 graph.claim(Idiom("relative_bias", add, {"x": add.args[0], **facts}), [node, *chain, add])
         elif sdpa_reading_as_mask(bias) is not None:
             for reader in list(bias.users):  # an idiom of its own (a masked_fill's mask step) is translated after the bias
-                sdpa = reader if _mask_argument(reader) is bias else sdpa_reading_as_mask(reader) or sdpa_reading_as_mask(bias)
+                sdpa = reader if mask_argument(reader) is bias else sdpa_reading_as_mask(reader) or sdpa_reading_as_mask(bias)
                 known = {"bias": bias, "lookup": node, "sdpa": sdpa, "then": graph.idioms.get(reader)}
                 graph.claim(Idiom("position_bias", reader, {**known, **facts}), [node, *chain])
 
@@ -584,7 +584,7 @@ def sdpa_reading_as_mask(node: torch.fx.Node) -> torch.fx.Node | None:
     while todo:
         current = todo.pop(0)
         for user in current.users:
-            if _mask_argument(user) is current:
+            if mask_argument(user) is current:
                 return user
             if user.target in BIAS_CARRIERS and user not in seen:
                 seen.add(user)
@@ -592,7 +592,7 @@ def sdpa_reading_as_mask(node: torch.fx.Node) -> torch.fx.Node | None:
     return None
 
 
-def _mask_argument(node: torch.fx.Node):
+def mask_argument(node: torch.fx.Node):
     """An sdpa's ``attn_mask``; None for any other node."""
     if node.target != aten.scaled_dot_product_attention.default:
         return None

@@ -24,7 +24,7 @@ import torch
 from ..core.errors import Diagnostic, Position, TracerError
 from ..presentation.export import HEADER as EXPORT_HEADER
 from ..steps.positions import alibi_slopes, t5_buckets
-from .idioms import Graph, Idiom, aten, hidden_pattern, module_stack, sdpa_reading_as_mask
+from .idioms import Graph, Idiom, aten, hidden_pattern, mask_argument, module_stack, sdpa_reading_as_mask
 from .leaves import ACTIVATIONS as EXPERT_ACTIVATIONS
 from .leaves import captured
 from .naming import Namer
@@ -557,10 +557,23 @@ class Translator:
         self.emit(node, fields)
 
     def _where(self, node):
-        cond, then, otherwise = (float(self.graph.values[a]) if self._constant_scalar(a) else a for a in node.args[:3])
+        cond = node.args[0]
+        then, otherwise = (float(self.graph.values[a].reshape(-1)[0]) if self._uniform_branch(node, a) else a for a in node.args[1:3])
         fields = {"op": "where", "inputs": [self.ref(x) for x in (cond, then, otherwise) if isinstance(x, torch.fx.Node)]}
         fields.update({key: value for key, value in (("then", then), ("otherwise", otherwise)) if not isinstance(value, torch.fx.Node)})
         self.emit(node, fields)
+
+    def _uniform_branch(self, node, branch) -> bool:
+        """A branch of ``where`` that is one number: a one-element constant, or a constant of one
+        value that only broadcasts, into a mask only sdpas read (T5's cross-attention under sdpa:
+        ``where(keep, zeros(1, H, T, S), min)``, its bias of zeros): no values to hold, any size."""
+        if not isinstance(branch, torch.fx.Node) or self._constant_scalar(branch):
+            return self._constant_scalar(branch)
+        value = self.graph.values.get(branch) if branch in self.graph.constant and branch not in self.names else None
+        if not isinstance(value, torch.Tensor) or not value.numel() or not bool((value == value.reshape(-1)[0]).all()):
+            return False
+        same_dtype = value.dtype == node.meta["val"].dtype == torch.float32  # a number keeps a float32 where float32
+        return same_dtype and all(mask_argument(user) is node for user in node.users)
 
     def _cast(self, node):
         dtype = str(node.meta["val"].dtype).removeprefix("torch.")
