@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 import yaml
+from torch.nn import functional as F
 
 import tracer
 from tests.conftest import covers, pipeline_text, refused
@@ -333,6 +334,35 @@ def test_relative_position_bias_is_the_bias_relative_bias_adds():
         params="rel: {shape: [8, 2], init: randn}",
     )
     assert torch.equal(t["added"].tensor, t["y"].tensor)
+
+
+@pytest.mark.parametrize(
+    ("bias_steps", "sdpa_fields", "decoder"),
+    [
+        ("", "mask: bias", False),  # the encoder's: the (1, H, T, T) bias is the mask
+        ("- {id: kept, op: mask, input: bias, causal: true, fill: min}", "mask: kept", True),  # where(causal, bias, min)
+        ("", "mask: bias, causal: true", True),  # the pattern on the sdpa itself
+    ],
+)
+def test_relative_position_bias_is_an_sdpa_mask_as_transformers_hands_it(bias_steps, sdpa_fields, decoder):
+    """T5 under sdpa: a (1, H, T, T) bias, or its causally masked copy, broadcast over the batch as
+    the sdpa's float mask: what torch computes with transformers' mask, with no lint raised."""
+    t = trace_of(
+        f"""
+        - {{id: bias, op: relative_position_bias, table: rel, queries: T, keys: T, bidirectional: {str(not decoder).lower()}, max_distance: 6}}
+        {bias_steps}
+        - {{id: y, op: sdpa, inputs: [q, k, v], scale: 1.0, {sdpa_fields}}}
+        """,
+        dims="T: 10",
+        inputs="q: {shape: [2, 2, T, 4], init: randn}\nk: {shape: [2, 2, T, 4], init: randn}\nv: {shape: [2, 2, T, 4], init: randn}",
+        params="rel: {shape: [8, 2], init: randn}",
+    )
+    bias = t["bias"].tensor
+    if decoder:
+        bias = torch.where(torch.ones(10, 10, dtype=torch.bool).tril(), bias, torch.finfo(bias.dtype).min)
+    expected = F.scaled_dot_product_attention(t["q"].tensor, t["k"].tensor, t["v"].tensor, attn_mask=bias, scale=1.0)
+    assert torch.allclose(t["y"].tensor, expected, atol=1e-6)
+    assert [str(d) for d in t.analysis.diagnostics] == []
 
 
 def test_the_primitives_express_t5s_buckets_too():
