@@ -261,6 +261,11 @@ WORKSPACES = {
         "s: {shape: [1, 1, 512, 512], init: randn}",
         "rel: {shape: [32, 1], init: randn}",
     ),
+    "relative_position_bias, one head (the bucket arithmetic is the peak)": (
+        "- {id: y, op: relative_position_bias, table: rel, queries: 384, keys: 512, bidirectional: false}",
+        "",
+        "rel: {shape: [32, 1], init: randn}",
+    ),
     "layernorm with per-head weight and bias": (
         "- {id: y, op: layernorm, input: x, weight: w, bias: b}",
         "x: {shape: [8, 256, 16, 64], init: randn}",

@@ -677,6 +677,16 @@ def relative_bias(b: Builder, x: str) -> str | None:
     return b.add("relative_bias", fields, _same(t, shape, contiguous=False), x)  # the bias is a permuted view: torch picks the layout
 
 
+def relative_position_bias(b: Builder, x: str) -> str | None:
+    """T5's bias alone, (1, H, T, T_kv), from a (num_buckets, H) table: reads no tensor."""
+    buckets = b.rng.choice([4, 8, 32])
+    table = b.declare("params", (Dim(buckets, buckets), b.dim("H")), b.dtype, "rel")
+    keys = b.dim("T") if b.rng.random() < 0.5 else Dim("S + T", b.values["S"] + b.values["T"])  # queries after a cache
+    fields = {"table": table, "queries": "T", "keys": keys.text, "bidirectional": b.rng.random() < 0.5}
+    fields["max_distance"] = b.rng.choice([buckets, 128])
+    return b.add("relative_position_bias", fields, Tensor((Dim(1, 1), b.dim("H"), b.dim("T"), keys), b.dtype, False))
+
+
 def alibi(b: Builder, x: str) -> str | None:
     t = b.tensors[x]
     if not t.is_float or t.rank < 3 or t.shape[-3].value < 1:
@@ -827,6 +837,7 @@ RULES: list[tuple[Callable, int]] = [
     (mask, 2),
     (alibi, 1),
     (relative_bias, 1),
+    (relative_position_bias, 1),
     (softcap, 1),
     (rope, 2),
     (sdpa, 2),

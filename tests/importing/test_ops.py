@@ -221,19 +221,95 @@ def test_t5_relative_buckets_import_as_relative_bias_in_every_layer():
         assert bias["table"] in layer["inputs"] and not any("relative_attention_bias" in name for name in layer["params"])
 
 
-def test_t5_sdpa_bias_passed_as_the_sdpa_mask_is_refused_once_per_stack_with_the_eager_hint():
-    """transformers' sdpa path hands T5's relative position bias to scaled_dot_product_attention
-    as its float attn_mask (``where(keep, bias, min)``): no scores for ``relative_bias`` to add it to.
-    Each stack's table lookup says so and points to the eager path; the sdpa reading the failed
-    mask (the second layer's too) adds no second, misleading error."""
+def _steps_of(pipeline, name: str) -> dict[str, dict]:
+    """The steps of one of the import's files, by id."""
+    return {s["id"]: s for s in yaml.safe_load(pipeline.files[name])["steps"]}
+
+
+def test_t5_sdpa_bias_handed_to_sdpa_imports_as_relative_position_bias_in_every_layer():
+    """transformers' sdpa path hands T5's bias to scaled_dot_product_attention as its float
+    attn_mask (``where(keep, bias, min)``, then ``.contiguous()``): a ``relative_position_bias``
+    step in each layer (the first block's table a block input, as in the eager import), the
+    encoder's bias as it is (its mask keeps every key), the decoder's under a causal ``mask`` step,
+    the cross-attention (a bias of zeros, nothing hidden) with no mask at all. The layers fold."""
     model, ids, decoder_ids = _tiny_t5("sdpa")
+    pipeline = from_module(model, ids, decoder_input_ids=decoder_ids)
+    assert difference(pipeline, model, ids, decoder_input_ids=decoder_ids) <= 1e-5
+    assert [str(d) for d in pipeline.check().diagnostics if d.severity in ("error", "warning")] == []
+    table = "{}.block.0.layer.0.SelfAttention.relative_attention_bias.weight"
+    blocks = {i: s for i, s in _steps_of(pipeline, "T5Model.yaml").items() if s["op"] == "block"}
+    assert {name: (s["repeat"], table.format(name.split(".")[0]) in s["inputs"]) for name, s in blocks.items()} == {
+        "encoder.block": (2, True),
+        "decoder.block": (2, True),
+    }
+    for stack, bidirectional, length, reader in (("encoder", True, "T", "contiguous"), ("decoder", False, "T2", "mask")):
+        steps = _steps_of(pipeline, f"T5Model_{stack}_block.yaml")
+        bias = steps["layer.0.SelfAttention.position_bias"]
+        assert bias == {
+            "id": "layer.0.SelfAttention.position_bias",
+            "op": "relative_position_bias",
+            "table": table.format(stack).replace(".", "_"),
+            "bidirectional": bidirectional,
+            "max_distance": 16,
+            "queries": length,
+            "keys": length,
+        }
+        (read,) = [s for s in steps.values() if s.get("input") == bias["id"]]
+        assert read["op"] == reader and (reader == "contiguous" or (read["causal"], read["fill"]) == (True, "min"))
+        assert steps["layer.0.SelfAttention.attn_output"]["mask"] == "layer.0.SelfAttention.contiguous"
+    assert "mask" not in _steps_of(pipeline, "T5Model_decoder_block.yaml")["layer.1.EncDecAttention.attn_output"]
+
+
+def test_t5_sdpa_with_padding_keeps_the_bias_where_the_mask_keeps_keys():
+    """A padded batch: ``where(padding keeps, bias, min)`` is a ``where`` of the given mask and the
+    ``relative_position_bias`` step; the cross-attention's ``where(keeps, zeros, min)`` a ``where``
+    of two numbers (its bias of zeros held as no values: the file runs at any size)."""
+    model, ids, decoder_ids = _tiny_t5("sdpa")
+    keep = (torch.arange(T) < torch.tensor([[T], [3]])).long()
+    pipeline = from_module(model, ids, decoder_input_ids=decoder_ids, attention_mask=keep)
+    assert difference(pipeline, model, ids, decoder_input_ids=decoder_ids, attention_mask=keep) <= 1e-5
+    assert [str(d) for d in pipeline.check().diagnostics if d.severity in ("error", "warning")] == []
+    assert not [name for name, p in pipeline.spec.params.items() if p.values is not None]
+    minimum = torch.finfo(torch.float32).min
+    (where,) = [s for s in _steps_of(pipeline, "T5Model_encoder_block.yaml").values() if s["op"] == "where"]
+    assert (where["inputs"][1], where["otherwise"]) == ("layer.0.SelfAttention.position_bias", minimum)
+    (cross,) = [s for s in _steps_of(pipeline, "T5Model_decoder_block.yaml").values() if s["op"] == "where"]
+    assert (len(cross["inputs"]), cross["then"], cross["otherwise"]) == (1, 0.0, minimum)
+
+
+def test_t5_encoder_model_under_sdpa_imports_and_folds():
+    transformers = pytest.importorskip("transformers")
+    model, ids, _ = _tiny_t5("sdpa")
+    encoder = transformers.T5EncoderModel(model.config).eval()
+    pipeline = from_module(encoder, ids)
+    assert difference(pipeline, encoder, ids) <= 1e-5
+    assert [str(d) for d in pipeline.check().diagnostics if d.severity in ("error", "warning")] == []
+    assert [(s.id, s.repeat) for s in pipeline.spec.steps if s.op == "block"] == [("encoder.block", 2)]
+
+
+class LookedUpBias(nn.Module):
+    """A position bias looked up at constant ids and handed to SDPA as its mask, laid out
+    (H, T_kv, T_q) rather than as T5's ``permute(2, 0, 1)``: no step computes it."""
+
+    def __init__(self):
+        super().__init__()
+        self.table = nn.Embedding(8, H)
+
+    def forward(self, q, k, v):
+        distance = (torch.arange(T)[None, :] - torch.arange(T)[:, None]).abs()
+        bias = self.table(distance).permute(2, 1, 0).unsqueeze(0)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+
+
+def test_a_position_bias_handed_to_sdpa_in_another_layout_is_refused_at_its_lookup():
+    """Still refused, at the lookup's line, saying the sdpa reads it as its mask and what form is computed."""
+    q, k, v = (torch.randn(B, H, T, 8) for _ in range(3))
     with pytest.raises(tracer.TracerError) as raised:
-        from_module(model, ids, decoder_input_ids=decoder_ids)
-    messages = [d.message for d in raised.value.diagnostics]
-    assert len(messages) == 2, messages
-    for stack, message in zip(("encoder", "decoder"), messages):
-        assert f"'p_{stack}_block_0_layer_0_selfattention_relative_attention_bias_weight' is the float attn_mask of" in message
-        assert 'attn_implementation="eager"' in message
+        from_module(LookedUpBias().eval(), q, k, v)
+    (problem,) = raised.value.diagnostics
+    assert problem.file.endswith("test_ops.py") and "self.table(distance)" in problem.message
+    assert "is the float attn_mask of 'scaled_dot_product_attention'" in problem.message
+    assert "relative_position_bias computes table[buckets].permute(2, 0, 1).unsqueeze(0)" in problem.message
 
 
 @pytest.mark.parametrize("name", ["vit_embeddings_layer", "whisper_encoder"])

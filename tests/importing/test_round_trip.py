@@ -61,6 +61,51 @@ def test_t5_relative_bias_comes_back_with_the_max_distance_its_export_writes(tmp
     assert not back.check().diagnostics
 
 
+T5_SDPA = """\
+name: t5_sdpa
+dims: {B: 2, T: 12, d_model: 16, H: 2, Dh: 4, NB: 8}
+inputs:
+  x: {shape: [B, T, d_model], init: randn}
+  keep: {shape: [B, T], dtype: bool, values: [[1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0]]}
+params:
+  W_q: {shape: [H * Dh, d_model], init: linear}
+  W_k: {shape: [H * Dh, d_model], init: linear}
+  rel_bias: {shape: [NB, H], init: embedding}
+steps:
+  - {id: q_flat, op: linear, input: x, weight: W_q}
+  - {id: q_heads, op: view, shape: [B, T, H, Dh]}
+  - {id: q, op: transpose, dims: [1, 2]}
+  - {id: k_flat, op: linear, input: x, weight: W_k}
+  - {id: k_heads, op: view, shape: [B, T, H, Dh]}
+  - {id: k, op: transpose, dims: [1, 2]}
+  # compute_bias, then transformers' create_position_bias_mask: the encoder's where(keep, bias, min),
+  # the decoder's causal mask on its own bias
+  - {id: encoder_bias, op: relative_position_bias, table: rel_bias, queries: T, keys: T, bidirectional: true, max_distance: 6}
+  - {id: key_mask, op: view, input: keep, shape: [B, 1, 1, T]}
+  - {id: encoder_mask, op: where, inputs: [key_mask, encoder_bias], otherwise: -3.4028234663852886e+38}
+  - {id: encoder_context, op: sdpa, inputs: [q, k, k], mask: encoder_mask, scale: 1.0}
+  - {id: decoder_bias, op: relative_position_bias, table: rel_bias, queries: T, keys: T, bidirectional: false, max_distance: 6}
+  - {id: decoder_mask, op: mask, input: decoder_bias, causal: true, fill: min}
+  - {id: decoder_context, op: sdpa, inputs: [q, k, k], mask: decoder_mask, scale: 1.0}
+outputs: [encoder_context, decoder_context]
+"""
+
+
+def test_t5_bias_handed_to_sdpa_comes_back_as_relative_position_bias(tmp_path):
+    """T5's bias as an sdpa's float mask (``relative_position_bias``, under a padding ``where`` and
+    a causal ``mask``), exported and imported again: the same steps, settings and values."""
+    path = tmp_path / "t5_sdpa.yaml"
+    path.write_text(T5_SDPA)
+    pipeline, back = _round_trip(path, tmp_path / "back")
+    found = diff(pipeline, back, values=True)
+    assert found.same and not found.renamed and found.compared_values and found.diverges is None
+    assert sorted(s.op for s in back.spec.steps) == sorted(s.op for s in pipeline.spec.steps)
+    assert [s.model_dump(exclude={"id", "input", "inputs"}) for s in back.spec.steps if s.op == "relative_position_bias"] == [
+        s.model_dump(exclude={"id", "input", "inputs"}) for s in pipeline.spec.steps if s.op == "relative_position_bias"
+    ]
+    assert not back.check().diagnostics and not pipeline.check().diagnostics
+
+
 def test_causal_mha_comes_back_without_its_eval_mode_dropout_then_stays(tmp_path):
     pipeline, back = _round_trip(PIPELINES / "causal_mha.yaml", tmp_path / "once")
     found = diff(pipeline, back, values=True)

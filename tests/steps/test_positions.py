@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 import yaml
+from torch.nn import functional as F
 
 import tracer
 from tests.conftest import covers, pipeline_text, refused
@@ -300,6 +301,70 @@ def test_relative_bias_is_t5s_compute_bias(batch, t_q, t_k, decoder):
     assert len(t["y/buckets"].tensor.unique()) >= 4  # near, far and (for the encoder) both sides are exercised
 
 
+@covers("relative_position_bias")
+@pytest.mark.parametrize(("t_q", "t_k", "decoder"), [(12, 12, False), (12, 12, True), (3, 20, True), (1, 9, False)])
+def test_relative_position_bias_is_t5s_compute_bias(t_q, t_k, decoder):
+    """The bias alone, (1, H, T_q, T_kv), as compute_bias returns it (values and strides), for the
+    encoder's bidirectional and the decoder's causal buckets, queries after a cache included."""
+    t = trace_of(
+        "- {id: y, op: relative_position_bias, table: rel, queries: Q, keys: K, "
+        f"bidirectional: {str(not decoder).lower()}, max_distance: 6}}",
+        inputs="",
+        params="rel: {shape: [8, 3], init: randn}",
+        dims=f"Q: {t_q}\nK: {t_k}",
+    )
+    attention = t5_attention(8, 6, 3, decoder)
+    with torch.no_grad():
+        attention.relative_attention_bias.weight.copy_(t["rel"].tensor)
+        bias = attention.compute_bias(t_q, t_k, past_seen_tokens=t_k - t_q)
+    assert torch.equal(t["y"].tensor, bias) and t["y"].stride == bias.stride()
+    assert len(t["y/buckets"].tensor.unique()) >= 4  # near, far and (for the encoder) both sides are exercised
+
+
+def test_relative_position_bias_is_the_bias_relative_bias_adds():
+    """Added to scores, the bias alone is what relative_bias adds: one computation, two forms."""
+    t = trace_of(
+        """
+        - {id: bias, op: relative_position_bias, table: rel, queries: T, keys: T, bidirectional: false, max_distance: 6}
+        - {id: added, op: add, inputs: [s, bias]}
+        - {id: y, op: relative_bias, input: s, table: rel, bidirectional: false, max_distance: 6}
+        """,
+        dims="T: 10",
+        inputs="s: {shape: [2, 2, T, T], init: randn}",
+        params="rel: {shape: [8, 2], init: randn}",
+    )
+    assert torch.equal(t["added"].tensor, t["y"].tensor)
+
+
+@pytest.mark.parametrize(
+    ("bias_steps", "sdpa_fields", "decoder"),
+    [
+        ("", "mask: bias", False),  # the encoder's: the (1, H, T, T) bias is the mask
+        ("- {id: kept, op: mask, input: bias, causal: true, fill: min}", "mask: kept", True),  # where(causal, bias, min)
+        ("", "mask: bias, causal: true", True),  # the pattern on the sdpa itself
+    ],
+)
+def test_relative_position_bias_is_an_sdpa_mask_as_transformers_hands_it(bias_steps, sdpa_fields, decoder):
+    """T5 under sdpa: a (1, H, T, T) bias, or its causally masked copy, broadcast over the batch as
+    the sdpa's float mask: what torch computes with transformers' mask, with no lint raised."""
+    t = trace_of(
+        f"""
+        - {{id: bias, op: relative_position_bias, table: rel, queries: T, keys: T, bidirectional: {str(not decoder).lower()}, max_distance: 6}}
+        {bias_steps}
+        - {{id: y, op: sdpa, inputs: [q, k, v], scale: 1.0, {sdpa_fields}}}
+        """,
+        dims="T: 10",
+        inputs="q: {shape: [2, 2, T, 4], init: randn}\nk: {shape: [2, 2, T, 4], init: randn}\nv: {shape: [2, 2, T, 4], init: randn}",
+        params="rel: {shape: [8, 2], init: randn}",
+    )
+    bias = t["bias"].tensor
+    if decoder:
+        bias = torch.where(torch.ones(10, 10, dtype=torch.bool).tril(), bias, torch.finfo(bias.dtype).min)
+    expected = F.scaled_dot_product_attention(t["q"].tensor, t["k"].tensor, t["v"].tensor, attn_mask=bias, scale=1.0)
+    assert torch.allclose(t["y"].tensor, expected, atol=1e-6)
+    assert [str(d) for d in t.analysis.diagnostics] == []
+
+
 def test_the_primitives_express_t5s_buckets_too():
     """T5's bucket written with arange, compare, abs, log, where, clamp: the same numbers as the step."""
     t = trace_of(
@@ -343,6 +408,26 @@ def test_relative_bias_refuses_a_table_that_cannot_bucket(table, fields, says, t
     text = pipeline_text(
         f"- {{id: y, op: relative_bias, input: s, table: rel, {fields}}}",
         inputs="s: {shape: [1, 3, 4, 4], init: randn}",
+        params=f"rel: {{shape: {table}, init: randn}}",
+    )
+    assert says in str(refused(text, tmp_path))
+
+
+@pytest.mark.parametrize(
+    ("table", "fields", "says"),
+    [
+        ("[8, 2, 1]", "bidirectional: true", "relative_position_bias needs an (num_buckets, H) table"),
+        ("[2, 3]", "bidirectional: true", "2 buckets make 0 exact ones"),
+        ("[8, 3]", "bidirectional: true, max_distance: 2", "max_distance 2 must be above"),
+        ("[8, 3]", "bidirectional: true, keys: 3", "5 queries (T) and 3 keys (3)"),
+    ],
+)
+def test_relative_position_bias_refuses_a_table_that_cannot_bucket(table, fields, says, tmp_path):
+    keys = "" if "keys" in fields else "keys: T, "
+    text = pipeline_text(
+        f"- {{id: y, op: relative_position_bias, table: rel, queries: T, {keys}{fields}}}",
+        dims="T: 5",
+        inputs="",
         params=f"rel: {{shape: {table}, init: randn}}",
     )
     assert says in str(refused(text, tmp_path))

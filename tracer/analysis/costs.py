@@ -26,7 +26,7 @@ from ..steps.elementwise import LayerNorm
 from ..steps.fused import Sdpa
 from ..steps.norms import RMSNorm
 from ..steps.numeric import MATH_KINDS, Clamp, Compare, Cumsum, Logical, Maximum, Minimum, Reduce, Where
-from ..steps.positions import Alibi, RelativeBias, Rope
+from ..steps.positions import Alibi, RelativeBias, RelativePositionBias, Rope
 from ..steps.products import Bmm, Matmul
 from ..steps.projection import Linear
 from ..steps.routing import Gather, Moe, Scatter, Topk
@@ -485,13 +485,13 @@ def _reduce_workspace(step, ins, outs):
     return _cast_copies(ins, outs[-1].dtype) if step.fn in ("sum", "prod") else 0
 
 
-@_counts(_WORKSPACE, RelativeBias)
+@_counts(_WORKSPACE, RelativeBias, RelativePositionBias)
 def _relative_bias_workspace(step, ins, outs):
     """T5's bucket arithmetic over (T_q, T_kv) pairs: at its widest, the int64 distances, the
     buckets so far, the bool masks and a float32 and an int64 intermediate of the logarithm are
     alive together (measured: 24 to 35 bytes a pair besides the records), after the positions
     (an arange and its shift for the queries, one for the keys)."""
-    t_q, t_k = ins[0].sizes[-2:]
+    t_q, t_k = outs[0].sizes  # the buckets' (T_q, T_kv)
     return 36 * t_q * t_k + 16 * (t_q + t_k)
 
 

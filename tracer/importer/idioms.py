@@ -549,21 +549,54 @@ def _complex_rotary(table: torch.Tensor, ndim: int) -> dict | None:
 
 
 def _relative_biases(graph: Graph) -> None:
-    """T5's ``compute_bias``: a learned (num_buckets, H) table looked up at constant buckets,
-    ``permute(2, 0, 1).unsqueeze(0)`` to (1, H, T_q, T_kv) and added to the scores (every layer adds
-    the first one's): a ``relative_bias`` step at each add, once rules has checked the buckets."""
+    """T5's ``compute_bias``: a learned (num_buckets, H) table looked up at constant buckets and
+    ``permute(2, 0, 1).unsqueeze(0)`` to (1, H, T_q, T_kv). Added to the scores (eager; every
+    layer adds the first one's): a ``relative_bias`` step at each add. Handed to an sdpa as its
+    float mask (transformers' sdpa path: ``where(keep, bias, min)`` or ``bias + mask``, in every
+    layer from the first one's bias): a ``relative_position_bias`` step in the layer of each op
+    that reads it, then that op. Rules checks the buckets."""
     for node in graph.calls():
         if node.target != aten.embedding.default or graph.kind(node.args[0]) != "PARAMETER" or node.args[1] not in graph.constant:
             continue
         chain = _single_users(node, (aten.permute.default, aten.unsqueeze.default))
         if chain is None or list(chain[0].args[1]) != [2, 0, 1] or chain[1].args[1] != 0:
             continue
-        adds = [u for u in chain[1].users if u.target == aten.add.Tensor and u.args[1] is chain[1] and u.args[0] not in graph.constant]
-        if not adds or len(adds) != len(chain[1].users):
-            continue
-        for add in adds:
-            facts = {"x": add.args[0], "table": node.args[0], "ids": node.args[1], "buckets": graph.values[node.args[1]]}
-            graph.claim(Idiom("relative_bias", add, facts), [node, *chain, add])
+        bias, facts = chain[1], {"table": node.args[0], "ids": node.args[1], "buckets": graph.values[node.args[1]]}
+        adds = [u for u in bias.users if u.target == aten.add.Tensor and u.args[1] is bias and u.args[0] not in graph.constant]
+        if adds and len(adds) == len(bias.users):
+            for add in adds:
+                graph.claim(Idiom("relative_bias", add, {"x": add.args[0], **facts}), [node, *chain, add])
+        elif sdpa_reading_as_mask(bias) is not None:
+            for reader in list(bias.users):  # an idiom of its own (a masked_fill's mask step) is translated after the bias
+                sdpa = reader if mask_argument(reader) is bias else sdpa_reading_as_mask(reader) or sdpa_reading_as_mask(bias)
+                known = {"bias": bias, "lookup": node, "sdpa": sdpa, "then": graph.idioms.get(reader)}
+                graph.claim(Idiom("position_bias", reader, {**known, **facts}), [node, *chain])
+
+
+BIAS_CARRIERS = {aten.permute.default, aten.unsqueeze.default, aten.expand.default, aten.contiguous.default, aten.add.Tensor}
+BIAS_CARRIERS |= {aten.where.self, aten.where.ScalarSelf, aten.where.ScalarOther, aten.where.Scalar, aten.masked_fill.Scalar}
+
+
+def sdpa_reading_as_mask(node: torch.fx.Node) -> torch.fx.Node | None:
+    """The first ``scaled_dot_product_attention`` (breadth first: the first layer's) that reads
+    ``node``'s values as its float ``attn_mask``, through views, copies, masks and additions; None if none."""
+    todo, seen = [node], {node}
+    while todo:
+        current = todo.pop(0)
+        for user in current.users:
+            if mask_argument(user) is current:
+                return user
+            if user.target in BIAS_CARRIERS and user not in seen:
+                seen.add(user)
+                todo.append(user)
+    return None
+
+
+def mask_argument(node: torch.fx.Node):
+    """An sdpa's ``attn_mask``; None for any other node."""
+    if node.target != aten.scaled_dot_product_attention.default:
+        return None
+    return node.args[3] if len(node.args) > 3 else node.kwargs.get("attn_mask")
 
 
 def _single_users(node: torch.fx.Node, targets: tuple) -> list[torch.fx.Node] | None:

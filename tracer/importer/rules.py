@@ -24,7 +24,7 @@ import torch
 from ..core.errors import Diagnostic, Position, TracerError
 from ..presentation.export import HEADER as EXPORT_HEADER
 from ..steps.positions import alibi_slopes, t5_buckets
-from .idioms import Graph, Idiom, aten, hidden_pattern, module_stack
+from .idioms import Graph, Idiom, aten, hidden_pattern, mask_argument, module_stack, sdpa_reading_as_mask
 from .leaves import ACTIVATIONS as EXPERT_ACTIVATIONS
 from .leaves import captured
 from .naming import Namer
@@ -557,10 +557,23 @@ class Translator:
         self.emit(node, fields)
 
     def _where(self, node):
-        cond, then, otherwise = (float(self.graph.values[a]) if self._constant_scalar(a) else a for a in node.args[:3])
+        cond = node.args[0]
+        then, otherwise = (float(self.graph.values[a].reshape(-1)[0]) if self._uniform_branch(node, a) else a for a in node.args[1:3])
         fields = {"op": "where", "inputs": [self.ref(x) for x in (cond, then, otherwise) if isinstance(x, torch.fx.Node)]}
         fields.update({key: value for key, value in (("then", then), ("otherwise", otherwise)) if not isinstance(value, torch.fx.Node)})
         self.emit(node, fields)
+
+    def _uniform_branch(self, node, branch) -> bool:
+        """A branch of ``where`` that is one number: a one-element constant, or a constant of one
+        value that only broadcasts, into a mask only sdpas read (T5's cross-attention under sdpa:
+        ``where(keep, zeros(1, H, T, S), min)``, its bias of zeros): no values to hold, any size."""
+        if not isinstance(branch, torch.fx.Node) or self._constant_scalar(branch):
+            return self._constant_scalar(branch)
+        value = self.graph.values.get(branch) if branch in self.graph.constant and branch not in self.names else None
+        if not isinstance(value, torch.Tensor) or not value.numel() or not bool((value == value.reshape(-1)[0]).all()):
+            return False
+        same_dtype = value.dtype == node.meta["val"].dtype == torch.float32  # a number keeps a float32 where float32
+        return same_dtype and all(mask_argument(user) is node for user in node.users)
 
     def _cast(self, node):
         dtype = str(node.meta["val"].dtype).removeprefix("torch.")
@@ -1017,9 +1030,55 @@ class Translator:
         self.emit(idiom.node, fields, "masked")
 
     def _relative_bias(self, idiom: Idiom):
-        """T5's relative position bias, its settings read from the attention module that owns the
+        """T5's relative position bias added to scores."""
+        fields = {"op": "relative_bias", "input": self.ref(idiom.facts["x"]), **self._t5_fields(idiom.facts)}
+        self.emit(idiom.node, fields, "biased")
+
+    def _position_bias(self, idiom: Idiom):
+        """T5's relative position bias handed to an sdpa as its mask (transformers' sdpa path): a
+        ``relative_position_bias`` step in the layer of the op that reads it (each layer computes
+        it from the first one's table, as each eager layer adds it), then that op reading it."""
+        facts, reader = idiom.facts, idiom.node
+        fields = {"op": "relative_position_bias", **self._t5_fields(facts), **self._bias_lengths(facts["bias"], facts["sdpa"])}
+        line = source_line(facts["bias"])
+        tag = _exported_step(line[0], line[2]) if line else None  # a `tracer export`ed module's own id; else one per layer
+        step = self.emit(reader, fields, step_id=self._unique(tag or _join(_module_path(reader), "position_bias")))
+        step.comment = _comment(self._line(facts["lookup"]))  # compute_bias's line, not the reader's
+        self.names[facts["bias"]] = step.fields["id"]  # the bias as this layer reads it
+        if facts["then"] is not None:
+            return IDIOMS[facts["then"].kind](self, facts["then"])
+        if not self._kept_bias(reader, facts["bias"]):
+            self._by_rule(reader)
+
+    def _bias_lengths(self, bias: torch.fx.Node, sdpa: torch.fx.Node) -> dict:
+        """{queries, keys} of a (1, H, T_q, T_kv) bias, named as the sdpa that reads it names its
+        queries' and keys' lengths (the bias is computed from constants: no input's size reaches it)."""
+        lengths = {}
+        for key, tensor, size in zip(("queries", "keys"), sdpa.args[:2], bias.meta["val"].shape[-2:]):
+            named = self.namer.shape(tensor.meta["val"])[-2]
+            lengths[key] = named if tensor.meta["val"].shape[-2] == size else self.size(size)
+        return lengths
+
+    def _kept_bias(self, reader: torch.fx.Node, bias: torch.fx.Node) -> bool:
+        """``where(keep, bias, min)`` with a constant ``keep`` (transformers' mask of an unpadded
+        batch): the bias itself where every key is kept, a ``mask`` step of its pattern (the
+        decoder's causal one) where not; False for any other op."""
+        if reader.target != aten.where.ScalarOther or reader.args[1] is not bias or reader.args[0] not in self.graph.constant:
+            return False
+        keep = self.graph.values[reader.args[0]].bool()
+        if bool(keep.all()):
+            self.names[reader] = self.names[bias]
+            return True
+        pattern = hidden_pattern(~keep) if keep.ndim >= 2 and keep.shape[-2:] == reader.meta["val"].shape[-2:] else None
+        if pattern is None:
+            return False
+        fill = _fill(reader.args[2], reader.meta["val"].dtype)
+        self.emit(reader, {"op": "mask", "input": self.names[bias], **self._pattern(pattern), "fill": fill}, "masked")
+        return True
+
+    def _t5_fields(self, facts: dict) -> dict:
+        """The table and the settings of T5's bias, read from the attention module that owns the
         table (``relative_attention_max_distance``, ``is_decoder``) and held against the buckets."""
-        facts = idiom.facts
         table = facts["table"]
         owner = self.module.get_submodule(self.graph.target(table).rpartition(".relative_attention_bias")[0] or "")
         written = next(filter(None, map(exported_t5_settings, self._exported_lines(facts["ids"]))), {})
@@ -1029,8 +1088,7 @@ class Translator:
                 f"it looks up '{table.name}' at constant ids that are not T5's relative position buckets, or that several "
                 "max_distance give at this length (its attention module's relative_attention_max_distance settles it)"
             )
-        fields = {"op": "relative_bias", "input": self.ref(facts["x"]), "table": self.ref(table), **settings}
-        self.emit(idiom.node, fields, "biased")
+        return {"table": self.ref(table), **settings}
 
     def _mha(self, idiom: Idiom):
         from_template(self, idiom)
@@ -1281,6 +1339,7 @@ IDIOMS = {
     "softcap": Translator._softcap,
     "mha": Translator._mha,
     "relative_bias": Translator._relative_bias,
+    "position_bias": Translator._position_bias,
 }
 
 
@@ -1301,30 +1360,18 @@ def _fill(fill: float, dtype: torch.dtype) -> float | str:
     return "min" if dtype.is_floating_point and float(fill) == torch.finfo(dtype).min else float(fill)
 
 
-BIAS_CARRIERS = {aten.permute.default, aten.unsqueeze.default, aten.expand.default, aten.contiguous.default, aten.add.Tensor, *WHERES}
-
-
 def _sdpa_bias_reason(lookup: torch.fx.Node) -> str | None:
     """Why a lookup at constant ids that ``scaled_dot_product_attention`` reads as its float
-    ``attn_mask`` is not mapped: transformers' sdpa path for T5 passes the relative position bias
-    itself (``where(keep, bias, min)``) as the mask, and ``relative_bias`` adds its bias to scores
-    that a fused sdpa never shows. None if no sdpa reads the lookup's values as its mask."""
-    todo, seen = [lookup], {lookup}
-    while todo:  # breadth first: the first layer's sdpa is named
-        current = todo.pop(0)
-        for user in current.users:
-            if user.target == aten.scaled_dot_product_attention.default and _arg(user, 3, None, "attn_mask") is current:
-                return (
-                    f"its lookup of '{lookup.args[0].name}' is the float attn_mask of '{user.name}': a position bias "
-                    "handed to scaled_dot_product_attention as its mask (as transformers' sdpa path hands T5's, "
-                    "where(keep, bias, min)); tracer's relative_bias adds its bias to scores, which a fused sdpa never "
-                    "shows; import the module with its attention unfused (for transformers, "
-                    'attn_implementation="eager"), where the bias is added to the scores'
-                )
-            if user.target in BIAS_CARRIERS and user not in seen:
-                seen.add(user)
-                todo.append(user)
-    return None
+    ``attn_mask`` is not mapped: a position bias whose lookup is not T5's (``relative_position_bias``
+    computes ``table[buckets].permute(2, 0, 1).unsqueeze(0)``). None if no sdpa reads it as its mask."""
+    sdpa = sdpa_reading_as_mask(lookup)
+    if sdpa is None:
+        return None
+    return (
+        f"its lookup of '{lookup.args[0].name}' is the float attn_mask of '{sdpa.name}': a position bias handed to "
+        "scaled_dot_product_attention as its mask, not laid out as T5's (relative_position_bias computes "
+        "table[buckets].permute(2, 0, 1).unsqueeze(0) at T5's buckets, the form transformers' sdpa path hands on)"
+    )
 
 
 def _arg(node: torch.fx.Node, position: int, default, keyword: str | None = None):

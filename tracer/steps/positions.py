@@ -1,5 +1,6 @@
 """Position information: rotary embeddings (``rope``), linear attention biases (``alibi``) and
-T5's bucketed relative bias (``relative_bias``).
+T5's bucketed relative bias (``relative_bias``, added to scores; ``relative_position_bias``, the
+bias alone, for a fused sdpa's mask).
 
 Each builds its tables inside the step, as the public code does, and record them as inner
 tensors (``ID/cos``, ``ID/sin``; ``ID/bias``; ``ID/buckets``), the way ``merge`` records its copy.
@@ -500,6 +501,56 @@ def t5_buckets(torch, t_q: int, t_k: int, num_buckets: int, max_distance: int, b
     return buckets + torch.where(is_small, relative, large)
 
 
+def _t5_records(op: str, table: Meta, read: int, t_q, t_k, bidirectional: bool, max_distance: int, ctx) -> tuple[Inner, Inner, Inner]:
+    """The records of T5's ``compute_bias`` from an (num_buckets, H) table, the step's input
+    ``read``: the (T_q, T_kv)
+    buckets, the lookup (T_q, T_kv, H) and the (1, H, T_q, T_kv) bias, a view of the lookup as
+    ``permute(2, 0, 1).unsqueeze(0)`` strides it. A table too small for T5's exact buckets, or a
+    max_distance within them, is refused at ``max_distance``."""
+    exact = table.sizes[0] // (4 if bidirectional else 2)
+    if exact < 1 or max_distance <= exact:
+        raise StepError(
+            "value",
+            f"{table.sizes[0]} buckets make {exact} exact ones, and max_distance {max_distance} must be above that",
+            "max_distance",
+            "T5 uses 32 buckets and max_distance 128",
+        )
+    heads = table.shape[1]
+    values = with_root(fresh((t_q, t_k, heads), table.dtype), ctx.record("values"))
+    along_q, along_k, along_h = values.stride  # permute(2, 0, 1), then unsqueeze(0) as torch strides it
+    bias = view(values, (ctx.alg.const(1), heads, t_q, t_k), (heads.value * along_h, along_h, along_q, along_k))
+    return (
+        Inner("buckets", op, fresh((t_q, t_k), "int64"), ()),  # from positions alone
+        Inner("values", "embedding", values, ("buckets", read)),
+        Inner("bias", "permute", bias, ("values",)),
+    )
+
+
+def _t5_bias(torch, embedding, table, t_q: int, t_k: int, max_distance: int, bidirectional: bool):
+    """(buckets, values, bias) as ``compute_bias`` makes them, on the table's device."""
+    buckets = t5_buckets(torch, t_q, t_k, table.shape[0], max_distance, bidirectional, device=table.device)
+    values = embedding(buckets, table)
+    return buckets, values, values.permute(2, 0, 1).unsqueeze(0)
+
+
+def _emit_t5_bias(e, table: str, t_q: str, t_k: str, max_distance: int, bidirectional: bool) -> tuple[list[str], str]:
+    """The lines of ``compute_bias`` for export, and the expression of the (1, H, T_q, T_kv) bias."""
+    buckets, values = e.local("buckets"), e.local("values")
+    helper = e.helper("t5_buckets", inspect.getsource(t5_buckets))
+    lines = [
+        f"{buckets} = {helper}(torch, {t_q}, {t_k}, {table}.shape[0], {max_distance}, {bidirectional}, {table}.device)",
+        f"{values} = F.embedding({buckets}, {table})",
+    ]
+    return lines, f"{values}.permute(2, 0, 1).unsqueeze(0)"
+
+
+T5_FIELDS = {
+    "table": "(num_buckets, H) param: one learned bias per bucket and head (relative_attention_bias)",
+    "bidirectional": "true: the encoder's buckets (keys on both sides); false: the decoder's",
+    "max_distance": "relative_attention_max_distance: distances from here share the last bucket",
+}
+
+
 @register
 class RelativeBias(StepBase):
     """T5's relative position bias added to (…, H, T_q, T_kv) scores, exactly as transformers'
@@ -513,12 +564,14 @@ class RelativeBias(StepBase):
     ``bidirectional: true`` is the encoder's (half the buckets for keys after the query),
     ``false`` the decoder's (only keys before it). The number of buckets is the table's first dim.
     Recorded: ``ID/buckets``, ``ID/values`` (the table lookup, (T_q, T_kv, H)) and ``ID/bias``.
-    T5 does not scale its scores: the pipeline needs no ``scale`` step."""
+    T5 does not scale its scores: the pipeline needs no ``scale`` step. Where a fused ``sdpa``
+    takes the bias as its float ``mask`` (there are no scores to add it to), compute it with
+    ``relative_position_bias``."""
 
     op: Literal["relative_bias"] = "relative_bias"
-    table: TensorId = Field(description="(num_buckets, H) param: one learned bias per bucket and head (relative_attention_bias)")
-    bidirectional: StrictBool = Field(description="true: the encoder's buckets (keys on both sides); false: the decoder's")
-    max_distance: StrictInt = Field(128, ge=2, description="relative_attention_max_distance: distances from here share the last bucket")
+    table: TensorId = Field(description=T5_FIELDS["table"])
+    bidirectional: StrictBool = Field(description=T5_FIELDS["bidirectional"])
+    max_distance: StrictInt = Field(128, ge=2, description=T5_FIELDS["max_distance"])
     param_fields = ("table",)
     passes_scores = True
     adds_bias = "bias"  # ID/bias
@@ -544,47 +597,86 @@ class RelativeBias(StepBase):
             )
         if table.dtype != scores.dtype:
             raise StepError("dtype", f"relative_bias of {scores.dtype} scores with a {table.dtype} table", "table")
-        exact = table.sizes[0] // (4 if self.bidirectional else 2)
-        if exact < 1 or self.max_distance <= exact:
-            raise StepError(
-                "value",
-                f"{table.sizes[0]} buckets make {exact} exact ones, and max_distance {self.max_distance} must be above that",
-                "max_distance",
-                "T5 uses 32 buckets and max_distance 128",
-            )
-        heads, t_q, t_k = scores.shape[-3:]
-        values = with_root(fresh((t_q, t_k, heads), table.dtype), ctx.record("values"))
-        along_q, along_k, along_h = values.stride  # permute(2, 0, 1), then unsqueeze(0) as torch strides it
-        bias = view(values, (ctx.alg.const(1), heads, t_q, t_k), (heads.value * along_h, along_h, along_q, along_k))
-        return Composite(
-            (
-                Inner("buckets", "relative_bias", fresh((t_q, t_k), "int64"), ()),  # from positions alone
-                Inner("values", "embedding", values, ("buckets", 1)),
-                Inner("bias", "permute", bias, ("values",)),
-                Inner("biased", "add", pointwise([scores, bias], broadcast_dims(scores.shape, bias.shape), scores.dtype), (0, "bias")),
-            )
-        )
+        records = _t5_records(self.op, table, 1, *scores.shape[-2:], self.bidirectional, self.max_distance, ctx)
+        bias = records[-1].meta
+        biased = pointwise([scores, bias], broadcast_dims(scores.shape, bias.shape), scores.dtype)
+        return Composite((*records, Inner("biased", "add", biased, (0, "bias"))))
 
     def kernel(self, k):
         torch, embedding = k.torch, k.F.embedding
         t_q, t_k = k.ins[0].sizes[-2:]
-        settings = (k.ins[1].sizes[0], self.max_distance, self.bidirectional)
+        settings = (self.max_distance, self.bidirectional)
 
         def relative_bias(scores, table):
-            buckets = t5_buckets(torch, t_q, t_k, *settings, device=scores.device)
-            values = embedding(buckets, table)
-            bias = values.permute(2, 0, 1).unsqueeze(0)
-            return buckets, values, bias, scores + bias
+            records = _t5_bias(torch, embedding, table, t_q, t_k, *settings)
+            return (*records, scores + records[-1])
 
         return relative_bias
 
     def emit(self, e):
         scores, table = e.args
         t_q, t_k = (e.size(d) for d in e.ins[0].shape[-2:])
-        buckets, values = e.local("buckets"), e.local("values")
-        helper = e.helper("t5_buckets", inspect.getsource(t5_buckets))
-        return [
-            f"{buckets} = {helper}(torch, {t_q}, {t_k}, {table}.shape[0], {self.max_distance}, {self.bidirectional}, {scores}.device)",
-            f"{values} = F.embedding({buckets}, {table})",
-            f"{e.targets[0]} = {scores} + {values}.permute(2, 0, 1).unsqueeze(0)",
-        ]
+        lines, bias = _emit_t5_bias(e, table, t_q, t_k, self.max_distance, self.bidirectional)
+        return [*lines, f"{e.targets[0]} = {scores} + {bias}"]
+
+
+@register
+class RelativePositionBias(StepBase):
+    """T5's relative position bias as a tensor of its own, (1, H, T_q, T_kv), exactly as
+    transformers' ``T5Attention.compute_bias(queries, keys)`` returns it::
+
+        relative = j - i                               # int64 (T_q, T_kv); query i at i + T_kv - T_q
+        buckets = _relative_position_bucket(relative, bidirectional, num_buckets, max_distance)
+        out = table[buckets].permute(2, 0, 1).unsqueeze(0)      # table (num_buckets, H)
+
+    It reads no data input: ``queries`` and ``keys`` are dim expressions (``keys: past + T`` after
+    a cache). This is the form a fused ``sdpa`` takes as its float ``mask`` (transformers' sdpa
+    path for T5: ``where(keep, position_bias, min)``, or ``position_bias + mask``); to add the bias
+    to scores, use ``relative_bias``. Fields and buckets as ``relative_bias``'s. Recorded:
+    ``ID/buckets`` and ``ID/values`` (the table lookup, (T_q, T_kv, H)); the bias is a view of it."""
+
+    op: Literal["relative_position_bias"] = "relative_position_bias"
+    table: TensorId = Field(description=T5_FIELDS["table"])
+    queries: DimText = Field(description="a dim expression: the number of queries, T_q")
+    keys: DimText = Field(description="a dim expression: the number of keys, T_kv (the queries are the last T_q of them)")
+    bidirectional: StrictBool = Field(description=T5_FIELDS["bidirectional"])
+    max_distance: StrictInt = Field(128, ge=2, description=T5_FIELDS["max_distance"])
+    arity = 0
+    param_fields = ("table",)
+    example = """\
+- id: position_bias
+  op: relative_position_bias
+  table: rel_bias          # (num_buckets, H)
+  queries: T
+  keys: T
+  bidirectional: true
+  max_distance: 128        # -> (1, H, T, T): the sdpa's float mask"""
+
+    def args(self):
+        return [f"{self.queries}x{self.keys}", "bidirectional" if self.bidirectional else "causal", f"max_distance={self.max_distance}"]
+
+    def infer(self, ins, ctx):
+        (table,) = ins
+        if len(table.shape) != 2:
+            raise StepError("shape", f"relative_position_bias needs an (num_buckets, H) table, got {show(table)}", "table")
+        require_float(table, ctx.input_ids[0], "relative_position_bias")
+        t_q, t_k = ctx.dim(self.queries, "queries"), ctx.dim(self.keys, "keys")
+        if t_q.value > t_k.value:
+            raise StepError(
+                "value",
+                f"{t_q.value} queries ({self.queries}) and {t_k.value} keys ({self.keys}): the queries are the last of the keys' positions",
+                "keys",
+                "keys: past + T for a query block after a cache",
+            )
+        return Composite(_t5_records(self.op, table, 0, t_q, t_k, self.bidirectional, self.max_distance, ctx))
+
+    def kernel(self, k):
+        torch, embedding = k.torch, k.F.embedding
+        t_q, t_k = k.value(self.queries), k.value(self.keys)
+        settings = (self.max_distance, self.bidirectional)
+        return lambda table: _t5_bias(torch, embedding, table, t_q, t_k, *settings)
+
+    def emit(self, e):
+        (table,) = e.args
+        lines, bias = _emit_t5_bias(e, table, e.dim(self.queries), e.dim(self.keys), self.max_distance, self.bidirectional)
+        return [*lines, f"{e.targets[0]} = {bias}"]
