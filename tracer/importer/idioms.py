@@ -12,6 +12,7 @@ repeat_kv, GPT-2's tanh GELU, merging heads, Conv1D, ``nn.MultiheadAttention``) 
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import functools
 import math
@@ -25,6 +26,7 @@ from torch.fx.passes.utils.matcher_utils import SubgraphMatcher
 
 from ..core.errors import Diagnostic, TracerError
 from ..steps.attention import causal_hidden
+from .lines import source_line, whole_step
 from .rotary import frequency_columns, scaled_table, tolerance
 
 aten = torch.ops.aten
@@ -123,18 +125,32 @@ class Graph:
 
 
 def canonicalize(graph: torch.fx.Graph) -> None:
-    """Remove the nodes that return their input unchanged at the example."""
+    """Remove the nodes that return their input unchanged at the example, but a cast that is a step
+    of a module ``tracer export`` wrote (``router_logits_f32 = router_logits.to(torch.float32)``):
+    export then import keeps the steps of the file."""
     for node in list(graph.nodes):
-        if node.op != "call_function":
-            continue
-        if node.target == aten._assert_tensor_metadata.default:
+        if node.op == "call_function" and node.target == aten._assert_tensor_metadata.default:
             graph.erase_node(node)
+    written = _written_casts(graph)
+    for node in list(graph.nodes):
+        if node.op != "call_function" or node in written:
             continue
         source = _identity_of(node)
         if source is not None:
             node.replace_all_uses_with(source)
             graph.erase_node(node)
     graph.lint()
+
+
+def _written_casts(graph: torch.fx.Graph) -> set[torch.fx.Node]:
+    """The casts that are the only op of a line that is a whole step of a ``tracer export``ed module."""
+    calls = [n for n in graph.nodes if n.op == "call_function"]
+    if not any(n.target == aten.to.dtype for n in calls):
+        return set()
+    lines = collections.Counter(source_line(n) for n in calls)
+    return {
+        n for n in calls if n.target == aten.to.dtype and (line := source_line(n)) is not None and lines[line] == 1 and whole_step(line)
+    }
 
 
 def _identity_of(node: torch.fx.Node) -> torch.fx.Node | None:

@@ -40,7 +40,7 @@ ATTRIBUTES = (
     ("num_local_experts", "E"),  # named only where a step prefers it (a topk's k is K): never by value
     ("num_experts_per_tok", "K"),
     ("attention_chunk_size", "C"),
-    *((name, name) for name in ("H", "H_kv", "Dh", "d_ff", "V", "W", "C")),  # a module tracer export wrote keeps its dims by name
+    *((name, name) for name in ("H", "H_kv", "Dh", "d_ff", "V", "W", "C", "E", "K")),  # a module tracer export wrote keeps its dims by name
 )
 ORDER = ("d_model", "H", "Dh", "H_kv", "n_rep", "d_ff", "V")
 # sizes written as products only in these forms: "H * H" or "4 * H" would be true of the numbers and wrong in meaning
