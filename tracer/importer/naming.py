@@ -125,6 +125,8 @@ class Namer:
             last = axis == len(tensor.shape) - 1 >= 3
             after_heads = last and names[-1] in ("H", "H_kv")
             size, role = self.axis(tensor, axis), self.roles.get(id(tensor), {}).get(axis)
+            if role == "V" and "V" not in self.dims and isinstance(size, int) and size > 1:  # no config names the vocab
+                self.dims["V"] = Dim(size, size, "rows of a table looked up by the token ids the module is given")
             prefer = (role,) if role else ("Dh",) if last else ()
             names.append(self.size(size, prefer, (*HEAD_PRODUCTS, *PRODUCTS) if after_heads else PRODUCTS))
         return names
