@@ -155,6 +155,8 @@ def _written_casts(graph: torch.fx.Graph) -> set[torch.fx.Node]:
 
 def _identity_of(node: torch.fx.Node) -> torch.fx.Node | None:
     target, args = node.target, node.args
+    if target == aten.cat.default:
+        return _cat_of_one(node)
     first = args[0] if args and isinstance(args[0], torch.fx.Node) else None
     if first is None:
         return None
@@ -170,6 +172,18 @@ def _identity_of(node: torch.fx.Node) -> torch.fx.Node | None:
     if target == aten.slice.Tensor:
         return first if _full_slice(node) else None
     return None
+
+
+def _cat_of_one(node: torch.fx.Node) -> torch.fx.Node | None:
+    """The one part of a ``cat`` whose other parts are empty 1-d tensors, which torch.cat skips: a
+    ``DynamicCache`` rebuilt from its keys and values for the capture appends them to ``tensor([])``."""
+    parts = [p for p in node.args[0] if not _empty_vector(p)]
+    return parts[0] if len(parts) == 1 and isinstance(parts[0], torch.fx.Node) and _same_meta(node, parts[0]) else None
+
+
+def _empty_vector(part) -> bool:
+    value = part.meta.get("val") if isinstance(part, torch.fx.Node) else None
+    return isinstance(value, torch.Tensor) and value.ndim == 1 and value.shape[0] == 0
 
 
 def _is_number(value, number) -> bool:

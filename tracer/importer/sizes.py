@@ -413,9 +413,13 @@ class Sizes:
         return tuple(shape)
 
     def _expanded(self, node, first: Shape, out: tuple[int, ...]) -> Shape:
+        """An axis expand makes keeps a model dim's size (repeat_kv's ``n_rep``), but the first, which
+        is a batch (a causal mask's ``expand(batch_size, -1, -1, -1)`` where B = H_kv = 2)."""
         lead = len(out) - len(first)
         return tuple(
-            first[axis - lead] if axis >= lead and size_value(first[axis - lead]) == size else self._guess(size, self.model)
+            first[axis - lead]
+            if axis >= lead and size_value(first[axis - lead]) == size
+            else self._guess(size, self.model if axis else frozenset())
             for axis, size in enumerate(out)
         )
 
