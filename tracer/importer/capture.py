@@ -90,8 +90,25 @@ def given_caches(module: torch.nn.Module, args: tuple, kwargs: dict) -> list[str
                 "(model(ids, use_cache=True).past_key_values), or no cache: the whole sequence in one forward"
             )
             raise TracerError(Diagnostic("<module>", None, "import-cache", message))
+        _refuse_dropped_tokens(name, cache)
         register_dynamic_cache_export_support()
     return found
+
+
+def _refuse_dropped_tokens(name: str, cache) -> None:
+    """torch.export takes a cache as its keys and values: a sliding-window layer that has let
+    tokens go would come back holding only those it keeps, and the new tokens would be placed
+    (rotated, masked) after them, not after every token the module has seen."""
+    for index, layer in enumerate(cache.layers):
+        held = 0 if layer.keys is None else int(layer.keys.shape[-2])
+        seen = int(layer.get_seq_length())
+        if held != seen:
+            message = (
+                f"layer {index} of forward's argument '{name}' holds the last {held} of {seen} tokens (a sliding window): "
+                f"torch.export takes a cache as its keys and values, so the capture would place the new tokens at position {held}, "
+                f"not {seen} — give a cache no longer than the window, or no cache (the whole sequence in one forward)"
+            )
+            raise TracerError(Diagnostic("<module>", None, "import-cache", message))
 
 
 def capture(module: torch.nn.Module, args: tuple, kwargs: dict):

@@ -194,7 +194,8 @@ def _full_slice(node: torch.fx.Node) -> bool:
     args = list(node.args) + [None] * (5 - len(node.args))
     _, dim, start, end, step = args
     size = node.args[0].meta["val"].shape[dim or 0]
-    return start in (None, 0) and (end is None or (isinstance(end, int) and end >= size)) and step in (None, 1)
+    whole_from = start in (None, 0) or (isinstance(start, int) and start <= -size)  # x[-3:] of 3: a sliding cache kept whole
+    return whole_from and (end is None or (isinstance(end, int) and end >= size)) and step in (None, 1)
 
 
 def _same_meta(a: torch.fx.Node, b: torch.fx.Node) -> bool:

@@ -27,6 +27,7 @@ from .leaves import captured, settings
 from .lines import exported_file, exported_step, frames, source_line
 from .naming import Namer
 from .rotary import assigned_call, exported_parameters, literal, scaling_of
+from .sizes import plus, size_value
 
 EXPERTS = torch.ops.tracer.experts.default  # a sparse mixture of experts captured whole (leaves.py)
 INDEXED = re.compile(r"([A-Za-z_]\w*)\[")
@@ -761,6 +762,9 @@ class Translator:
     def _slice(self, node):
         fields = {"op": "index", "input": self.ref(node.args[0]), "dim": _arg(node, 1, 0)}
         start, stop, step = _arg(node, 2, None), _arg(node, 3, None), _arg(node, 4, 1)
+        if isinstance(start, int) and start < 0:  # from the end: x[:, :, -3:] of past + 1 keys starts at past - 2
+            axis = self.namer.axis(node.args[0].meta["val"], fields["dim"])
+            start = plus(axis, start) if size_value(axis) + start > 0 else None
         if start not in (None, 0):
             fields["start"] = self.size(start)
         if stop is not None and not (isinstance(stop, int) and stop >= 2**62):
