@@ -147,9 +147,16 @@ def _written_casts(graph: torch.fx.Graph) -> set[torch.fx.Node]:
     calls = [n for n in graph.nodes if n.op == "call_function"]
     if not any(n.target == aten.to.dtype for n in calls):
         return set()
-    lines = collections.Counter(source_line(n) for n in calls)
+
+    def statement(node):  # a line run by one module: each copy of a repeated block runs it apart
+        stack = module_stack(node)
+        return source_line(node), stack[-1][0] if stack else ""
+
+    lines = collections.Counter(statement(n) for n in calls)
     return {
-        n for n in calls if n.target == aten.to.dtype and (line := source_line(n)) is not None and lines[line] == 1 and whole_step(line)
+        n
+        for n in calls
+        if n.target == aten.to.dtype and (line := source_line(n)) is not None and lines[statement(n)] == 1 and whole_step(line)
     }
 
 

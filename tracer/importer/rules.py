@@ -677,7 +677,7 @@ class Translator:
         stacked = f"2 * {inner}" if fields.get("gated", True) else inner
         shapes = {gate_up: [stacked, hidden], down: [hidden, inner], up_bias: [stacked], down_bias: [hidden]}
         for param, shape in shapes.items():
-            if param is not None:
+            if param is not None and self.names.get(param) in self.params:  # a weight the module computes keeps its step's shape
                 self.params[self.names[param]]["shape"] = [experts, *(reversed(shape) if in_out else shape)]
         router = _router_weight(self.graph, chosen)
         if router is not None and tuple(router.meta["val"].shape) == (count, width):

@@ -264,7 +264,7 @@ class Sizes:
         for node in self.graph.calls():
             if node.target == aten.embedding.default and node.args[0].op == "placeholder":
                 tables[id(self._held(node.args[0]))] = "P" if node.args[1] in self.graph.constant else "V"
-        placeholders = [n for n in self.graph.fx.nodes if n.op == "placeholder"]
+        placeholders = [n for n in self.graph.fx.nodes if n.op == "placeholder" and isinstance(n.meta.get("val"), torch.Tensor)]
         # a tied table is one tensor under two keys (T5's shared and embed_tokens): the one no op reads has the other's rows
         return {id(n.meta["val"]): {0: tables[id(self._held(n))]} for n in placeholders if id(self._held(n)) in tables}
 
