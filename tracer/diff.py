@@ -25,6 +25,7 @@ from .analysis.graph import Node
 from .api import Pipeline
 from .core import dimexpr
 from .core.formatting import human_bytes
+from .core.symbolic import Dim, Poly, substitute
 from .presentation.diff_report import Row, Side, diff_html
 
 RTOL = 1e-5  # of the values' magnitude: float32 kernels that sum in another order differ by ~1e-6 of it
@@ -108,7 +109,7 @@ def _compare_pairs(matching: Matching, depth: _Depths, result: Diff) -> None:
     """Each pair of steps: its changes, its shape where sizes or dtype differ, and the dims its
     axes are named by where only the names differ (``dim T -> seq``, once, at the first step)."""
     left, right = matching.left, matching.right
-    labels: dict[tuple[str, str], str] = {}  # (A's label, B's) -> the first step with it
+    labels: dict[tuple[str, str], tuple[Dim, Dim, str]] = {}  # (A's label, B's) -> the dims, the first step with them
     for step_id, node_a in matching.nodes_a.items():
         if step_id not in matching.pairs:
             continue
@@ -120,8 +121,42 @@ def _compare_pairs(matching: Matching, depth: _Depths, result: Diff) -> None:
         elif meta_a is not None:
             for x, y in zip(meta_a.shape, meta_b.shape, strict=True):
                 if x.label != y.label:
-                    labels.setdefault((x.label, y.label), step_id)
-    result.renamed += [f"dim {x} -> {y} (as at {where})" for (x, y), where in labels.items()]
+                    labels.setdefault((x.label, y.label), (x, y, step_id))
+    declared = _declared_labels(matching)
+    renamed = {x.label: y.poly for x, y, _ in [*labels.values(), *declared.values()] if _is_base(x)}  # A's dim -> B's size
+    kept, implied = [], []
+    for entry in labels.values():
+        (implied if _spelled_out(entry[0], entry[1], renamed) else kept).append(entry)
+    used = {name for x, _, _ in implied for name in _names(x.poly)} - {x.label for x, _, _ in kept}
+    kept += [entry for entry in declared.values() if _is_base(entry[0]) and entry[0].label in used]  # what a sum follows from
+    result.renamed += [f"dim {x} -> {y} (as at {where})" for x, y, where in kept]
+
+
+def _declared_labels(matching: Matching) -> dict[tuple[str, str], tuple[Dim, Dim, str]]:
+    """(A's label, B's) -> the dims and the first input or param declared with them, of paired declarations."""
+    found: dict[tuple[str, str], tuple[Dim, Dim, str]] = {}
+    for name, declared in matching.left.declared.items():
+        other = matching.right.declared.get(matching.pairs.get(name, ""))
+        if other is not None and not _differ(declared.meta, other.meta):
+            for x, y in zip(declared.meta.shape, other.meta.shape, strict=True):
+                if x.label != y.label:
+                    found.setdefault((x.label, y.label), (x, y, name))
+    return found
+
+
+def _names(poly: Poly) -> set[str]:
+    return {name for mono, _ in poly.terms for name, _ in mono}
+
+
+def _is_base(dim: Dim) -> bool:
+    return dim.poly == Poly.symbol(dim.label)
+
+
+def _spelled_out(x: Dim, y: Dim, renamed: dict[str, Poly]) -> bool:
+    """A dim one side defines as an expression and the other writes out, the dims it is made of
+    renamed as their own lines say: ``N: B * T`` beside ``B * T`` is no rename, nor is ``T_kv: past +
+    T`` beside ``past + 1`` where ``T -> 1`` is listed."""
+    return not (_is_base(x) and _is_base(y)) and substitute(x.poly, {} if _is_base(x) else renamed) == y.poly
 
 
 def _steps(nodes: dict[str, Node]) -> int:
@@ -512,9 +547,21 @@ def _held(shape: str, declared) -> str:
 
 def _dim_changes(left, right) -> list[list[str]]:
     """[dim, A's size or '-', B's] for the file's dims (and the block dims with one size everywhere)
-    that one has and the other has not, or that have another size."""
+    that one has and the other has not, or that have another size. A dim one file derives from
+    others (``N: B * T``) and the other has not is a name for what that file writes out: its size
+    shows where it is used, as a rename's does."""
     x, y = left.alg.values, right.alg.values
-    return [[name, str(x.get(name, "-")), str(y.get(name, "-"))] for name in dict.fromkeys([*x, *y]) if x.get(name) != y.get(name)]
+
+    def derived_on_one_side(name: str) -> bool:
+        alg = left.alg if name in x else right.alg
+        return (name in x) != (name in y) and name in alg.exprs and not dimexpr.is_number(alg.exprs[name])
+
+    names = dict.fromkeys([*x, *y])
+    return [
+        [name, str(x.get(name, "-")), str(y.get(name, "-"))]
+        for name in names
+        if x.get(name) != y.get(name) and not derived_on_one_side(name)
+    ]
 
 
 def _count(analysis) -> int:

@@ -9,6 +9,7 @@ Capturing runs the module's own code (its ``forward`` with fake tensors), as cal
 
 from __future__ import annotations
 
+import copy
 import functools
 import inspect
 import tempfile
@@ -19,7 +20,7 @@ import torch
 from .analysis.lints.structure import unread_declarations
 from .api import Pipeline, load
 from .core.errors import Diagnostic, TracerError
-from .importer.capture import caching_configs, capture, capturing, graph_inputs
+from .importer.capture import caching_configs, capture, capturing, given_caches, graph_inputs
 from .importer.idioms import Graph, one_thread_if_small
 from .importer.naming import Namer, model_dims
 from .importer.rules import Translator
@@ -37,6 +38,7 @@ def from_module(
     ``dims`` names sizes the module's attributes do not (``{"d_model": 64, "H": 4}``).
     An op with no tracer step raises ``TracerError`` listing each one with its source line.
     """
+    caches = given_caches(module, example_args, example_kwargs)
     program = capture(module, example_args, example_kwargs)
     graph = Graph(program, graph_inputs(program, example_args, example_kwargs))
     model = model_dims(module, dims)
@@ -49,7 +51,11 @@ def from_module(
         f"Imported by tracer.from_module from {type(module).__module__}.{type(module).__qualname__}:",
         "torch.export (non-strict) at the example sizes; weights: module.state_dict().",
     ]
-    if caching_configs(module):
+    if caches:
+        header.append(
+            f"The KV cache {', '.join(caches)}: its keys and values are inputs, the updated ones outputs (the new tokens' appended)."
+        )
+    elif caching_configs(module):
         header.append("config.use_cache was off for the capture: the pipeline is one forward without a KV cache.")
     dims_section = dims_of({d.name: d.size for d in sizes.dims}, namer.dims)
     document = Document(name, header, dims_section, translator.inputs, translator.params, translator.steps, translator.outputs, seed=0)
@@ -107,12 +113,18 @@ def _load(document: Document) -> Pipeline:
 
 def difference(pipeline: Pipeline, module: torch.nn.Module, *args, **kwargs) -> float:
     """The largest absolute difference between the pipeline's outputs and the module's, on the module's weights."""
+    caches = given_caches(module, args, kwargs)
     tensors = [*torch.utils._pytree.tree_leaves((args, kwargs)), *module.state_dict().values()]
+    call = inspect.signature(module.forward).bind(*args, **kwargs)
+    bound = dict(call.arguments)
+    for name in caches:  # the module appends to the cache it is given: a copy, so that the caller's stays as it was
+        call.arguments[name] = copy.deepcopy(bound[name])
     with one_thread_if_small(tensors):  # the module and the pipeline on the example: as small as the capture's
-        with capturing(module):
-            expected = [t for t in torch.utils._pytree.tree_leaves(module(*args, **kwargs)) if isinstance(t, torch.Tensor)]
-        bound = inspect.signature(module.forward).bind(*args, **kwargs).arguments
+        with capturing(module, bool(caches)):
+            expected = [t for t in torch.utils._pytree.tree_leaves(module(*call.args, **call.kwargs)) if isinstance(t, torch.Tensor)]
         inputs = {name: value for name, value in bound.items() if name in pipeline.spec.inputs}
+        for name in caches:  # its keys and values, as torch.export flattened them into the inputs NAME_…
+            inputs.update(zip([i for i in pipeline.spec.inputs if i.startswith(f"{name}_")], torch.utils._pytree.tree_leaves(bound[name])))
         trace = pipeline.run(params=module.state_dict(), inputs=inputs, keep_values=True)
     got = [trace[name].tensor for name in pipeline.spec.outputs or [pipeline.spec.steps[-1].id]]
     if len(got) != len(expected):

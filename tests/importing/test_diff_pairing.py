@@ -25,3 +25,28 @@ def test_causal_mha_against_imported_nanogpt_pairs_what_a_reader_pairs():
     }
     assert expected <= renamed, sorted(renamed)
     assert {"k: linear", "v: linear", "weights_d: dropout"} <= set(found.removed) and found.added == ["q_split: split"]
+
+
+DERIVED = """\
+name: {name}
+dims: {{B: 2, {length}: 3, past: 4{derived}}}
+inputs:
+  x: {{shape: [B, {length}, 8], init: randn}}
+  cache: {{shape: [B, past, 8], init: randn}}
+steps:
+  - {{id: flat, op: view, input: x, shape: [{rows}, 8]}}
+  - {{id: joined, op: cat, inputs: [cache, x], dim: 1}}
+"""
+
+
+def test_a_derived_dim_is_compared_by_what_it_is_made_of():
+    """``N: B * T`` beside ``B * T`` written out is no rename and no dim the other file lacks;
+    ``T_kv: past + T`` beside ``past + S`` follows from ``T -> S``, listed once (at the input that
+    shows it: no step has T alone)."""
+    named = tracer.loads(DERIVED.format(name="a", length="T", derived=", N: B * T, T_kv: past + T", rows="N"), "a.yaml")
+    written = tracer.loads(DERIVED.format(name="b", length="T", derived="", rows="B * T"), "b.yaml")
+    found = diff(named, written)
+    assert found.same and not found.renamed and not found.dims
+    other = tracer.loads(DERIVED.format(name="c", length="S", derived="", rows="B * S"), "c.yaml")
+    found = diff(named, other)
+    assert found.renamed == ["dim T -> S (as at x)"] and found.dims == [["T", "3", "-"], ["S", "-", "3"]]

@@ -4,7 +4,7 @@ stack trace is parsed once however many times its id, comment and caller read it
 
 import torch
 
-from tracer.importer import idioms, rules
+from tracer.importer import idioms, lines
 from tracer.importer.capture import capture, graph_inputs
 
 
@@ -50,10 +50,10 @@ def test_a_stack_trace_is_parsed_once_and_read_the_same_each_time():
     trace = 'File "/home/me/model.py", line 12, in forward\n    y = self.proj(x)\n'
     node = torch.fx.Graph().placeholder("x")
     node.meta["stack_trace"] = trace
-    rules._frames.cache_clear()
-    first = rules.frames(node)
+    lines._frames.cache_clear()
+    first = lines.frames(node)
     assert first == (("/home/me/model.py", 12, "forward", "y = self.proj(x)"),)
-    assert rules.frames(node) is first and rules._frames.cache_info().misses == 1
+    assert lines.frames(node) is first and lines._frames.cache_info().misses == 1
 
 
 class _Unread(torch.nn.Module):  # a param no op reads, as a tied or spare weight is

@@ -218,3 +218,76 @@ def test_only_literals_of_a_t5_buckets_call_are_read_as_its_settings():
     assert exported_t5_settings(line) == {"max_distance": 6, "bidirectional": True}
     assert exported_t5_settings("b = t5_buckets(torch, T, T, NB, __import__('os').getpid(), True, d)") is None
     assert exported_t5_settings("b = my_buckets(torch, T, T, NB, 6, True, d)") is None
+
+
+def test_mixtrals_moe_comes_back_as_its_moe_step(tmp_path):
+    """The exported experts are the module ``MoeExperts`` (its class says ``tracer_step = "moe"``),
+    captured whole as the moe step it was; the router's float32 cast (the identity on float32
+    logits, a line of its own) stays the step it is; ``N: B * T`` written out as ``B * T`` is no rename."""
+    pipeline, back = _round_trip(PIPELINES / "models/mixtral_sparse_moe.yaml", tmp_path)
+    found = diff(pipeline, back, values=True)
+    assert found.same and not found.renamed and not found.dims and found.compared_values and found.diverges is None
+    assert [(s.id, s.op) for s in back.spec.steps] == [(s.id, s.op) for s in pipeline.spec.steps]
+    (experts,) = [s for s in back.spec.steps if s.op == "moe"]
+    assert (experts.gate_up, experts.down, experts.activation) == ("W_gate_up", "W_down", "silu")
+    assert back.spec.params["W_gate_up"].shape == ["E", "2 * d_ff", "d_model"] and not back.check().diagnostics
+
+
+GPT_OSS_MOE = """\
+name: gpt_oss_moe
+dims: {B: 2, T: 3, d_model: 8, E: 4, K: 2, d_ff: 6}
+inputs:
+  h: {shape: [B, T, d_model], init: randn}
+  p: {shape: [B, T, E], init: rand}
+params:
+  gu: {shape: [E, d_model, 2 * d_ff], init: randn}
+  dn: {shape: [E, d_ff, d_model], init: randn}
+  gub: {shape: [E, 2 * d_ff], init: randn}
+  dnb: {shape: [E, d_model], init: randn}
+steps:
+  - {id: route, op: topk, input: p, k: K, normalize: true, outputs: [w, i]}
+  - {id: y, op: moe, inputs: [h, w, i], gate_up: gu, down: dn, gate_up_bias: gub, down_bias: dnb, layout: in_out,
+     interleave: true, activation: clamped_swiglu, alpha: 1.5, limit: 0.8}
+"""
+
+
+def test_a_moe_steps_settings_and_biases_come_back_from_its_exported_module(tmp_path):
+    """GPT-OSS's variant: the settings the exported ``MoeExperts`` holds are the step's fields again,
+    its biases the step's biases, its weights named (E, d_model, 2 * d_ff) in its in_out layout."""
+    path = tmp_path / "gpt_oss_moe.yaml"
+    path.write_text(GPT_OSS_MOE)
+    pipeline, back = _round_trip(path, tmp_path / "out")
+    found = diff(pipeline, back, values=True)
+    assert found.same and not found.renamed and not found.dims and found.diverges is None
+    fields = ("gate_up_bias", "down_bias", "layout", "interleave", "gated", "activation", "alpha", "limit")
+    (source,), (came_back,) = ([s for s in p.spec.steps if s.op == "moe"] for p in (pipeline, back))
+    assert {f: getattr(came_back, f) for f in fields} == {f: getattr(source, f) for f in fields}
+    assert back.spec.params["gu"].shape == ["E", "d_model", "2 * d_ff"] and back.spec.params["dn"].shape == ["E", "d_ff", "d_model"]
+
+
+def test_a_module_marked_moe_with_settings_no_moe_step_has_is_refused_saying_which(tmp_path):
+    import torch
+
+    from tracer.core.errors import TracerError
+
+    pipeline = tracer.load(PIPELINES / "models/mixtral_sparse_moe.yaml")
+    module = _exported_module(pipeline, tmp_path, 0)
+    module.experts.gated = "yes"  # the module runs (`not gated` is False), no moe step says it
+    with pytest.raises(TracerError, match="tracer_step = 'moe' at 'experts': its gated is 'yes', not a bool"):
+        from_module(module, torch.randn(2, 5, 16))
+
+
+def test_the_decode_steps_query_length_of_one_is_one_rename_its_sums_follow(tmp_path):
+    """The capture at one new token fixes T = 1 (torch.export fixes sizes of 1): ``dim T -> 1`` is
+    the one rename, true of the files; ``T_kv: past + T`` beside ``past + 1`` follows from it. Given
+    three new tokens, the import follows T from the inputs and names every size as the source does."""
+    pipeline, back = _round_trip(PIPELINES / "models/kv_cache_decode.yaml", tmp_path)
+    found = diff(pipeline, back, values=True)
+    assert found.same and found.renamed == ["dim T -> 1 (as at q)"] and found.dims == [["T", "1", "-"]]
+    assert found.diverges is None and found.compared_values
+    import torch
+
+    module = _exported_module(pipeline, tmp_path, 0)
+    chunk = from_module(module, x=torch.randn(2, 3, 16), k_cache=torch.randn(2, 2, 5, 4), v_cache=torch.randn(2, 2, 5, 4))
+    assert chunk.spec.inputs["x"].shape == ["B", "T", "d_model"] and chunk.spec.dims["T"] == 3
+    assert not diff(pipeline, chunk).renamed  # only the sizes at T = 3 differ

@@ -83,6 +83,22 @@ class Poly:
         return _format(self)
 
 
+def substitute(poly: Poly, values: Mapping[str, Poly]) -> Poly | None:
+    """``poly`` with each dim ``values`` names replaced by its poly (``past + T`` with T = 1 is
+    ``past + 1``); None where a dim under a negative power becomes a sum, which does not divide exactly."""
+    total = Poly.const(0)
+    for mono, coeff in poly.terms:
+        term: Poly | None = Poly((((), coeff),))
+        for name, exp in mono:
+            factor = values.get(name, Poly.symbol(name))
+            for _ in range(abs(exp)):
+                term = term * factor if exp > 0 else term.divide(factor)
+                if term is None:
+                    return None
+        total = total + term
+    return total
+
+
 # A 48-layer stack repeats the same few products thousands of times, and a check of many files the
 # same quotients (a view's lint divides its dims by each other); the polys are immutable, so each
 # distinct sum, product, quotient and text is computed once per process.

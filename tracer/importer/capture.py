@@ -12,6 +12,7 @@ in the file all the same.
 from __future__ import annotations
 
 import contextlib
+import inspect
 
 import torch
 import torch.fx.proxy
@@ -22,12 +23,12 @@ from .rotary import settled_rope_updates
 
 
 @contextlib.contextmanager
-def capturing(module: torch.nn.Module):
-    """Eval mode, no grad, no fused MHA fast path, no KV cache, and every frame outside torch in the
-    stack traces; the module as it was afterwards."""
+def capturing(module: torch.nn.Module, cache_given: bool = False):
+    """Eval mode, no grad, no fused MHA fast path, no KV cache (but the one a decode step is given:
+    ``cache_given``), and every frame outside torch in the stack traces; the module as it was afterwards."""
     fastpath, training = torch.backends.mha.get_fastpath_enabled(), module.training
     anchors = getattr(torch.fx.proxy, "_STACK_TRACE_ANCHORS", None)  # private: without it only forward() frames are kept
-    cached = caching_configs(module)
+    cached = [] if cache_given else caching_configs(module)
     torch.backends.mha.set_fastpath_enabled(False)
     module.eval()
     for config in cached:
@@ -64,9 +65,56 @@ class _OutsideTorch(set):
         return "/torch/" not in frame[0].replace("\\", "/")
 
 
+def given_caches(module: torch.nn.Module, args: tuple, kwargs: dict) -> list[str]:
+    """The arguments of forward that are a transformers KV cache (``past_key_values`` of a decode
+    step). A ``DynamicCache`` is registered as a pytree node with transformers' own
+    ``register_dynamic_cache_export_support`` (what its export of decoder-only models does), so that
+    torch.export takes its keys and values, per layer, as inputs and returns the updated ones; any
+    other cache is refused, saying how to call the module so that it imports."""
+    try:
+        bound = inspect.signature(module.forward).bind(*args, **kwargs).arguments
+    except TypeError:  # torch.export says what is wrong with the call
+        return []
+    found = [name for name, value in bound.items() if type(value).__module__ == "transformers.cache_utils"]
+    for name in found:
+        from transformers.cache_utils import DynamicCache  # a cache was given: transformers is loaded
+        from transformers.integrations.executorch import register_dynamic_cache_export_support
+
+        cache = bound[name]
+        kinds = {type(layer).__name__ for layer in getattr(cache, "layers", [])}
+        if type(cache) is not DynamicCache or not kinds <= {"DynamicLayer", "DynamicSlidingWindowLayer"}:
+            message = (
+                f"forward's argument '{name}' is a {type(cache).__name__} (layers: {', '.join(sorted(kinds)) or 'none'}): "
+                "tracer imports a decode step given a DynamicCache of DynamicLayers (its keys and values become inputs, "
+                "the updated ones outputs) — pass the DynamicCache the model returns with use_cache=True "
+                "(model(ids, use_cache=True).past_key_values), or no cache: the whole sequence in one forward"
+            )
+            raise TracerError(Diagnostic("<module>", None, "import-cache", message))
+        _refuse_dropped_tokens(name, cache)
+        register_dynamic_cache_export_support()
+    return found
+
+
+def _refuse_dropped_tokens(name: str, cache) -> None:
+    """torch.export takes a cache as its keys and values: a sliding-window layer that has let
+    tokens go would come back holding only those it keeps, and the new tokens would be placed
+    (rotated, masked) after them, not after every token the module has seen."""
+    for index, layer in enumerate(cache.layers):
+        held = 0 if layer.keys is None else int(layer.keys.shape[-2])
+        seen = int(layer.get_seq_length())
+        if held != seen:
+            message = (
+                f"layer {index} of forward's argument '{name}' holds the last {held} of {seen} tokens (a sliding window): "
+                f"torch.export takes a cache as its keys and values, so the capture would place the new tokens at position {held}, "
+                f"not {seen} — give a cache no longer than the window, or no cache (the whole sequence in one forward)"
+            )
+            raise TracerError(Diagnostic("<module>", None, "import-cache", message))
+
+
 def capture(module: torch.nn.Module, args: tuple, kwargs: dict):
     """The ExportedProgram of the module at the example sizes."""
-    with capturing(module), settled_rope_updates(module, args, kwargs), experts_whole(module):
+    cache_given = bool(given_caches(module, args, kwargs))
+    with capturing(module, cache_given), settled_rope_updates(module, args, kwargs), experts_whole(module):
         try:
             return torch.export.export(module, tuple(args), dict(kwargs), strict=False)
         except Exception as exc:  # torch's own message says why (data-dependent control flow, unsupported types)

@@ -12,6 +12,7 @@ repeat_kv, GPT-2's tanh GELU, merging heads, Conv1D, ``nn.MultiheadAttention``) 
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import functools
 import math
@@ -25,6 +26,7 @@ from torch.fx.passes.utils.matcher_utils import SubgraphMatcher
 
 from ..core.errors import Diagnostic, TracerError
 from ..steps.attention import causal_hidden
+from .lines import source_line, whole_step
 from .rotary import frequency_columns, scaled_table, tolerance
 
 aten = torch.ops.aten
@@ -123,12 +125,15 @@ class Graph:
 
 
 def canonicalize(graph: torch.fx.Graph) -> None:
-    """Remove the nodes that return their input unchanged at the example."""
+    """Remove the nodes that return their input unchanged at the example, but a cast that is a step
+    of a module ``tracer export`` wrote (``router_logits_f32 = router_logits.to(torch.float32)``):
+    export then import keeps the steps of the file."""
     for node in list(graph.nodes):
-        if node.op != "call_function":
-            continue
-        if node.target == aten._assert_tensor_metadata.default:
+        if node.op == "call_function" and node.target == aten._assert_tensor_metadata.default:
             graph.erase_node(node)
+    written = _written_casts(graph)
+    for node in list(graph.nodes):
+        if node.op != "call_function" or node in written:
             continue
         source = _identity_of(node)
         if source is not None:
@@ -137,8 +142,28 @@ def canonicalize(graph: torch.fx.Graph) -> None:
     graph.lint()
 
 
+def _written_casts(graph: torch.fx.Graph) -> set[torch.fx.Node]:
+    """The casts that are the only op of a line that is a whole step of a ``tracer export``ed module."""
+    calls = [n for n in graph.nodes if n.op == "call_function"]
+    if not any(n.target == aten.to.dtype for n in calls):
+        return set()
+
+    def statement(node):  # a line run by one module: each copy of a repeated block runs it apart
+        stack = module_stack(node)
+        return source_line(node), stack[-1][0] if stack else ""
+
+    lines = collections.Counter(statement(n) for n in calls)
+    return {
+        n
+        for n in calls
+        if n.target == aten.to.dtype and (line := source_line(n)) is not None and lines[statement(n)] == 1 and whole_step(line)
+    }
+
+
 def _identity_of(node: torch.fx.Node) -> torch.fx.Node | None:
     target, args = node.target, node.args
+    if target == aten.cat.default:
+        return _cat_of_one(node)
     first = args[0] if args and isinstance(args[0], torch.fx.Node) else None
     if first is None:
         return None
@@ -156,6 +181,18 @@ def _identity_of(node: torch.fx.Node) -> torch.fx.Node | None:
     return None
 
 
+def _cat_of_one(node: torch.fx.Node) -> torch.fx.Node | None:
+    """The one part of a ``cat`` whose other parts are empty 1-d tensors, which torch.cat skips: a
+    ``DynamicCache`` rebuilt from its keys and values for the capture appends them to ``tensor([])``."""
+    parts = [p for p in node.args[0] if not _empty_vector(p)]
+    return parts[0] if len(parts) == 1 and isinstance(parts[0], torch.fx.Node) and _same_meta(node, parts[0]) else None
+
+
+def _empty_vector(part) -> bool:
+    value = part.meta.get("val") if isinstance(part, torch.fx.Node) else None
+    return isinstance(value, torch.Tensor) and value.ndim == 1 and value.shape[0] == 0
+
+
 def _is_number(value, number) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and value == number
 
@@ -164,7 +201,8 @@ def _full_slice(node: torch.fx.Node) -> bool:
     args = list(node.args) + [None] * (5 - len(node.args))
     _, dim, start, end, step = args
     size = node.args[0].meta["val"].shape[dim or 0]
-    return start in (None, 0) and (end is None or (isinstance(end, int) and end >= size)) and step in (None, 1)
+    whole_from = start in (None, 0) or (isinstance(start, int) and start <= -size)  # x[-3:] of 3: a sliding cache kept whole
+    return whole_from and (end is None or (isinstance(end, int) and end >= size)) and step in (None, 1)
 
 
 def _same_meta(a: torch.fx.Node, b: torch.fx.Node) -> bool:

@@ -40,7 +40,7 @@ ATTRIBUTES = (
     ("num_local_experts", "E"),  # named only where a step prefers it (a topk's k is K): never by value
     ("num_experts_per_tok", "K"),
     ("attention_chunk_size", "C"),
-    *((name, name) for name in ("H", "H_kv", "Dh", "d_ff", "V", "W", "C")),  # a module tracer export wrote keeps its dims by name
+    *((name, name) for name in ("H", "H_kv", "Dh", "d_ff", "V", "W", "C", "E", "K")),  # a module tracer export wrote keeps its dims by name
 )
 ORDER = ("d_model", "H", "Dh", "H_kv", "n_rep", "d_ff", "V")
 # sizes written as products only in these forms: "H * H" or "4 * H" would be true of the numbers and wrong in meaning
@@ -125,6 +125,8 @@ class Namer:
             last = axis == len(tensor.shape) - 1 >= 3
             after_heads = last and names[-1] in ("H", "H_kv")
             size, role = self.axis(tensor, axis), self.roles.get(id(tensor), {}).get(axis)
+            if role == "V" and "V" not in self.dims and isinstance(size, int) and size > 1:  # no config names the vocab
+                self.dims["V"] = Dim(size, size, "rows of a table looked up by the token ids the module is given")
             prefer = (role,) if role else ("Dh",) if last else ()
             names.append(self.size(size, prefer, (*HEAD_PRODUCTS, *PRODUCTS) if after_heads else PRODUCTS))
         return names

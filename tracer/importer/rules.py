@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import functools
 import inspect
-import linecache
 import math
 import operator
 import os
@@ -22,17 +21,15 @@ from typing import Any
 import torch
 
 from ..core.errors import Diagnostic, Position, TracerError
-from ..presentation.export import HEADER as EXPORT_HEADER
 from ..steps.positions import alibi_slopes, t5_buckets
 from .idioms import Graph, Idiom, aten, hidden_pattern, mask_argument, module_stack, sdpa_reading_as_mask
-from .leaves import ACTIVATIONS as EXPERT_ACTIVATIONS
-from .leaves import captured
+from .leaves import captured, settings
+from .lines import exported_file, exported_step, frames, source_line
 from .naming import Namer
 from .rotary import assigned_call, exported_parameters, literal, scaling_of
+from .sizes import plus, size_value
 
-FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)\n\s+(.*)')
-# the tag `tracer export` ends each line of forward with: "  # (B, T, d_model) layer.q_proj" or "  # layer.q_proj"
-EXPORT_TAG = re.compile(r"  # (?:\(.*\) )?([^\s#]+)$")
+EXPERTS = torch.ops.tracer.experts.default  # a sparse mixture of experts captured whole (leaves.py)
 INDEXED = re.compile(r"([A-Za-z_]\w*)\[")
 ASSIGNED = re.compile(r"^\s*([A-Za-z_][\w.]*(?:\s*,\s*[A-Za-z_][\w.]*)*)\s*(?::[^=]+)?=(?!=)")
 UNARY = {
@@ -96,31 +93,6 @@ class Step:
 
 class Unmapped(Exception):
     """A node with no rule; the message says what it is."""
-
-
-def frames(node: torch.fx.Node) -> tuple[tuple[str, int, str, str], ...]:
-    """(file, line, function, code) of the node's stack trace outside torch, outermost first."""
-    return _frames(node.meta.get("stack_trace") or "")
-
-
-@functools.lru_cache(maxsize=4096)
-def _frames(stack_trace: str) -> tuple[tuple[str, int, str, str], ...]:
-    """Parsed once per distinct trace: a node's is read for its id, its comment and its
-    caller, and nodes of one line share it."""
-    found = FRAME.findall(stack_trace)
-    first = next((i for i, (_, _, function, _) in enumerate(found) if function == "forward"), len(found))  # the root module's forward
-    return tuple((f, int(line), fn, code.strip()) for f, line, fn, code in found[first:] if not _internal(f))
-
-
-def _internal(file: str) -> bool:
-    """A frame of torch's machinery, not of a module's code (torch.nn's modules are modules' code)."""
-    file = file.replace("\\", "/")
-    return "/torch/" in file and "/torch/nn/modules/" not in file
-
-
-def source_line(node: torch.fx.Node) -> tuple[str, int, str] | None:
-    found = frames(node)
-    return (found[-1][0], found[-1][1], found[-1][3]) if found else None
 
 
 def calling_line(node: torch.fx.Node, leaf: torch.nn.Module) -> tuple[str, int, str] | None:
@@ -317,13 +289,15 @@ class Translator:
             return self._unique(leaf)
         base = _join(_module_path(node), self._variable(node, op) or op)
         line = source_line(node)
-        tagged = line is not None and _exported_step(line[0], line[2]) is not None  # `tracer export`'s own ids stay
+        tagged = line is not None and exported_step(line[0], line[2]) is not None  # `tracer export`'s own ids stay
         if base in self.module_paths and not tagged:  # `down_proj = self.down_proj(a * b)`: the product is not the Linear
             base = f"{base}_{op}"
         return self._unique(base)
 
     def _line(self, node: torch.fx.Node) -> tuple[str, int, str] | None:
         """The line a step is commented with and a problem located at: a leaf module's caller's."""
+        if node.target == EXPERTS:
+            return _calling_the_experts(node)
         leaf = self._leaf_module(node)
         return calling_line(node, self.module.get_submodule(leaf)) if leaf else source_line(node)
 
@@ -343,7 +317,7 @@ class Translator:
         """The step id a module `tracer export` wrote tags the line with, else the name the source
         line assigns; ``NAME_op`` for a node another node of the line reads."""
         line = source_line(node)
-        tag = _exported_step(line[0], line[2]) if line else None
+        tag = exported_step(line[0], line[2]) if line else None
         names = [tag] if tag else _assigned(line[2]) if line else []
         if not names:
             return None
@@ -683,27 +657,42 @@ class Translator:
 
     def _experts(self, node):
         """A sparse mixture of experts captured whole (``leaves.py``): a ``moe`` step of the tokens,
-        the routing weights and the chosen experts, commented with the line that called the experts."""
-        tokens, chosen, weights, gate_up, down, module = node.args
-        owner = captured(module)
-        fields = {"op": "moe", "inputs": [self.ref(tokens), self.ref(weights), self.ref(chosen)], "gate_up": self.ref(gate_up)}
-        fields.update(down=self.ref(down), activation=EXPERT_ACTIVATIONS[type(owner.act_fn).__name__])
-        step = self.emit(node, fields, step_id=self._unique(_module_path(node) or "experts"))
-        callers = frames(node)[:-1]  # the last frame is leaves.py's call of the operator
-        step.comment = _comment((callers[-1][0], callers[-1][1], callers[-1][3])) if callers else None
-        self._name_expert_axes(node, gate_up, down)
+        the routing weights and the chosen experts, with the module's settings. transformers'
+        experts are commented with the line that called them and named by their module path; a
+        ``tracer export``ed module's keep the step id its calling line is tagged with."""
+        tokens, weights, chosen, gate_up, down, up_bias, down_bias, module = node.args
+        try:
+            fields = settings(captured(module))
+        except ValueError as exc:
+            raise Unmapped(f"the experts module marked tracer_step = 'moe' at {_module_path(node)!r}: {exc}") from None
+        fields = {"op": "moe", "inputs": [self.ref(tokens), self.ref(weights), self.ref(chosen)], "gate_up": self.ref(gate_up), **fields}
+        fields.update(
+            down=self.ref(down), **{k: self.ref(v) for k, v in (("gate_up_bias", up_bias), ("down_bias", down_bias)) if v is not None}
+        )
+        calling = _calling_the_experts(node)
+        tag = exported_step(calling[0], calling[2]) if calling else None
+        path = _module_path(node)
+        step_id = _join(path.rpartition(".")[0], tag) if tag else path or "experts"
+        self.emit(node, fields, step_id=self._unique(step_id))  # commented with the calling line (_line)
+        self._name_expert_axes(node, fields)
 
-    def _name_expert_axes(self, node: torch.fx.Node, gate_up: torch.fx.Node, down: torch.fx.Node) -> None:
+    def _name_expert_axes(self, node: torch.fx.Node, fields: dict) -> None:
         """The experts' weights and the router's as the config names them, ``(E, 2 * d_ff, d_model)``
-        and ``(E, d_model, d_ff)``, ``(E, d_model)``: by value, E could read as H and 2F as
-        ``3 * d_model`` of the same sizes."""
-        count, width, model = down.meta["val"].shape
+        and ``(E, d_model, d_ff)`` (``in_out``: each transposed), ``(E, d_model)``: by value, E could read
+        as H and 2F as ``3 * d_model`` of the same sizes."""
+        tokens, _, chosen, gate_up, down, up_bias, down_bias, _ = node.args
+        count, width = gate_up.meta["val"].shape[0], tokens.meta["val"].shape[-1]
+        in_out = fields.get("layout") == "in_out"
+        model = down.meta["val"].shape[1 if in_out else 2]
         experts, hidden, inner = self.size(count, ("E",)), self.size(width, ("d_model",)), self.size(model, ("d_ff",))
         if not all(isinstance(name, str) for name in (experts, hidden, inner)):
             return
-        self.params[self.names[gate_up]]["shape"] = [experts, f"2 * {inner}", hidden]
-        self.params[self.names[down]]["shape"] = [experts, hidden, inner]
-        router = _router_weight(self.graph, node.args[1])
+        stacked = f"2 * {inner}" if fields.get("gated", True) else inner
+        shapes = {gate_up: [stacked, hidden], down: [hidden, inner], up_bias: [stacked], down_bias: [hidden]}
+        for param, shape in shapes.items():
+            if param is not None and self.names.get(param) in self.params:  # a weight the module computes keeps its step's shape
+                self.params[self.names[param]]["shape"] = [experts, *(reversed(shape) if in_out else shape)]
+        router = _router_weight(self.graph, chosen)
         if router is not None and tuple(router.meta["val"].shape) == (count, width):
             self.params[self.names[router]]["shape"] = [experts, hidden]
 
@@ -786,6 +775,9 @@ class Translator:
     def _slice(self, node):
         fields = {"op": "index", "input": self.ref(node.args[0]), "dim": _arg(node, 1, 0)}
         start, stop, step = _arg(node, 2, None), _arg(node, 3, None), _arg(node, 4, 1)
+        if isinstance(start, int) and start < 0:  # from the end: x[:, :, -3:] of past + 1 keys starts at past - 2
+            axis = self.namer.axis(node.args[0].meta["val"], fields["dim"])
+            start = plus(axis, start) if size_value(axis) + start > 0 else None
         if start not in (None, 0):
             fields["start"] = self.size(start)
         if stop is not None and not (isinstance(stop, int) and stop >= 2**62):
@@ -997,7 +989,7 @@ class Translator:
             if current in seen or current not in self.graph.constant:
                 continue
             seen.add(current)
-            lines.update((code, None) for file, _, _, code in frames(current) if _exported_file(file))
+            lines.update((code, None) for file, _, _, code in frames(current) if exported_file(file))
             todo += current.all_input_nodes
         return list(lines)
 
@@ -1041,7 +1033,7 @@ class Translator:
         facts, reader = idiom.facts, idiom.node
         fields = {"op": "relative_position_bias", **self._t5_fields(facts), **self._bias_lengths(facts["bias"], facts["sdpa"])}
         line = source_line(facts["bias"])
-        tag = _exported_step(line[0], line[2]) if line else None  # a `tracer export`ed module's own id; else one per layer
+        tag = exported_step(line[0], line[2]) if line else None  # a `tracer export`ed module's own id; else one per layer
         step = self.emit(reader, fields, step_id=self._unique(tag or _join(_module_path(reader), "position_bias")))
         step.comment = _comment(self._line(facts["lookup"]))  # compute_bias's line, not the reader's
         self.names[facts["bias"]] = step.fields["id"]  # the bias as this layer reads it
@@ -1298,7 +1290,7 @@ RULES = {
     aten.baddbmm.default: Translator._baddbmm,
     aten.unbind.int: Translator._unbind,
     aten.topk.default: Translator._topk,
-    torch.ops.tracer.experts.default: Translator._experts,
+    EXPERTS: Translator._experts,
     aten.flatten.using_ints: Translator._flatten,
     aten.cumsum.default: Translator._cumsum,
     aten.roll.default: Translator._roll,
@@ -1384,6 +1376,12 @@ def _label(node: torch.fx.Node) -> str:
     return str(node.target).replace("aten.", "torch.ops.aten.") if isinstance(node.target, torch._ops.OpOverload) else str(node.target)
 
 
+def _calling_the_experts(node: torch.fx.Node) -> tuple[str, int, str] | None:
+    """The line that called an experts module captured whole: the last frame is leaves.py's call of the operator."""
+    callers = frames(node)[:-1]
+    return (callers[-1][0], callers[-1][1], callers[-1][3]) if callers else None
+
+
 def _join(path: str, name: str) -> str:
     return f"{path}.{name}" if path else name
 
@@ -1401,27 +1399,15 @@ def _same_statement(a: torch.fx.Node, b: torch.fx.Node) -> bool:
 def _comment(line: tuple[str, int, str] | None) -> str | None:
     """``file:line: code``; none for a line of a module `tracer export` wrote: that line is the step
     itself, tagged with its id, so export then import writes the file it started from."""
-    if line is None or _exported_step(line[0], line[2]):
+    if line is None or exported_step(line[0], line[2]):
         return None
     return f"{Path(line[0]).name}:{line[1]}: {line[2]}"
-
-
-def _exported_step(file: str, code: str) -> str | None:
-    """The YAML step id a line of a module `tracer export` wrote ends with: its steps keep their ids
-    (``layer.q_proj``, not the variable ``layer_q_proj``), so export then import gives the file back."""
-    found = EXPORT_TAG.search(code)
-    return found.group(1) if found and _exported_file(file) else None
-
-
-def _exported_file(file: str) -> bool:
-    """A module `tracer export` wrote: its first line is the export's header."""
-    return linecache.getline(file, 1).rstrip("\n") == EXPORT_HEADER[0]
 
 
 def _exported_outputs(file: str, code: str) -> list[str]:
     """The names a line assigns; in a module `tracer export` wrote, a split's outputs as the file
     named them: export writes ``h.0.q`` as the variable ``h_0_q``, under the step ``h.0.qkv_split``."""
-    names, tag = _assigned(code), _exported_step(file, code)
+    names, tag = _assigned(code), exported_step(file, code)
     prefix = tag.rpartition(".")[0] + "." if tag and "." in tag else ""
     written = re.sub(r"\W", "_", prefix)
     return [prefix + name.removeprefix(written) if prefix and name.startswith(written) else name for name in names]

@@ -257,12 +257,22 @@ class Sizes:
 
     def roles(self) -> dict[int, dict[int, str]]:
         """id(example tensor) -> {axis: dim}: the rows of a table looked up at constant positions are
-        positions (``P``), however many tokens the vocab has."""
-        found: dict[int, dict[int, str]] = {}
+        positions (``P``), however many tokens the vocab has; the rows of one looked up by ids the
+        module is given are its vocab (``V``), whatever model dim has as many (T5's ``shared`` of
+        32 tokens beside a ``d_model`` of 32)."""
+        tables: dict[int, str] = {}  # id(the state_dict's tensor) -> the role of its rows
         for node in self.graph.calls():
-            if node.target == aten.embedding.default and node.args[1] in self.graph.constant and node.args[0].op == "placeholder":
-                found[id(node.args[0].meta["val"])] = {0: "P"}
-        return found
+            if node.target == aten.embedding.default and node.args[0].op == "placeholder":
+                tables[id(self._held(node.args[0]))] = "P" if node.args[1] in self.graph.constant else "V"
+        placeholders = [n for n in self.graph.fx.nodes if n.op == "placeholder" and isinstance(n.meta.get("val"), torch.Tensor)]
+        # a tied table is one tensor under two keys (T5's shared and embed_tokens): the one no op reads has the other's rows
+        return {id(n.meta["val"]): {0: tables[id(self._held(n))]} for n in placeholders if id(self._held(n)) in tables}
+
+    def _held(self, placeholder: torch.fx.Node):
+        """The tensor a param or buffer placeholder stands for (the placeholder itself for an input)."""
+        state = self.graph.program.state_dict
+        target = self.graph.target(placeholder) if self.graph.kind(placeholder) in ("PARAMETER", "BUFFER") else None
+        return state[target] if target in state else placeholder
 
     def of_value(self) -> dict[int, Shape]:
         """id(example tensor) -> its sizes: what the rules hand the namer is a node's ``meta['val']``."""
@@ -403,9 +413,13 @@ class Sizes:
         return tuple(shape)
 
     def _expanded(self, node, first: Shape, out: tuple[int, ...]) -> Shape:
+        """An axis expand makes keeps a model dim's size (repeat_kv's ``n_rep``), but the first, which
+        is a batch (a causal mask's ``expand(batch_size, -1, -1, -1)`` where B = H_kv = 2)."""
         lead = len(out) - len(first)
         return tuple(
-            first[axis - lead] if axis >= lead and size_value(first[axis - lead]) == size else self._guess(size, self.model)
+            first[axis - lead]
+            if axis >= lead and size_value(first[axis - lead]) == size
+            else self._guess(size, self.model if axis else frozenset())
             for axis, size in enumerate(out)
         )
 

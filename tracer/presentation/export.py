@@ -183,6 +183,7 @@ class _Scope:
     scratch: str = "bound"  # the constructor's local for a linear init's bound
     storage: dict[str, str | None] = field(default_factory=dict)  # forward's local -> its storage's owner (None: not freeable)
     shared: dict[str, str] = field(default_factory=dict)  # an expression steps compute alike -> forward's local holding it
+    submodules: list[str] = field(default_factory=list)  # __init__'s lines making the modules steps call (emit's submodule)
 
 
 class _Writer:
@@ -276,6 +277,7 @@ class _Writer:
     def _class(self, scope: _Scope, name: str, top: bool) -> str:
         init = self._init(scope, top)
         forward = self._forward(scope, top)
+        init += "".join(f"\n        {line}" for line in scope.submodules)  # asked for while forward was written
         about = f"The pipeline {display(scope.spec.name)!r}" if top else f"The block file {display(scope.spec.name)!r}"
         return f"class {name}(nn.Module):\n    # {about}, as PyTorch.\n\n" + init + "\n\n" + forward + "\n"
 
@@ -678,6 +680,11 @@ class _EmitContext:
 
     def helper(self, name: str, source: str) -> str:
         return _helper(self.writer, name, source)
+
+    def submodule(self, name: str, made: str) -> str:
+        attr = self.scope.attrs.claim(name)
+        self.scope.submodules.append(_assign("self", attr, made) + f"  # called by step {display(self.step_id)!r}")
+        return _access([attr])
 
     def shared(self, name: str, expr: str) -> tuple[str, list[str]]:
         var = self.scope.shared.get(expr)

@@ -93,6 +93,7 @@ class EmitContext(Protocol):
     targets: list[str]  # the variable(s) the step assigns: one, or one per output of a several-output step
     training: str  # the expression that says whether dropout is on: "self.training"
     device: str  # the expression of the device the module runs on (a step that reads no tensor makes its own there)
+    step_id: str  # the step's id in its file
 
     def dim(self, text: int | str) -> str:
         """A field's dim expression as Python source over the module's dims: ``'d_model // H'``."""
@@ -108,6 +109,11 @@ class EmitContext(Protocol):
 
     def helper(self, name: str, source: str) -> str:
         """Define a module-level function once (``source`` is its ``def``); returns its name."""
+        ...
+
+    def submodule(self, name: str, made: str) -> str:
+        """A module the step calls, made once in ``__init__`` by the expression ``made`` and held as
+        an attribute named like ``name``; returns the expression that reads it (``self.experts``)."""
         ...
 
     def shared(self, name: str, expr: str) -> tuple[str, list[str]]:

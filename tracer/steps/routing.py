@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import inspect
-import math
 from typing import Literal
 
 from pydantic import Field, StrictBool, StrictInt, model_validator
@@ -215,7 +214,7 @@ class Moe(StepBase):
 
     def kernel(self, k):
         torch, F = k.torch, k.F
-        act = _activation(self.activation, self.gated, self.alpha, self.limit, torch, F)
+        act = expert_activation(self.activation, self.gated, self.alpha, self.limit, torch, F)
         n_experts, error, top = k.ins[3].sizes[0], k.error, self.gate_up
         has_up_bias, has_down_bias, options = self.gate_up_bias is not None, self.down_bias is not None, self._options()
 
@@ -223,45 +222,59 @@ class Moe(StepBase):
             biases = list(biases)
             up_bias = biases.pop(0) if has_up_bias else None
             down_bias = biases.pop(0) if has_down_bias else None
-            rows = math.prod(x.shape[:-1])  # not -1: a reshape cannot infer it beside a 0-sized dim
-            tokens, chosen = x.reshape(rows, x.shape[-1]), experts.reshape(rows, experts.shape[-1])
             if x.device.type == "meta":  # no values to route: the shapes are all a meta run can have
                 return torch.empty(n_experts, dtype=torch.int64, device=x.device), torch.empty_like(x)
-            if chosen.numel() and (int(chosen.min()) < 0 or int(chosen.max()) >= n_experts):
+            if experts.numel() and (int(experts.min()) < 0 or int(experts.max()) >= n_experts):
                 raise error("moe-range", f"an expert index is outside 0..{n_experts - 1} (the experts of '{top}')", "inputs")
-            counts = torch.bincount(chosen.flatten(), minlength=n_experts)
-            projections = (gate_up, down, up_bias, down_bias)
-            out = moe_experts(tokens, weights.reshape(chosen.shape), chosen, projections, counts, torch, F, act, **options)
-            return counts, out.view(x.shape)
+            return moe_forward(x, weights, experts, (gate_up, down, up_bias, down_bias), torch, F, act, **options)
 
         return moe
 
     def emit(self, e):
-        (out,), counts = e.targets, e.local("counts")  # a composite's source computes its last tensor
-        rows = " * ".join(e.size(d) for d in e.ins[0].shape[:-1]) or "1"
+        """One call of the module ``MoeExperts`` (made in ``__init__`` with this step's settings, given
+        the params): ``tracer import`` captures it whole, as this step (``tracer_step = "moe"``)."""
         x, weights, experts, gate_up, down = e.args[:5]
         biases = list(e.args[5:])
-        up_bias = biases.pop(0) if self.gate_up_bias is not None else "None"
-        down_bias = biases.pop(0) if self.down_bias is not None else "None"
-        e.helper(expert_output.__name__, inspect.getsource(expert_output))
-        helper = e.helper(moe_experts.__name__, inspect.getsource(moe_experts))
-        options = ", ".join(f"{key}={value}" for key, value in self._options().items())
-        return [
-            f"{counts} = torch.bincount({experts}.flatten(), minlength={gate_up}.shape[0])",
-            f"{out} = {helper}({x}.reshape({rows}, {x}.shape[-1]), {weights}.reshape({rows}, {weights}.shape[-1]), "
-            f"{experts}.reshape({rows}, {experts}.shape[-1]), ({gate_up}, {down}, {up_bias}, {down_bias}), {counts}, torch, F, "
-            f"{self._emit_activation(e)}, {options}).view({x}.shape)",
-        ]
+        given = [f"gate_up_bias={biases.pop(0)}"] if self.gate_up_bias is not None else []
+        given += [f"down_bias={biases.pop(0)}"] if self.down_bias is not None else []
+        for helper in (moe_forward, moe_experts, expert_output, expert_activation, clamped_swiglu):  # what MoeExperts calls
+            e.helper(helper.__name__, inspect.getsource(helper))
+        cls = e.helper("MoeExperts", EXPERTS_MODULE)
+        settings = [f'"{self.activation}"'] + [f"{name}={value!r}" for name, value in self._settings().items()]
+        module = e.submodule(e.step_id, f"{cls}({', '.join(settings)})")
+        return f"{module}({', '.join([x, weights, experts, gate_up, down, *given])})"
 
-    def _emit_activation(self, e) -> str:
-        if self.activation == "clamped_swiglu":
-            helper = e.helper(clamped_swiglu.__name__, inspect.getsource(clamped_swiglu))
-            return f"lambda gate, up: {helper}(torch, gate, up, {py_float(self.alpha)}, {py_float(self.limit)})"
-        act = {"silu": "F.silu({})", "gelu": "F.gelu({})", "relu2": "torch.square(torch.relu({}))"}[self.activation]
-        return f"lambda gate, up: {act.format('gate')} * up" if self.gated else f"lambda up: {act.format('up')}"
+    def _settings(self) -> dict:
+        """The module's constructor arguments besides the activation, those not at their defaults."""
+        written = {**self._options(), "alpha": self.alpha, "limit": self.limit}
+        defaults = {"in_out": False, "interleave": False, "gated": True, "alpha": 1.702, "limit": 7.0}
+        return {name: value for name, value in written.items() if value != defaults[name]}
 
 
-def _activation(name: str, gated: bool, alpha: float, limit: float, torch, F):
+# The module an exported moe step calls. Its class attribute ``tracer_step`` is the marker ``tracer
+# import`` recognises (tracer/importer/leaves.py): the module is captured whole, as one moe step with
+# the settings it holds, since its loop over the experts the tokens chose is data-dependent control
+# flow torch.export cannot trace. It holds no weights: they are the pipeline's params, its caller's.
+EXPERTS_MODULE = '''class MoeExperts(nn.Module):
+    """A sparse mixture of experts, as tracer's moe step runs it (transformers' MixtralExperts.forward,
+    op for op), on the weights it is given. `tracer import` captures a module whose class says
+    tracer_step = "moe" whole, as one moe step with these settings."""
+
+    tracer_step = "moe"
+
+    def __init__(self, activation="silu", in_out=False, interleave=False, gated=True, alpha=1.702, limit=7.0):
+        super().__init__()
+        self.activation, self.in_out, self.interleave, self.gated = activation, in_out, interleave, gated
+        self.alpha, self.limit = alpha, limit
+
+    def forward(self, x, weights, chosen, gate_up, down, gate_up_bias=None, down_bias=None):
+        act = expert_activation(self.activation, self.gated, self.alpha, self.limit, torch, F)
+        projections = (gate_up, down, gate_up_bias, down_bias)
+        return moe_forward(x, weights, chosen, projections, torch, F, act, self.in_out, self.interleave, self.gated)[1]
+'''
+
+
+def expert_activation(name, gated, alpha, limit, torch, F):
     """The expert's activation as the kernel calls it: ``act(gate, up)``, or ``act(up)`` ungated."""
     if name == "clamped_swiglu":
         return lambda gate, up: clamped_swiglu(torch, gate, up, alpha, limit)
@@ -274,6 +287,16 @@ def clamped_swiglu(torch, gate, up, alpha, limit):
     gate = gate.clamp(min=None, max=limit)
     up = up.clamp(min=-limit, max=limit)
     return (up + 1) * (gate * torch.sigmoid(gate * alpha))
+
+
+def moe_forward(x, weights, chosen, projections, torch, F, act, in_out=False, interleave=False, gated=True):
+    """(tokens per expert, output): the tokens of ``x`` (…, d) through the experts ``chosen`` (…, K), each
+    times its weight; the step's kernel and an exported module's ``MoeExperts`` both run it."""
+    rows = x.shape[:-1].numel()  # not -1: a reshape cannot infer it beside a 0-sized dim
+    tokens, chosen = x.reshape(rows, x.shape[-1]), chosen.reshape(rows, chosen.shape[-1])
+    counts = torch.bincount(chosen.flatten(), minlength=projections[0].shape[0])
+    out = moe_experts(tokens, weights.reshape(chosen.shape), chosen, projections, counts, torch, F, act, in_out, interleave, gated)
+    return counts, out.view(x.shape)
 
 
 def moe_experts(tokens, weights, chosen, projections, counts, torch, F, act, in_out=False, interleave=False, gated=True):
