@@ -8,7 +8,7 @@ what depends on it, so every independent error in a file is reported. No torch.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
@@ -457,7 +457,7 @@ class _ShapePass:
         if form == CHAIN:
             self.values[step.id] = outs[-1].id
         outs = tuple(outs)
-        return replace(node, reads=inputs, outs=outs, form=form, flops=costs.flops(step, reads, outs))
+        return node.made(inputs, outs, form, costs.flops(step, reads, outs))
 
     def _value(self, ref: str) -> str:
         """The record a reference reads: a composite step's id reads its last inner record."""
