@@ -3,8 +3,12 @@ file builds the validators of its own kinds only. benchmarks/startup.py measures
 
 from __future__ import annotations
 
+import dataclasses
+import importlib
 import subprocess
 import sys
+
+import pytest
 
 import tracer
 from tests.conftest import PIPELINES, ROOT
@@ -65,3 +69,43 @@ def test_checking_a_clean_file_finds_no_positions_and_a_second_check_no_quotient
     misses = symbolic._over.cache_info().misses
     analyze(*load_spec(path))
     assert symbolic._over.cache_info().misses == misses
+
+
+QUICK = [
+    "tracer.core.layout.Meta",
+    "tracer.core.symbolic.Dim",
+    "tracer.core.errors.Position",
+    "tracer.analysis.graph.Node",
+    "tracer.analysis.graph.Out",
+    "tracer.analysis.shapes.Declared",
+]
+
+
+@pytest.mark.parametrize("path", QUICK)
+def test_a_quick_frozen_dataclass_builds_what_the_dataclass_would(path):
+    """``@frozen``'s ``__init__`` (tracer/core/frozen.py) writes the fields itself: each field,
+    positional or by keyword, with its default when left out, lands where the dataclass's own
+    ``__init__`` would put it, and the instance stays immutable and equal to its copies."""
+    module, name = path.rsplit(".", 1)
+    cls = getattr(importlib.import_module(module), name)
+    fields = dataclasses.fields(cls)
+    values = {f.name: object() for f in fields}
+    made = cls(*values.values())
+    assert {f.name: getattr(made, f.name) for f in fields} == values
+    assert cls(**values) == made and dataclasses.replace(made) == made
+    required = {f.name: values[f.name] for f in fields if f.default is dataclasses.MISSING}
+    defaulted = cls(**required)
+    assert all(getattr(defaulted, f.name) == f.default for f in fields if f.name not in required)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        setattr(made, fields[0].name, None)
+
+
+def test_frozen_refuses_what_its_init_would_get_wrong():
+    from tracer.core.frozen import frozen
+
+    with pytest.raises(TypeError, match="slots"):
+        frozen(slots=True)(type("S", (), {"__annotations__": {"a": int}}))
+    with pytest.raises(TypeError, match="default_factory"):
+        frozen(type("F", (), {"__annotations__": {"a": list}, "a": dataclasses.field(default_factory=list)}))
+    with pytest.raises(TypeError, match="__post_init__"):
+        frozen(type("P", (), {"__annotations__": {"a": int}, "__post_init__": lambda self: None}))

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..core.errors import Diagnostic
+from ..core.frozen import frozen
 from ..core.layout import Meta
 from ..core.symbolic import DimAlgebra
 from ..spec.pipeline import PipelineSpec
@@ -26,7 +27,7 @@ from ..spec.source import SourceMap
 ONE, CHAIN, OUTPUTS = "one", "chain", "outputs"  # what a step makes: one tensor, a composite's inner ops, named outputs
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Out:
     """One tensor a step makes: its record id, the op that made it, its metadata and what it read."""
 
@@ -36,7 +37,7 @@ class Out:
     reads: tuple[str, ...]  # record ids it is computed from: a composite's inner op what its Inner names, anything else the step's inputs
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Node:
     """One step of the (expanded) pipeline and everything known about it."""
 

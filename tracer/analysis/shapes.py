@@ -15,6 +15,7 @@ from typing import Any
 from ..core import dimexpr
 from ..core.dtypes import DTYPE_BYTES, DTYPE_MAX, fits
 from ..core.errors import Diagnostic, TracerError, merge_copies
+from ..core.frozen import frozen
 from ..core.gcpause import gc_paused
 from ..core.layout import Meta, fresh, with_root
 from ..core.symbolic import Dim, DimAlgebra, resolve
@@ -36,7 +37,7 @@ from .memory import estimate_peak
 MAX_TENSOR_BYTES = 2**62  # torch computes sizes, strides and byte counts in int64
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Declared:
     """An input or a param: its declaration, its metadata, and the dims its shape is written in."""
 

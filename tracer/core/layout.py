@@ -8,9 +8,8 @@ storage it shares (``None`` while a rule builds it; the checker fills in the own
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from .dtypes import DTYPE_BYTES
+from .frozen import frozen
 from .symbolic import Dim
 
 
@@ -30,7 +29,7 @@ class computed_once:
         return value
 
 
-@dataclass(frozen=True)
+@frozen
 class Meta:
     shape: tuple[Dim, ...]
     stride: tuple[int, ...]
