@@ -109,3 +109,15 @@ def test_frozen_refuses_what_its_init_would_get_wrong():
         frozen(type("F", (), {"__annotations__": {"a": list}, "a": dataclasses.field(default_factory=list)}))
     with pytest.raises(TypeError, match="__post_init__"):
         frozen(type("P", (), {"__annotations__": {"a": int}, "__post_init__": lambda self: None}))
+
+
+def test_the_check_command_freezes_its_imports_only_in_a_process_of_its_own():
+    """Run as the program, ``tracer check`` imports the file format and the analysis with the
+    collector paused and freezes them out of its passes; called from Python (argv given), it
+    leaves the caller's collector as it was."""
+    file = str(PIPELINES / "causal_mha.yaml")
+    frozen = "import gc, io, contextlib; from tracer.cli import main; out = io.StringIO()\nwith contextlib.redirect_stdout(out): rc = {call}\nprint(rc, gc.get_freeze_count() > 0, gc.isenabled())"
+    program = f"sys.argv = ['tracer', 'check', '--no-cache', {file!r}]; " + frozen.format(call="main()")
+    called = frozen.format(call=f"main(['check', '--no-cache', {file!r}])")
+    assert _run(program).splitlines()[-1] == "0 True True"
+    assert _run(called).splitlines()[-1] == "0 False True"
