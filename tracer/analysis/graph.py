@@ -19,7 +19,7 @@ from typing import Any
 
 from ..core.errors import Diagnostic
 from ..core.frozen import frozen
-from ..core.layout import Meta
+from ..core.layout import Meta, computed_once
 from ..core.symbolic import DimAlgebra
 from ..spec.pipeline import PipelineSpec
 from ..spec.source import SourceMap
@@ -60,9 +60,10 @@ class Node:
     def op(self) -> str:
         return self.step.op
 
-    @property
+    @computed_once
     def refs(self) -> tuple[str, ...]:
-        """Every tensor it reads, in the kernel's argument order: data inputs, then params."""
+        """Every tensor it reads, in the kernel's argument order: data inputs, then params (asked
+        for by the shape pass, the graph and lints, several times per node)."""
         return self.inputs + self.params
 
     @property

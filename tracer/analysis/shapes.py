@@ -347,7 +347,7 @@ class _ShapePass:
         self.pipeline, self.source, self.alg, self.block_dims = pipeline, source, alg, block_dims
         self.metas: dict[str, Meta] = {}  # every record so far: what later rules read
         self.diagnostics: list[Diagnostic] = []
-        self.shapes: dict[tuple, tuple[Dim, ...]] = {}  # (dims, declaration, section) -> shape: block copies share declarations
+        self.declared_metas: dict[tuple, Meta] = {}  # (dims, declaration, section) -> its tensor, rootless: block copies share declarations
         self.values: dict[str, str] = {}  # composite step id -> its last inner record
         self.causes: dict[DimCause, list[str]] = {}  # a derived dim that made steps fail -> those steps
 
@@ -381,13 +381,13 @@ class _ShapePass:
 
     def _declared_meta(self, name: str, decl: TensorDecl, path: tuple, alg: DimAlgebra) -> Meta | None:
         dtype = tensor_dtype(decl, self.pipeline.dtype)
-        key = (id(alg), id(decl), path[0])
-        if key not in self.shapes:
+        key = (id(alg), id(decl), path[0])  # the dtype is the declaration's (or this file's)
+        if key not in self.declared_metas:
             shape = self._declared_shape(name, decl, path, alg, dtype)
             if shape is None:
                 return None
-            self.shapes[key] = shape
-        return with_root(fresh(self.shapes[key], dtype), name)
+            self.declared_metas[key] = fresh(shape, dtype)
+        return with_root(self.declared_metas[key], name)
 
     def _declared_shape(self, name: str, decl: TensorDecl, path: tuple, alg: DimAlgebra, dtype: str) -> tuple[Dim, ...] | None:
         shape = []
