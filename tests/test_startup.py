@@ -121,3 +121,16 @@ def test_the_check_command_freezes_its_imports_only_in_a_process_of_its_own():
     called = frozen.format(call=f"main(['check', '--no-cache', {file!r}])")
     assert _run(program).splitlines()[-1] == "0 True True"
     assert _run(called).splitlines()[-1] == "0 False True"
+
+
+def test_a_fresh_tensor_knows_the_sizes_its_strides_were_made_from():
+    """``fresh`` keeps the sizes it computed for the strides as ``Meta.sizes``: the same sizes
+    ``Meta`` computes itself, for a shape with a zero and one of ones too."""
+    from tracer.core.layout import Meta, contiguous_strides, fresh
+    from tracer.core.symbolic import DimAlgebra
+
+    alg = DimAlgebra({"B": 2, "T": 0, "H": 1, "D": 5})
+    for names in (("B", "T", "D"), ("H", "H", "D"), (), ("D",)):
+        shape = tuple(alg.dim(n) for n in names)
+        made, plain = fresh(shape, "float16"), Meta(shape, contiguous_strides(tuple(d.value for d in shape)), "float16")
+        assert made == plain and made.sizes == Meta(shape, plain.stride, "float16").sizes == tuple(d.value for d in shape)
