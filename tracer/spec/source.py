@@ -56,6 +56,7 @@ _ONE_LINE_FIELDS = frozenset({"name", "group", "id", "use", "op", "input"})
 # PyYAML counts these as line breaks, editors and `grep -n` do not: they would shift every
 # reported line number after them, so they are refused where they stand.
 _ODD_BREAKS = re.compile(r"\r(?!\n)|[\x85\u2028\u2029]")
+_ODD_BREAK_CHARS = "\r\x85\u2028\u2029"  # every character the pattern starts at
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
@@ -350,6 +351,8 @@ def _mark(event: yaml.Event) -> Position:
 
 
 def _check_line_breaks(text: str, name: str) -> None:
+    if not any(char in text for char in _ODD_BREAK_CHARS):  # a search per character is far quicker than the pattern's
+        return
     odd = _ODD_BREAKS.search(text)
     if odd:
         where = _position_at(text, odd.start())
