@@ -16,6 +16,7 @@ import threading
 from . import __version__, checkcache
 from .core.errors import InternalError, TracerError, display, printable
 from .core.formatting import parse_bytes
+from .core.gcpause import import_frozen
 from .presentation.files import OutputExists
 from .spec.bundled import locate
 
@@ -527,8 +528,6 @@ def _checking(program: bool):
     """``tracer.checking``, imported at the first file the cache does not answer; run as the
     program, with what it imports frozen out of the collector's passes (``gcpause.import_frozen``)."""
     if program and "tracer.checking" not in sys.modules:
-        from .core.gcpause import import_frozen
-
         return import_frozen("tracer.checking")
     from . import checking
 
