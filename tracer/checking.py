@@ -10,11 +10,16 @@ from dataclasses import replace
 from .analysis.shapes import analyze
 from .checkcache import Checked
 from .core.errors import Diagnostic, TracerError
+from .core.gcpause import gc_paused
 from .presentation import ranks
 from .spec.load import load_named
 from .spec.source import recording_reads
 
 
+# Paused as a whole, not only while loading and analysing: a collection that starts between those
+# (a file of warnings formats them) walks the file's whole spec and analysis, still alive then;
+# once this returns they are freed by reference counts and the next collection finds little.
+@gc_paused
 def check_file(name: str, strict: bool, dims: dict[str, int], rank: int | None) -> Checked:
     """``tracer check`` of one file: its diagnostics (warnings as errors when ``strict``), then,
     with ``rank``, that rank's section or why there is none; with the files the check read."""

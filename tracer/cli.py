@@ -16,6 +16,7 @@ import threading
 from . import __version__, checkcache
 from .core.errors import InternalError, TracerError, display, printable
 from .core.formatting import parse_bytes
+from .core.gcpause import import_frozen
 from .presentation.files import OutputExists
 from .spec.bundled import locate
 
@@ -24,8 +25,10 @@ RENDER_TIMEOUT = 120.0  # seconds; the same default as tracer.presentation.diagr
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The command line: ``argv`` (default: the program's own arguments, as the ``tracer`` command runs)."""
     parser = _parser()
     args = parser.parse_args(argv)
+    args.program = argv is None  # run as the program (not called from Python): the process is tracer's own
     previous = _terminate_cleanly()
     try:
         return _handle(args)
@@ -512,14 +515,23 @@ def _check(args) -> int:
     for name in args.files:
         checked = cache.get(name) if cache is not None else None
         if checked is None:
-            from . import checking
-
+            checking = _checking(args.program)
             checked = checking.check_file(name, args.strict, dict(args.dim), args.rank)
             if cache is not None:
                 cache.put(name, checked)
         checked.replay()
         failed = failed or checked.failed
     return 1 if failed else 0
+
+
+def _checking(program: bool):
+    """``tracer.checking``, imported at the first file the cache does not answer; run as the
+    program, with what it imports frozen out of the collector's passes (``gcpause.import_frozen``)."""
+    if program and "tracer.checking" not in sys.modules:
+        return import_frozen("tracer.checking")
+    from . import checking
+
+    return checking
 
 
 def _check_cache(args) -> checkcache.CheckCache | None:

@@ -128,3 +128,20 @@ def test_liveness_each_record_lives_until_its_last_reader():
     )
     assert created_at_steps(analysis) == {"a": 0, "b": 1, "c": 2, "d": 3}
     assert last_reads(analysis) == {"a": 3, "b": 2, "c": 2, "d": 3}  # c is read by nobody: its own step
+
+
+def test_a_node_made_by_the_shape_pass_keeps_every_other_field():
+    """``Node.made`` builds the node field by field (it is on the path of every step): a field
+    added to Node and left out there would be lost; ``dataclasses.replace`` is the reference."""
+    from dataclasses import fields, replace
+
+    from tracer.analysis.graph import Node, Out
+    from tracer.core.layout import fresh
+
+    step = graph_of("- {id: y, op: softmax, dim: -1}").nodes["y"].step
+    alg = DimAlgebra({"n": 3})
+    distinct = {"step": step, "index": 7, "inputs": ("a",), "params": ("w",), "dims": alg, "copy": "layers/2"}
+    node = Node(**{f.name: distinct[f.name] for f in fields(Node) if f.name in distinct})
+    assert set(distinct) | {"reads", "outs", "form", "flops"} == {f.name for f in fields(Node)}
+    out = Out("y", "softmax", fresh((alg.dim("n"),), "float32"), ("a",))
+    assert node.made(("a", "w"), (out,), CHAIN, 12) == replace(node, reads=("a", "w"), outs=(out,), form=CHAIN, flops=12)

@@ -19,7 +19,7 @@ def _careful(text: str):
     return source._Walker(found).convert(source._composed(text, "f.yaml"), (), 0), found
 
 
-@pytest.mark.parametrize("path", BUNDLED[::7], ids=lambda p: p.name)
+@pytest.mark.parametrize("path", BUNDLED, ids=lambda p: str(p.relative_to(PIPELINES)))
 def test_bundled_files_read_the_same_both_ways_and_find_positions_only_when_asked(path):
     text = path.read_text()
     data, found = parse_document(text, "f.yaml")
@@ -66,3 +66,22 @@ def test_an_error_found_after_a_fast_reading_is_located():
     with pytest.raises(TracerError) as info:
         load_spec_text(text, "f.yaml")
     assert str(info.value).startswith("f.yaml:7:5: error[unknown-key]")
+
+
+def test_a_scalar_is_read_as_its_context_asks_whatever_was_read_before():
+    """The fast reading keeps each short scalar's value: the same text is refused as a one-line
+    field and kept as a note, and a tag or quoting that changes its type changes the value."""
+    note = "note: 'a\tb'\nid: 'a\tb'\n"
+    assert source._plain_values("note: 'a\tb'\n") == {"note": "a\tb"}
+    assert source._plain_values(note) is source._CAREFUL  # the id's tab
+    assert source._plain_values("note: 'a\tb'\n") == {"note": "a\tb"}
+    assert source._plain_values("a: 5\nb: '5'\nc: !!str 5\n") == {"a": 5, "b": "5", "c": "5"}
+    assert source._plain_values("a: 5\nb: '5'\nc: 5.0\nd: yes\ne: 'yes'\n") == {"a": 5, "b": "5", "c": 5.0, "d": True, "e": "yes"}
+
+
+def test_the_kept_scalars_are_bounded_and_reading_stays_right_past_the_bound(monkeypatch):
+    monkeypatch.setattr(source, "MAX_SCALARS", 8)
+    text = "".join(f"k{i}: {i}\n" for i in range(30))
+    assert source._plain_values(text) == {f"k{i}": i for i in range(30)}
+    assert len(source._SCALARS) <= 8
+    assert source._plain_values(text) == {f"k{i}": i for i in range(30)}

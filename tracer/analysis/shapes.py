@@ -8,13 +8,14 @@ what depends on it, so every independent error in a file is reported. No torch.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
 from ..core import dimexpr
 from ..core.dtypes import DTYPE_BYTES, DTYPE_MAX, fits
 from ..core.errors import Diagnostic, TracerError, merge_copies
+from ..core.frozen import frozen
 from ..core.gcpause import gc_paused
 from ..core.layout import Meta, fresh, with_root
 from ..core.symbolic import Dim, DimAlgebra, resolve
@@ -36,7 +37,7 @@ from .memory import estimate_peak
 MAX_TENSOR_BYTES = 2**62  # torch computes sizes, strides and byte counts in int64
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Declared:
     """An input or a param: its declaration, its metadata, and the dims its shape is written in."""
 
@@ -346,7 +347,7 @@ class _ShapePass:
         self.pipeline, self.source, self.alg, self.block_dims = pipeline, source, alg, block_dims
         self.metas: dict[str, Meta] = {}  # every record so far: what later rules read
         self.diagnostics: list[Diagnostic] = []
-        self.shapes: dict[tuple, tuple[Dim, ...]] = {}  # (dims, declaration, section) -> shape: block copies share declarations
+        self.declared_metas: dict[tuple, Meta] = {}  # (dims, declaration, section) -> its tensor, rootless: block copies share declarations
         self.values: dict[str, str] = {}  # composite step id -> its last inner record
         self.causes: dict[DimCause, list[str]] = {}  # a derived dim that made steps fail -> those steps
 
@@ -380,13 +381,13 @@ class _ShapePass:
 
     def _declared_meta(self, name: str, decl: TensorDecl, path: tuple, alg: DimAlgebra) -> Meta | None:
         dtype = tensor_dtype(decl, self.pipeline.dtype)
-        key = (id(alg), id(decl), path[0])
-        if key not in self.shapes:
+        key = (id(alg), id(decl), path[0])  # the dtype is the declaration's (or this file's)
+        if key not in self.declared_metas:
             shape = self._declared_shape(name, decl, path, alg, dtype)
             if shape is None:
                 return None
-            self.shapes[key] = shape
-        return with_root(fresh(self.shapes[key], dtype), name)
+            self.declared_metas[key] = fresh(shape, dtype)
+        return with_root(self.declared_metas[key], name)
 
     def _declared_shape(self, name: str, decl: TensorDecl, path: tuple, alg: DimAlgebra, dtype: str) -> tuple[Dim, ...] | None:
         shape = []
@@ -457,7 +458,7 @@ class _ShapePass:
         if form == CHAIN:
             self.values[step.id] = outs[-1].id
         outs = tuple(outs)
-        return replace(node, reads=inputs, outs=outs, form=form, flops=costs.flops(step, reads, outs))
+        return node.made(inputs, outs, form, costs.flops(step, reads, outs))
 
     def _value(self, ref: str) -> str:
         """The record a reference reads: a composite step's id reads its last inner record."""

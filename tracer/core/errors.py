@@ -9,8 +9,10 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, replace
 
+from .frozen import frozen
 
-@dataclass(frozen=True)
+
+@frozen
 class Position:
     """A 1-based line and column inside a pipeline file."""
 

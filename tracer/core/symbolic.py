@@ -25,6 +25,7 @@ from fractions import Fraction
 from functools import lru_cache
 
 from . import dimexpr as dimexpr
+from .frozen import frozen
 
 Monomial = tuple  # ((name, exponent), ...) sorted by name
 
@@ -164,7 +165,7 @@ def _format_term(mono: Monomial, coeff: Fraction) -> str:
     return sign + text
 
 
-@dataclass(frozen=True)
+@frozen
 class Dim:
     """One symbolic dimension with its concrete value; prints nanoGPT-style (``T``, ``Dh``)."""
 

@@ -8,8 +8,8 @@ errors, and the number of nodes produced is capped so alias bombs cannot expand.
 Most files take a faster road to the same values: one pass over libyaml's events, which gives
 up at anything the careful walk would refuse or that it alone handles (an alias, a tag, a
 duplicate key, a control character, too deep, too many values), leaving the text to it. That
-pass records no positions: they are found when first asked for, by the same pass over the same
-text, recording them; a file that checks clean never needs them.
+pass records no positions: they are found when first asked for, by a second walk over the same
+events that records positions only; a file that checks clean never needs them.
 """
 
 from __future__ import annotations
@@ -56,6 +56,7 @@ _ONE_LINE_FIELDS = frozenset({"name", "group", "id", "use", "op", "input"})
 # PyYAML counts these as line breaks, editors and `grep -n` do not: they would shift every
 # reported line number after them, so they are refused where they stand.
 _ODD_BREAKS = re.compile(r"\r(?!\n)|[\x85\u2028\u2029]")
+_ODD_BREAK_CHARS = "\r\x85\u2028\u2029"  # every character the pattern starts at
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
@@ -129,9 +130,9 @@ class SourceMap:
         return self._keys
 
     def _find_positions(self) -> None:
-        """The text was read in one pass already (``_plain_values``): read it again, recording."""
+        """The text was read in one pass already (``_plain_values``): walk its events again, recording."""
         self._values, self._keys = {}, {}
-        _plain_values(self._text, self)
+        _record_positions(self._text, self)
 
     def locate(self, path: tuple, prefer_key: bool = False) -> Position | None:
         """The position of ``path``, or of its nearest ancestor that has one."""
@@ -218,19 +219,19 @@ class _Careful(Exception):
     """Raised inside the fast reading: leave this text to the careful walk."""
 
 
-def _plain_values(text: str, source: SourceMap | None = None) -> Any:
+def _plain_values(text: str) -> Any:
     """The values of a document that holds plain data only, read in one pass over libyaml's events
-    (about half the careful walk's time), with their positions recorded into ``source`` when one is
-    given; ``_CAREFUL`` for anything else: an alias, a tag, a duplicate or odd key, a control
-    character or too long a number, too deep or too many values, several documents or none,
-    invalid YAML. The careful walk reads those and says what is wrong where, so that both readings
-    agree on every text they both accept (values and positions)."""
+    (about half the careful walk's time); ``_CAREFUL`` for anything else: an alias, a tag, a
+    duplicate or odd key, a control character or too long a number, too deep or too many values,
+    several documents or none, invalid YAML. The careful walk reads those and says what is wrong
+    where, so that both readings agree on every text they both accept (values and positions:
+    ``_record_positions``)."""
     loader = _Loader(text)
     try:
         events = loader.get_event
         if not isinstance(events(), yaml.StreamStartEvent) or not isinstance(events(), yaml.DocumentStartEvent):
             return _CAREFUL
-        data = _EventReader(loader, source).value(events(), (), 0, one_line=False)
+        data = _EventReader(loader).value(events(), 0, one_line=False)
         if data is None or not isinstance(events(), yaml.DocumentEndEvent) or not isinstance(events(), yaml.StreamEndEvent):
             return _CAREFUL
         return data
@@ -242,59 +243,107 @@ def _plain_values(text: str, source: SourceMap | None = None) -> Any:
 
 class _EventReader:
     """Values from an event stream: what ``_Walker`` makes of the same document, refusing the same
-    things (by giving up, see ``_plain_values``), and recording the same positions into ``source``."""
+    things (by giving up, see ``_plain_values``)."""
 
-    def __init__(self, loader: Any, source: SourceMap | None):
+    def __init__(self, loader: Any):
         self.loader, self.next_event, self.count = loader, loader.get_event, 0
-        self.values, self.keys = (source._values, source._keys) if source is not None else (None, None)
 
-    def value(self, event: yaml.Event, path: tuple, depth: int, one_line: bool) -> Any:
+    def value(self, event: yaml.Event, depth: int, one_line: bool) -> Any:
         self.count += 1
         if self.count > MAX_NODES or depth > MAX_DEPTH:
             raise _Careful
-        if self.values is not None:
-            self.values.setdefault(path, _mark(event))
         kind = type(event)
         if kind is yaml.ScalarEvent:
-            return self.scalar(event, one_line)
+            return _plain_scalar(self.loader, event, one_line)
         if kind is yaml.MappingStartEvent and event.tag in _MAP_TAGS:
-            return self.mapping(path, depth)
+            return self.mapping(depth)
         if kind is yaml.SequenceStartEvent and event.tag in _SEQ_TAGS:
-            items, event = [], self.next_event()
+            items, event, next_event = [], self.next_event(), self.next_event
             while type(event) is not yaml.SequenceEndEvent:
-                items.append(self.value(event, path + (len(items),), depth + 1, one_line=False))
-                event = self.next_event()
+                items.append(self.value(event, depth + 1, one_line=False))
+                event = next_event()
             return items
         raise _Careful  # an alias, or a collection with a tag of its own
 
-    def mapping(self, path: tuple, depth: int) -> dict:
+    def mapping(self, depth: int) -> dict:
         result: dict = {}
-        event = self.next_event()
+        next_event, loader = self.next_event, self.loader
+        event = next_event()
         while type(event) is not yaml.MappingEndEvent:
             if type(event) is not yaml.ScalarEvent:
                 raise _Careful
-            key = self.scalar(event, one_line=True)
+            key = _plain_scalar(loader, event, True)
             if not isinstance(key, (str, int)) or isinstance(key, bool) or key in result:
                 raise _Careful
-            if self.keys is not None:
-                self.keys[path + (key,)] = _mark(event)
-            result[key] = self.value(self.next_event(), path + (key,), depth + 1, one_line=key in _ONE_LINE_FIELDS)
-            event = self.next_event()
+            result[key] = self.value(next_event(), depth + 1, one_line=key in _ONE_LINE_FIELDS)
+            event = next_event()
         return result
 
-    def scalar(self, event: yaml.ScalarEvent, one_line: bool) -> Any:
-        tag = event.tag
-        if tag is None or tag == "!":
-            tag = self.loader.resolve(yaml.ScalarNode, event.value, event.implicit)
-        if tag not in _SCALAR_TAGS or (tag in _NUMBER_TAGS and len(event.value) > MAX_NUMBER_TEXT):
-            raise _Careful
-        try:
-            value = _scalar(tag, event.value)
-        except (yaml.YAMLError, ValueError, OverflowError, LookupError, TypeError):
-            raise _Careful from None
-        if isinstance(value, str) and control_problem(value, one_line):
-            raise _Careful
-        return value
+
+_REFUSED = object()  # a scalar the fast reading leaves to the careful walk
+_SCALARS: dict[tuple, Any] = {}  # (text, tag, implicit, one line) -> its value or _REFUSED
+MAX_SCALARS = 8192
+
+
+def _plain_scalar(loader: Any, event: yaml.ScalarEvent, one_line: bool) -> Any:
+    """One scalar's value as the careful walk makes it; raises ``_Careful`` where it would refuse
+    it. Kept per (text, tag, implicit, one line), which is all it depends on: a file repeats the
+    same short scalars (B, T, -1, ids) hundreds of times."""
+    key = (event.value, event.tag, event.implicit, one_line)
+    value = _SCALARS.get(key, _SCALARS)
+    if value is _SCALARS:
+        value = _read_scalar(loader, event, one_line)
+        if len(event.value) <= MAX_CACHED_SCALAR:
+            if len(_SCALARS) >= MAX_SCALARS:
+                _SCALARS.clear()
+            _SCALARS[key] = value
+    if value is _REFUSED:
+        raise _Careful
+    return value
+
+
+def _read_scalar(loader: Any, event: yaml.ScalarEvent, one_line: bool) -> Any:
+    tag = event.tag
+    if tag is None or tag == "!":
+        tag = loader.resolve(yaml.ScalarNode, event.value, event.implicit)
+    if tag not in _SCALAR_TAGS or (tag in _NUMBER_TAGS and len(event.value) > MAX_NUMBER_TEXT):
+        return _REFUSED
+    try:
+        value = _scalar(tag, event.value)
+    except (yaml.YAMLError, ValueError, OverflowError, LookupError, TypeError):
+        return _REFUSED
+    if isinstance(value, str) and control_problem(value, one_line):
+        return _REFUSED
+    return value
+
+
+def _record_positions(text: str, source: SourceMap) -> None:
+    """The positions of every value and key of a text ``_plain_values`` read, into ``source``:
+    the same ones the careful walk records (the first event of each value, each key's scalar)."""
+    loader = _Loader(text)
+    try:
+        next_event = loader.get_event
+        next_event(), next_event()  # the stream's and the document's start
+        _record(loader, next_event(), (), source._values, source._keys)
+    finally:
+        loader.dispose()
+
+
+def _record(loader: Any, event: yaml.Event, path: tuple, values: dict, keys: dict) -> None:
+    values.setdefault(path, _mark(event))
+    next_event = loader.get_event
+    if type(event) is yaml.MappingStartEvent:
+        event = next_event()
+        while type(event) is not yaml.MappingEndEvent:
+            key = path + (_plain_scalar(loader, event, True),)
+            keys[key] = _mark(event)
+            _record(loader, next_event(), key, values, keys)
+            event = next_event()
+    elif type(event) is yaml.SequenceStartEvent:
+        event, i = next_event(), 0
+        while type(event) is not yaml.SequenceEndEvent:
+            _record(loader, event, path + (i,), values, keys)
+            event, i = next_event(), i + 1
 
 
 def _mark(event: yaml.Event) -> Position:
@@ -302,6 +351,8 @@ def _mark(event: yaml.Event) -> Position:
 
 
 def _check_line_breaks(text: str, name: str) -> None:
+    if not any(char in text for char in _ODD_BREAK_CHARS):  # a search per character is far quicker than the pattern's
+        return
     odd = _ODD_BREAKS.search(text)
     if odd:
         where = _position_at(text, odd.start())
@@ -314,6 +365,11 @@ def _check_line_breaks(text: str, name: str) -> None:
 def _check_surrogates(text: str, name: str) -> None:
     """A lone surrogate (U+D800..U+DFFF) is no character: UTF-8 cannot hold it, so no file can
     bring one, but a ``str`` given to ``tracer.loads`` can (a byte Python failed to decode)."""
+    try:
+        text.encode("utf-8")  # UTF-8 holds every character but a lone surrogate: ~20x quicker than the pattern
+        return
+    except UnicodeEncodeError:
+        pass
     lone = _SURROGATE.search(text)
     if lone:
         raise TracerError(
