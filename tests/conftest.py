@@ -58,15 +58,28 @@ def _name_groups(items: list[pytest.Item]) -> None:
     """pytest-xdist tells `--dist loadgroup` an item's xdist_group by a suffix of its node id
     (``path::test[x]@group``), which it writes to a field pytest 9.2 no longer reads (pytest-xdist
     issue 1386): every item went out on its own. The same suffix, set where pytest keeps the id now;
-    nothing is done where pytest-xdist's own naming took effect."""
+    nothing is done where pytest-xdist's own naming took effect.
+
+    An item without a mark that reads a fixture of module (or class) scope is grouped with its
+    module: items handed out one by one alternate between the workers, and a worker tears a module's
+    fixtures down whenever its next item is another module's, so a module fixture (a transformers
+    model imported, every bundled file exported, a browser started) was built again and again."""
     from _pytest.nodeid import NodeId
 
     for item in items:
         groups = sorted(
             {str(mark.args[0] if mark.args else mark.kwargs.get("name", "default")) for mark in item.iter_markers("xdist_group")}
-        )
+        ) or _module_group(item)
         if groups and "@" not in item.nodeid.rpartition("]")[2] and hasattr(item, "_id"):
             item._id = NodeId.parse(f"{item.nodeid}@{'_'.join(groups)}")
+
+
+def _module_group(item: pytest.Item) -> list[str]:
+    """[the item's module] where the item reads a fixture that lives as long as its module or class."""
+    fixtures = getattr(item, "_fixtureinfo", None)
+    defs = fixtures.name2fixturedefs.values() if fixtures else ()
+    shared = any(found and found[-1].scope in ("module", "class") for found in defs)
+    return [item.nodeid.partition("::")[0]] if shared else []
 
 
 # `make test` runs pytest-xdist with `--dist loadgroup`: the items of one xdist_group run in one
