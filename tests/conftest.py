@@ -41,14 +41,12 @@ INVALID_EXAMPLES = {"lint_examples/view_non_contiguous.yaml": "view-non-contiguo
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Items marked ``long`` (seconds each: a child process, a build) run first. `make test` spreads
-    the items over two pytest-xdist workers in collection order, and a long item handed out last
-    would keep one worker busy while the other has nothing left: started first, the short items
-    that follow even the two out. The sort is stable, so each module's items stay in their order.
-    Marked: the long items of the folders collected late (tests/analysis, cli, docs, fuzz start
-    early anyway), as the first worker takes the first eighth of the items as one share; and the
-    items that read test_costs' module fixture (a child process of seconds), placed first so that
-    they fall in one worker's share: a module split between the two workers sets it up in both."""
+    """Items marked ``long`` (seconds each: a child process, a build) run first. `make test` hands
+    the xdist groups (below) to its two pytest-xdist workers first, the largest first, then every
+    other item one at a time in collection order; a long item handed out last would keep one worker
+    busy while the other has nothing left: started first, the short items that follow even the two
+    out. The sort is stable, so each module's items stay in their order. Marked: the long items of
+    the folders collected late (tests/analysis, cli, docs, fuzz start early anyway)."""
     items.sort(key=lambda item: item.get_closest_marker("long") is None)
     if config.getoption("loadgroup", False):  # in a pytest-xdist worker, under --dist loadgroup
         _name_groups(items)
