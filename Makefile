@@ -29,7 +29,10 @@ $(STAMP): pyproject.toml
 	fi; \
 	$(VENV)/bin/uv pip install -q --python $(PY) $$flags torch==2.13.0 -e '.[dev,diagrams]' --config-settings editable_mode=compat
 	$(PY) -m compileall -q tracer  # bytecode, as a wheel install has: keeps `tracer check` fast where PYTHONDONTWRITEBYTECODE is set
-	$(PY) -c 'import torch, tracer.api'  # and for the torch modules every `tracer run` imports
+	# and for the torch modules every `tracer run` imports; meanwhile, on another core, for the libraries without torch
+	# that the suite's collection imports (sympy alone is 400 files): each pytest-xdist worker compiled them, both at once
+	$(PY) -c 'import sympy, networkx, hypothesis, pydantic, huggingface_hub, jinja2, nbclient, yaml, pygments, psutil, graphviz' & \
+		libraries=$$!; $(PY) -c 'import torch, tracer.api' && wait $$libraries
 	@command -v dot >/dev/null 2>&1 || $(MAKE) --no-print-directory graphviz
 	@$(MAKE) --no-print-directory chromium
 	touch $(STAMP)

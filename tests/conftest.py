@@ -41,14 +41,12 @@ INVALID_EXAMPLES = {"lint_examples/view_non_contiguous.yaml": "view-non-contiguo
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Items marked ``long`` (seconds each: a child process, a build) run first. `make test` spreads
-    the items over two pytest-xdist workers in collection order, and a long item handed out last
-    would keep one worker busy while the other has nothing left: started first, the short items
-    that follow even the two out. The sort is stable, so each module's items stay in their order.
-    Marked: the long items of the folders collected late (tests/analysis, cli, docs, fuzz start
-    early anyway), as the first worker takes the first eighth of the items as one share; and the
-    items that read test_costs' module fixture (a child process of seconds), placed first so that
-    they fall in one worker's share: a module split between the two workers sets it up in both."""
+    """Items marked ``long`` (seconds each: a child process, a build) run first. `make test` hands
+    the xdist groups (below) to its two pytest-xdist workers first, the largest first, then every
+    other item one at a time in collection order; a long item handed out last would keep one worker
+    busy while the other has nothing left: started first, the short items that follow even the two
+    out. The sort is stable, so each module's items stay in their order. Marked: the long items of
+    the folders collected late (tests/analysis, cli, docs, fuzz start early anyway)."""
     items.sort(key=lambda item: item.get_closest_marker("long") is None)
     if config.getoption("loadgroup", False):  # in a pytest-xdist worker, under --dist loadgroup
         _name_groups(items)
@@ -58,15 +56,28 @@ def _name_groups(items: list[pytest.Item]) -> None:
     """pytest-xdist tells `--dist loadgroup` an item's xdist_group by a suffix of its node id
     (``path::test[x]@group``), which it writes to a field pytest 9.2 no longer reads (pytest-xdist
     issue 1386): every item went out on its own. The same suffix, set where pytest keeps the id now;
-    nothing is done where pytest-xdist's own naming took effect."""
+    nothing is done where pytest-xdist's own naming took effect.
+
+    An item without a mark that reads a fixture of module (or class) scope is grouped with its
+    module: items handed out one by one alternate between the workers, and a worker tears a module's
+    fixtures down whenever its next item is another module's, so a module fixture (a transformers
+    model imported, every bundled file exported, a browser started) was built again and again."""
     from _pytest.nodeid import NodeId
 
     for item in items:
         groups = sorted(
             {str(mark.args[0] if mark.args else mark.kwargs.get("name", "default")) for mark in item.iter_markers("xdist_group")}
-        )
+        ) or _module_group(item)
         if groups and "@" not in item.nodeid.rpartition("]")[2] and hasattr(item, "_id"):
             item._id = NodeId.parse(f"{item.nodeid}@{'_'.join(groups)}")
+
+
+def _module_group(item: pytest.Item) -> list[str]:
+    """[the item's module] where the item reads a fixture that lives as long as its module or class."""
+    fixtures = getattr(item, "_fixtureinfo", None)
+    defs = fixtures.name2fixturedefs.values() if fixtures else ()
+    shared = any(found and found[-1].scope in ("module", "class") for found in defs)
+    return [item.nodeid.partition("::")[0]] if shared else []
 
 
 # `make test` runs pytest-xdist with `--dist loadgroup`: the items of one xdist_group run in one

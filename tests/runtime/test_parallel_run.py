@@ -22,6 +22,7 @@ import torch.nn.functional as F
 import tracer
 from tests.conftest import FORK_SERVER, PIPELINES, ROOT, tracer_cli
 from tests.exporting import assert_module_equals_trace, load_module
+from tests.runtime import failing_ranks
 from tracer.analysis import parallel
 from tracer.core.errors import TracerError
 from tracer.distributed import _check_collectives
@@ -328,36 +329,8 @@ def test_what_the_run_cannot_do_is_a_located_error(tmp_path, tp_file):
         tracer.run_parallel(path, world=2)
 
 
-def _rank_failing_in(step: str, failing: int, failure, rank: int, *args) -> None:
-    """``sharded.run_rank`` with ``failure()`` run in ``step`` on rank ``failing``: the launcher's
-    body for a test (the ranks are started afresh by the fork server, and import this module)."""
-    module_call = sharded._module_call
-
-    def patched(module, step_id, mode):
-        call = module_call(module, step_id, mode)
-        if step_id != step or rank != failing:
-            return call
-
-        def failing_call(*inputs):
-            failure()
-            return call(*inputs)
-
-        return failing_call
-
-    sharded._module_call = patched
-    sharded.run_rank(rank, *args)
-
-
-def _raise():
-    raise ValueError("a broken rank")
-
-
-def _hang():
-    time.sleep(600)
-
-
 def test_a_rank_that_raises_ends_the_run_at_its_step_and_leaves_no_process(tp_file, monkeypatch):
-    monkeypatch.setattr(tracer.distributed, "run_rank", functools.partial(_rank_failing_in, "out", 1, _raise))
+    monkeypatch.setattr(tracer.distributed, "run_rank", functools.partial(failing_ranks.rank_failing_in, "out", 1, failing_ranks.broken))
     with pytest.raises(TracerError) as caught:
         tracer.run_parallel(tp_file, world=2, timeout=30)
     message = str(caught.value)
@@ -367,7 +340,7 @@ def test_a_rank_that_raises_ends_the_run_at_its_step_and_leaves_no_process(tp_fi
 
 def test_a_rank_that_hangs_ends_the_run_within_the_timeout_and_leaves_no_process(tp_file, monkeypatch):
     monkeypatch.setattr(
-        tracer.distributed, "run_rank", functools.partial(_rank_failing_in, "q", 1, _hang)
+        tracer.distributed, "run_rank", functools.partial(failing_ranks.rank_failing_in, "q", 1, failing_ranks.hang)
     )  # the first step: reached at once
     timeout = 6  # long enough for both ranks to reach 'q' on a loaded 2-core machine (3 s was not, once)
     start = time.monotonic()
@@ -458,13 +431,13 @@ def test_a_rank_dies_with_its_parent_however_the_parent_dies():
 LAUNCHER = """\\
 import functools, sys
 import tracer, tracer.distributed
-from tests.runtime.test_parallel_run import _hang, _rank_failing_in
+from tests.runtime.failing_ranks import hang, rank_failing_in
 
 print("started", flush=True)  # once: the ranks never run this script again
 run = tracer.run_parallel(sys.argv[1], world=2, timeout=600)
 print(run.summary())
 print("hanging", flush=True)  # a second run from the same launcher, on the fork server of the first
-tracer.distributed.run_rank = functools.partial(_rank_failing_in, "q", 1, _hang)
+tracer.distributed.run_rank = functools.partial(rank_failing_in, "q", 1, hang)
 tracer.run_parallel(sys.argv[1], world=2, timeout=600)
 """
 

@@ -189,7 +189,8 @@ def test_scatter_src_value_and_add_leave_the_base_alone():
     assert torch.equal(t["dense"].tensor, torch.zeros(4, 6).scatter(1, i, w))
     assert torch.equal(t["marked"].tensor, x.scatter(1, i, float("-inf")))
     assert torch.equal(t["summed"].tensor, x.scatter_add(1, i, w))
-    assert torch.equal(t["counted"].tensor[1, 1], x[1, 1] + 2)  # row 1 lists column 1 twice: both add
+    # row 1 lists column 1 twice: both add, one after the other (x + 2 rounds once: 5% of x differ)
+    assert torch.equal(t["counted"].tensor[1, 1], x[1, 1] + 1 + 1)
     assert torch.equal(t["zeros"].tensor, torch.zeros(4, 6))  # a copy: the base is unchanged
 
 
