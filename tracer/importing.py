@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import functools
 import inspect
+import re
 import tempfile
 from pathlib import Path
 
@@ -44,7 +45,7 @@ def from_module(
     model = model_dims(module, dims)
     sizes = Sizes(graph, frozenset(d.value for d in model.values()), _axis_order(module))
     namer = Namer(model, sizes.of_value(), sizes.roles())
-    translator = Translator(graph, module, namer)
+    translator = Translator(graph, module, namer, tuple(caches))
     translator.translate()
     name = plain_line(name or type(module).__name__)  # a class name is any string: one printable line in the file
     header = [
@@ -123,8 +124,7 @@ def difference(pipeline: Pipeline, module: torch.nn.Module, *args, **kwargs) -> 
         with capturing(module, bool(caches)):
             expected = [t for t in torch.utils._pytree.tree_leaves(module(*call.args, **call.kwargs)) if isinstance(t, torch.Tensor)]
         inputs = {name: value for name, value in bound.items() if name in pipeline.spec.inputs}
-        for name in caches:  # its keys and values, as torch.export flattened them into the inputs NAME_…
-            inputs.update(zip([i for i in pipeline.spec.inputs if i.startswith(f"{name}_")], torch.utils._pytree.tree_leaves(bound[name])))
+        inputs.update(_cache_inputs(pipeline, {name: bound[name] for name in caches}))
         trace = pipeline.run(params=module.state_dict(), inputs=inputs, keep_values=True)
     got = [trace[name].tensor for name in pipeline.spec.outputs or [pipeline.spec.steps[-1].id]]
     if len(got) != len(expected):
@@ -132,6 +132,16 @@ def difference(pipeline: Pipeline, module: torch.nn.Module, *args, **kwargs) -> 
             Diagnostic(pipeline.path, None, "import-outputs", f"the pipeline has {len(got)} outputs, the module {len(expected)}")
         )
     return max(_largest_difference(a, b) for a, b in zip(got, expected, strict=True))
+
+
+def _cache_inputs(pipeline: Pipeline, caches: dict) -> dict[str, torch.Tensor]:
+    """Each input the import noted as a cache's keys or values (``past_key_values.layers[0].keys``), taken from that cache."""
+    inputs = {}
+    for name, declaration in pipeline.spec.inputs.items():
+        held = re.fullmatch(r"(\w+)\.layers\[(\d+)\]\.(keys|values)", declaration.note or "")
+        if held and held[1] in caches:
+            inputs[name] = getattr(caches[held[1]].layers[int(held[2])], held[3])
+    return inputs
 
 
 def _largest_difference(a: torch.Tensor, b: torch.Tensor) -> float:

@@ -37,6 +37,9 @@ UNARY = {
     for name in ("silu", "relu", "tanh", "neg", "exp", "sigmoid", "abs", "cos", "sin", "log", "log1p", "floor", "ceil", "trunc", "sign")
     + ("rsqrt", "sqrt", "reciprocal", "square")
 }
+# a DynamicCache's keys and values as torch.export flattens them (transformers' register_dynamic_cache_export_support)
+CACHE_LEAF = re.compile(r"^(?P<cache>.+)_(?P<kind>key|value)_cache_(?P<layer>\d+)$")
+CACHE_NAMES = {"key": ("k_cache", "keys"), "value": ("v_cache", "values")}  # the input's name, the cache layer's attribute
 BINARY = {aten.add.Tensor: "add", aten.mul.Tensor: "mul", aten.sub.Tensor: "sub", aten.div.Tensor: "div"}
 POWERS = {2: "square", 0.5: "sqrt", -0.5: "rsqrt", -1: "reciprocal"}  # x ** p as the step that computes it
 LOGICAL = {
@@ -129,8 +132,9 @@ def _real_path(file: str) -> str:
 class Translator:
     """Walks the graph in order and writes a step for each node that computes something."""
 
-    def __init__(self, graph: Graph, module: torch.nn.Module, namer: Namer):
+    def __init__(self, graph: Graph, module: torch.nn.Module, namer: Namer, caches: tuple[str, ...] = ()):
         self.graph, self.module, self.namer = graph, module, namer
+        self.caches = caches  # forward's arguments that are a DynamicCache: their leaves are named per layer
         self.names: dict[torch.fx.Node, str] = {}
         self.failed: set[torch.fx.Node] = set()
         self.steps: list[Step] = []
@@ -171,14 +175,36 @@ class Translator:
             if not isinstance(value, torch.Tensor):
                 continue
             if kind == "USER_INPUT":
-                self.inputs[node.name] = self._declaration(value)
-                self.names[node] = node.name
-                self.taken.add(node.name)
+                name, note = self._cache_leaf(node) or (node.name, None)
+                self.inputs[name] = self._declaration(value) | ({"note": note} if note else {})
+                self.names[node] = name
+                self.taken.add(name)
             elif kind in ("PARAMETER", "BUFFER") and self.graph.target(node) in state:
                 buffer = {"buffer": True} if kind == "BUFFER" else {}  # held, not trained: export registers it as a buffer
                 self.params[self.graph.target(node)] = {**self._declaration(value), **buffer}
                 self.names[node] = self.graph.target(node)
                 self.taken.add(self.graph.target(node))
+        self._cache_leaves_by_layer()
+
+    def _cache_leaves_by_layer(self) -> None:
+        """A cache's keys and values layer by layer (torch.export has every layer's keys, then every
+        layer's values), in the places its leaves took among forward's inputs."""
+        leaves = [name for name, entry in self.inputs.items() if "note" in entry]
+        ordered = iter(sorted(leaves, key=lambda name: _cache_place(self.inputs[name]["note"])))
+        names = [next(ordered) if name in leaves else name for name in self.inputs]
+        self.inputs = {name: self.inputs[name] for name in names}
+
+    def _cache_leaf(self, node: torch.fx.Node) -> tuple[str, str] | None:
+        """A KV cache's keys or values of one layer, named as a person writes them: after the module
+        that appends to them (``layers.0.self_attn.k_cache``), noted with where the cache holds them
+        (``past_key_values.layers[0].keys``), which is what ``difference`` passes."""
+        match = CACHE_LEAF.match(node.name)
+        if match is None or match["cache"] not in self.caches:
+            return None
+        paths = [_module_path(user) for user in node.users]
+        path = next((p for p in paths if p), match["cache"] + f".layers.{match['layer']}")
+        name, attribute = CACHE_NAMES[match["kind"]]
+        return self._unique(_join(path, name)), f"{match['cache']}.layers[{match['layer']}].{attribute}"
 
     def _declaration(self, value: torch.Tensor, init: str | None = None) -> dict:
         declaration = {"shape": self.namer.shape(value), "init": init or ("randn" if value.dtype.is_floating_point else "zeros")}
@@ -1384,6 +1410,12 @@ def _calling_the_experts(node: torch.fx.Node) -> tuple[str, int, str] | None:
 
 def _join(path: str, name: str) -> str:
     return f"{path}.{name}" if path else name
+
+
+def _cache_place(note: str) -> tuple[str, int, str]:
+    """``past_key_values.layers[10].keys`` as (cache, 10, keys): layer 2 before layer 10."""
+    cache, layer, attribute = re.fullmatch(r"(.+)\.layers\[(\d+)\]\.(\w+)", note).groups()
+    return cache, int(layer), attribute
 
 
 def _module_path(node) -> str:
