@@ -8,6 +8,7 @@ import importlib.util
 import re
 
 import pytest
+import torch
 
 import tracer
 from tests.conftest import PIPELINES
@@ -218,3 +219,27 @@ def test_only_literals_of_a_t5_buckets_call_are_read_as_its_settings():
     assert exported_t5_settings(line) == {"max_distance": 6, "bidirectional": True}
     assert exported_t5_settings("b = t5_buckets(torch, T, T, NB, __import__('os').getpid(), True, d)") is None
     assert exported_t5_settings("b = my_buckets(torch, T, T, NB, 6, True, d)") is None
+
+
+@pytest.mark.parametrize("attention", ["eager", "sdpa"])
+def test_an_imported_t5_model_exports_loads_its_weights_and_comes_back(tmp_path, attention):
+    """Issue 31: T5's first layer holds the bias table every layer reads, a param of the main file
+    under the folded block's path (``encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight``
+    beside the block ``encoder.block``). The export holds it in that copy's modules, so the
+    exported module takes transformers' state_dict as it is, runs equal, and imports back the same."""
+    from tests.importing.test_ops import _tiny_t5  # test_ops reads this module's helpers: imported here
+
+    model, ids, decoder_ids = _tiny_t5(attention)  # B == H == 2, NB == Dh == 8
+    inputs = {"input_ids": ids, "decoder_input_ids": decoder_ids}
+    pipeline = from_module(model, **inputs)
+    assert any(s.op == "block" and s.id == "encoder.block" for s in pipeline.spec.steps)
+    exported = _exported_module(pipeline, tmp_path, 0).eval()
+    exported.load_state_dict(model.state_dict())  # strict: every key, no more
+    with torch.no_grad():
+        decoded, encoded = exported(**inputs)
+        expected = model(**inputs)
+    assert torch.allclose(decoded, expected.last_hidden_state, atol=1e-5)
+    assert torch.allclose(encoded, expected.encoder_last_hidden_state, atol=1e-5)
+    back = from_module(exported, **inputs)
+    found = diff(pipeline, back)
+    assert found.same and not found.renamed, found
