@@ -118,6 +118,9 @@ COLLISIONS = {
     "param past a repeated block's copies": HELD.format(param="enc.a.2.bias", repeat=", repeat: 2"),
     "param on a block's holder of params": HELD.format(param="enc.a.layer", repeat=""),
     "param on a block's nn.Module attribute": HELD.format(param="enc.a.0.training.b", repeat=", repeat: 2"),
+    "param under another param a block holds": HELD.format(param="enc.a.0.extra", repeat=", repeat: 2").replace(
+        "params:\n", "params:\n  enc.a.0.extra.b: {shape: [D], init: randn}\n"
+    ),
     "step ids shadowing locals": "dims: {D: 3}\ninputs:\n  x: {shape: [2, D], init: randn}\nsteps:\n  - {id: B, op: softmax, input: x, dim: -1}\n  - {id: D, op: scale, input: B, divide: {sqrt: D}}\n",
 }
 
@@ -173,13 +176,16 @@ def test_a_param_under_a_block_is_held_by_the_blocks_modules(tmp_path, case, hol
         "param past a repeated block's copies",
         "param on a block's holder of params",
         "param on a block's nn.Module attribute",
+        "param under another param a block holds",
     ],
 )
 def test_a_param_under_a_block_that_meets_the_blocks_own_attributes_is_refused(tmp_path, case):
     with pytest.raises(tracer.TracerError) as raised:
         export_source(tracer.load(_write_case(tmp_path, COLLISIONS[case])))
     (diagnostic,) = raised.value.diagnostics
-    assert diagnostic.code == "export-name" and diagnostic.file.endswith("p.yaml") and diagnostic.position.line == 8  # the param
+    refused = diagnostic.message.split("'")[1]  # param 'enc.a.1.layer.w' cannot be ...
+    line = _write_case(tmp_path, COLLISIONS[case]).read_text().splitlines().index(f"  {refused}: {{shape: [D], init: randn}}") + 1
+    assert diagnostic.code == "export-name" and diagnostic.file.endswith("p.yaml") and diagnostic.position.line == line
 
 
 def test_exported_constructors_leave_the_global_random_stream_alone(tmp_path):

@@ -387,6 +387,8 @@ class _Writer:
         lines = []
         for name, (local, parameter) in held.items():
             parts = name.split(".")
+            if name in containers or any(".".join(parts[:depth]) in held for depth in range(1, len(parts))):
+                raise self._name_error(scope, ("params", name), f"param '{name}'", parts[-1])  # a tensor and a holder
             made = len(parts) - self._new_in_block(scope, name)  # the block's class made the holders before this part
             containers.update(".".join(parts[:depth]) for depth in range(1, made + 1))
             lines += _holders(parts[:-1], containers, f"holds {display(name)!r}")
