@@ -8,6 +8,7 @@ import importlib.util
 import re
 
 import pytest
+import torch
 
 import tracer
 from tests.conftest import PIPELINES
@@ -291,3 +292,27 @@ def test_the_decode_steps_query_length_of_one_is_one_rename_its_sums_follow(tmp_
     chunk = from_module(module, x=torch.randn(2, 3, 16), k_cache=torch.randn(2, 2, 5, 4), v_cache=torch.randn(2, 2, 5, 4))
     assert chunk.spec.inputs["x"].shape == ["B", "T", "d_model"] and chunk.spec.dims["T"] == 3
     assert not diff(pipeline, chunk).renamed  # only the sizes at T = 3 differ
+
+
+@pytest.mark.parametrize("attention", ["eager", "sdpa"])
+def test_an_imported_t5_model_exports_loads_its_weights_and_comes_back(tmp_path, attention):
+    """Issue 31: T5's first layer holds the bias table every layer reads, a param of the main file
+    under the folded block's path (``encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight``
+    beside the block ``encoder.block``). The export holds it in that copy's modules, so the
+    exported module takes transformers' state_dict as it is, runs equal, and imports back the same."""
+    from tests.importing.test_ops import _tiny_t5  # test_ops reads this module's helpers: imported here
+
+    model, ids, decoder_ids = _tiny_t5(attention)  # B == H == 2, NB == Dh == 8
+    inputs = {"input_ids": ids, "decoder_input_ids": decoder_ids}
+    pipeline = from_module(model, **inputs)
+    assert any(s.op == "block" and s.id == "encoder.block" for s in pipeline.spec.steps)
+    exported = _exported_module(pipeline, tmp_path, 0).eval()
+    exported.load_state_dict(model.state_dict())  # strict: every key, no more
+    with torch.no_grad():
+        decoded, encoded = exported(**inputs)
+        expected = model(**inputs)
+    assert torch.allclose(decoded, expected.last_hidden_state, atol=1e-5)
+    assert torch.allclose(encoded, expected.encoder_last_hidden_state, atol=1e-5)
+    back = from_module(exported, **inputs)
+    found = diff(pipeline, back)
+    assert found.same and not found.renamed, found

@@ -89,7 +89,10 @@ BLOCKS = {
     "blocks/b2.yaml": "name: b2\ndims: {n: 1}\ninputs:\n  h: {shape: [2, 3], init: randn}\nsteps:\n  - {id: o, op: scale, input: h, divide: {sqrt: n}}\n",
     "blocks/b3.yaml": "name: b3\ninputs:\n  h: {shape: [2, 3], init: randn}\n  g: {shape: [2, 3], init: randn}\nsteps:\n  - {id: o, op: add, inputs: [h, g]}\n",
     "blocks/attn.yaml": "name: attn\ndims: {D: 3}\ninputs:\n  h: {shape: [2, D], init: randn}\nsteps:\n  - {id: o, op: softmax, input: h, dim: -1}\n",
+    "blocks/held.yaml": "name: held\ndims: {D: 3}\ninputs:\n  h: {shape: [2, D], init: randn}\n  g: {shape: [D], init: randn}\nparams:\n  layer.w: {shape: [D], init: randn}\nsteps:\n  - {id: o, op: add, inputs: [h, layer.w]}\n  - {id: p, op: add, inputs: [o, g]}\n",
 }
+# a param under a block's path that the block is handed (T5's first layer holds the bias every layer reads)
+HELD = "dims: {{D: 3}}\ninputs:\n  x: {{shape: [2, D], init: randn}}\nparams:\n  n.w: {{shape: [D], init: randn}}\n  {param}: {{shape: [D], init: randn}}\nsteps:\n  - {{id: enc.a, op: block, use: blocks/held.yaml, inputs: [x, {param}]{repeat}}}\n"
 
 # Each pipeline is valid; in each, two YAML names could land on one Python name, or a name the
 # generated code needs (nn.Module's own attributes, a loop variable, a class, a helper) is shadowed.
@@ -109,6 +112,15 @@ COLLISIONS = {
     "param training": "inputs:\n  x: {shape: [2, 3], init: randn}\nparams:\n  training: {shape: [3], init: randn}\nsteps:\n  - {id: y, op: add, inputs: [x, training]}\n",
     "names of the module's imports and helpers": "dims: {torch: 3, F: 2, math: 4, nn: 5, linear_bound: 6, seed: 7, generator: 8, self: 9}\ninputs:\n  x: {shape: [F, torch], init: randn}\nparams:\n  w: {shape: [torch, torch], init: linear}\nsteps:\n  - {id: l, op: linear, input: x, weight: w}\n  - {id: z, op: scale, divide: {sqrt: math * nn * linear_bound * seed * generator * self}}\n",
     "keywords and builtins as ids": "dims: {D: 3}\ninputs:\n  x: {shape: [2, D], init: randn}\nsteps:\n  - {id: 'True', op: softmax, input: x, dim: -1}\n  - {id: print, op: scale, input: 'True', multiply: 2.0}\n  - {id: range, op: add, inputs: [print, x]}\n  - {id: super, op: tanh, input: range}\n",
+    "param in a repeated block's first copy": HELD.format(param="enc.a.0.layer.bias", repeat=", repeat: 2"),
+    "param in a block beside its own": HELD.format(param="enc.a.extra.bias", repeat=""),
+    "param on a block copy's own param": HELD.format(param="enc.a.1.layer.w", repeat=", repeat: 2"),
+    "param past a repeated block's copies": HELD.format(param="enc.a.2.bias", repeat=", repeat: 2"),
+    "param on a block's holder of params": HELD.format(param="enc.a.layer", repeat=""),
+    "param on a block's nn.Module attribute": HELD.format(param="enc.a.0.training.b", repeat=", repeat: 2"),
+    "param under another param a block holds": HELD.format(param="enc.a.0.extra", repeat=", repeat: 2").replace(
+        "params:\n", "params:\n  enc.a.0.extra.b: {shape: [D], init: randn}\n"
+    ),
     "step ids shadowing locals": "dims: {D: 3}\ninputs:\n  x: {shape: [2, D], init: randn}\nsteps:\n  - {id: B, op: softmax, input: x, dim: -1}\n  - {id: D, op: scale, input: B, divide: {sqrt: D}}\n",
 }
 
@@ -138,6 +150,42 @@ def test_export_names_never_collide(tmp_path, case):
     assert state.keys() == {n.replace("/", ".") for n in params}  # the state_dict keys are the param ids
     assert all(torch.equal(state[n.replace("/", ".")], trace[n].tensor) for n in params)
     assert_module_equals_trace(cls(), trace)
+
+
+@pytest.mark.parametrize(
+    ("case", "holder"),
+    [("param in a repeated block's first copy", ("enc", "a", "0", "layer")), ("param in a block beside its own", ("enc", "a", "extra"))],
+)
+def test_a_param_under_a_block_is_held_by_the_blocks_modules(tmp_path, case, holder):
+    """As T5's first layer holds the bias every layer reads: the state_dict key is the param's id,
+    the attribute path is that key, and the block's own params sit beside it."""
+    pipeline = tracer.load(_write_case(tmp_path, COLLISIONS[case]))
+    module = load_module(export_source(pipeline))
+    made = getattr(module, module.__all__[0])(seed=3)
+    owner = made
+    for part in holder:
+        owner = getattr(owner, part)
+    assert isinstance(owner.bias, torch.nn.Parameter)
+    assert torch.equal(made.state_dict()[".".join((*holder, "bias"))], pipeline.run(keep_values=True)[".".join((*holder, "bias"))].tensor)
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        "param on a block copy's own param",
+        "param past a repeated block's copies",
+        "param on a block's holder of params",
+        "param on a block's nn.Module attribute",
+        "param under another param a block holds",
+    ],
+)
+def test_a_param_under_a_block_that_meets_the_blocks_own_attributes_is_refused(tmp_path, case):
+    with pytest.raises(tracer.TracerError) as raised:
+        export_source(tracer.load(_write_case(tmp_path, COLLISIONS[case])))
+    (diagnostic,) = raised.value.diagnostics
+    refused = diagnostic.message.split("'")[1]  # param 'enc.a.1.layer.w' cannot be ...
+    line = _write_case(tmp_path, COLLISIONS[case]).read_text().splitlines().index(f"  {refused}: {{shape: [D], init: randn}}") + 1
+    assert diagnostic.code == "export-name" and diagnostic.file.endswith("p.yaml") and diagnostic.position.line == line
 
 
 def test_exported_constructors_leave_the_global_random_stream_alone(tmp_path):

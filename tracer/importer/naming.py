@@ -40,7 +40,10 @@ ATTRIBUTES = (
     ("num_local_experts", "E"),  # named only where a step prefers it (a topk's k is K): never by value
     ("num_experts_per_tok", "K"),
     ("attention_chunk_size", "C"),
-    *((name, name) for name in ("H", "H_kv", "Dh", "d_ff", "V", "W", "C", "E", "K")),  # a module tracer export wrote keeps its dims by name
+    ("relative_attention_num_buckets", "NB"),  # named only where a table of T5's buckets has that many rows
+    *(
+        (name, name) for name in ("H", "H_kv", "Dh", "d_ff", "V", "W", "C", "E", "K", "NB")
+    ),  # a module tracer export wrote keeps its dims by name
 )
 ORDER = ("d_model", "H", "Dh", "H_kv", "n_rep", "d_ff", "V")
 # sizes written as products only in these forms: "H * H" or "4 * H" would be true of the numbers and wrong in meaning
@@ -95,7 +98,7 @@ class Namer:
 
     def __init__(self, dims: dict[str, Dim], shapes: dict[int, Shape], roles: dict[int, dict[int, str]] | None = None):
         self.dims, self.shapes = dims, shapes  # shapes: id(example tensor) -> its sizes (Sizes.of_value)
-        self.roles = roles or {}  # id(example tensor) -> {axis: the dim it is first} (Sizes.roles: a positions table's rows are P)
+        self.roles = roles or {}  # id(example tensor) -> {axis: the only dim it may be} (Sizes.roles: a positions table's rows are P)
 
     def size(self, size, prefer: tuple[str, ...] = (), products: tuple = PRODUCTS) -> int | str:
         if isinstance(size, Poly):  # an expression over the batch and sequence sizes
@@ -115,7 +118,8 @@ class Namer:
     def axis(self, tensor, axis: int):
         """The size of one axis of an example tensor: its expression, or its number."""
         sizes = self.shapes.get(id(tensor))
-        return sizes[axis] if sizes is not None else int(tensor.shape[axis])
+        size = sizes[axis] if sizes is not None else tensor.shape[axis]
+        return size if isinstance(size, Poly) else int(size)
 
     def shape(self, tensor) -> list[int | str]:
         """The sizes in dim names; the last axis of a tensor with heads is the head width first (H = Dh = 4),
@@ -127,6 +131,9 @@ class Namer:
             size, role = self.axis(tensor, axis), self.roles.get(id(tensor), {}).get(axis)
             if role == "V" and "V" not in self.dims and isinstance(size, int) and size > 1:  # no config names the vocab
                 self.dims["V"] = Dim(size, size, "rows of a table looked up by the token ids the module is given")
-            prefer = (role,) if role else ("Dh",) if last else ()
+            if role is not None:  # where the size comes from says which dim it is: that one, or the number
+                names.append(role if role in self.dims and self.dims[role].value == int(size) else int(size))
+                continue
+            prefer = ("Dh",) if last else ()
             names.append(self.size(size, prefer, (*HEAD_PRODUCTS, *PRODUCTS) if after_heads else PRODUCTS))
         return names

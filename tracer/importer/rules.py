@@ -1060,7 +1060,7 @@ class Translator:
         fields = {"op": "relative_position_bias", **self._t5_fields(facts), **self._bias_lengths(facts["bias"], facts["sdpa"])}
         line = source_line(facts["bias"])
         tag = exported_step(line[0], line[2]) if line else None  # a `tracer export`ed module's own id; else one per layer
-        step = self.emit(reader, fields, step_id=self._unique(tag or _join(_module_path(reader), "position_bias")))
+        step = self.emit(reader, fields, step_id=self._unique(_join(_module_path(reader), tag or "position_bias")))
         step.comment = _comment(self._line(facts["lookup"]))  # compute_bias's line, not the reader's
         self.names[facts["bias"]] = step.fields["id"]  # the bias as this layer reads it
         if facts["then"] is not None:
@@ -1092,6 +1092,12 @@ class Translator:
             return False
         fill = _fill(reader.args[2], reader.meta["val"].dtype)
         self.emit(reader, {"op": "mask", "input": self.names[bias], **self._pattern(pattern), "fill": fill}, "masked")
+        copies = list(reader.users)
+        if len(copies) == 1 and copies[0].target == aten.contiguous.default:
+            # transformers' where spread the bias over the batch, strided, and copies it; the mask step writes a
+            # new (1, H, T, T) tensor, contiguous, so that copy is the mask (the module `tracer export` writes has none)
+            self.names[copies[0]] = self.names[reader]
+            self.graph.consumed.add(copies[0])
         return True
 
     def _t5_fields(self, facts: dict) -> dict:

@@ -64,6 +64,21 @@ class Poly:
         return hash(tuple(sorted(self.terms.items())))
 
 
+class Guess(Poly):
+    """An input dim read from a number the graph writes (``arange(8)`` where T is 8): the same size,
+    but no op that lines it up with another dim holds the two equal or fixes them."""
+
+    __slots__ = ()
+
+
+class Loose(int):
+    """A size the graph writes as a number (``torch.zeros(1, 2, 8, 8)``, ``expand(2, 1, 8, 8)`` in a mask
+    the module builds) that is both an input's batch or length and a model dim (B == H == 2): nothing
+    says which, so it names neither, and an op holding it equal to an input dim does not fix that dim."""
+
+    __slots__ = ()
+
+
 Size = int | Poly
 Shape = tuple[Size, ...]
 
@@ -148,22 +163,25 @@ def input_dims(graph: Graph, model: frozenset[int] = frozenset(), order: str = "
     ``T`` for the first input, even of one size; for the others, a dim of the same size where there
     is one (a mask's batch and length are the ids', a square mask is ``[T, T]``), the batch's or
     the length's first as the axis is, else a new one, ``B2``, ``T2``, unless it is the size of a
-    model dim (``model``: a cache's heads axis, ``[B, H_kv, past, Dh]``). ``order`` is ``TB`` for a
-    module whose inputs are (T, B, E) (``batch_first=False``)."""
+    model dim (``model``: a cache's heads axis, ``[B, H_kv, past, Dh]``). Other token ids (an
+    input an embedding looks up: a decoder's) are a sequence of their own, ``B2`` and ``T2`` as
+    long as the first's or not, which :class:`Sizes` merges with the dims an op holds them equal to
+    (the cross-attention's batch). ``order`` is ``TB`` for a module whose inputs are (T, B, E)
+    (``batch_first=False``)."""
     found: dict[tuple[str, int], InputDim] = {}
     families: dict[str, list[InputDim]] = {"B": [], "T": []}
     for node in graph.fx.nodes:
         value = node.meta.get("val")
         if node.op != "placeholder" or graph.kind(node) != "USER_INPUT" or not isinstance(value, torch.Tensor) or value.ndim < 2:
             continue
-        first = not found
+        first, own = not found, _token_ids(node)
         for axis, family in enumerate(order):
             size = int(value.shape[axis])
             if size <= 1:  # torch.export keeps sizes 0 and 1 fixed too: an axis of 1 broadcasts
                 continue
             other = families["T" if family == "B" else "B"]
-            known = None if first else next((d for d in (*families[family], *other) if d.size == size), None)
-            if known is None and not first and size in model:
+            known = None if first or own else next((d for d in (*families[family], *other) if d.size == size), None)
+            if known is None and not first and not own and size in model:
                 continue
             if known is None:
                 name = family + (str(len(families[family]) + 1) if families[family] else "")
@@ -171,6 +189,11 @@ def input_dims(graph: Graph, model: frozenset[int] = frozenset(), order: str = "
                 families[family].append(known)
             found[node.name, axis] = known
     return found
+
+
+def _token_ids(node: torch.fx.Node) -> bool:
+    """Token ids: an input an embedding looks up (its second argument), a sequence of its own."""
+    return any(user.target == aten.embedding.default and user.args[1] is node for user in node.users)
 
 
 JOINS = {aten.cat.default, aten.stack.default}  # their first argument is a list of tensors
@@ -192,6 +215,7 @@ class Sizes:
             aten.cat.default: self._concatenated,
             aten.matmul.default: self._product,
             aten.bmm.default: self._product,
+            aten.scaled_dot_product_attention.default: self._attention,
             aten.stack.default: self._stacked,
             aten.slice.Tensor: self._sliced,
             aten.select.int: lambda node, first, out: _without(first, node.args[1]),
@@ -209,14 +233,31 @@ class Sizes:
 
     def _follow(self) -> None:
         """The shapes of every node; again without the input dims an op holds equal to a fixed size
-        (a second input's axis 1 that is really its heads), as torch.export specialises them."""
+        (a second input's axis 1 that is really its heads), as torch.export specialises them, and
+        with the dims an op holds equal to each other as one (a mask's length is the ids')."""
         while True:
             self.fixed: set[str] = set()
             self.unbound: set[tuple[str, int]] = set()
+            self.same: dict[str, str] = {}  # dim -> a dim an op holds it equal to, named before it
             self._follow_once()
-            if not self.fixed and not self.unbound:
+            if not self.fixed and not self.unbound and not self.same:
                 return
             self.inputs = {key: d for key, d in self.inputs.items() if d.name not in self.fixed and key not in self.unbound}
+            kept = {d.name: d for d in self.inputs.values()}
+            self.inputs = {key: kept.get(self._merged(d.name), d) for key, d in self.inputs.items()}
+
+    def _merged(self, name: str) -> str:
+        while name in self.same:
+            name = self.same[name]
+        return name
+
+    def _hold_equal(self, sizes: list) -> None:
+        """The dims among ``sizes`` (one axis each tensor an op lines up) are one: each merges into the one named first."""
+        order = [d.name for d in self.dims]
+        names = sorted({self._merged(s.names()[0]) for s in sizes if isinstance(s, Poly) and len(s.names() or ()) == 1}, key=order.index)
+        for name in names[1:]:
+            if self.values[name] == self.values[names[0]]:
+                self.same[name] = names[0]
 
     @property
     def dims(self) -> list[InputDim]:
@@ -257,16 +298,25 @@ class Sizes:
 
     def roles(self) -> dict[int, dict[int, str]]:
         """id(example tensor) -> {axis: dim}: the rows of a table looked up at constant positions are
-        positions (``P``), however many tokens the vocab has; the rows of one looked up by ids the
-        module is given are its vocab (``V``), whatever model dim has as many (T5's ``shared`` of
-        32 tokens beside a ``d_model`` of 32)."""
+        positions (``P``), however many tokens the vocab has, and T5's bias table, looked up at constant
+        buckets and laid out as (1, H, T, T), has a row per bucket (``NB``), however wide a head is;
+        the rows of one looked up by ids the module is given are its vocab (``V``), whatever model dim
+        has as many (T5's ``shared`` of 32 tokens beside a ``d_model`` of 32)."""
         tables: dict[int, str] = {}  # id(the state_dict's tensor) -> the role of its rows
         for node in self.graph.calls():
             if node.target == aten.embedding.default and node.args[0].op == "placeholder":
-                tables[id(self._held(node.args[0]))] = "P" if node.args[1] in self.graph.constant else "V"
+                tables[id(self._held(node.args[0]))] = self._rows(node)
         placeholders = [n for n in self.graph.fx.nodes if n.op == "placeholder" and isinstance(n.meta.get("val"), torch.Tensor)]
         # a tied table is one tensor under two keys (T5's shared and embed_tokens): the one no op reads has the other's rows
         return {id(n.meta["val"]): {0: tables[id(self._held(n))]} for n in placeholders if id(self._held(n)) in tables}
+
+    def _rows(self, lookup: torch.fx.Node) -> str:
+        """What an embedding's rows are: token ids it is given look up a vocab; constant ids positions,
+        or T5's buckets when the lookup is laid out as (1, H, T, T)."""
+        if lookup.args[1] not in self.graph.constant:
+            return "V"
+        buckets = any(user.target == aten.permute.default and list(user.args[1]) == [2, 0, 1] for user in lookup.users)
+        return "NB" if buckets else "P"
 
     def _held(self, placeholder: torch.fx.Node):
         """The tensor a param or buffer placeholder stands for (the placeholder itself for an input)."""
@@ -323,27 +373,43 @@ class Sizes:
         shape = self.shapes.get(arg) if isinstance(arg, torch.fx.Node) else None
         return shape if isinstance(shape, tuple) else None
 
-    def _tensor_inputs(self, node: torch.fx.Node) -> list[Shape]:
+    def _tensor_inputs(self, node: torch.fx.Node, held: bool = False) -> list[Shape]:
+        """The shapes of a node's tensor inputs; ``held``: the sizes each holds (a constant's dims are
+        guesses from its numbers, and a loose number is no size: both None)."""
         args = [a for arg in node.args for a in (arg if isinstance(arg, list | tuple) else [arg])]
-        found = [self.shapes.get(a) for a in [*args, *node.kwargs.values()] if isinstance(a, torch.fx.Node)]
-        return [s for s in found if isinstance(s, tuple)]
+        nodes = [a for a in [*args, *node.kwargs.values()] if isinstance(a, torch.fx.Node)]
+        found = [(self.shapes.get(a), a in self.graph.constant) for a in nodes]
+        if held:
+            return [
+                tuple(None if isinstance(s, Loose | Guess) or (constant and isinstance(s, Poly)) else s for s in shape)
+                for shape, constant in found
+                if isinstance(shape, tuple)
+            ]
+        return [shape for shape, _ in found if isinstance(shape, tuple)]
 
     def _aligned(self, node: torch.fx.Node, out: tuple[int, ...]) -> Shape:
         """An op that keeps its inputs' axes (elementwise with broadcasting, products, reductions,
         attention): each output axis is the input axis of its size that lines up with it, counted
         from the end (broadcasting, ``matmul``, ``linear``), else from the start (a reduction
         that drops the last axes); a size no input axis gives is a number."""
-        inputs = self._tensor_inputs(node)
+        inputs, holding = self._tensor_inputs(node), self._tensor_inputs(node, held=True)
         shape = []
         for axis, size in enumerate(out):
-            from_end = [s[len(s) - len(out) + axis] for s in inputs if 0 <= len(s) - len(out) + axis < len(s)]
-            from_start = [s[axis] for s in inputs if axis < len(s)]
+            from_end, from_start = _from_end(inputs, axis, len(out)), [s[axis] for s in inputs if axis < len(s)]
+            held = [s for s in _from_end(holding, axis, len(out)) if s is not None]
             named = [s for s in (*from_end, *from_start) if not isinstance(s, int) and size_value(s) == size]
-            if size > 1 and node.target in BROADCASTS | BATCHED and (size in from_end or size in from_start):
-                batched = node.target in BATCHED and axis >= len(out) - 2
-                if not batched and size in from_end:  # a fixed size the op holds equal to an input dim
-                    self.fixed.update(s.names()[0] for s in from_end if isinstance(s, Poly) and len(s.names() or ()) == 1)
-            shape.append(named[0] if named else size)
+            named.sort(key=lambda s: (s not in held, isinstance(s, Guess)))  # a dim a computed tensor holds before a guess
+            batched = node.target in BATCHED and axis >= len(out) - 2
+            if size > 1 and node.target in BROADCASTS | BATCHED and not batched:
+                self._hold_equal(held)
+                if size in held:
+                    # a fixed size the op holds equal to an input dim (a table of values the size of the example's
+                    # length); a constant's guessed dim, or a loose number, fixes nothing
+                    self.fixed.update(s.names()[0] for s in held if isinstance(s, Poly) and len(s.names() or ()) == 1)
+                    named = [s for s in named if s in held]
+            numbers = [s for s in (*from_end, *from_start) if isinstance(s, int) and s == size]
+            loose = bool(numbers) and all(isinstance(s, Loose) for s in numbers)  # only a loose number has this size
+            shape.append(named[0] if named else Loose(size) if loose and size > 1 else size)
         return tuple(shape)
 
     def _regrouped(self, node, first: Shape, out: tuple[int, ...]) -> Shape | None:
@@ -430,7 +496,21 @@ class Sizes:
         second = self._input(node, 1)
         if second is None or len(first) < 2 or len(second) < 2:
             return None
+        held = self._tensor_inputs(node, held=True)
+        if len(held) == 2:
+            self._hold_equal([held[0][-1], held[1][-2]])  # the axis the product sums over
         return (*self._aligned(node, out)[:-2], first[-2], second[-1])
+
+    def _attention(self, node, first, out) -> Shape:
+        """sdpa(q, k, v, mask): the keys' and the values' lengths are one, and a mask's last two axes
+        are the queries' and the keys' lengths; its output is the queries' with the values' width."""
+        q, k, v, *rest = self._tensor_inputs(node, held=True)
+        self._hold_equal([k[-2], v[-2]])
+        if rest and len(rest[0]) >= 2:
+            self._hold_equal([rest[0][-2], q[-2]])
+            self._hold_equal([rest[0][-1], k[-2]])
+        queries, _, values = self._tensor_inputs(node)[:3]
+        return (*self._aligned(node, out)[:-2], queries[-2], values[-1])
 
     def _concatenated(self, node, first, out) -> Shape | None:
         shapes = [self.shapes.get(t) for t in node.args[0]]
@@ -438,6 +518,9 @@ class Sizes:
             return None
         dim = (node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0)) % len(out)
         self._unbind_fixed_axes(node.args[0], shapes, dim)
+        for axis in range(len(out)):
+            if axis != dim:
+                self._hold_equal([s[axis] for s in self._tensor_inputs(node, held=True) if len(s) == len(out)])
         shape = list(shapes[0])
         shape[dim] = functools.reduce(plus, (s[dim] for s in shapes))
         return tuple(shape)
@@ -447,7 +530,7 @@ class Sizes:
         of its value it was given: a cache's heads (``[B, H_kv, past, Dh]``, H_kv = 2) beside new
         keys of 2 heads, not the batch of 2 (``input_dims`` names it by value)."""
         for axis in range(len(shapes[0])):
-            if axis == dim or not any(isinstance(s[axis], int) and s[axis] > 1 for s in shapes):
+            if axis == dim or not any(isinstance(s[axis], int) and not isinstance(s[axis], Loose) and s[axis] > 1 for s in shapes):
                 continue
             for part in parts:
                 if isinstance(part, torch.fx.Node) and part.op == "placeholder" and (part.name, axis) in self.inputs:
@@ -498,9 +581,12 @@ class Sizes:
         """A size written as a number in the graph: an input's batch or length of that size, else the
         number; an axis ``expand`` adds keeps a model dim's size (repeat_kv's ``n_rep``), a table
         sliced at a length is sliced at a length (``lengths``: ``position_ids[:, :T]``)."""
-        if size == 1 or size in besides:
+        if size == 1:
             return size
-        return next((d.symbol for d in self.dims if d.size == size and not (lengths and d.name.startswith("B"))), size)
+        known = next((d.symbol for d in self.dims if d.size == size and not (lengths and d.name.startswith("B"))), None)
+        if known is not None and size in besides:
+            return Loose(size)  # the batch or a model dim: nothing says which
+        return size if known is None else Guess(known.terms, size)
 
 
 def _source_input(graph: Graph, node) -> torch.fx.Node | None:
@@ -511,6 +597,11 @@ def _source_input(graph: Graph, node) -> torch.fx.Node | None:
     if isinstance(node, torch.fx.Node) and node.op == "placeholder" and graph.kind(node) == "USER_INPUT":
         return node
     return None
+
+
+def _from_end(shapes: list[Shape], axis: int, ndim: int) -> list[Size]:
+    """The sizes that line up with ``axis`` of an output of ``ndim`` axes, counted from the end (broadcasting)."""
+    return [s[len(s) - ndim + axis] for s in shapes if 0 <= len(s) - ndim + axis < len(s)]
 
 
 def _without(shape: Shape, dim: int) -> Shape:

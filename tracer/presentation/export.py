@@ -178,6 +178,8 @@ class _Scope:
     model: set[str] = field(default_factory=set)  # dims known when the module is built
     from_input: dict[str, tuple[str, int]] = field(default_factory=dict)  # size dim -> (input, axis) it is read from
     names: dict[str, str] = field(default_factory=dict)  # dim -> its local name in the function being written
+    kinds: dict[str, str] = field(default_factory=dict)  # attribute path ('a', 'a.b') -> 'holder', 'tensor' or 'block'
+    attached: dict[str, str] = field(default_factory=dict)  # param -> the block whose attributes hold it (set after the block)
     local: Namespace = field(default_factory=Namespace)
     exprs: dict[str, str] = field(default_factory=dict)  # expanded tensor id -> Python expression
     scratch: str = "bound"  # the constructor's local for a linear init's bound
@@ -240,26 +242,34 @@ class _Writer:
         return scope
 
     def _claim_attributes(self, scope: _Scope) -> None:
-        """Params keep their ids and blocks their step ids as attributes (state_dict keys); one that
-        nn.Module already has, a dunder, or a name that is both a tensor and a holder of tensors is
-        a located error (renaming it would change the state_dict keys)."""
-        kinds: dict[str, bool] = {}  # 'a' and 'a.b' of params 'a.b.c': is it a holder of tensors?
-        for name in scope.spec.params:
-            parts = name.split(".")
-            for depth in range(1, len(parts) + 1):
-                prefix, holder = ".".join(parts[:depth]), depth < len(parts)
-                if prefix in kinds:
-                    if kinds[prefix] and holder:
-                        continue  # another tensor in the same holder
-                    raise self._name_error(scope, ("params", name), f"param '{name}'", parts[depth - 1])
-                part = parts[depth - 1]
-                free = scope.attrs.exact(part) if depth == 1 else part not in module_attributes() and not part.startswith("__")
-                if not free:
-                    raise self._name_error(scope, ("params", name), f"param '{name}'", part)
-                kinds[prefix] = holder
+        """Params keep their ids and blocks their step ids as attribute paths (state_dict keys: a
+        dotted id is a path, ``encoder.layer`` is ``self.encoder.layer``); one that nn.Module
+        already has, a dunder, or a name that is both a tensor and a holder of tensors is a located
+        error (renaming it would change the state_dict keys). A param under a block's path
+        (T5's first layer's bias, ``encoder.block.0.layer.0…weight``, that the layers are handed)
+        is held inside the block's modules, as in the module it was imported from."""
         for i, step in enumerate(scope.spec.steps):
-            if step.includes_file and not scope.attrs.exact(step.id):
-                raise self._name_error(scope, ("steps", i, "id"), f"block '{step.id}'", step.id)
+            if step.includes_file:
+                self._claim_path(scope, step.id, "block", ("steps", i, "id"), f"block '{step.id}'")
+        for name in scope.spec.params:
+            self._claim_path(scope, name, "tensor", ("params", name), f"param '{name}'")
+
+    def _claim_path(self, scope: _Scope, name: str, kind: str, path: tuple, what: str) -> None:
+        parts = name.split(".")
+        for depth in range(1, len(parts) + 1):
+            prefix, holder = ".".join(parts[:depth]), depth < len(parts)
+            if prefix in scope.kinds:
+                if holder and scope.kinds[prefix] == "holder":
+                    continue  # another tensor in the same holder
+                if holder and scope.kinds[prefix] == "block" and kind == "tensor":
+                    scope.attached[name] = prefix
+                    return
+                raise self._name_error(scope, path, what, parts[depth - 1])
+            part = parts[depth - 1]
+            free = scope.attrs.exact(part) if depth == 1 else part not in module_attributes() and not part.startswith("__")
+            if not free:
+                raise self._name_error(scope, path, what, part)
+            scope.kinds[prefix] = "holder" if holder else kind
 
     def _name_error(self, scope: _Scope, path: tuple, what: str, part: str) -> TracerError:
         why = (
@@ -320,7 +330,8 @@ class _Writer:
         spec, lines, pending = scope.spec, [], []
         keys = scope.source.keys
         sections = sorted(("inputs", "params"), key=lambda s: keys[(s,)].line if (s,) in keys else math.inf)
-        containers: set[str] = set()
+        containers: set[str] = set()  # the holders made so far ('a', 'a.b')
+        held: dict[str, tuple[str, bool]] = {}  # a param a block's modules hold -> (the local holding it until then, is it a Parameter)
         for section in sections:
             if section == "inputs":
                 pending = (
@@ -329,9 +340,9 @@ class _Writer:
                 continue
             for name, decl in spec.params.items():
                 lines, pending = lines + pending, []
-                lines += self._param(scope, name, decl, containers, generator)
-            blocks = self._blocks(scope, generator)
-            lines += (pending if blocks else []) + blocks
+                lines += self._param(scope, name, decl, containers, held, generator)
+            blocks = self._blocks(scope, containers, generator)
+            lines += (pending if blocks else []) + blocks + self._attached(scope, held, containers)
         return lines
 
     def _input_draw(self, scope: _Scope, name: str, decl: TensorDecl, generator: str) -> list[str]:
@@ -347,27 +358,67 @@ class _Writer:
             return _own_seed(generator, decl.seed, why) + lines
         return [f"if {generator} is not None:"] + [f"    {line}" for line in lines] if lines else []
 
-    def _param(self, scope: _Scope, name: str, decl: TensorDecl, containers: set[str], generator: str) -> list[str]:
+    def _param(
+        self, scope: _Scope, name: str, decl: TensorDecl, containers: set[str], held: dict[str, tuple[str, bool]], generator: str
+    ) -> list[str]:
         meta = self.analysis.metas[scope.param_prefix + name]
         parts = name.split(".")
-        lines = []
-        for j in range(1, len(parts)):
-            if ".".join(parts[:j]) not in containers:
-                containers.add(".".join(parts[:j]))
-                lines.append(_assign(_access(parts[: j - 1]), parts[j - 1], "nn.Module()") + f"  # holds {display(name)!r}")
+        lines = [] if name in scope.attached else _holders(parts[:-1], containers, f"holds {display(name)!r}")
         if decl.seed is not None:
             lines += _own_seed(generator, decl.seed, f"  # the pipeline seeds {display(name)!r}")
         setup, value = _init_source(decl, meta, scope, self, generator)
         lines += setup
         owner, declared = _access(parts[:-1]), "(" + ", ".join(str(dimexpr.parse(t)) for t in decl.shape) + ")"
+        scope.exprs[scope.param_prefix + name] = _access(parts)
         if not scope.prefix and name in self.linear_params:
             return lines + self._linear_param(scope, name, value, declared)
-        if meta.dtype in FLOAT_DTYPES and not decl.buffer:
+        parameter = meta.dtype in FLOAT_DTYPES and not decl.buffer
+        if name in scope.attached:  # drawn in its turn, held once its block is made
+            held[name] = (scope.local.claim("_".join(parts[-2:])), parameter)
+            value = f"nn.Parameter({value})" if parameter else value
+            return lines + [f"{held[name][0]} = {value}  # {declared} {display(name)}: block {display(scope.attached[name])!r} holds it"]
+        if parameter:
             lines.append(_assign(owner, parts[-1], f"nn.Parameter({value})") + f"  # {declared}")
         else:
             lines.append(f"{owner}.register_buffer({parts[-1]!r}, {value})  # {declared}")
-        scope.exprs[scope.param_prefix + name] = _access(parts)
         return lines
+
+    def _attached(self, scope: _Scope, held: dict[str, tuple[str, bool]], containers: set[str]) -> list[str]:
+        """The params a block's modules hold, set once the blocks are made: under a copy of a
+        repeated block (``encoder.block.0``) or the block itself, beside the block's own tensors."""
+        lines = []
+        for name, (local, parameter) in held.items():
+            parts = name.split(".")
+            if name in containers or any(".".join(parts[:depth]) in held for depth in range(1, len(parts))):
+                raise self._name_error(scope, ("params", name), f"param '{name}'", parts[-1])  # a tensor and a holder
+            made = len(parts) - self._new_in_block(scope, name)  # the block's class made the holders before this part
+            containers.update(".".join(parts[:depth]) for depth in range(1, made + 1))
+            lines += _holders(parts[:-1], containers, f"holds {display(name)!r}")
+            owner = _access(parts[:-1])
+            lines.append(_assign(owner, parts[-1], local) if parameter else f"{owner}.register_buffer({parts[-1]!r}, {local})")
+        return lines
+
+    def _new_in_block(self, scope: _Scope, name: str) -> int:
+        """How many parts at the end of a param's path the block's class does not make (``relative_attention_bias.weight``
+        of ``encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight``); a path that meets one of
+        the block's own tensors, blocks or attributes is a located error."""
+        block_id = scope.attached[name]
+        step = next(s for s in scope.spec.steps if s.includes_file and s.id == block_id)
+        block = self.classes[self.analysis.blocks[scope.prefix + step.id].path][2]
+        inner = name[len(block_id) + 1 :].split(".")
+        if step.repeat and not step.share_params:  # an nn.ModuleList: a copy's index first
+            index = inner.pop(0)
+            if not (index.isdigit() and str(int(index)) == index and int(index) < step.repeat and inner):
+                raise self._name_error(scope, ("params", name), f"param '{name}'", index)
+        depth = 1
+        while depth < len(inner) and block.kinds.get(".".join(inner[:depth])) == "holder":
+            depth += 1
+        new = inner[depth - 1 :]
+        clash = ".".join(inner[:depth]) in block.kinds or (depth == 1 and new[0] in block.attrs.taken)
+        bad = next((part for part in new if clash or part in module_attributes() or part.startswith("__")), None)
+        if bad is not None:
+            raise self._name_error(scope, ("params", name), f"param '{name}'", bad)
+        return len(new)
 
     def _linear_param(self, scope: _Scope, name: str, value: str, declared: str) -> list[str]:
         """A planned projection's param, held by the step's nn.Linear (made, on the meta device,
@@ -436,7 +487,7 @@ class _Writer:
         lines += [f"    {note}" for style, note in PLAN_NOTES.items() if style in planned]
         return "\n".join([*lines, "    return module"]) + "\n"
 
-    def _blocks(self, scope: _Scope, generator: str) -> list[str]:
+    def _blocks(self, scope: _Scope, containers: set[str], generator: str) -> list[str]:
         """Each ``op: block`` step as a submodule: its class, or an nn.ModuleList of copies."""
         lines = []
         for step in scope.spec.steps:
@@ -448,7 +499,9 @@ class _Writer:
             call = f"{class_}({', '.join(given)})"
             if step.repeat and not step.share_params:
                 call = f"nn.ModuleList([{call} for _ in range({step.repeat})])"  # `_`: never a user's name
-            lines.append(_assign("self", step.id, call))
+            parts = step.id.split(".")
+            lines += _holders(parts[:-1], containers, f"holds block {display(step.id)!r}")
+            lines.append(_assign(_access(parts[:-1]), parts[-1], call))
         return lines
 
     def _block_dims(self, scope: _Scope, step, block: _Scope) -> list[str]:
@@ -611,7 +664,7 @@ class _Writer:
         scope.exprs[out_id] = scope.exprs[scope.prefix + step.id] = var
         self._own(scope, var, out_id)
         shape = _shape(analysis.metas[out_id], scope)
-        module = _access([step.id])
+        module = _access(step.id.split("."))
         rest = "".join(f", {x}" for x in inputs[1:])
         tag = f"# {shape} {display(step.id)}"
         if not step.repeat:
@@ -919,6 +972,16 @@ def _access(parts: list[str]) -> str:
     for part in parts:
         expr = f"{expr}.{part}" if usable(part) else f"getattr({expr}, {part!r})"
     return expr
+
+
+def _holders(parts: list[str], containers: set[str], note: str) -> list[str]:
+    """``self.a = nn.Module()``, ``self.a.b = nn.Module()``: the holders of ``a.b`` not made yet."""
+    lines = []
+    for depth in range(1, len(parts) + 1):
+        if ".".join(parts[:depth]) not in containers:
+            containers.add(".".join(parts[:depth]))
+            lines.append(_assign(_access(parts[: depth - 1]), parts[depth - 1], "nn.Module()") + f"  # {note}")
+    return lines
 
 
 def _assign(owner: str, part: str, value: str) -> str:
