@@ -20,6 +20,29 @@ def linear_bound(fan_in: int, ndim: int) -> float:
     return 1 / math.sqrt(fan_in) if fan_in > 0 else 0.0
 
 
+def moe_forward(x, weights, chosen, projections, torch, F, act, in_out=False, interleave=False, gated=True):
+    """(tokens per expert, output): the tokens of ``x`` (…, d) through the experts ``chosen`` (…, K), each
+    times its weight; the step's kernel and an exported module's ``MoeExperts`` both run it."""
+    rows = x.shape[:-1].numel()  # not -1: a reshape cannot infer it beside a 0-sized dim
+    tokens, chosen = x.reshape(rows, x.shape[-1]), chosen.reshape(rows, chosen.shape[-1])
+    counts = torch.bincount(chosen.flatten(), minlength=projections[0].shape[0])
+    out = moe_experts(tokens, weights.reshape(chosen.shape), chosen, projections, counts, torch, F, act, in_out, interleave, gated)
+    return counts, out.view(x.shape)
+
+
+def moe_experts(tokens, weights, chosen, projections, counts, torch, F, act, in_out=False, interleave=False, gated=True):
+    """transformers' ``MixtralExperts.forward`` (eager; ``GptOssExperts.forward`` likewise), op for
+    op: the experts in ascending order, each token's rows in their order (by rank, then token),
+    summed with ``index_add_``."""
+    out = tokens.new_zeros(tokens.shape)  # zeros_like would copy the layout of a token view; the sums are the same
+    for expert in counts.nonzero().flatten().tolist():
+        rank, token = torch.where(chosen.t() == expert)
+        own = [None if p is None else p[expert] for p in projections]
+        y = expert_output(tokens[token], own, F, act, in_out, interleave, gated) * weights[token, rank, None]
+        out.index_add_(0, token, y.to(out.dtype))
+    return out
+
+
 def expert_output(x, projections, F, act, in_out, interleave, gated):
     """One expert on its tokens; its temporaries die when it returns, before the next expert runs."""
     gate_up, down, up_bias, down_bias = projections
@@ -38,17 +61,37 @@ def expert_output(x, projections, F, act, in_out, interleave, gated):
     return F.linear(y, down, down_bias)
 
 
-def moe_experts(tokens, weights, chosen, projections, counts, torch, F, act, in_out=False, interleave=False, gated=True):
-    """transformers' ``MixtralExperts.forward`` (eager; ``GptOssExperts.forward`` likewise), op for
-    op: the experts in ascending order, each token's rows in their order (by rank, then token),
-    summed with ``index_add_``."""
-    out = tokens.new_zeros(tokens.shape)  # zeros_like would copy the layout of a token view; the sums are the same
-    for expert in counts.nonzero().flatten().tolist():
-        rank, token = torch.where(chosen.t() == expert)
-        own = [None if p is None else p[expert] for p in projections]
-        y = expert_output(tokens[token], own, F, act, in_out, interleave, gated) * weights[token, rank, None]
-        out.index_add_(0, token, y.to(out.dtype))
-    return out
+def expert_activation(name, gated, alpha, limit, torch, F):
+    """The expert's activation as the kernel calls it: ``act(gate, up)``, or ``act(up)`` ungated."""
+    if name == "clamped_swiglu":
+        return lambda gate, up: clamped_swiglu(torch, gate, up, alpha, limit)
+    one = {"silu": F.silu, "gelu": F.gelu, "relu2": lambda h: torch.square(torch.relu(h))}[name]
+    return (lambda gate, up: one(gate) * up) if gated else one
+
+
+def clamped_swiglu(torch, gate, up, alpha, limit):
+    """GPT-OSS's ``GptOssExperts._apply_gate``, op for op."""
+    gate = gate.clamp(min=None, max=limit)
+    up = up.clamp(min=-limit, max=limit)
+    return (up + 1) * (gate * torch.sigmoid(gate * alpha))
+
+
+class MoeExperts(nn.Module):
+    """A sparse mixture of experts, as tracer's moe step runs it (transformers' MixtralExperts.forward,
+    op for op), on the weights it is given. `tracer import` captures a module whose class says
+    tracer_step = "moe" whole, as one moe step with these settings."""
+
+    tracer_step = "moe"
+
+    def __init__(self, activation="silu", in_out=False, interleave=False, gated=True, alpha=1.702, limit=7.0):
+        super().__init__()
+        self.activation, self.in_out, self.interleave, self.gated = activation, in_out, interleave, gated
+        self.alpha, self.limit = alpha, limit
+
+    def forward(self, x, weights, chosen, gate_up, down, gate_up_bias=None, down_bias=None):
+        act = expert_activation(self.activation, self.gated, self.alpha, self.limit, torch, F)
+        projections = (gate_up, down, gate_up_bias, down_bias)
+        return moe_forward(x, weights, chosen, projections, torch, F, act, self.in_out, self.interleave, self.gated)[1]
 
 
 class MixtralSparseMoe(nn.Module):
@@ -67,6 +110,7 @@ class MixtralSparseMoe(nn.Module):
         self.W_router = nn.Parameter(torch.empty(E, d_model).uniform_(-bound, bound, generator=generator))  # (E, d_model)
         self.W_gate_up = nn.Parameter(torch.empty(E, 2 * d_ff, d_model).normal_(generator=generator))  # (E, 2 * d_ff, d_model)
         self.W_down = nn.Parameter(torch.empty(E, d_model, d_ff).normal_(generator=generator))  # (E, d_model, d_ff)
+        self.experts = MoeExperts("silu")  # called by step 'experts'
 
     def forward(self, x):
         B, T = x.shape[0], x.shape[1]  # sizes from the input
@@ -80,9 +124,8 @@ class MixtralSparseMoe(nn.Module):
         top_w, top_i = torch.topk(router_probs, K, dim=-1, largest=True, sorted=True)  # route
         del router_probs  # last read by route
         top_w = top_w / top_w.sum(dim=-1, keepdim=True)  # (N, K), (N, K) route
-        experts_counts = torch.bincount(top_i.flatten(), minlength=self.W_gate_up.shape[0])  # experts
-        experts = moe_experts(h.reshape(N, h.shape[-1]), top_w.reshape(N, top_w.shape[-1]), top_i.reshape(N, top_i.shape[-1]), (self.W_gate_up, self.W_down, None, None), experts_counts, torch, F, lambda gate, up: F.silu(gate) * up, in_out=False, interleave=False, gated=True).view(h.shape)  # (N, d_model) experts
-        del experts_counts, top_i, top_w  # last read by experts
+        experts = self.experts(h, top_w, top_i, self.W_gate_up, self.W_down)  # (N, d_model) experts
+        del top_i, top_w  # last read by experts
         out = experts.view(B, T, d_model)  # (B, T, d_model) out
         del experts  # last read by out
         return out  # (B, T, d_model)

@@ -86,7 +86,7 @@ class T5SelfAttention(nn.Module):
         k_t = k_h.transpose(2, 3)  # (B, H, Dh, T) k_t
         scores = q_h @ k_t  # (B, H, T, T) scores
         del k, k_h, k_heads, k_t, q, q_h, q_heads  # last read by scores
-        biased_buckets = t5_buckets(torch, T, T, self.rel_bias.shape[0], 6, True, scores.device)  # biased
+        biased_buckets = t5_buckets(torch, T, T, self.rel_bias.shape[0], 6, True, self.rel_bias.device)  # biased
         biased_values = F.embedding(biased_buckets, self.rel_bias)  # biased
         del biased_buckets  # last read by biased
         biased = scores + biased_values.permute(2, 0, 1).unsqueeze(0)  # (B, H, T, T) biased
