@@ -2,6 +2,8 @@
 benchmarks/import_sweep.py): a small example's graph runs on one intra-op thread, and a node's
 stack trace is parsed once however many times its id, comment and caller read it."""
 
+import contextlib
+
 import torch
 
 from tracer.importer import idioms, lines
@@ -95,3 +97,68 @@ def test_the_files_analysis_decides_when_the_steps_say_otherwise(monkeypatch):
     loaded = _loads_counted(monkeypatch)
     monkeypatch.setattr(tracer.importing, "unread_names", lambda document: ["weight"])  # a wrong guess: weight is read
     assert from_module(module, x).files == expected and len(loaded) == 2
+
+
+class _TwoLayers(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = torch.nn.ModuleList([torch.nn.Linear(8, 8) for _ in range(2)])
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x).relu()
+        return x
+
+
+def _capture_traces(module, x, monkeypatch) -> tuple[list, int]:
+    """Each node's stack trace of a capture, the frames above this file's call of ``capture`` cut,
+    and how many source lines the capture read."""
+    import linecache
+
+    read, getline = [], linecache.getline
+    monkeypatch.setattr(linecache, "getline", lambda file, *args: read.append(file) or getline(file, *args))
+    program = capture(module, (x,), {})
+    monkeypatch.setattr(linecache, "getline", getline)
+    return [(n.meta.get("stack_trace") or "").partition("in _capture_traces\n")[2] for n in program.graph.nodes], len(read)
+
+
+def test_the_capture_reads_source_lines_only_of_the_frames_kept_and_keeps_the_same_traces(monkeypatch):
+    from tracer.importer import capture as capture_module
+
+    module, x = _TwoLayers(), torch.randn(2, 3, 8)
+    traces, read = _capture_traces(module, x, monkeypatch)
+    monkeypatch.setattr(capture_module, "_kept_frames_only", contextlib.nullcontext)  # torch's summary: a line read for every frame
+    every_frame, read_by_torch = _capture_traces(module, x, monkeypatch)
+    assert traces == every_frame and any("x = layer(x).relu()" in t for t in traces)
+    assert read < read_by_torch * 2 // 3  # torch's machinery, some 40% of the frames here (more in a deep model), is not read
+
+
+def test_a_nodes_module_stack_is_written_once_per_distinct_stack():
+    node = torch.fx.Graph().placeholder("x")
+    node.meta["nn_module_stack"] = {"L__self___proj": ("proj", torch.nn.Linear)}
+    first = idioms.module_stack(node)
+    assert first == (("proj", "torch.nn.modules.linear.Linear"),)
+    assert idioms.module_stack(node) is first
+
+
+def test_the_translator_asks_each_modules_children_once(monkeypatch):
+    from tracer.importer.idioms import Graph
+    from tracer.importer.naming import Namer
+    from tracer.importer.rules import Translator
+
+    module, x = _TwoLayers(), torch.randn(2, 3, 8)
+    program = capture(module, (x,), {})
+    translator = Translator(Graph(program, graph_inputs(program, (x,), {})), module, Namer({}, {}))
+    asked = []
+    monkeypatch.setattr(module, "get_submodule", lambda path: asked.append(path) or torch.nn.Module.get_submodule(module, path))
+    leaves = [translator._leaf_module(n) for n in program.graph.nodes for _ in range(2)]
+    assert {"layers.0", "layers.1"} <= set(leaves)
+    assert sorted(asked) == sorted(set(asked))
+
+
+def test_a_printable_comment_line_is_written_as_it_is():
+    from tracer.importer.writer import plain_line
+
+    line = "model.py:12: y = self.proj(x)"
+    assert plain_line(line) is line
+    assert plain_line("a\tb\nc" + "x" * 200) == "a b c" + "x" * 115

@@ -12,7 +12,9 @@ in the file all the same.
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
+import traceback
 
 import torch
 import torch.fx.proxy
@@ -61,8 +63,15 @@ def caching_configs(module: torch.nn.Module) -> list:
 
 
 class _OutsideTorch(set):
+    """Asked for each frame of each node's stack trace while the capture runs: answered once per file."""
+
     def __contains__(self, frame) -> bool:
-        return "/torch/" not in frame[0].replace("\\", "/")
+        return _outside_torch(frame[0])
+
+
+@functools.lru_cache(maxsize=1024)
+def _outside_torch(file: str) -> bool:
+    return "/torch/" not in file.replace("\\", "/")
 
 
 def given_caches(module: torch.nn.Module, args: tuple, kwargs: dict) -> list[str]:
@@ -114,13 +123,60 @@ def _refuse_dropped_tokens(name: str, cache) -> None:
 def capture(module: torch.nn.Module, args: tuple, kwargs: dict):
     """The ExportedProgram of the module at the example sizes."""
     cache_given = bool(given_caches(module, args, kwargs))
-    with capturing(module, cache_given), settled_rope_updates(module, args, kwargs), experts_whole(module):
+    with capturing(module, cache_given), settled_rope_updates(module, args, kwargs), experts_whole(module), _kept_frames_only():
         try:
             return torch.export.export(module, tuple(args), dict(kwargs), strict=False)
         except Exception as exc:  # torch's own message says why (data-dependent control flow, unsupported types)
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
             message = f"torch.export could not capture {type(module).__name__}: {type(exc).__name__}: {first}"
             raise TracerError(Diagnostic("<module>", None, "import-capture", message)) from None
+
+
+@contextlib.contextmanager
+def _kept_frames_only():
+    """Each node's stack trace gathered as torch gathers it, with a line of source read only for the
+    frames torch's filter keeps: torch reads one for every frame of the stack (some 70 a node, most
+    of them torch's own, which its filter then drops): some 5% of the capture's time. The
+    traces are the same text. Private again (``torch.fx.proxy`` imports ``CapturedTraceback`` by
+    name): where it is not, torch's own is used."""
+    own = getattr(torch.fx.proxy, "CapturedTraceback", None)
+    if own is None or not hasattr(torch.fx.proxy, "_STACK_TRACE_ANCHORS"):
+        yield
+        return
+    torch.fx.proxy.CapturedTraceback = _KeptFrames
+    try:
+        yield
+    finally:
+        torch.fx.proxy.CapturedTraceback = own
+
+
+class _KeptFrames:
+    """``torch.utils._traceback.CapturedTraceback`` whose summary holds only the frames that
+    ``TracerBase._filter_traceback_frames`` keeps (named ``forward``, torch's ``__init__.py``, or an
+    anchor: outside torch while ``capturing``); the filter then keeps them all, in their order."""
+
+    __slots__ = ("tb", "skip")
+
+    def __init__(self, tb, skip: int):
+        self.tb, self.skip = tb, skip
+
+    @staticmethod
+    def extract(*, skip: int = 0) -> _KeptFrames:
+        from torch.utils._traceback import CapturedTraceback
+
+        captured = CapturedTraceback.extract(skip=skip + 1)  # this frame is no node's
+        return _KeptFrames(captured.tb, captured.skip)
+
+    def summary(self) -> traceback.StackSummary:
+        import torch._C._profiler
+
+        stack = traceback.StackSummary()
+        anchors = torch.fx.proxy._STACK_TRACE_ANCHORS
+        for frame in reversed(torch._C._profiler.symbolize_tracebacks([self.tb])[0][self.skip :]):
+            file, name = frame["filename"], frame["name"]
+            if name == "forward" or file.endswith("torch/__init__.py") or (file, name) in anchors:
+                stack.append(traceback.FrameSummary(file, frame["line"], name))
+        return stack
 
 
 def graph_inputs(program, args, kwargs) -> list:

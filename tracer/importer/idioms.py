@@ -862,9 +862,13 @@ def _multi_head_attention(graph: Graph) -> None:
         graph.claim(Idiom("mha", leaving[-1], {"path": path, "sources": sources, "leaving": leaving}), nodes)
 
 
-def module_stack(node: torch.fx.Node) -> list[tuple[str, str]]:
+def module_stack(node: torch.fx.Node) -> tuple[tuple[str, str], ...]:
     """``nn_module_stack`` as (path, qualified class name), outermost first."""
-    return [
-        (path, cls if isinstance(cls, str) else f"{cls.__module__}.{cls.__qualname__}")
-        for path, cls in (node.meta.get("nn_module_stack") or {}).values()
-    ]
+    return _module_stack(tuple((node.meta.get("nn_module_stack") or {}).values()))
+
+
+@functools.lru_cache(maxsize=4096)
+def _module_stack(stack: tuple[tuple[str, Any], ...]) -> tuple[tuple[str, str], ...]:
+    """Written once per distinct stack: each node's is read for its id, its layer and its idioms,
+    and the nodes of one module share it."""
+    return tuple((path, cls if isinstance(cls, str) else f"{cls.__module__}.{cls.__qualname__}") for path, cls in stack)

@@ -143,6 +143,7 @@ class Translator:
         self.outputs: list[str] = []
         self.taken: set[str] = set()
         self.module_paths = {path for path, _ in module.named_modules() if path}
+        self.childless: dict[str, bool] = {}
 
     def translate(self) -> None:
         self.graph.find_idioms()
@@ -333,11 +334,16 @@ class Translator:
         path = stack[-1][0] if stack else ""
         if not path or any(_module_path(user) == path for user in node.users):
             return None
-        try:
-            module = self.module.get_submodule(path)
-        except AttributeError:
-            return None
-        return path if not list(module.children()) else None
+        return path if self._childless(path) else None
+
+    def _childless(self, path: str) -> bool:
+        """Whether the module at ``path`` has no children, asked once per path (each node of a module asks)."""
+        if path not in self.childless:
+            try:
+                self.childless[path] = not list(self.module.get_submodule(path).children())
+            except AttributeError:
+                self.childless[path] = False
+        return self.childless[path]
 
     def _variable(self, node: torch.fx.Node, op: str) -> str | None:
         """The step id a module `tracer export` wrote tags the line with, else the name the source
@@ -1439,7 +1445,12 @@ def _comment(line: tuple[str, int, str] | None) -> str | None:
     itself, tagged with its id, so export then import writes the file it started from."""
     if line is None or exported_step(line[0], line[2]):
         return None
-    return f"{Path(line[0]).name}:{line[1]}: {line[2]}"
+    return f"{_file_name(line[0])}:{line[1]}: {line[2]}"
+
+
+@functools.lru_cache(maxsize=1024)
+def _file_name(file: str) -> str:
+    return Path(file).name
 
 
 def _exported_outputs(file: str, code: str) -> list[str]:

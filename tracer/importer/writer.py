@@ -244,7 +244,8 @@ def _entry(key: str, value) -> str:
 
 def plain_line(text: str) -> str:
     """One line of text that stays a comment: no line breaks or control characters, at most 120 characters."""
-    return "".join(ch if ch.isprintable() else " " for ch in text)[:120]
+    text = text[:120]
+    return text if text.isprintable() else "".join(ch if ch.isprintable() else " " for ch in text)
 
 
 def drop_unused_dims(document: Document) -> None:
