@@ -13,6 +13,7 @@ import torch
 import tracer
 from tests.conftest import PIPELINES
 from tracer.diff import diff
+from tracer.importer.rules import exported_alibi_slopes
 from tracer.importing import difference, from_module
 from tracer.presentation.export import export_source
 
@@ -316,3 +317,40 @@ def test_an_imported_t5_model_exports_loads_its_weights_and_comes_back(tmp_path,
     back = from_module(exported, **inputs)
     found = diff(pipeline, back)
     assert found.same and not found.renamed, found
+
+
+def test_blooms_alibi_comes_back_as_its_alibi_step(tmp_path):
+    """The exported alibi step's bias is a constant torch.export folds: its ``alibi_slopes(torch, H)``
+    line says it was an alibi step, and the folded values are held against the step's own."""
+    pipeline, back = _round_trip(PIPELINES / "models/bloom_block.yaml", tmp_path)
+    found = diff(pipeline, back, values=True)
+    assert found.same and not found.renamed and found.compared_values and found.diverges is None
+    assert [s.op for s in back.spec.steps] == [s.op for s in pipeline.spec.steps]
+
+
+ALIBI_VARIANTS = """\
+name: alibi_variants
+dims: {B: 1, H: 3, T: 5}
+inputs:
+  scores: {shape: [B, H, T, T], init: randn}
+steps:
+  - {id: mpt, op: alibi, input: scores, bias_max: 8.0}
+  - {id: relative, op: alibi, input: mpt, relative: true}
+"""
+
+
+def test_mpt_and_relative_alibi_come_back_with_their_settings(tmp_path):
+    path = tmp_path / "alibi.yaml"
+    path.write_text(ALIBI_VARIANTS)
+    pipeline, back = _round_trip(path, tmp_path / "back")
+    assert diff(pipeline, back, values=True).same
+    assert [s.model_dump(exclude={"id", "input"}) for s in back.spec.steps] == [
+        s.model_dump(exclude={"id", "input"}) for s in pipeline.spec.steps
+    ]
+
+
+def test_only_an_alibi_slopes_call_with_a_literal_bias_max_says_an_alibi_step():
+    assert exported_alibi_slopes("s = alibi_slopes(torch, H).to(x.device)  # b") == {}
+    assert exported_alibi_slopes("s = mpt_alibi_slopes(torch, H, 8.0).to(x.device)  # b") == {"bias_max": 8.0}
+    assert exported_alibi_slopes("s = mpt_alibi_slopes(torch, H, limit).to(x.device)  # b") is None
+    assert exported_alibi_slopes("s = slopes(torch, H)") is None
