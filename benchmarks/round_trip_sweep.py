@@ -21,6 +21,15 @@ def _first_tensor(output) -> torch.Tensor:
     return next(v for v in values if isinstance(v, torch.Tensor))
 
 
+def _inputs(pipeline, args, kwargs) -> dict:
+    """The exported module's inputs by name: the model's own, then any the import made an input
+    of its own (BERT's ``position_ids`` buffer, ``init: arange``) as the pipeline makes them."""
+    given = {**dict(zip(pipeline.spec.inputs, args)), **{k: v for k, v in kwargs.items() if k in pipeline.spec.inputs}}
+    missing = [name for name in pipeline.spec.inputs if name not in given]
+    trace = pipeline.run(keep_values=True) if missing else {}
+    return {name: given[name] if name in given else trace[name].tensor for name in pipeline.spec.inputs}
+
+
 def _exported(pipeline, folder: Path) -> torch.nn.Module:
     from tracer.presentation.export import export_source
 
@@ -47,13 +56,14 @@ def row(family: str, attention: str, layers: int) -> str:
             stage = "load_state_dict"
             exported.load_state_dict(model.state_dict())
             stage = "run"
+            inputs = _inputs(pipeline, args, kwargs)
             with torch.no_grad():
-                found, expected = _first_tensor(exported(*args, **kwargs)), _first_tensor(model(*args, **kwargs))
+                found, expected = _first_tensor(exported(**inputs)), _first_tensor(model(*args, **kwargs))
             error = (found - expected).abs().max().item()
             if error > 1e-4:
                 return f"{family} {attention}: run differs by {error:.1e} ({folded})"
             stage = "re-import"
-            back = from_module(exported, *args, name=family, **kwargs)
+            back = from_module(exported, name=family, **inputs)
         stage = "diff"
         changes = diff(pipeline, back)
         verdict = "same" if changes.same and not changes.renamed else f"differs: {str(changes).splitlines()[:3]}"
