@@ -371,3 +371,28 @@ def test_an_imported_transformers_mixtral_exports_loads_its_weights_and_comes_ba
         assert torch.allclose(exported(*args, **kwargs), model(*args, **kwargs).last_hidden_state, atol=1e-5)
     found = diff(pipeline, from_module(exported, *args, **kwargs))
     assert found.same and not found.renamed, found
+
+
+OFFSET_POSITIONS = """\
+name: offset_positions
+dims: {B: 2, T: 5, P: 9, d_model: 4}
+inputs:
+  x: {shape: [B, T, d_model], init: randn}
+params:
+  positions: {shape: [P, d_model], init: randn}
+steps:
+  - {id: table, op: index, input: positions, dim: 0, start: 2, stop: T + 2}
+  - {id: y, op: add, inputs: [x, table]}
+"""
+
+
+def test_a_table_sliced_at_an_offset_keeps_its_length_named(tmp_path):
+    """BART's learned positions, exported as ``weight[2:T + 2]``: the capture slices the table at
+    numbers (2 and 7), and the import reads the slice's length as the input's T again, not a rename to 5."""
+    path = tmp_path / "offset.yaml"
+    path.write_text(OFFSET_POSITIONS)
+    pipeline, back = _round_trip(path, tmp_path / "back")
+    found = diff(pipeline, back, values=True)
+    assert found.same and not found.renamed and found.compared_values and found.diverges is None
+    (table,) = [s for s in back.spec.steps if s.op == "index"]
+    assert (table.start, table.stop) == (2, "T + 2")

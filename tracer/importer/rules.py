@@ -824,6 +824,9 @@ class Translator:
             start = plus(axis, start) if size_value(axis) + start > 0 else None
         if start not in (None, 0):
             fields["start"] = self.size(start)
+        if isinstance(start, int) and isinstance(stop, int) and 0 < start < stop < 2**62:  # BART's positions[2:T + 2]
+            length = self.namer.axis(node.meta["val"], fields["dim"])
+            stop = stop if isinstance(length, int) else plus(length, start)
         if stop is not None and not (isinstance(stop, int) and stop >= 2**62):
             fields["stop"] = self.size(stop)
         if step != 1:
