@@ -75,7 +75,7 @@ def row(family: str, attention: str, layers: int) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--layers", type=int, default=2)
-    parser.add_argument("families", nargs="*", default=[*CONFIGS, "bart", "t5"])
+    parser.add_argument("families", nargs="*", default=[*CONFIGS, "bart", "t5", "decoder_layer"])
     options = parser.parse_args()
     for family in options.families:
         for attention in ATTENTIONS.get(family, ("eager", "sdpa")):
