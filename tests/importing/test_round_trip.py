@@ -13,6 +13,7 @@ import torch
 import tracer
 from tests.conftest import PIPELINES
 from tracer.diff import diff
+from tracer.importer.rules import exported_alibi_slopes
 from tracer.importing import difference, from_module
 from tracer.presentation.export import export_source
 
@@ -316,3 +317,82 @@ def test_an_imported_t5_model_exports_loads_its_weights_and_comes_back(tmp_path,
     back = from_module(exported, **inputs)
     found = diff(pipeline, back)
     assert found.same and not found.renamed, found
+
+
+def test_blooms_alibi_comes_back_as_its_alibi_step(tmp_path):
+    """The exported alibi step's bias is a constant torch.export folds: its ``alibi_slopes(torch, H)``
+    line says it was an alibi step, and the folded values are held against the step's own."""
+    pipeline, back = _round_trip(PIPELINES / "models/bloom_block.yaml", tmp_path)
+    found = diff(pipeline, back, values=True)
+    assert found.same and not found.renamed and found.compared_values and found.diverges is None
+    assert [s.op for s in back.spec.steps] == [s.op for s in pipeline.spec.steps]
+
+
+ALIBI_VARIANTS = """\
+name: alibi_variants
+dims: {B: 1, H: 3, T: 5}
+inputs:
+  scores: {shape: [B, H, T, T], init: randn}
+steps:
+  - {id: mpt, op: alibi, input: scores, bias_max: 8.0}
+  - {id: relative, op: alibi, input: mpt, relative: true}
+"""
+
+
+def test_mpt_and_relative_alibi_come_back_with_their_settings(tmp_path):
+    path = tmp_path / "alibi.yaml"
+    path.write_text(ALIBI_VARIANTS)
+    pipeline, back = _round_trip(path, tmp_path / "back")
+    assert diff(pipeline, back, values=True).same
+    assert [s.model_dump(exclude={"id", "input"}) for s in back.spec.steps] == [
+        s.model_dump(exclude={"id", "input"}) for s in pipeline.spec.steps
+    ]
+
+
+def test_only_an_alibi_slopes_call_with_a_literal_bias_max_says_an_alibi_step():
+    assert exported_alibi_slopes("s = alibi_slopes(torch, H).to(x.device)  # b") == {}
+    assert exported_alibi_slopes("s = mpt_alibi_slopes(torch, H, 8.0).to(x.device)  # b") == {"bias_max": 8.0}
+    assert exported_alibi_slopes("s = mpt_alibi_slopes(torch, H, limit).to(x.device)  # b") is None
+    assert exported_alibi_slopes("s = slopes(torch, H)") is None
+
+
+@pytest.mark.long
+def test_an_imported_transformers_mixtral_exports_loads_its_weights_and_comes_back(tmp_path):
+    """Issue 31: the folded Mixtral layers' experts export as ``MoeExperts`` (captured whole, no
+    data-dependent guard on re-capture): the export takes transformers' state_dict, runs equal and
+    imports back the same pipeline."""
+    from tests.importing.sweep_rows import imported_row
+
+    model, args, kwargs, pipeline = imported_row("mixtral", "eager", 2)
+    assert any(s.op == "block" for s in pipeline.spec.steps)
+    exported = _exported_module(pipeline, tmp_path, 0).eval()
+    exported.load_state_dict(model.state_dict())  # strict: every key, no more
+    with torch.no_grad():
+        assert torch.allclose(exported(*args, **kwargs), model(*args, **kwargs).last_hidden_state, atol=1e-5)
+    found = diff(pipeline, from_module(exported, *args, **kwargs))
+    assert found.same and not found.renamed, found
+
+
+OFFSET_POSITIONS = """\
+name: offset_positions
+dims: {B: 2, T: 5, P: 9, d_model: 4}
+inputs:
+  x: {shape: [B, T, d_model], init: randn}
+params:
+  positions: {shape: [P, d_model], init: randn}
+steps:
+  - {id: table, op: index, input: positions, dim: 0, start: 2, stop: T + 2}
+  - {id: y, op: add, inputs: [x, table]}
+"""
+
+
+def test_a_table_sliced_at_an_offset_keeps_its_length_named(tmp_path):
+    """BART's learned positions, exported as ``weight[2:T + 2]``: the capture slices the table at
+    numbers (2 and 7), and the import reads the slice's length as the input's T again, not a rename to 5."""
+    path = tmp_path / "offset.yaml"
+    path.write_text(OFFSET_POSITIONS)
+    pipeline, back = _round_trip(path, tmp_path / "back")
+    found = diff(pipeline, back, values=True)
+    assert found.same and not found.renamed and found.compared_values and found.diverges is None
+    (table,) = [s for s in back.spec.steps if s.op == "index"]
+    assert (table.start, table.stop) == (2, "T + 2")

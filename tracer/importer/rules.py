@@ -8,6 +8,7 @@ with no rule is reported with the line it came from; nothing is dropped.
 
 from __future__ import annotations
 
+import ast
 import functools
 import inspect
 import math
@@ -21,7 +22,7 @@ from typing import Any
 import torch
 
 from ..core.errors import Diagnostic, Position, TracerError
-from ..steps.positions import alibi_slopes, t5_buckets
+from ..steps.positions import alibi_bias, alibi_slopes, mpt_alibi_slopes, t5_buckets
 from .idioms import Graph, Idiom, aten, hidden_pattern, mask_argument, module_stack, sdpa_reading_as_mask
 from .leaves import captured, settings
 from .lines import exported_file, exported_step, frames, source_line
@@ -453,11 +454,28 @@ class Translator:
         if not declared and not _hides_any(self.graph.values[mask]):  # BART's encoder mask without padding: adding zeros
             self.names[node] = self.ref(x)
             return
+        alibi = None if declared else self._exported_alibi(x, mask)
+        if alibi is not None:  # the bias a `tracer export`ed alibi step computes: the step again
+            return self.emit(node, {"op": "alibi", "input": self.ref(x), **alibi}, "biased")
         found = _additive_pattern(self.graph.values[mask])
         if found is None:  # a buffer, or a computed constant (held as values): added as it is
             return self.emit(node, {"op": "add", "inputs": [self.ref(x), self.ref(mask)]})
         fields = {"op": "mask", "input": self.ref(x), **self._pattern(found[0]), "fill": _fill(found[1], x.meta["val"].dtype)}
         self.emit(node, fields, "masked")
+
+    def _exported_alibi(self, scores, bias) -> dict | None:
+        """The fields of the ``alibi`` step a module ``tracer export`` wrote computed this constant
+        bias with: its slopes line names the slopes function (and MPT's bias_max, a literal read with
+        ``ast``), and the bias is held against the step's own, plain and ``relative``; None for any other."""
+        written = next((found for line in self._exported_lines(bias) if (found := exported_alibi_slopes(line)) is not None), None)
+        table, shape = self.graph.values[bias], tuple(scores.meta["val"].shape)
+        if written is None or len(shape) < 3 or not table.is_floating_point():
+            return None
+        for relative in (False, True):
+            expected = alibi_bias(torch, *shape[-3:], relative, written.get("bias_max")).to(table.dtype)
+            if expected.shape == table.shape and torch.allclose(expected.double(), table.double(), rtol=1e-6, atol=0):
+                return {**written, **({"relative": True} if relative else {})}
+        return None
 
     def _pattern(self, pattern: dict) -> dict:
         """A mask pattern's fields, its window and chunk written in dims (``W``: a config's ``sliding_window``)."""
@@ -812,6 +830,9 @@ class Translator:
             start = plus(axis, start) if size_value(axis) + start > 0 else None
         if start not in (None, 0):
             fields["start"] = self.size(start)
+        if isinstance(start, int) and isinstance(stop, int) and 0 < start < stop < 2**62:  # BART's positions[2:T + 2]
+            length = self.namer.axis(node.meta["val"], fields["dim"])
+            stop = stop if isinstance(length, int) else plus(length, start)
         if stop is not None and not (isinstance(stop, int) and stop >= 2**62):
             fields["stop"] = self.size(stop)
         if step != 1:
@@ -1569,6 +1590,22 @@ def exported_t5_settings(code: str) -> dict | None:
     if not isinstance(max_distance, int) or isinstance(max_distance, bool) or not isinstance(bidirectional, bool):
         return None
     return {"max_distance": max_distance, "bidirectional": bidirectional}
+
+
+def exported_alibi_slopes(code: str) -> dict | None:
+    """{} for a line of a module ``tracer export`` wrote that calls ``alibi_slopes(torch, H)``,
+    {bias_max} for ``mpt_alibi_slopes(torch, H, bias_max)`` (a literal, read with ``ast``); None for any other."""
+    try:
+        tree = ast.parse(code.strip())
+    except (SyntaxError, ValueError):
+        return None
+    for call in ast.walk(tree):
+        name = call.func.id if isinstance(call, ast.Call) and isinstance(call.func, ast.Name) else None
+        if name == alibi_slopes.__name__ and len(call.args) == 2:
+            return {}
+        if name == mpt_alibi_slopes.__name__ and len(call.args) == 3 and isinstance(bias_max := literal(call.args[2]), float):
+            return {"bias_max": bias_max}
+    return None
 
 
 MAX_DISTANCE_SEARCHED = 1025  # T5 uses 128; buckets that no max_distance below this gives are no T5 buckets

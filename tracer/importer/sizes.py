@@ -557,8 +557,15 @@ class Sizes:
         end_at = axis if end is None or end >= size else plus(axis, end) if end < 0 else end
         if isinstance(axis, int) and isinstance(end_at, int) and node.args[0] in self.graph.constant:
             end_at = self._guess(end_at, lengths=True)
+        elif isinstance(axis, int) and isinstance(end_at, int) and 0 < start_at < end_at and self._table(node.args[0]):
+            length = self._guess(end_at - start_at, lengths=True)  # a learned-position table at an offset: BART's [2:T + 2]
+            end_at = end_at if isinstance(length, int) else plus(length, start_at)
         length = plus(end_at, times(start_at, -1))
         return (*first[:dim], length, *first[dim + 1 :])
+
+    def _table(self, node) -> bool:
+        """A parameter read as it is (a table of learned positions), not a tensor computed from one."""
+        return isinstance(node, torch.fx.Node) and node.op == "placeholder" and self.graph.kind(node) == "PARAMETER"
 
     def _repeated(self, node, first: Shape, out) -> Shape:
         repeats = list(node.args[1])

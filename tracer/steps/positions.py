@@ -438,20 +438,9 @@ class Alibi(StepBase):
         torch, relative, bias_max = k.torch, self.relative, self.bias_max
         heads, t_q, t_k = k.ins[0].sizes[-3:]
         dtype = getattr(torch, k.ins[0].dtype)
-        last = t_k - 1 if bias_max is not None and not relative else 0
 
         def alibi(scores):
-            if bias_max is None:
-                slopes = alibi_slopes(torch, heads, scores.device)  # on meta, no real memory for 2**33 heads
-            else:
-                slopes = mpt_alibi_slopes(torch, heads, bias_max, scores.device)
-            keys = torch.arange(t_k, device=scores.device) - last
-            if relative:
-                distance = keys[None, :] - (torch.arange(t_q, device=scores.device)[:, None] + (t_k - t_q))
-                bias = slopes[:, None, None] * distance[None]
-            else:
-                bias = slopes[:, None, None] * keys[None, None, :]
-            bias = bias.to(dtype)
+            bias = alibi_bias(torch, heads, t_q, t_k, relative, bias_max, scores.device).to(dtype)
             return bias, scores + bias
 
         return alibi
@@ -477,6 +466,19 @@ class Alibi(StepBase):
             f"{bias} = ({slopes}[:, None, None] * {distance}).to({scores}.dtype)",
             f"{e.targets[0]} = {scores} + {bias}",
         ]
+
+
+def alibi_bias(torch, heads: int, t_q: int, t_k: int, relative: bool, bias_max: float | None, device=None):
+    """An ``alibi`` step's (H, 1, T_kv) bias, or (H, T_q, T_kv) with ``relative`` (float32)."""
+    if bias_max is None:
+        slopes = alibi_slopes(torch, heads, device)  # on meta, no real memory for 2**33 heads
+    else:
+        slopes = mpt_alibi_slopes(torch, heads, bias_max, device)
+    keys = torch.arange(t_k, device=device) - (t_k - 1 if bias_max is not None and not relative else 0)
+    if relative:
+        distance = keys[None, :] - (torch.arange(t_q, device=device)[:, None] + (t_k - t_q))
+        return slopes[:, None, None] * distance[None]
+    return slopes[:, None, None] * keys[None, None, :]
 
 
 def t5_buckets(torch, t_q: int, t_k: int, num_buckets: int, max_distance: int, bidirectional: bool, device=None):
