@@ -703,6 +703,22 @@ Profiled with cProfile and pyinstrument (`benchmarks/run.py --profile`) on 3000 
   A cold check no longer imports what only the other commands need (the runtime, diagrams, the
   diff: ~55 ms), and the 48-layer stack's analysis judges each of the block's view regroupings
   once rather than once per copy (the view-order lint was a quarter of its lints' time).
+  A later round cut the cold bundled check by an eighth (4.05 → 3.53 G instructions under
+  cachegrind, which a shared machine's load does not move; the same outputs, byte for byte, for
+  every bundled file and ~1,400 fuzzed ones): a short scalar is read once per process (one
+  dict lookup where a resolve, a construct and a pattern search were), a diagnostic's positions
+  come from a walk over the events that records positions only (reading the bundle 0.127 →
+  0.088 s, finding every file's positions 0.13 → 0.07 s), the dataclasses made for every step
+  (`Meta`, `Dim`, `Node`, `Out`, `Position`) store their fields in `__init__` (`core/frozen.py`;
+  a frozen dataclass's `object.__setattr__` per field was a sixth of the analysis' samples), and
+  `tracer check` run as the command freezes the ~100,000 objects its imports made out of the
+  collector's passes. What is left is flat. The imports (~0.3 s: pydantic and PyYAML ~0.1 s, the
+  step kinds' ~90 models ~0.14 s, mostly pydantic's set-up of each model class) would not
+  shrink by importing only the kinds a file uses: the bundle uses kinds of 14 of the 15 modules
+  that define kinds. The ~50 validators it needs cost ~1.5 ms each (pydantic's schema generation, not
+  its Rust validator), and the analysis is spread over the shape pass (~30%), the 49 lints
+  (~30%), the graph, the declarations and the 48-layer stack's expansion, none of them more
+  than ~10%.
 
 Noise: load average {load}.
 Ratios are paired per round, so load hits both sides of a ratio alike; raw times move by up to 2×
