@@ -307,6 +307,9 @@ def test_an_imported_t5_model_exports_loads_its_weights_and_comes_back(tmp_path,
     inputs = {"input_ids": ids, "decoder_input_ids": decoder_ids}
     pipeline = from_module(model, **inputs)
     assert any(s.op == "block" and s.id == "encoder.block" for s in pipeline.spec.steps)
+    layers = re.findall(r"class (T5Model\w+Block)\(nn.Module\):.*?def __init__\(self, \*, (.*?)\):", export_source(pipeline), re.S)
+    # a layer's file declares the dims it names: the decoder's length T2 and the vocab are the main file's
+    assert layers == [(f"T5Model{stack}Block", "d_model=16, d_ff=24, generator=None") for stack in ("Encoder", "Decoder")]
     exported = _exported_module(pipeline, tmp_path, 0).eval()
     exported.load_state_dict(model.state_dict())  # strict: every key, no more
     with torch.no_grad():

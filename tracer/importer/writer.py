@@ -195,7 +195,9 @@ def _block_document(
     ]
     repeats = len(_layers(document.steps, container) or [])
     header = [f"Imported by tracer.from_module: one layer of {document.name}; '{container}' repeats it {repeats} times."]
-    return Document(f"{stem}_{container.replace('.', '_')}", header, document.dims, inputs, params, placed)
+    block = Document(f"{stem}_{container.replace('.', '_')}", header, document.dims, inputs, params, placed)
+    drop_unused_dims(block)  # the encoder's layer names no decoder length (T5's T2), whatever the main file has
+    return block
 
 
 def _free(name: str, taken: set[str]) -> str:
